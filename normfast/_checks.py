@@ -1,0 +1,88 @@
+"""Argument validation shared by every public entry point.
+
+Errors name the function, the argument, what was expected and what arrived,
+e.g. ``head_stats: expected A to be 2-D [N, d_in], got A.shape=(3, 4, 5)``.
+Validation happens before anything is allocated.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def describe(name: str, x: Any) -> str:
+    """One-line description of an array argument for error messages."""
+    shape = getattr(x, "shape", None)
+    dtype = getattr(x, "dtype", None)
+    device = getattr(x, "device", None)
+    parts = [f"{name}.shape={tuple(shape)}" if shape is not None else f"type({name})={type(x).__name__}"]
+    if dtype is not None:
+        parts.append(f"dtype={dtype}")
+    if device is not None:
+        parts.append(f"device={device}")
+    return ", ".join(parts)
+
+
+def as_tensor(fn: str, name: str, x: Any) -> torch.Tensor:
+    """Accept a torch tensor, a numpy array or any DLPack-capable array (CuPy, JAX, ...).
+
+    numpy and DLPack inputs share memory with the returned tensor (no copy).
+    """
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind not in "fiub":
+            raise TypeError(f"{fn}: expected {name} to be a numeric array, got {describe(name, x)}")
+        return torch.from_numpy(np.ascontiguousarray(x) if not x.flags.writeable else x)
+    if hasattr(x, "__dlpack__"):
+        try:
+            return torch.from_dlpack(x)
+        except Exception as exc:  # noqa: BLE001 - re-raised with context
+            raise TypeError(f"{fn}: could not import {name} through DLPack ({exc})") from exc
+    raise TypeError(
+        f"{fn}: expected {name} to be a torch.Tensor, numpy array or DLPack-capable array, "
+        f"got {type(x).__name__}"
+    )
+
+
+def check_float(fn: str, name: str, x: torch.Tensor, dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> None:
+    if x.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{fn}: expected {name} to have a floating dtype ({allowed}), got {describe(name, x)}")
+
+
+def check_ndim(fn: str, name: str, x: torch.Tensor, ndims: int | Iterable[int], layout: str) -> None:
+    allowed = (ndims,) if isinstance(ndims, int) else tuple(ndims)
+    if x.dim() not in allowed:
+        raise ValueError(f"{fn}: expected {name} to be {layout}, got {describe(name, x)}")
+
+
+def check_same_device(fn: str, **tensors: torch.Tensor) -> None:
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise ValueError(f"{fn}: expected all inputs on one device, got {listing}")
+
+
+def check_positive_int(fn: str, name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{fn}: expected {name} to be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_finite_scalar(fn: str, name: str, value: Any, *, minimum: float | None = None,
+                        strictly: bool = False) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn}: expected {name} to be a real number, got {value!r}") from None
+    if not np.isfinite(v):
+        raise ValueError(f"{fn}: expected {name} to be finite, got {value!r}")
+    if minimum is not None and (v < minimum or (strictly and v == minimum)):
+        op = ">" if strictly else ">="
+        raise ValueError(f"{fn}: expected {name} {op} {minimum}, got {value!r}")
+    return v

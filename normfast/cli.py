@@ -1,0 +1,73 @@
+"""The ``normfast`` command line.
+
+Each subcommand lives next to the code it drives: the registry below names,
+per command, the module that defines ``add_arguments(parser)`` and
+``run(args) -> int`` for it (as ``<command>_arguments`` / ``<command>_main``).
+Only the chosen command's module is imported, so ``normfast --help`` and
+``normfast --version`` stay fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from normfast import __version__
+
+# command -> (module, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "solve": ("normfast.equilibrium",
+              "solve the equilibrium quartic for rows of coefficients (.npy/.csv)"),
+}
+
+DESCRIPTION = """\
+normfast measures, for every probe item of a contrastive encoder (an input or a
+single token), the optimization statistics that set its embedding norm --
+radial drift D, stochastic heat V^2, radial damping kappa -- and predicts the
+equilibrium norm R_eq from them.
+
+Run `normfast COMMAND --help` for the details of a command."""
+
+
+def _command_table() -> str:
+    width = max(len(c) for c in COMMANDS)
+    return "\n".join(f"  {c:<{width}}  {summary}" for c, (_, summary) in COMMANDS.items())
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="normfast",
+        description=DESCRIPTION,
+        epilog="commands:\n" + _command_table(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"normfast {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, summary) in COMMANDS.items():
+        if name != command:
+            sub.add_parser(name, help=summary, add_help=False)
+            continue
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=summary, description=getattr(module, f"{name}_description", summary),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        getattr(module, f"{name}_arguments")(p)
+        p.set_defaults(_main=getattr(module, f"{name}_main"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is not None and command not in COMMANDS:
+        command = None  # let argparse report the unknown command
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if getattr(args, "_main", None) is None:
+        parser.print_help()
+        return 0 if command is None and not argv else 2
+    return int(args._main(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
