@@ -41,6 +41,7 @@ pooling function.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -49,6 +50,33 @@ from torch import nn
 State = dict  # dict[str, torch.Tensor]
 
 OUTPUTS = ("pooled", "tokens", "pre_head", "pre_head_tokens")
+
+
+@dataclass(frozen=True)
+class LinearHead:
+    """Where the final linear map ``z = W a + b`` of an encoder lives.
+
+    ``weight_name`` / ``bias_name`` are names from ``named_parameters()``.
+    ``transposed`` is True when the stored parameter is ``[d_in, d_out]`` and
+    used as ``a @ P`` (open_clip's ``proj`` / ``text_projection``); otherwise it
+    is ``[d_out, d_in]`` as in ``nn.Linear``.
+    """
+
+    weight_name: str
+    bias_name: str | None = None
+    transposed: bool = False
+
+    def weight(self, encoder: nn.Module) -> torch.Tensor:
+        """``W`` as ``[d_out, d_in]`` (a view, not a copy)."""
+        w = encoder.get_parameter(self.weight_name)
+        return w.t() if self.transposed else w
+
+    def bias(self, encoder: nn.Module) -> torch.Tensor | None:
+        return None if self.bias_name is None else encoder.get_parameter(self.bias_name)
+
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        return (self.weight_name,) if self.bias_name is None else (self.weight_name, self.bias_name)
 
 
 class Encoder(nn.Module):
@@ -75,7 +103,7 @@ class Encoder(nn.Module):
         """Run the last stage on ``state`` and produce the requested output."""
         raise NotImplementedError
 
-    def head(self) -> nn.Linear | None:
+    def head(self) -> LinearHead | None:
         """The final linear map ``z = W a + b`` (projection / Dense head), if the encoder ends in one."""
         return None
 
@@ -185,9 +213,12 @@ class ModuleEncoder(Encoder):
         out["x"] = self.blocks[k](state["x"])
         return out
 
-    def head(self) -> nn.Linear | None:
+    def head(self) -> LinearHead | None:
         last = self.blocks[-1]
-        return last if self._use_head and isinstance(last, nn.Linear) else None
+        if not (self._use_head and isinstance(last, nn.Linear)):
+            return None
+        i = len(self.blocks) - 1
+        return LinearHead(f"blocks.{i}.weight", f"blocks.{i}.bias" if last.bias is not None else None)
 
     def finish(self, state: State, output: str) -> torch.Tensor:
         x = state["x"]
