@@ -19,6 +19,9 @@ from normfast import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "solve": ("normfast.equilibrium",
               "solve the equilibrium quartic for rows of coefficients (.npy/.csv)"),
+    "report": ("normfast.report", "summarize a probe run (.parquet) and draw its figures"),
+    "retrieval": ("normfast.retrieval",
+                  "norm-discounted retrieval: alpha sweep with baselines on a BEIR collection"),
 }
 
 DESCRIPTION = """\
