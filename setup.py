@@ -9,7 +9,7 @@ import sys
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
-compile_args = ["-O3"]
+compile_args = ["-O3", "-ffp-contract=off"]
 link_args = []
 if sys.platform.startswith("linux"):
     compile_args.append("-fopenmp")
