@@ -1,0 +1,315 @@
+"""Triton kernels vs plain-torch references vs the float64 brute force.
+
+On a machine without a GPU the kernels run through ``TRITON_INTERPRET=1``
+(set in conftest.py before triton is imported): sizes stay small and inputs
+fp32. The CUDA-only cases (low precision, larger shapes) run when a GPU is
+present and the interpreter is off; the last test lowers every kernel to
+sm_90 code in a subprocess, which checks the compiled path without a GPU.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from normfast.kernels import (  # noqa: E402
+    MAX_FUSED_DIM,
+    accumulate,
+    block_sizes,
+    head_stats,
+    interpreted,
+    project,
+)
+from normfast.ops import ProbeAccumulator, head_stats as ops_head_stats, prepare_head  # noqa: E402
+from normfast.reference import (  # noqa: E402
+    accumulate_reference,
+    allowed_error,
+    brute_force_stats,
+    head_stats_reference,
+    project_reference,
+    stat_errors,
+)
+
+ON_GPU = torch.cuda.is_available() and not interpreted()
+DEVICE = "cuda" if ON_GPU else "cpu"
+if not ON_GPU and not interpreted():
+    pytest.skip("no GPU and TRITON_INTERPRET is off", allow_module_level=True)
+
+TOL = allowed_error(torch.float32)
+
+
+def _worst(errors):
+    return max(v for k, v in errors.items() if not k.startswith("sign_stability"))
+
+
+def _sign_ok(errors):
+    return all(v <= (1 if "batches" in k else 0.01)
+               for k, v in errors.items() if k.startswith("sign_stability"))
+
+
+def _rand(gen, *shape):
+    return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+
+# ---------------------------------------------------------------- accumulate
+def _acc_cases():
+    """Branch "u" over every N x d with M cycling through {2, 5, 64}; a few w / uw cases."""
+    cases = []
+    for i, n in enumerate((1, 7, 1000)):
+        for j, d in enumerate((1, 3, 64, 384)):
+            m = (2, 5, 64)[(i + j) % 3]
+            cases.append(("u", n, d, m if n * d * m <= 5_000_000 else 5))
+    return cases + [("w", 7, 3, 5), ("uw", 7, 3, 5), ("uw", 5, 384, 2), ("w", 3, 200, 64),
+                    ("uw", 1000, 64, 2)]
+
+
+ACC_CASES = _acc_cases()
+
+
+@pytest.mark.parametrize("branch,n,d,m", ACC_CASES)
+def test_accumulate_kernel(gen, branch, n, d, m):
+    Z = _rand(gen, n, d) + 0.3
+    T = 0.4 * _rand(gen, n, d)[None] + _rand(gen, m, n, d)
+    T_w = _rand(gen, m, n, d) if branch == "uw" else None
+    if n >= 7:
+        Z[2] = 0.0
+        T[m - 1, 4, d - 1] = float("nan")
+    # strided views of the displacements: [M, N, d] stored N-major
+    t32 = T.float().permute(1, 0, 2).contiguous().permute(1, 0, 2)
+    tw32 = None if T_w is None else T_w.float().permute(1, 0, 2).contiguous().permute(1, 0, 2)
+    acc = ProbeAccumulator(n, d, branch=branch, backend="triton", device=DEVICE)
+    acc._mean.fill_(float("nan"))  # poisoned: an empty state must not read its old values
+    acc._moments.fill_(float("nan"))
+    if acc._cross is not None:
+        acc._cross.fill_(float("nan"))
+    split = max(1, m // 2)
+    for lo, hi in ((0, split), (split, m)):
+        t_w = None if tw32 is None else tw32[lo:hi].to(DEVICE)
+        acc.update(t32[lo:hi].to(DEVICE), Z.float().to(DEVICE), t_w=t_w)
+    got = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in acc.finalize().items()}
+
+    # the reference: a Welford loop in float64 on the same fp32 inputs
+    empty = ProbeAccumulator(n, d, branch=branch, dtype=torch.float64).state_dict()
+    ref_state = accumulate_reference(empty, t32.double(), Z.float().double(), branch=branch,
+                                     t_w=None if tw32 is None else tw32.double())
+    ref = ProbeAccumulator(n, d, branch=branch, dtype=torch.float64)
+    ref = ref.load_state_dict(ref_state).finalize()
+    torch_path = ProbeAccumulator(n, d, branch=branch, backend="torch")
+    for lo, hi in ((0, split), (split, m)):
+        torch_path.update(t32[lo:hi], Z.float(), t_w=None if tw32 is None else tw32[lo:hi])
+
+    want = brute_force_stats(T.float(), Z.float(), branch, None if T_w is None else T_w.float())
+    for other in (ref, torch_path.finalize(), want):
+        errors = stat_errors(got, other)
+        assert _worst(errors) <= TOL and _sign_ok(errors), errors
+    assert torch.equal(got["reason"], want["reason"])
+    state = acc.state_dict()
+    assert torch.equal(state["reason"].cpu(), ref_state["reason"])
+    for key in [k for k in state if k.startswith(("npos", "nneg"))]:
+        assert (state[key].cpu() - ref_state[key]).abs().max() <= 1, key
+
+
+def test_accumulate_launcher_validates_state():
+    t, z = torch.randn(2, 4, 3), torch.randn(4, 3)
+    mean, moments = torch.zeros(1, 4, 3), torch.zeros(1, 3, 4)
+    counts, reason = torch.zeros(1, 2, 4, dtype=torch.int64), torch.zeros(4, dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"accumulate: expected counts contiguous torch.int64"):
+        accumulate(t, z, mean, moments, counts.int(), reason, 0)
+    with pytest.raises(ValueError, match=r"accumulate: expected t \[K, N, D\] and z \[N, D\]"):
+        accumulate(t, z[:3], mean, moments, counts, reason, 0)
+    with pytest.raises(ValueError, match=r"t_w and cross are required for branch 'uw'"):
+        accumulate(t, z, mean, moments, counts, reason, 0, branch="uw")
+    with pytest.raises(TypeError, match=r"accumulate: expected t to have dtype"):
+        accumulate(t.double(), z, mean, moments, counts, reason, 0)
+
+
+def test_block_sizes():
+    for d in (1, 3, 64, 384, 1000, MAX_FUSED_DIM):
+        cfg = block_sizes("accumulate", dim=d)
+        assert cfg["BLOCK_D"] >= d and cfg["BLOCK_D"] & (cfg["BLOCK_D"] - 1) == 0
+        assert cfg["BLOCK_N"] * cfg["BLOCK_D"] <= max(4096, cfg["BLOCK_D"])
+    with pytest.raises(ValueError, match="accumulate supports dim"):
+        block_sizes("accumulate", dim=MAX_FUSED_DIM + 1)
+    cfg = block_sizes("project", d_in=3, d_out=700)
+    assert min(cfg["BLOCK_N"], cfg["BLOCK_J"], cfg["BLOCK_K"]) >= 16  # tl.dot minimum
+
+
+# ------------------------------------------------------- head_stats / project
+HEAD_CASES = [  # n, d_in, d_out, m, bias, branch
+    (1, 1, 1, 2, False, "u"),
+    (7, 3, 5, 5, True, "w"),
+    (70, 33, 20, 3, True, "u"),
+    (66, 17, 40, 4, False, "w"),
+    (9, 5, 7, 64, True, "u"),
+    (1000, 64, 3, 5, True, "u"),
+    (7, 384, 64, 2, False, "w"),
+    (1000, 3, 384, 2, True, "w"),
+    (130, 1, 64, 5, False, "u"),
+]
+
+
+def _head_inputs(gen, n, d_in, d_out, m, bias):
+    A = _rand(gen, n, d_in)
+    Z = A @ (_rand(gen, d_out, d_in) / d_in ** 0.5).T + _rand(gen, d_out)
+    G = 0.5 * _rand(gen, d_out, d_in)[None] + _rand(gen, m, d_out, d_in)
+    g = _rand(gen, m, d_out) if bias else None
+    if n >= 7:
+        Z[3] = 0.0
+        A[5, 0] = float("inf")
+    return A.float(), Z.float(), G.float(), None if g is None else g.float()
+
+
+@pytest.mark.parametrize("n,d_in,d_out,m,bias,branch", HEAD_CASES)
+def test_head_kernels(gen, n, d_in, d_out, m, bias, branch):
+    A, Z, G, g = _head_inputs(gen, n, d_in, d_out, m, bias)
+    dirs = prepare_head(G, g)
+    # strided probe inputs
+    a_dev = A.T.contiguous().T.to(DEVICE) if d_in > 1 else A.to(DEVICE)
+    z_dev = torch.stack([Z, Z], 2)[:, :, 1].to(DEVICE)
+    g_bar, g_c, s_c = (x.contiguous().to(DEVICE)
+                       for x in (dirs.g_bar, dirs.g_centered, dirs.covariance()))
+    out_s = torch.full((4, n), float("nan"), device=DEVICE)  # poisoned outputs
+    out_p = torch.full((6, n), float("nan"), device=DEVICE)
+    reason_s = torch.full((n,), 99, dtype=torch.int8, device=DEVICE)
+    reason_p = reason_s.clone()
+    head_stats(a_dev, z_dev, g_bar, s_c, branch=branch, has_bias=bias, out=out_s, reason=reason_s)
+    project(a_dev, z_dev, g_bar, g_c, branch=branch, has_bias=bias, out=out_p, reason=reason_p)
+    sfx = "" if branch == "u" else "_w"
+    s_form = {k + sfx: v.cpu() for k, v in zip(("D", "m2", "V2", "Q"), out_s)}
+    names = ("D", "se_D", "sign_stability", "m2", "V2", "Q")
+    per_batch = {k + sfx: v.cpu() for k, v in zip(names, out_p)}
+
+    args = (A.double(), Z.double(), G.double(), None if g is None else g.double())
+    T = -torch.einsum("bji,ni->bnj", args[2], args[0])
+    if g is not None:
+        T = T - args[3][:, None, :]
+    want = brute_force_stats(T, args[1], branch)
+    s_keys = list(s_form)
+    for truth in (head_stats_reference(*args, branch=branch), want):
+        assert _worst(stat_errors(s_form, truth, s_keys)) <= TOL
+    for truth in (project_reference(*args, branch=branch), want):
+        errors = stat_errors(per_batch, truth)
+        assert _worst(errors) <= TOL and _sign_ok(errors), errors
+    assert torch.equal(reason_s.cpu(), want["reason"])
+    assert torch.equal(reason_p.cpu(), want["reason"])
+
+    # the public entry point dispatches to the same kernels
+    on_device = [None if x is None else x.to(DEVICE) for x in (A, Z, G, g)]
+    via_ops = ops_head_stats(*on_device, branch=branch, backend="triton")
+    for key, value in per_batch.items():
+        torch.testing.assert_close(via_ops[key].cpu(), value, rtol=1e-6, atol=0, equal_nan=True)
+    torch_path = ops_head_stats(A, Z, G, g, branch=branch, backend="torch")
+    assert _worst(stat_errors(per_batch, torch_path)) <= TOL
+
+
+def test_head_launchers_validate():
+    A, Z = torch.randn(5, 4), torch.randn(5, 3)
+    g_bar, s_c = torch.randn(3, 5), torch.randn(5, 5)
+    with pytest.raises(ValueError, match=r"head_stats: expected g_bar contiguous float32 "
+                                         r"of shape \(3, 4\)"):
+        head_stats(A, Z, g_bar, s_c)
+    with pytest.raises(ValueError, match=r"head_stats: expected out contiguous float32 "
+                                         r"of shape \(4, 5\)"):
+        head_stats(A, Z, g_bar, s_c, has_bias=True, out=torch.empty(6, 5))
+    with pytest.raises(ValueError, match=r"project: expected at least 2 virtual batches"):
+        project(A, Z, g_bar, torch.randn(1, 3, 5), has_bias=True)
+    with pytest.raises(ValueError, match=r"project: expected branch 'u' or 'w'"):
+        project(A, Z, g_bar, torch.randn(2, 3, 5), has_bias=True, branch="uw")
+
+
+# ------------------------------------------------------------- CUDA only
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (TRITON_INTERPRET=0)")
+
+
+@gpu
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+def test_low_precision_inputs_on_gpu(gen, low):
+    A, Z, G, g = _head_inputs(gen, 4099, 384, 256, 16, True)
+    A64, Z64 = A.double(), Z.double()
+    T = -torch.einsum("bji,ni->bnj", G.double(), A64) - g.double()[:, None, :]
+    want = brute_force_stats(T, Z64, "u")
+    low_inputs = [x.to(low).cuda() for x in (A, Z, G, g)]
+    plain = stat_errors(project_reference(*low_inputs), want)
+    fast = stat_errors(ops_head_stats(A.to(low).cuda(), Z.to(low).cuda(), G.cuda(), g.cuda()), want)
+    for key in ("D", "se_D", "m2", "V2", "Q"):
+        assert fast[key] <= allowed_error(low, plain[key]), (key, fast[key], plain[key])
+    t = (0.3 + torch.randn(8, 4099, 384, generator=gen)).to(low).cuda()
+    z = torch.randn(4099, 384, generator=gen).to(low).cuda()
+    want = brute_force_stats(t.double(), z.double(), "u")
+    plain = stat_errors(brute_force_stats(t, z, "u", dtype=low), want)
+    fast = stat_errors(ProbeAccumulator(4099, 384, device="cuda").update(t, z).finalize(), want)
+    for key in ("D", "se_D", "m2", "V2", "Q"):
+        assert fast[key] <= allowed_error(low, plain[key]), (key, fast[key], plain[key])
+
+
+@gpu
+@pytest.mark.parametrize("n,d_in,d_out,m", [(20011, 384, 384, 64), (4099, 768, 256, 8)])
+def test_head_kernels_large_on_gpu(gen, n, d_in, d_out, m):
+    A, Z, G, g = (x.cuda() for x in _head_inputs(gen, n, d_in, d_out, m, True))
+    want = project_reference(A.double(), Z.double(), G.double(), g.double())
+    for form, spread in (("S", False), ("per_batch", True)):
+        got = ops_head_stats(A, Z, G, g, form=form, radial_spread=spread)
+        keys = ["D", "m2", "V2", "Q"] + (["se_D"] if spread else [])
+        assert _worst(stat_errors(got, want, keys)) <= TOL
+    tf32 = ops_head_stats(A, Z, G, g, form="S", radial_spread=False, allow_tf32=True)
+    assert _worst(stat_errors(tf32, want, ["D", "m2", "V2", "Q"])) <= 5e-3
+
+
+@gpu
+def test_accumulate_large_on_gpu(gen):
+    n, d, m = 100_003, 384, 16
+    t = (0.3 + torch.randn(m, n, d, generator=gen)).cuda()
+    z = torch.randn(n, d, generator=gen).cuda()
+    got = ProbeAccumulator(n, d, device="cuda").update(t[:5], z).update(t[5:], z).finalize()
+    want = brute_force_stats(t.double(), z.double(), "u")
+    errors = stat_errors(got, want)
+    assert _worst(errors) <= TOL and _sign_ok(errors), errors
+
+
+def test_interpreter_flag_is_set_for_cpu_runs():
+    assert ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+COMPILE_SCRIPT = r'''
+import itertools, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from normfast.kernels.accumulate import _accumulate_kernel
+from normfast.kernels.head_stats import _head_stats_kernel
+from normfast.kernels.project import _project_kernel
+
+F, I8, I64 = "*fp32", "*i8", "*i64"
+POINTERS = {"T_ptr": "*bf16", "TW_ptr": "*fp16", "Z_ptr": "*bf16", "MEAN_ptr": F, "MEANW_ptr": F,
+            "MOM_ptr": F, "CNT_ptr": I64, "CROSS_ptr": F, "REASON_ptr": I8, "A_ptr": "*fp16",
+            "GBAR_ptr": F, "SC_ptr": F, "GC_ptr": F, "OUT_ptr": F}
+def build(fn, consts, ones):
+    sig = {n: "constexpr" if n in consts or n in ones else POINTERS.get(n, "i32")
+           for n in fn.arg_names}
+    cx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+    cx.update({(fn.arg_names.index(k),): 1 for k in ones})
+    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx), target=GPUTarget("cuda", 90, 32))
+for flag in (True, False):
+    build(_accumulate_kernel, dict(SCALE_BY_NORM=flag, HAS_W=flag, BLOCK_N=8, BLOCK_D=512), ("D",))
+    head = dict(SCALE_BY_NORM=flag, HAS_BIAS=not flag, BLOCK_N=64, BLOCK_J=64, BLOCK_K=32,
+                DOT_PRECISION="ieee" if flag else "tf32")
+    build(_head_stats_kernel, head, ("stride_ak",))
+    build(_project_kernel, head, ("N",))
+print("compiled")
+'''
+
+
+def test_kernels_compile_for_a_cuda_target():
+    """The compiled (non-interpreted) path type-checks and lowers to sm_90 code, no GPU needed."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    try:
+        done = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True,
+                              text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.skip("compiling for sm_90 took too long on this machine")
+    if "ptxas" in done.stderr and "not found" in done.stderr:
+        pytest.skip("no ptxas available to lower for sm_90")
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
