@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
+from _models import tiny_bert, tiny_clip
 from normfast.encoders import (
     DenseLayer,
     Encoder,
@@ -57,29 +58,9 @@ def tokenizer(minilm_path):
     return transformers.AutoTokenizer.from_pretrained(minilm_path)
 
 
-def tiny_bert(tokenizer, seed: int = 0, eager: bool = True):
-    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=37, vocab_size=tokenizer.vocab_size,
-                                  max_position_embeddings=64)
-    if eager:
-        cfg._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    return transformers.BertModel(cfg).eval()
-
-
 @pytest.fixture(scope="module")
 def bert_encoder(tokenizer):
     return HFEncoder(tiny_bert(tokenizer), tokenizer)
-
-
-def tiny_clip(seed: int = 0):
-    torch.manual_seed(seed)
-    model = open_clip.model.CLIP(
-        embed_dim=16,
-        vision_cfg=dict(image_size=32, patch_size=8, width=32, layers=2, head_width=16),
-        text_cfg=dict(context_length=16, vocab_size=49408, width=32, heads=2, layers=2),
-    )
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,773 @@
+"""The probe engine: ``probe(encoder, probes, objective, pairs, config) -> ProbeResult``.
+
+For every probe item (a whole input with ``output="pooled"``, or every token
+position with ``output="tokens"``) it measures drift ``D``, heat ``V²``,
+``m2``, ``Q``, the radial damping ``κ``, the standard error and sign stability
+of ``D``, and solves the equilibrium law for ``R_eq`` (full law) and
+``R_eq`` with ``D = 0`` (heat-only law) -- see DESIGN §1.
+
+Loop structure
+--------------
+1. Resolve the probed parameters ``P`` and the *cut*: the first encoder stage
+   that owns a parameter of ``P``. Everything before it is frozen.
+2. Virtual batches -> update directions ``p_B`` (``normfast.directions``).
+3. Probe items in chunks. Per chunk the frozen front runs once (``no_grad``),
+   then either head mode (closed form, ``normfast.ops.head_stats``) or jvp
+   mode (``normfast.transmission.Tail``, K directions per pass) feeds
+   ``normfast.ops.ProbeAccumulator``; κ by one JVP along the decayed
+   parameters; the equilibrium quartic is solved by the C++ extension.
+4. Each finished chunk is written to Parquet at once (``normfast.io``); an
+   interrupted run restarted with ``resume=True`` skips finished chunks.
+
+Loop order and memory: when all ``M`` directions fit in ``memory_budget_mb``
+the chunks are the outer loop (output streams chunk by chunk). Otherwise the
+directions are computed in groups that fit and become the outer loop, with
+one accumulator per chunk kept across groups (results are identical: the
+accumulators merge exactly); output is then written at the end, and AdamW
+needs a first pass over the batches for ``v̂``.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import platform
+import re
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+from tqdm.auto import tqdm
+
+import normfast
+from normfast.directions import (Directions, OptimizerPreset, PRESETS, compute_directions,
+                                 estimate_second_moments, resolve_parameters)
+from normfast.encoders import Encoder
+from normfast.io import ChunkedParquetWriter, read_metadata
+from normfast.transmission import Tail, head_kappa, head_operands, kappa_from_jvp
+
+MODES = ("auto", "jvp", "head")
+OUTPUTS = ("pooled", "tokens")
+
+
+@dataclass
+class ProbeConfig:
+    """Everything that defines a probe run besides the model, probes, objective and pairs.
+
+    Attributes:
+        params: probed parameters: ``"all"``, ``"head"``, a regex over names, or a list of names.
+        mode: ``"head"`` (closed form, needs ``P`` = the final linear map), ``"jvp"``
+            (general), or ``"auto"`` (head when applicable).
+        output: ``"pooled"`` (one row per input) or ``"tokens"`` (one row per token position).
+        optimizer: ``"sgd"`` or ``"adamw"``, or ``{regex: preset}`` for parameter groups
+            with different presets (then both branches and the cross term ``C_uw`` appear).
+        lr, weight_decay: η and λ of the law (decoupled weight decay).
+        momentum: heavy-ball SGD momentum β; the law uses the heuristic η -> η/(1-β).
+        betas, eps: AdamW settings (β2 only matters through ``v̂``).
+        no_decay: regex of probed parameters exempt from weight decay (e.g. ``"bias|LayerNorm"``).
+        batches: M, the number of virtual batches (≥ 2).
+        batch_size: pairs / items per virtual batch (≥ 2).
+        seed: drives batch sampling and dropout; equal seeds give equal tables.
+        chunk_size: probe items (inputs) per chunk, the unit of streaming and resume.
+        directions_per_pass: K directions per forward-mode pass (None: from the memory budget).
+        memory_budget_mb: working-memory budget that sets K and the loop order.
+        radial_spread: compute ``se_D`` and ``sign_stability`` (needs per-batch radial dots;
+            in head mode this selects the per-batch form).
+        device: where the model runs (default: the encoder's device).
+    """
+
+    params: str | list[str] = "all"
+    mode: str = "auto"
+    output: str = "pooled"
+    optimizer: str | dict[str, str] = "sgd"
+    lr: float = 1e-3
+    weight_decay: float = 1e-2
+    momentum: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    no_decay: str | None = None
+    batches: int = 16
+    batch_size: int = 32
+    seed: int = 0
+    chunk_size: int = 64
+    directions_per_pass: int | None = None
+    memory_budget_mb: float = 2048
+    radial_spread: bool = True
+
+    def validate(self) -> None:
+        fn = "ProbeConfig"
+        if self.mode not in MODES:
+            raise ValueError(f"{fn}: mode must be one of {MODES}, got {self.mode!r}")
+        if self.output not in OUTPUTS:
+            raise ValueError(f"{fn}: output must be one of {OUTPUTS}, got {self.output!r}")
+        for name in ("batches", "batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+                what = "M (virtual batches)" if name == "batches" else name
+                raise ValueError(f"{fn}: {what} must be an integer >= 2 (a variance needs two batches), "
+                                 f"got {name}={v!r}")
+        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
+            raise ValueError(f"{fn}: chunk_size must be a positive integer, got {self.chunk_size!r}")
+        if self.directions_per_pass is not None and (
+                not isinstance(self.directions_per_pass, int) or self.directions_per_pass < 1):
+            raise ValueError(f"{fn}: directions_per_pass must be a positive integer or None, "
+                             f"got {self.directions_per_pass!r}")
+        if not self.memory_budget_mb > 0:
+            raise ValueError(f"{fn}: memory_budget_mb must be > 0, got {self.memory_budget_mb!r}")
+        presets = [self.optimizer] if isinstance(self.optimizer, str) else list(self.optimizer.values())
+        for p in presets:
+            if p not in PRESETS:
+                raise ValueError(f"{fn}: optimizer presets must be in {PRESETS}, got {p!r}")
+        OptimizerPreset(presets[0], self.lr, self.weight_decay, self.momentum if presets[0] == "sgd" else 0.0)
+
+    def preset_for(self, name: str) -> str:
+        if isinstance(self.optimizer, str):
+            return self.optimizer
+        for pattern, preset in self.optimizer.items():
+            if re.search(pattern, name):
+                return preset
+        raise ValueError(f"ProbeConfig: parameter {name!r} matches none of the optimizer groups "
+                         f"{list(self.optimizer)}")
+
+
+# ----------------------------------------------------------------------------
+# result
+# ----------------------------------------------------------------------------
+class ProbeResult:
+    """One row per probe item; ``table`` is a ``pyarrow.Table``, ``metadata`` the run's settings."""
+
+    def __init__(self, table: pa.Table, metadata: Mapping[str, Any], path: Path | None = None):
+        self.table = table
+        self.metadata = dict(metadata)
+        self.path = path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ProbeResult":
+        from normfast.io import read_table
+
+        return cls(read_table(path), read_metadata(path), Path(path))
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def column(self, name: str) -> np.ndarray:
+        return self.table.column(name).to_numpy(zero_copy_only=False)
+
+    def to_pandas(self):  # pragma: no cover - thin wrapper
+        return self.table.to_pandas()
+
+    @property
+    def heat_column(self) -> str:
+        return "V2" if "V2" in self.table.column_names else "V2_w"
+
+    @property
+    def drift_column(self) -> str:
+        return "D" if "D" in self.table.column_names else "D_w"
+
+    def summary(self) -> dict[str, Any]:
+        from normfast.report import summarize
+
+        return summarize(self)
+
+    def format_summary(self) -> str:
+        from normfast.report import format_summary
+
+        return format_summary(self)
+
+    def plots(self, outdir: str | Path, prefix: str = "probe") -> list[Path]:
+        from normfast.report import make_plots
+
+        return make_plots(self, outdir, prefix=prefix)
+
+    def __repr__(self) -> str:
+        return (f"ProbeResult({len(self)} rows, model={self.metadata.get('model')!r}, "
+                f"objective={self.metadata.get('objective')!r}, M={self.metadata.get('M')})")
+
+
+# ----------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------
+def _hash_items(items: Sequence[Any]) -> str:
+    h = hashlib.sha256()
+    for it in items:
+        if isinstance(it, torch.Tensor):
+            h.update(it.detach().cpu().contiguous().numpy().tobytes())
+        elif isinstance(it, np.ndarray):
+            h.update(np.ascontiguousarray(it).tobytes())
+        else:
+            h.update(repr(it).encode())
+        h.update(b"\x00")
+    return h.hexdigest()[:16]
+
+
+def _hash_model(encoder: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for n, p in encoder.named_parameters():
+            h.update(n.encode())
+            h.update(repr(tuple(p.shape)).encode())
+            flat = p.detach().reshape(-1)
+            h.update(repr(float(flat.double().sum())).encode())
+            h.update(repr(float(flat[:: max(1, flat.numel() // 97)].double().square().sum())).encode())
+    return h.hexdigest()[:16]
+
+
+def _library_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"normfast": normfast.__version__, "torch": torch.__version__, "numpy": np.__version__,
+           "pyarrow": pa.__version__, "python": platform.python_version()}
+    for pkg in ("transformers", "open_clip_torch", "triton"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def _as_pair_source(pairs: Any, objective: Any, probes: Sequence[Any]):
+    from normfast.pairs import PairSource
+
+    if isinstance(pairs, PairSource):
+        return pairs
+    if pairs is None:
+        if objective.needs == "items":
+            return PairSource.from_iterable(list(probes), kind="items")
+        raise ValueError(f"probe: objective {objective.name!r} needs {objective.needs}; pass pairs=")
+    return PairSource.from_iterable(pairs, kind=objective.needs)
+
+
+# ----------------------------------------------------------------------------
+# the engine
+# ----------------------------------------------------------------------------
+class _Run:
+    """State shared by the chunks of one probe run."""
+
+    def __init__(self, encoder: Encoder, objective: Any, pairs: Any, config: ProbeConfig,
+                 pair_encoder: Encoder | None, progress: bool,
+                 second_moments: Mapping[str, torch.Tensor] | None = None):
+        self.encoder = encoder
+        self.objective = objective
+        self.pairs = pairs
+        self.config = config
+        self.pair_encoder = pair_encoder
+        self.progress = progress
+        self.device = encoder.device
+        self.names = resolve_parameters(encoder, config.params)
+        stage_of = encoder.stage_of_parameters()
+        self.cut = min(stage_of[n] for n in self.names)
+        self.presets = {n: OptimizerPreset(config.preset_for(n), config.lr, config.weight_decay,
+                                           config.momentum if config.preset_for(n) == "sgd" else 0.0,
+                                           config.betas, config.eps, second_moments)
+                        for n in self.names}
+        self.branches = tuple(b for b in ("u", "w") if b in {p.branch for p in self.presets.values()})
+        self.branch = "uw" if len(self.branches) == 2 else self.branches[0]
+        self.mode = self._choose_mode()
+        self.output = config.output
+        if self.output == "tokens" and not encoder.has_tokens:
+            raise ValueError(f"probe: output='tokens' needs a sequence model; {type(encoder).__name__} has no "
+                             f"token positions")
+        rng = np.random.default_rng(config.seed)
+        from normfast.pairs import virtual_batches
+
+        self.batches = virtual_batches(len(pairs), config.batches, config.batch_size,
+                                       int(rng.integers(2**31)))
+        self.acc_dtype = torch.float64 if self.device.type == "cpu" else torch.float32
+        self._second_moments: dict[str, torch.Tensor] | None = None
+
+    def _choose_mode(self) -> str:
+        mode = self.config.mode
+        head = self.encoder.head()
+        head_ok = head is not None and set(self.names) <= set(head.parameter_names) \
+            and head.weight_name in self.names and self.branch != "uw"
+        if mode == "head" and not head_ok:
+            raise ValueError("probe: mode='head' needs the probed parameters to be exactly the final linear "
+                             "head's weight (and bias) with one optimizer preset; use mode='jvp' or params='head'")
+        if mode == "auto":
+            return "head" if head_ok else "jvp"
+        return mode
+
+    # -- directions -------------------------------------------------------------
+    def directions(self, batch_ids: Sequence[int]) -> Directions:
+        """Directions for the given (consecutive) virtual batches."""
+        second = None
+        if len(batch_ids) < len(self.batches) and "w" in self.branches:
+            if self._second_moments is None:  # AdamW's v̂ must come from all batches
+                adam = [n for n in self.names if self.presets[n].name == "adamw"
+                        and self.presets[n].second_moments is None]
+                self._second_moments = estimate_second_moments(
+                    self.encoder, self.objective, self.pairs, adam, self.batches, cut=self.cut,
+                    pair_encoder=self.pair_encoder, seed=self.config.seed, progress=self.progress,
+                    check_invariance=False)
+            second = self._second_moments
+        return compute_directions(self.encoder, self.objective, self.pairs, self.names, self.presets,
+                                  [self.batches[b] for b in batch_ids], cut=self.cut,
+                                  pair_encoder=self.pair_encoder, no_decay=self.config.no_decay,
+                                  seed=self.config.seed, batch_offset=batch_ids[0], progress=self.progress,
+                                  check_invariance=batch_ids[0] == 0, second_moments=second)
+
+    # -- one chunk -----------------------------------------------------------------
+    def front(self, items: Sequence[Any]) -> tuple[dict, dict, torch.Tensor | None]:
+        state = self.encoder.prepare(items)
+        with torch.no_grad():
+            front = self.encoder(state, 0, self.cut) if self.cut > 0 else state
+        rows = state["mask"].bool() if self.output == "tokens" else None
+        return state, front, rows
+
+    def k_per_pass(self, n_rows: int, dim: int) -> int:
+        if self.config.directions_per_pass is not None:
+            return min(self.config.directions_per_pass, self.config.batches)
+        tail_stages = max(1, self.encoder.n_stages - self.cut)
+        # heuristic: a tangent carries ~16 activations of width d per row and tail stage (fp32)
+        per_direction = n_rows * dim * tail_stages * 16 * 4
+        budget = self.config.memory_budget_mb * 2**20 / 2
+        return int(max(1, min(self.config.batches, budget // max(per_direction, 1))))
+
+    def new_accumulator(self, n: int, d: int):
+        from normfast.ops import ProbeAccumulator
+
+        return ProbeAccumulator(n, d, branch=self.branch, device=self.device, dtype=self.acc_dtype)
+
+    def jvp_update(self, acc, tail: Tail, front: dict, rows, z: torch.Tensor, dirs: Directions) -> None:
+        K = self.k_per_pass(z.shape[0], z.shape[-1])
+        for lo in range(0, dirs.M, K):
+            ids = list(range(lo, min(lo + K, dirs.M)))
+            ts = {}
+            for b in self.branches:
+                ts[b] = -tail.jvp(front, dirs.stacked(ids, b), rows)
+            if self.branch == "uw":
+                acc.update(ts["u"], z, t_w=ts["w"])
+            else:
+                acc.update(ts[self.branch], z)
+
+
+def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objective: Any = "simcse",
+          pairs: Any = None, config: ProbeConfig | None = None, *, out: str | Path | None = None,
+          resume: bool = False, overwrite: bool = False, pair_encoder: Encoder | None = None,
+          ids: Sequence[str] | None = None, progress: bool = True,
+          model_name: str | None = None,
+          second_moments: Mapping[str, torch.Tensor] | None = None) -> ProbeResult:
+    """Measure drift, heat and damping for every probe item and predict its equilibrium norm.
+
+    Args:
+        encoder: an :class:`~normfast.encoders.Encoder`, an ``nn.Module``, or a spec string for
+            :func:`normfast.encoders.load_encoder` (hub id, local folder, ``open_clip:ARCH``).
+        probes: the probe inputs (texts, images, tensors). With ``config.output="tokens"``
+            every token position of every input becomes a row.
+        objective: an objective object or name (``"infonce"``, ``"clip"``, ``"supcon"``, ``"simcse"``).
+        pairs: the virtual-batch source: a ``PairSource`` or an iterable of pairs /
+            (item, label) tuples / items. SimCSE without pairs uses the probes themselves.
+        config: a :class:`ProbeConfig` (defaults otherwise).
+        out: Parquet path to stream rows to (one row group per chunk).
+        resume: continue an interrupted run at ``out`` (same arguments required).
+        pair_encoder: encoder for the positive side when it is a different model (e.g. the
+            text tower when probing the image tower of a CLIP model); its parameters are not probed.
+        ids: optional string id per probe item (default: the item's index).
+        model_name: recorded in the metadata (default: the spec string or class name).
+        second_moments: AdamW's bias-corrected ``v̂`` per parameter name (e.g. from
+            :func:`normfast.directions.adam_second_moments` of the real optimizer); without
+            it ``v̂`` is the mean of ``ĝ²`` over the virtual batches.
+
+    Returns:
+        :class:`ProbeResult`. The same arguments and seed give the same table.
+    """
+    from normfast.encoders import load_encoder
+    from normfast.objectives import get_objective
+
+    config = config or ProbeConfig()
+    config.validate()
+    if model_name is None:
+        model_name = encoder if isinstance(encoder, str) else type(encoder).__name__
+    if not isinstance(encoder, Encoder):
+        encoder = load_encoder(encoder)
+    if isinstance(objective, str):
+        objective = get_objective(objective)
+    probes = list(probes) if not isinstance(probes, torch.Tensor) else probes
+    if len(probes) == 0:
+        raise ValueError("probe: expected at least one probe item, got an empty probe set")
+    if ids is not None:
+        ids = [str(i) for i in ids]
+        if len(ids) != len(probes):
+            raise ValueError(f"probe: expected one id per probe item, got {len(ids)} ids for {len(probes)} items")
+    pairs = _as_pair_source(pairs, objective, probes)
+
+    run = _Run(encoder, objective, pairs, config, pair_encoder, progress, second_moments)
+    n_items = len(probes)
+    n_chunks = math.ceil(n_items / config.chunk_size)
+    metadata = {
+        "model": str(model_name), "model_fingerprint": _hash_model(encoder),
+        "objective": objective.name, "temperature": getattr(objective, "temperature", None),
+        "optimizer": config.optimizer, "lr": config.lr, "weight_decay": config.weight_decay,
+        "momentum": config.momentum, "M": config.batches, "batch_size": config.batch_size,
+        "seed": config.seed, "mode": run.mode, "output": config.output, "params": config.params,
+        "n_probed_parameters": len(run.names), "cut_stage": run.cut, "branch": run.branch,
+        "n_items": n_items, "n_pairs": len(pairs), "chunk_size": config.chunk_size,
+        "versions": _library_versions(), "device": _device_name(run.device),
+        "config": asdict(config),
+    }
+    spec = {k: metadata[k] for k in metadata if k not in ("versions", "device")}
+    spec["probes"] = _hash_items(probes)
+    spec["pairs"] = _hash_items([pairs.batch(np.array([i])) for i in range(min(len(pairs), 4096))])
+    spec["ids"] = _hash_items(ids) if ids is not None else None
+    spec["second_moments"] = _hash_items(list(second_moments.values())) if second_moments else None
+
+    writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite) if out is not None else None
+    done = writer.done() if writer is not None else set()
+    tables: dict[int, pa.Table] = {}
+
+    def emit(c: int, table: pa.Table) -> None:
+        if writer is not None:
+            writer.write_chunk(c, table)
+        else:
+            tables[c] = table
+
+    todo = [c for c in range(n_chunks) if c not in done]
+    t0 = time.perf_counter()
+    if todo:
+        _run_chunks(run, probes, ids, todo, emit)
+    metadata["seconds"] = round(time.perf_counter() - t0, 3)
+    if writer is not None:
+        path = writer.finalize(n_chunks, metadata)
+        from normfast.io import read_table
+
+        return ProbeResult(read_table(path), metadata, path)
+    table = pa.concat_tables([tables[c] for c in range(n_chunks)])
+    meta_blob = {b"normfast": __import__("json").dumps(metadata, default=str).encode()}
+    return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
+
+
+def _chunk_items(probes: Sequence[Any], c: int, size: int) -> Sequence[Any]:
+    return probes[c * size:(c + 1) * size]
+
+
+def _run_chunks(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, todo: list[int],
+                emit: Callable[[int, pa.Table], None]) -> None:
+    cfg = run.config
+    encoder = run.encoder
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        if run.mode == "head":
+            dirs = run.directions(list(range(cfg.batches)))
+            G, g = head_operands(encoder, dirs, list(range(dirs.M)))
+            bar = tqdm(todo, desc="probing (head mode)", unit="chunk", disable=not run.progress)
+            for c in bar:
+                items = _chunk_items(probes, c, cfg.chunk_size)
+                emit(c, _head_chunk(run, items, c, ids, G, g, dirs))
+            return
+        budget = cfg.memory_budget_mb * 2**20 / 2
+        per_batch = sum(encoder.get_parameter(n).numel() for n in run.names) * 4
+        group = int(max(1, min(cfg.batches, budget // max(per_batch, 1))))
+        if group >= cfg.batches:
+            dirs = run.directions(list(range(cfg.batches)))
+            bar = tqdm(todo, desc="probing (jvp mode)", unit="chunk", disable=not run.progress)
+            for c in bar:
+                items = _chunk_items(probes, c, cfg.chunk_size)
+                emit(c, _jvp_chunk(run, items, c, ids, [dirs]))
+            return
+        # directions-outer: the directions do not fit in the budget together
+        warnings.warn(f"probe: {cfg.batches} directions of {per_batch / 2**20:.0f} MB each exceed the memory "
+                      f"budget; computing them in groups of {group} (directions-outer loop order, output "
+                      f"written at the end)", stacklevel=3)
+        groups = [list(range(lo, min(lo + group, cfg.batches))) for lo in range(0, cfg.batches, group)]
+        emit_all = _jvp_directions_outer(run, probes, ids, todo, groups)
+        for c, table in emit_all:
+            emit(c, table)
+    finally:
+        encoder.train(was_training)
+
+
+def _row_metadata(run: _Run, state: dict, items: Sequence[Any], c: int, ids: Sequence[str] | None,
+                  rows: torch.Tensor | None) -> dict[str, Any]:
+    size = run.config.chunk_size
+    item_index = np.arange(c * size, c * size + len(items), dtype=np.int64)
+    item_ids = [ids[i] for i in item_index] if ids is not None else [str(i) for i in item_index]
+    texts = [it if isinstance(it, str) else "" for it in items]
+    if rows is None:
+        return {"item": item_index, "id": item_ids, "text": texts,
+                "position": np.full(len(items), -1, np.int32),
+                "token_id": np.full(len(items), -1, np.int64), "token": [""] * len(items)}
+    mask = rows.cpu().numpy()
+    b_idx, t_idx = np.nonzero(mask)
+    info = run.encoder.token_info(state)
+    if info is not None:
+        tok_ids, tok_texts = info
+        tok_ids = tok_ids.cpu().numpy()[b_idx, t_idx].astype(np.int64)
+        tokens = [tok_texts[b][t] for b, t in zip(b_idx, t_idx)]
+    else:
+        tok_ids = np.full(len(b_idx), -1, np.int64)
+        tokens = [""] * len(b_idx)
+    return {"item": item_index[b_idx], "id": [item_ids[b] for b in b_idx], "text": [texts[b] for b in b_idx],
+            "position": t_idx.astype(np.int32), "token_id": tok_ids, "token": tokens}
+
+
+def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mapping[str, torch.Tensor],
+                  kappa: torch.Tensor) -> pa.Table:
+    from normfast.equilibrium import equilibrium_norm
+    from normfast.ops import REASONS
+
+    cfg = run.config
+    to_np = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
+    norm = to_np(z.double().norm(dim=-1))
+    cols: dict[str, Any] = dict(meta)
+    cols["norm"] = norm
+    stat_names = []
+    for b in run.branches:
+        sfx = "" if b == "u" else "_w"
+        stat_names += [f"{k}{sfx}" for k in ("D", "se_D", "sign_stability", "V2", "m2", "Q")]
+    if run.branch == "uw":
+        stat_names.append("C_uw")
+    for k in stat_names:
+        cols[k] = to_np(stats[k])
+    kap = to_np(kappa)
+    cols["kappa"] = kap
+    law = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
+    zero = np.zeros_like(norm)
+    D = cols.get("D", zero)
+    Q = cols.get("Q", zero)
+    extra = {}
+    if "w" in run.branches:
+        extra = dict(D_w=cols["D_w"], Q_w=cols["Q_w"], C_uw=cols.get("C_uw", zero))
+    r_eq, n_pos = equilibrium_norm(D, Q, kap, return_count=True, **law, **extra)
+    heat_extra = dict(extra, D_w=zero) if extra else {}
+    r_heat = equilibrium_norm(zero, Q, kap, **law, **heat_extra)
+    cols["r_eq"] = r_eq
+    cols["r_eq_heat"] = r_heat
+    cols["n_pos_roots"] = np.asarray(n_pos, dtype=np.int8)
+    valid = stats["valid"].cpu().numpy().astype(bool)
+    reason = np.array([REASONS[int(r)] for r in stats["reason"].cpu().numpy()], dtype=object)
+    bad_kappa = valid & ~np.isfinite(kap)
+    reason[bad_kappa] = "non_finite_kappa"
+    valid = valid & ~bad_kappa
+    no_root = valid & ~np.isfinite(r_eq)
+    reason[no_root] = "no_positive_root"
+    cols["valid"] = valid
+    cols["reason"] = reason.tolist()
+    return pa.table(cols)
+
+
+def _jvp_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | None,
+               dir_groups: Sequence[Directions]) -> pa.Table:
+    state, front, rows = run.front(items)
+    tail = Tail(run.encoder, run.names, run.cut, run.output)
+    z = tail.primal(front, rows)
+    acc = run.new_accumulator(z.shape[0], z.shape[-1])
+    for dirs in dir_groups:
+        run.jvp_update(acc, tail, front, rows, z, dirs)
+    kappa = _jvp_kappa(run, tail, front, rows, z, dir_groups[0])
+    meta = _row_metadata(run, state, items, c, ids, rows)
+    return _finish_table(run, meta, z, acc.finalize(), kappa)
+
+
+def _jvp_kappa(run: _Run, tail: Tail, front: dict, rows, z: torch.Tensor, dirs: Directions) -> torch.Tensor:
+    tangent = {n: (dirs.decayed[n] if n in dirs.decayed else torch.zeros_like(dirs.directions[0][n]))[None]
+               for n in run.names}
+    j = tail.jvp(front, tangent, rows)[0]
+    return kappa_from_jvp(z, j)
+
+
+def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, todo: list[int],
+                          groups: list[list[int]]):
+    cfg = run.config
+    tail = Tail(run.encoder, run.names, run.cut, run.output)
+    accs: dict[int, Any] = {}
+    kept: dict[int, tuple] = {}
+    for gi, group in enumerate(groups):
+        dirs = run.directions(group)
+        for c in tqdm(todo, desc=f"probing (direction group {gi + 1}/{len(groups)})", unit="chunk",
+                      disable=not run.progress):
+            items = _chunk_items(probes, c, cfg.chunk_size)
+            state, front, rows = run.front(items)
+            z = tail.primal(front, rows)
+            if c not in accs:
+                accs[c] = run.new_accumulator(z.shape[0], z.shape[-1])
+                kappa = _jvp_kappa(run, tail, front, rows, z, dirs)
+                kept[c] = (_row_metadata(run, state, items, c, ids, rows), z.cpu(), kappa.cpu())
+            run.jvp_update(accs[c], tail, front, rows, z, dirs)
+        del dirs
+    for c in todo:
+        meta, z, kappa = kept[c]
+        yield c, _finish_table(run, meta, z, accs[c].finalize(), kappa)
+
+
+def _head_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | None, G: torch.Tensor,
+                g: torch.Tensor | None, dirs: Directions) -> pa.Table:
+    from normfast.ops import head_stats
+
+    state, front, rows = run.front(items)
+    head = run.encoder.head()
+    with torch.no_grad():
+        a = run.encoder(front, run.cut, output="pre_head_tokens" if rows is not None else "pre_head")
+        if rows is not None:
+            a = a[rows]
+        W = head.weight(run.encoder).detach()
+        z = a.to(W.dtype) @ W.t()
+        b = head.bias(run.encoder)
+        if b is not None:
+            z = z + b.detach()
+    stats = head_stats(a, z, G, g, branch=run.branch, radial_spread=run.config.radial_spread)
+    kappa = head_kappa(run.encoder, a, z, dirs.decayed)
+    meta = _row_metadata(run, state, items, c, ids, rows)
+    return _finish_table(run, meta, z, stats, kappa)
+
+
+# ----------------------------------------------------------------------------
+# CLI: normfast probe
+# ----------------------------------------------------------------------------
+probe_description = """\
+Probe a contrastive encoder: for every input (--pooled) or every token
+(--tokens) measure radial drift D, stochastic heat V2, damping kappa and the
+predicted equilibrium norm R_eq, on M virtual batches of a scale-invariant
+objective (nothing is trained). Rows stream to a Parquet file chunk by chunk;
+an interrupted run continues with --resume.
+
+examples:
+  normfast probe minilm --probes words.txt --objective simcse --tokens \\
+      --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
+  normfast probe open_clip:ViT-B-32 --tower image --probes imgs.txt \\
+      --pairs pairs.tsv --objective clip --params head --out runs/clip.parquet
+
+probes file: .txt (one item per line), .jsonl (--text-key, default "text";
+optional "id"), or .tsv (first column). For image towers each item is an
+image path. pairs file: .jsonl with --anchor-key/--positive-key (or
+--label-key for supcon), or .tsv with two columns. SimCSE needs no pairs
+file: it uses the probes themselves (or --pairs as plain items)."""
+
+
+def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | None]:
+    import json as _json
+
+    if not path.exists():
+        raise FileNotFoundError(f"probes file {path} does not exist")
+    items: list[str] = []
+    ids: list[str] = []
+    has_ids = False
+    if path.suffix == ".jsonl":
+        for ln, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = _json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{ln}: not valid JSON ({exc})") from None
+            if text_key not in rec:
+                raise ValueError(f"{path}:{ln}: missing key {text_key!r}")
+            items.append(str(rec[text_key]))
+            if "id" in rec:
+                has_ids = True
+            ids.append(str(rec.get("id", len(items) - 1)))
+    else:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                items.append(line.split("\t")[0] if path.suffix == ".tsv" else line.rstrip("\n"))
+    if not items:
+        raise ValueError(f"probes file {path} holds no probe items")
+    return items, (ids if has_ids else None)
+
+
+def _load_images(paths: list[str]):
+    from PIL import Image
+
+    return [Image.open(p).convert("RGB") for p in paths]
+
+
+def probe_arguments(p) -> None:
+    p.add_argument("model", help="hub id, local folder (HF or sentence-transformers), 'minilm', or open_clip:ARCH[@WEIGHTS]")
+    p.add_argument("--probes", required=True, help="probe items file (.txt / .jsonl / .tsv)")
+    p.add_argument("--text-key", default="text", help="jsonl key of the probe text (default: text)")
+    p.add_argument("--pairs", help="virtual-batch source (.jsonl / .tsv); optional for simcse")
+    p.add_argument("--anchor-key", default="anchor")
+    p.add_argument("--positive-key", default="positive")
+    p.add_argument("--label-key", default=None, help="jsonl key of class labels (supcon)")
+    p.add_argument("--objective", default="simcse", choices=["simcse", "infonce", "clip", "supcon"])
+    p.add_argument("--temperature", type=float, default=None, help="objective temperature (default: its own)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--tokens", dest="output", action="store_const", const="tokens",
+                   help="one row per token position")
+    g.add_argument("--pooled", dest="output", action="store_const", const="pooled",
+                   help="one row per input (default)")
+    p.set_defaults(output="pooled")
+    p.add_argument("--mode", default="auto", choices=list(MODES),
+                   help="head: closed form for a final linear head; jvp: general; auto (default)")
+    p.add_argument("--params", default="all",
+                   help="probed parameters: all, head, or a regex over parameter names (default: all)")
+    p.add_argument("--batches", type=int, default=16, help="M, virtual batches (>= 2; default 16)")
+    p.add_argument("--batch-size", type=int, default=32, help="pairs per virtual batch (default 32)")
+    p.add_argument("--optimizer", default="sgd", choices=list(PRESETS))
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate eta of the law (default 1e-3)")
+    p.add_argument("--wd", type=float, default=1e-2, help="decoupled weight decay lambda (default 1e-2)")
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (heuristic eta/(1-beta))")
+    p.add_argument("--no-decay", default=None, help="regex of probed parameters without weight decay")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunk-size", type=int, default=64, help="probe items per streamed chunk (default 64)")
+    p.add_argument("--directions-per-pass", type=int, default=None, help="K directions per JVP pass")
+    p.add_argument("--memory-budget-mb", type=float, default=2048)
+    p.add_argument("--no-radial-spread", action="store_true", help="skip se_D / sign stability (faster head mode)")
+    p.add_argument("--tower", choices=["image", "text"], help="open_clip tower to probe")
+    p.add_argument("--no-projection", action="store_true", help="open_clip / sentence-transformers without the head")
+    p.add_argument("--pooling", default=None, help="HF pooling (mean, cls, ...)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", required=True, help="output .parquet")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run at --out")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--plots", action="store_true", help="also write the report figures next to --out")
+
+
+def probe_main(args) -> int:
+    import sys
+
+    from normfast.encoders import load_encoder
+    from normfast.objectives import get_objective
+    from normfast.pairs import PairSource
+
+    try:
+        items, ids = _read_probe_file(Path(args.probes), args.text_key)
+        kw = {}
+        if args.tower:
+            kw["tower"] = args.tower
+        if args.pooling:
+            kw["pooling"] = args.pooling
+        encoder = load_encoder(args.model, projection=not args.no_projection, device=args.device, **kw)
+        if encoder.modality == "image":
+            items = _load_images(items)
+        obj_kw = {} if args.temperature is None else {"temperature": args.temperature}
+        objective = get_objective(args.objective, **obj_kw)
+        pairs = None
+        pair_encoder = None
+        if args.pairs:
+            path = Path(args.pairs)
+            if path.suffix == ".jsonl":
+                pairs = PairSource.from_jsonl(path, anchor_key=args.anchor_key, positive_key=args.positive_key,
+                                              label_key=args.label_key, kind=objective.needs)
+            else:
+                pairs = PairSource.from_tsv(path, kind=objective.needs)
+        if objective.name == "clip" and hasattr(encoder, "with_tower"):
+            pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")
+        config = ProbeConfig(params=args.params, mode=args.mode, output=args.output, optimizer=args.optimizer,
+                             lr=args.lr, weight_decay=args.wd, momentum=args.momentum, no_decay=args.no_decay,
+                             batches=args.batches, batch_size=args.batch_size, seed=args.seed,
+                             chunk_size=args.chunk_size, directions_per_pass=args.directions_per_pass,
+                             memory_budget_mb=args.memory_budget_mb, radial_spread=not args.no_radial_spread)
+        result = probe(encoder, items, objective, pairs, config, out=args.out, resume=args.resume,
+                       overwrite=args.overwrite, pair_encoder=pair_encoder, ids=ids,
+                       progress=not args.no_progress, model_name=args.model)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as exc:
+        print(f"normfast probe: error: {exc}", file=sys.stderr)
+        return 2
+    print(result.format_summary())
+    print(f"\nwrote {result.path} ({len(result)} rows)")
+    if args.plots:
+        for pth in result.plots(Path(args.out).parent, prefix=Path(args.out).stem):
+            print(f"wrote {pth}")
+    return 0

@@ -1,0 +1,242 @@
+"""Summaries and plots of a probe run (``ProbeResult.summary()``, ``normfast report``)."""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>", "<start_of_text>", "<end_of_text>"}
+
+
+def loglog_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """Slope and Pearson r of ``log y`` against ``log x`` over finite positive pairs."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    n = int(ok.sum())
+    if n < 3:
+        return {"slope": math.nan, "intercept": math.nan, "pearson_r": math.nan, "n": n}
+    lx, ly = np.log(x[ok]), np.log(y[ok])
+    if np.std(lx) == 0 or np.std(ly) == 0:
+        return {"slope": math.nan, "intercept": math.nan, "pearson_r": math.nan, "n": n}
+    slope, intercept = np.polyfit(lx, ly, 1)
+    r = float(np.corrcoef(lx, ly)[0, 1])
+    return {"slope": float(slope), "intercept": float(intercept), "pearson_r": r, "n": n}
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3:
+        return math.nan
+    return float(spearmanr(x[ok], y[ok]).statistic)
+
+
+def _quantiles(v: np.ndarray) -> dict[str, float]:
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return {"p10": math.nan, "median": math.nan, "p90": math.nan}
+    p10, p50, p90 = np.percentile(v, [10, 50, 90])
+    return {"p10": float(p10), "median": float(p50), "p90": float(p90)}
+
+
+def _is_special(result) -> np.ndarray:
+    names = result.table.column_names
+    if "token" not in names:
+        return np.zeros(len(result), bool)
+    tokens = result.column("token")
+    pos = result.column("position")
+    return np.array([(p >= 0 and t in SPECIAL_TOKENS) for t, p in zip(tokens, pos)], dtype=bool)
+
+
+def summarize(result) -> dict[str, Any]:
+    """Headline figures of a run (see :func:`format_summary` for the printed form)."""
+    valid = result.column("valid").astype(bool)
+    reasons: dict[str, int] = {}
+    for r in result.column("reason"):
+        reasons[r] = reasons.get(r, 0) + 1
+    heat, drift = result.heat_column, result.drift_column
+    norm = result.column("norm")
+    out: dict[str, Any] = {"rows": len(result), "valid": int(valid.sum()), "reasons": reasons}
+    for col in ("norm", drift, heat, "kappa", "r_eq", "r_eq_heat"):
+        out[col] = _quantiles(result.column(col)[valid])
+    D = result.column(drift)[valid]
+    se_name = "se_D" if drift == "D" else "se_D_w"
+    se = result.column(se_name)[valid]
+    ss = result.column("sign_stability" if drift == "D" else "sign_stability_w")[valid]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["drift_significant_fraction"] = float(np.mean(np.abs(D) > 2 * se)) if np.isfinite(se).any() else math.nan
+    out["sign_stability_mean"] = float(np.nanmean(ss)) if np.isfinite(ss).any() else math.nan
+    out["bistable_fraction"] = float(np.mean(result.column("n_pos_roots")[valid] > 1)) if valid.any() else math.nan
+    out["norm_vs_r_eq"] = loglog_fit(result.column("r_eq")[valid], norm[valid])
+    out["norm_vs_r_eq_heat"] = loglog_fit(result.column("r_eq_heat")[valid], norm[valid])
+    out["spearman_norm_heat"] = spearman(norm[valid], result.column(heat)[valid])
+    return out
+
+
+def format_summary(result, top: int = 8) -> str:
+    s = summarize(result)
+    meta = result.metadata
+    heat, drift = result.heat_column, result.drift_column
+    lines = [
+        f"normfast probe: {meta.get('model')} | objective {meta.get('objective')} | {meta.get('optimizer')} "
+        f"lr={meta.get('lr')} wd={meta.get('weight_decay')} | M={meta.get('M')} x {meta.get('batch_size')} "
+        f"| mode {meta.get('mode')} | {meta.get('output')}",
+        f"rows: {s['rows']} ({s['valid']} valid" + (
+            ", " + ", ".join(f"{k}: {v}" for k, v in s["reasons"].items() if k != "ok") + ")"
+            if len(s["reasons"]) > 1 or "ok" not in s["reasons"] else ")"),
+        "",
+        f"{'quantity':<12}{'p10':>12}{'median':>12}{'p90':>12}",
+    ]
+    for col in ("norm", drift, heat, "kappa", "r_eq", "r_eq_heat"):
+        q = s[col]
+        lines.append(f"{col:<12}{q['p10']:>12.4g}{q['median']:>12.4g}{q['p90']:>12.4g}")
+    f, fh = s["norm_vs_r_eq"], s["norm_vs_r_eq_heat"]
+    lines += [
+        "",
+        f"drift |D| > 2 se: {s['drift_significant_fraction']:.1%} of rows; mean sign stability "
+        f"{s['sign_stability_mean']:.3f}; bistable rows {s['bistable_fraction']:.1%}",
+        f"observed norm vs R_eq (log-log): slope {f['slope']:.3f}, Pearson r {f['pearson_r']:.3f}  |  "
+        f"heat-only R_eq: slope {fh['slope']:.3f}, r {fh['pearson_r']:.3f}",
+        f"Spearman(norm, {heat}) = {s['spearman_norm_heat']:.3f}",
+    ]
+    if "token" in result.table.column_names and result.column("position").max() >= 0:
+        valid = result.column("valid").astype(bool) & ~_is_special(result)
+        tok = result.column("token")
+        txt = result.column("text")
+        h = result.column(heat)
+        idx = np.nonzero(valid)[0]
+        order = idx[np.argsort(h[idx])]
+        fmt = lambda i: f"{tok[i]!s}" + (f" ({txt[i]})" if txt[i] and txt[i] != tok[i] else "")  # noqa: E731
+        lines += ["", f"hottest tokens ({heat}): " + ", ".join(fmt(i) for i in order[::-1][:top]),
+                  f"coldest tokens ({heat}): " + ", ".join(fmt(i) for i in order[:top])]
+    return "\n".join(lines)
+
+
+def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
+    """Write the standard figures; returns their paths.
+
+    * ``{prefix}_norm_vs_req.png``: observed norm against R_eq (full and heat-only law), log-log;
+    * ``{prefix}_heat.png``: distribution of the heat V² (log scale) and of D;
+    * ``{prefix}_tokens.png`` (token runs): the hottest and coldest tokens.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    heat, drift = result.heat_column, result.drift_column
+    valid = result.column("valid").astype(bool)
+    norm = result.column("norm")[valid]
+    paths = []
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, col, label in ((axes[0], "r_eq", "full law"), (axes[1], "r_eq_heat", "heat-only law (D = 0)")):
+        x = result.column(col)[valid]
+        ok = np.isfinite(x) & (x > 0) & (norm > 0)
+        ax.loglog(x[ok], norm[ok], ".", ms=3, alpha=0.5)
+        fit = loglog_fit(x, norm)
+        if np.isfinite(fit["slope"]):
+            xs = np.geomspace(x[ok].min(), x[ok].max(), 50)
+            ax.loglog(xs, np.exp(fit["intercept"]) * xs ** fit["slope"], "k-", lw=1,
+                      label=f"slope {fit['slope']:.2f}, r {fit['pearson_r']:.2f}")
+            ax.legend(loc="upper left", fontsize=8)
+        ax.set_xlabel(f"predicted R_eq ({label})")
+        ax.set_ylabel("observed norm")
+    fig.suptitle(f"{result.metadata.get('model')}: observed norm vs equilibrium prediction", fontsize=10)
+    fig.tight_layout()
+    p = outdir / f"{prefix}_norm_vs_req.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    h = result.column(heat)[valid]
+    h = h[np.isfinite(h) & (h > 0)]
+    if h.size:
+        axes[0].hist(np.log10(h), bins=60, color="tab:red", alpha=0.8)
+    axes[0].set_xlabel(f"log10 {heat} (stochastic heat)")
+    axes[0].set_ylabel("probe items")
+    d = result.column(drift)[valid]
+    d = d[np.isfinite(d)]
+    if d.size:
+        axes[1].hist(d, bins=60, color="tab:blue", alpha=0.8)
+    axes[1].axvline(0, color="k", lw=0.8)
+    axes[1].set_xlabel(f"{drift} (radial drift)")
+    fig.tight_layout()
+    p = outdir / f"{prefix}_heat.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+
+    if "token" in result.table.column_names and result.column("position").max() >= 0:
+        ok = result.column("valid").astype(bool) & ~_is_special(result)
+        idx = np.nonzero(ok)[0]
+        hv = result.column(heat)
+        tok = result.column("token")
+        order = idx[np.argsort(hv[idx])]
+        k = min(15, len(order) // 2)
+        if k > 0:
+            pick = np.concatenate([order[:k], order[-k:]])
+            fig, ax = plt.subplots(figsize=(7, 0.25 * len(pick) + 1))
+            colors = ["tab:blue"] * k + ["tab:red"] * k
+            ax.barh(range(len(pick)), hv[pick], color=colors)
+            ax.set_yticks(range(len(pick)))
+            ax.set_yticklabels([str(tok[i]) for i in pick], fontsize=7)
+            ax.set_xscale("log")
+            ax.set_xlabel(f"{heat}")
+            ax.set_title("coldest (blue) and hottest (red) tokens", fontsize=9)
+            fig.tight_layout()
+            p = outdir / f"{prefix}_tokens.png"
+            fig.savefig(p, dpi=120)
+            plt.close(fig)
+            paths.append(p)
+    return paths
+
+
+# ----------------------------------------------------------------------------
+# CLI: normfast report RUN.parquet
+# ----------------------------------------------------------------------------
+report_description = """\
+Summarize a finished probe run: quantiles of norm, drift D, heat V2, kappa and
+R_eq; how noisy the drift is (|D| > 2 se, sign stability); the log-log slope and
+Pearson r of observed norm against the predicted equilibrium norm (full law and
+heat-only law); for token runs the hottest and coldest tokens. Writes PNG
+figures next to the run (or to --out)."""
+
+
+def report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="a .parquet file written by `normfast probe` (or a manifest .json of parts)")
+    p.add_argument("--out", help="folder for the PNG figures (default: next to the run)")
+    p.add_argument("--top", type=int, default=8, help="tokens listed as hottest/coldest (default 8)")
+    p.add_argument("--no-plots", action="store_true", help="print the summary only")
+
+
+def report_main(args: argparse.Namespace) -> int:
+    import sys
+
+    from normfast.probe import ProbeResult
+
+    path = Path(args.run)
+    if not path.exists():
+        print(f"normfast report: {path} does not exist", file=sys.stderr)
+        return 2
+    try:
+        result = ProbeResult.load(path)
+    except Exception as exc:  # noqa: BLE001 - reported to the user
+        print(f"normfast report: cannot read {path}: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(result, top=args.top))
+    if not args.no_plots:
+        out = Path(args.out) if args.out else path.parent
+        for p in make_plots(result, out, prefix=path.stem):
+            print(f"wrote {p}")
+    return 0
