@@ -458,8 +458,12 @@ def _run_chunks(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, tod
     encoder.eval()
     try:
         if run.mode == "head":
+            from normfast.ops import prepare_head
+
             dirs = run.directions(list(range(cfg.batches)))
             G, g = head_operands(encoder, dirs, list(range(dirs.M)))
+            G = prepare_head(G, g, dtype=run.acc_dtype)  # centered once, shared by every chunk
+            g = None
             bar = tqdm(todo, desc="probing (head mode)", unit="chunk", disable=not run.progress)
             for c in bar:
                 items = _chunk_items(probes, c, cfg.chunk_size)
