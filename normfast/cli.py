@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("normfast.probe", "probe a model: drift, heat, damping and R_eq per input or token"),
     "demo": ("normfast.demo", "offline demo: token-level probe of the real all-MiniLM-L6-v2 on common words"),
     "validate": ("normfast.validate", "E1: train small encoders to equilibrium and test the law's predictions"),
+    "bench": ("normfast.benchmark", "throughput suite: head/jvp modes against per-sample-gradient tools"),
     "report": ("normfast.report", "summarize a probe run (.parquet) and draw its figures"),
     "retrieval": ("normfast.retrieval",
                   "norm-discounted retrieval: alpha sweep with baselines on a BEIR collection"),
