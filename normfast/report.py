@@ -88,9 +88,8 @@ def format_summary(result, top: int = 8) -> str:
         f"normfast probe: {meta.get('model')} | objective {meta.get('objective')} | {meta.get('optimizer')} "
         f"lr={meta.get('lr')} wd={meta.get('weight_decay')} | M={meta.get('M')} x {meta.get('batch_size')} "
         f"| mode {meta.get('mode')} | {meta.get('output')}",
-        f"rows: {s['rows']} ({s['valid']} valid" + (
-            ", " + ", ".join(f"{k}: {v}" for k, v in s["reasons"].items() if k != "ok") + ")"
-            if len(s["reasons"]) > 1 or "ok" not in s["reasons"] else ")"),
+        f"rows: {s['rows']} ({s['valid']} with valid statistics"
+        + "".join(f"; {k}: {v}" for k, v in s["reasons"].items() if k != "ok") + ")",
         "",
         f"{'quantity':<12}{'p10':>12}{'median':>12}{'p90':>12}",
     ]
