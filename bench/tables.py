@@ -1,0 +1,165 @@
+"""Render the README's results tables from the JSON files in bench/results/.
+
+    python bench/tables.py                 # print every table
+    python bench/tables.py --write README.md   # refresh the tables in the README
+    python bench/tables.py --check README.md   # fail if the README disagrees with the JSON
+
+In the README each table sits between ``<!-- results:NAME -->`` and
+``<!-- /results:NAME -->``; the text between the markers is exactly what
+this script renders, so a number in the README is always the number in the
+JSON that the named command wrote.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.{digits}f}"
+
+
+def _ci(block: dict, digits: int = 3) -> str:
+    lo, hi = block.get("ci95", [None, None])
+    return f"{_f(block.get('value', block.get('estimate')), digits)} [{_f(lo, digits)}, {_f(hi, digits)}]"
+
+
+def table_e1() -> str | None:
+    d = _load("equilibrium.json")
+    if d is None:
+        return None
+    rows = ["| encoder | optimizer | full law: slope | full law: r | heat-only: slope | heat-only: r "
+            "| last checkpoint only: slope | r | target met |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    names = {"mlp": "2-layer ReLU MLP, no biases", "mlp_bias": "2-layer ReLU MLP, biases",
+             "table": "free embedding table", "mlp_adamw": "2-layer ReLU MLP, no biases"}
+    for r in d["results"]:
+        f, h, last = (r["fits"][k] for k in ("full_law", "heat_only_law", "last_checkpoint_full_law"))
+        met = r.get("target", {}).get("met")
+        verdict = "yes" if met else ("no" if met is not None else "no target (heuristic)")
+        rows.append(f"| {names.get(r['variant'], r['variant'])} | {r['optimizer']} | {_f(f['slope'])} | "
+                    f"{_f(f['pearson_r'])} | {_f(h['slope'])} | {_f(h['pearson_r'])} | {_f(last['slope'])} | "
+                    f"{_f(last['pearson_r'])} | {verdict} |")
+    cfg = d["config"]
+    rows.append("")
+    rows.append(f"{cfg['concepts']} concepts x {cfg['items_per_concept']} items, {cfg['steps']} steps, "
+                f"SGD lr {cfg['lr']} / wd {cfg['weight_decay']} (AdamW lr {cfg['adamw_lr']}), "
+                f"{d['results'][0]['checkpoints']} checkpoints x M = {cfg['M']} virtual batches over the last "
+                f"{int(cfg['window'] * 100)}% of training. Targets (SGD): slope in [0.85, 1.15], r >= 0.93.")
+    return "\n".join(rows)
+
+
+def table_quartic() -> str | None:
+    d = _load("quartic.json")
+    if d is None:
+        return None
+    r = d["ratios_p50"]
+    a = d["agreement"]
+    env = d["environment"]
+    gen, bi = r["general"], r["biquadratic"]
+    rows = ["| workload (10^6 rows) | baseline | normfast speed-up, "
+            f"{env['openmp_threads']} threads | 1 thread | max rel. difference |",
+            "|---|---|---|---|---|",
+            f"| general quartic (standard-normal coefficients) | numpy batched companion-matrix `eigvals` | "
+            f"{gen['normfast_vs_numpy_eigvals']:.1f}x | {gen['normfast_1_thread_vs_numpy_eigvals']:.1f}x | "
+            f"{a['general']['max_rel_diff']:.1e} |",
+            f"| biquadratic (b = d = 0) | vectorized numpy closed form | "
+            f"{bi['normfast_vs_numpy_closed_form']:.2f}x | {bi['normfast_1_thread_vs_numpy_closed_form']:.2f}x | "
+            f"{a['biquadratic']['max_rel_diff']:.1e} |"]
+    return "\n".join(rows)
+
+
+def table_head_stats() -> str | None:
+    d = _load("head_stats.json")
+    if d is None:
+        return None
+    c = d["config"]
+    rows = [f"| method (N = {c['n']:,}, d = {c['d_in']}, M = {c['M']}) | normfast speed-up | FLOP ratio "
+            "| max rel. error vs float64 (V2) |",
+            "|---|---|---|---|"]
+    label = {"naive": "naive per-batch materialization (torch)",
+             "torch.func": "torch.func per-sample gradients (`vmap(grad)`) + materialization"}
+    for k in ("naive", "torch.func"):
+        rows.append(f"| {label[k]} | {d['speedup_vs_normfast'][k]:.1f}x | "
+                    f"{d['flop_ratio_vs_normfast'][k]:.1f}x | {d['accuracy_vs_float64_subset'][k]['V2']:.1e} |")
+    rows.append(f"| normfast head mode (S form) | 1x | 1x ({d['flops']['normfast'] / 1e9:.0f} GFLOP) | "
+                f"{d['accuracy_vs_float64_subset']['normfast']['V2']:.1e} |")
+    m = d["memory_1e6_probes"]
+    rows.append("")
+    rows.append(f"Peak memory of a {m['probes']:,}-probe head-mode run streamed in chunks of {m['chunk']:,}: "
+                f"{m['peak_rss_mb']:.0f} MB RSS ({m['rss_after_imports_mb']:.0f} MB of it after imports).")
+    return "\n".join(rows)
+
+
+TABLES: dict[str, Callable[[], str | None]] = {
+    "e1": table_e1,
+    "quartic": table_quartic,
+    "head_stats": table_head_stats,
+}
+
+
+def render_all() -> dict[str, str]:
+    return {name: text for name, fn in TABLES.items() if (text := fn()) is not None}
+
+
+_BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>(?:.*?\n)?)(<!-- /results:(?P=name) -->)", re.S)
+
+
+def check(readme: Path) -> list[str]:
+    """Names of README blocks that differ from the JSON (or name no known table)."""
+    tables = render_all()
+    bad = []
+    for m in _BLOCK.finditer(readme.read_text()):
+        name = m.group("name")
+        if name not in tables or tables[name] + "\n" != m.group("body"):
+            bad.append(name)
+    return bad
+
+
+def write(readme: Path) -> None:
+    tables = render_all()
+    def fill(m: re.Match) -> str:
+        name = m.group("name")
+        body = tables[name] + "\n" if name in tables else m.group("body")
+        return m.group(1) + body + m.group(4)
+
+    text = _BLOCK.sub(fill,
+                      readme.read_text())
+    readme.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--check", type=Path, help="README to check against the JSON")
+    g.add_argument("--write", type=Path, help="README whose tables to refresh")
+    args = p.parse_args(argv)
+    if args.check:
+        bad = check(args.check)
+        if bad:
+            print(f"README tables out of date with bench/results: {', '.join(bad)}", file=sys.stderr)
+            return 1
+        return 0
+    if args.write:
+        write(args.write)
+        return 0
+    for name, text in render_all().items():
+        print(f"<!-- results:{name} -->\n{text}\n<!-- /results:{name} -->\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""The README's promises: its results tables equal the committed JSON, and its test
+command is the one CI runs."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_tables_match_bench_results():
+    proc = subprocess.run([sys.executable, "bench/tables.py", "--check", "README.md"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"<!-- results:([\w-]+) -->", readme)
+    assert blocks, "the README has no results tables"
+    for name in blocks:
+        body = readme.split(f"<!-- results:{name} -->\n", 1)[1].split(f"<!-- /results:{name} -->", 1)[0]
+        assert "|" in body, f"results block {name!r} is empty"
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    setup = readme.split("## Set up", 1)[1].split("```", 2)[1]
+    lines = [ln.split("#")[0].strip() for ln in setup.splitlines() if ln.strip() and not ln.startswith("bash")]
+    install, test = lines
+    assert install.startswith('pip install -e ".[test]"') and "normfast demo" in install
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert test in ci
+    assert 'pip install -e ".[test]"' in ci
