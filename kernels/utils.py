@@ -17,7 +17,7 @@ KERNEL_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 #: The ``accumulate`` kernel keeps a whole embedding row in one block. Above
 #: this width the register tile would spill, so callers fall back to torch.
-MAX_FUSED_DIM = 8192
+MAX_FUSED_DIM = 2048
 
 # Elements per register tile in ``accumulate`` (rows x padded embedding dim).
 _ACCUMULATE_TILE = 4096
