@@ -1,4 +1,4 @@
-"""Streaming, resumable Parquet output.
+"""Streaming, resumable Parquet output, and the manifest of a sharded run.
 
 A run writes one small Parquet file per finished chunk of probe items into a
 work folder next to the output (``RUN.parquet.parts/``), each written to a
@@ -8,6 +8,17 @@ the final file (one row group per chunk), again through a temporary name and
 an atomic rename, then removes the work folder. A run restarted with the
 same arguments finds the finished chunks and skips them; a run restarted with
 different arguments is refused instead of mixing two runs in one table.
+
+Sharded runs (``normfast.distributed``) share the same work folder: every
+rank writes the chunks it computed there. At the end rank ``r`` writes part
+``RUN.rank{r}-of-{W}.parquet`` (the ``r``-th contiguous block of chunks, so
+the parts in order are the items in order) and rank 0 writes
+``RUN.manifest.json``, which names the parts, their row counts and chunk
+ranges, the run metadata and the run's fingerprint. :func:`read_table`,
+:func:`read_metadata` and ``ProbeResult.load`` accept a manifest wherever
+they accept a Parquet file.
+
+Memory: nothing here holds more than one chunk of rows at a time.
 """
 from __future__ import annotations
 
@@ -17,12 +28,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 METADATA_KEY = b"normfast"
+MANIFEST_FORMAT = "normfast-manifest"
+MANIFEST_VERSION = 1
 _RUN_FILE = "run.json"
 
 
@@ -30,6 +43,22 @@ def fingerprint(spec: Mapping[str, Any]) -> str:
     """Stable hash of the arguments that determine a run's rows."""
     blob = json.dumps(spec, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def manifest_path(out: str | os.PathLike) -> Path:
+    """``runs/x.parquet`` -> ``runs/x.manifest.json``: where a sharded run's manifest goes."""
+    out = Path(out)
+    return out.with_name(out.stem + ".manifest.json")
+
+
+def part_path(out: str | os.PathLike, index: int, n_parts: int) -> Path:
+    """``runs/x.parquet`` -> ``runs/x.rank{index}-of-{n_parts}.parquet``."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}.rank{index}-of-{n_parts}.parquet")
+
+
+def is_manifest(path: str | os.PathLike) -> bool:
+    return str(path).endswith(".json")
 
 
 def _atomic_write_table(table: pa.Table, path: Path, **kwargs: Any) -> None:
@@ -46,9 +75,13 @@ def _atomic_write_table(table: pa.Table, path: Path, **kwargs: Any) -> None:
 
 def _atomic_write_text(text: str, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 class ChunkedParquetWriter:
@@ -61,35 +94,44 @@ class ChunkedParquetWriter:
         resume: reuse finished chunks of an earlier run with the same spec.
             Without it an existing work folder is an error (never silently
             overwritten or mixed).
-        overwrite: replace an existing final file.
+        overwrite: replace an existing final output (a Parquet file or a manifest).
+        attach: join a work folder that another process (rank 0 of a sharded
+            run) has already created or validated; only checks the fingerprint.
     """
 
     def __init__(self, out: str | os.PathLike, spec: Mapping[str, Any], *, resume: bool = False,
-                 overwrite: bool = False):
+                 overwrite: bool = False, attach: bool = False):
         self.out = Path(out)
         if self.out.suffix != ".parquet":
             raise ValueError(f"ChunkedParquetWriter: expected an output path ending in .parquet, got {str(self.out)!r}")
         self.parts = self.out.with_name(self.out.name + ".parts")
         self.key = fingerprint(spec)
         self.schema: pa.Schema | None = None
-        if self.out.exists() and not (overwrite or resume):
-            raise FileExistsError(f"{self.out} exists; pass overwrite=True (CLI: --overwrite) to replace it")
         run_file = self.parts / _RUN_FILE
+        if attach:
+            self._check_key(run_file)
+            return
+        for final in (self.out, manifest_path(self.out)):
+            if final.exists() and not (overwrite or resume):
+                raise FileExistsError(f"{final} exists; pass overwrite=True (CLI: --overwrite) to replace it")
         if self.parts.exists():
             if not resume:
                 raise FileExistsError(
                     f"{self.parts} holds an unfinished run; resume it (CLI: --resume) or delete the folder")
-            try:
-                previous = json.loads(run_file.read_text())
-            except (OSError, ValueError):
-                previous = {}
-            if previous.get("key") != self.key:
-                raise ValueError(
-                    f"cannot resume: the unfinished run in {self.parts} was made with different arguments "
-                    f"(fingerprint {previous.get('key')!r} != {self.key!r}); delete the folder to start over")
+            self._check_key(run_file)
         else:
             self.parts.mkdir(parents=True)
             _atomic_write_text(json.dumps({"key": self.key, "spec": spec}, default=str, indent=1), run_file)
+
+    def _check_key(self, run_file: Path) -> None:
+        try:
+            previous = json.loads(run_file.read_text())
+        except (OSError, ValueError):
+            previous = {}
+        if previous.get("key") != self.key:
+            raise ValueError(
+                f"cannot resume: the unfinished run in {self.parts} was made with different arguments "
+                f"(fingerprint {previous.get('key')!r} != {self.key!r}); delete the folder to start over")
 
     def _chunk_path(self, index: int) -> Path:
         return self.parts / f"chunk-{index:07d}.parquet"
@@ -114,38 +156,156 @@ class ChunkedParquetWriter:
     def read_chunk(self, index: int) -> pa.Table:
         return pq.read_table(self._chunk_path(index))
 
-    def finalize(self, n_chunks: int, metadata: Mapping[str, Any]) -> Path:
-        """Concatenate chunks ``0..n_chunks-1`` into the output file and clean up."""
-        missing = sorted(set(range(n_chunks)) - self.done())
+    def write_part(self, chunks: Sequence[int], path: str | os.PathLike, metadata: Mapping[str, Any]) -> int:
+        """Concatenate the given finished chunks, in order, into ``path`` (one row group per
+        chunk; ``metadata`` in the schema); atomic. Returns the number of rows written.
+
+        Reads one chunk at a time, so memory stays at one chunk whatever the run's size.
+        """
+        path = Path(path)
+        chunks = list(chunks)
+        missing = sorted(set(chunks) - self.done())
         if missing:
-            raise RuntimeError(f"finalize: chunks {missing[:10]}{'...' if len(missing) > 10 else ''} "
+            raise RuntimeError(f"write_part: chunks {missing[:10]}{'...' if len(missing) > 10 else ''} "
                                f"are missing from {self.parts}")
+        if not chunks:
+            raise RuntimeError("write_part: nothing to write (no chunks)")
         meta_blob = json.dumps(dict(metadata), default=str).encode()
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.out.name}.", suffix=".tmp", dir=self.out.parent)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         writer = None
+        rows = 0
         try:
-            for i in range(n_chunks):
+            for i in chunks:
                 table = self.read_chunk(i)
                 if writer is None:
                     schema = table.schema.with_metadata({**(table.schema.metadata or {}), METADATA_KEY: meta_blob})
                     writer = pq.ParquetWriter(tmp, schema)
                 writer.write_table(table.cast(writer.schema), row_group_size=max(1, table.num_rows))
-            if writer is None:  # zero chunks: still write a valid, empty file
-                raise RuntimeError("finalize: nothing to write (no chunks)")
+                rows += table.num_rows
+                del table
             writer.close()
             writer = None
-            os.replace(tmp, self.out)
+            os.replace(tmp, path)
         finally:
             if writer is not None:
                 writer.close()
             Path(tmp).unlink(missing_ok=True)
-        shutil.rmtree(self.parts, ignore_errors=True)
+        return rows
+
+    def finalize(self, n_chunks: int, metadata: Mapping[str, Any]) -> Path:
+        """Concatenate chunks ``0..n_chunks-1`` into the output file and clean up.
+
+        A manifest left at the same output by an earlier sharded run (only possible
+        with ``overwrite``/``resume``) is removed with its parts: one output, one run.
+        """
+        missing = sorted(set(range(n_chunks)) - self.done())
+        if missing:
+            raise RuntimeError(f"finalize: chunks {missing[:10]}{'...' if len(missing) > 10 else ''} "
+                               f"are missing from {self.parts}")
+        self.write_part(range(n_chunks), self.out, metadata)
+        remove_manifest(manifest_path(self.out))
+        self.cleanup()
         return self.out
 
+    def cleanup(self) -> None:
+        """Remove the work folder (after every part of the run has been written)."""
+        shutil.rmtree(self.parts, ignore_errors=True)
 
+
+# ----------------------------------------------------------------------------
+# manifests
+# ----------------------------------------------------------------------------
+def write_manifest(path: str | os.PathLike, parts: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any],
+                   key: str) -> Path:
+    """Write a manifest (atomically) naming ``parts`` in item order.
+
+    Each part is ``{"path", "rows", "chunks": [first, end)}``; paths are stored
+    relative to the manifest's folder so a run folder can be moved as a whole.
+    Parts of an earlier manifest at ``path`` that the new one does not name are removed.
+    """
+    path = Path(path)
+    entries = []
+    for part in parts:
+        p = Path(part["path"])
+        rel = os.path.relpath(p, path.parent) if p.is_absolute() else str(p)
+        entries.append({"path": rel, "rows": int(part["rows"]), "chunks": [int(c) for c in part["chunks"]]})
+    blob = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "fingerprint": key,
+            "rows": sum(e["rows"] for e in entries), "parts": entries, "metadata": dict(metadata)}
+    stale = set()
+    if path.exists():
+        try:
+            stale = {(path.parent / e["path"]).resolve() for e in json.loads(path.read_text())["parts"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            stale = set()
+    _atomic_write_text(json.dumps(blob, default=str, indent=1), path)
+    for old in stale - {(path.parent / e["path"]).resolve() for e in entries}:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def read_manifest(path: str | os.PathLike, *, check: bool = True) -> dict[str, Any]:
+    """A manifest as a dict, with ``parts[i]["path"]`` resolved to absolute paths.
+
+    ``check`` verifies that every part exists and holds the row count the manifest
+    records (from the Parquet footers only: no data is read).
+    """
+    fn = "read_manifest"
+    path = Path(path)
+    try:
+        blob = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{fn}: {path} is not valid JSON ({exc})") from None
+    if not isinstance(blob, dict) or blob.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{fn}: {path} is not a normfast manifest (expected format={MANIFEST_FORMAT!r})")
+    if blob.get("version") != MANIFEST_VERSION:
+        raise ValueError(f"{fn}: {path} has manifest version {blob.get('version')!r}, "
+                         f"this normfast reads version {MANIFEST_VERSION}")
+    parts = blob.get("parts")
+    if not isinstance(parts, list) or not parts:
+        raise ValueError(f"{fn}: {path} names no parts")
+    for part in parts:
+        part["path"] = str((path.parent / part["path"]).resolve())
+        if not check:
+            continue
+        if not Path(part["path"]).exists():
+            raise FileNotFoundError(f"{fn}: part {part['path']} named by {path} does not exist")
+        rows = pq.ParquetFile(part["path"]).metadata.num_rows
+        if rows != part["rows"]:
+            raise ValueError(f"{fn}: part {part['path']} holds {rows} rows, the manifest {path} says "
+                             f"{part['rows']} (a part from a different run?)")
+    return blob
+
+
+def remove_manifest(path: str | os.PathLike) -> None:
+    """Delete a manifest and the parts it names (no error when absent)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    try:
+        parts = read_manifest(path, check=False)["parts"]
+    except (OSError, ValueError):
+        parts = []
+    for part in parts:
+        Path(part["path"]).unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
+
+
+def data_files(path: str | os.PathLike) -> list[Path]:
+    """The Parquet files holding a run's rows, in item order: the file itself, or a manifest's parts."""
+    if is_manifest(path):
+        return [Path(p["path"]) for p in read_manifest(path)["parts"]]
+    return [Path(path)]
+
+
+# ----------------------------------------------------------------------------
+# reading
+# ----------------------------------------------------------------------------
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The run metadata stored in a normfast Parquet file's schema."""
+    """The run metadata of a normfast Parquet file (schema metadata) or manifest."""
+    if is_manifest(path):
+        return dict(read_manifest(path, check=False)["metadata"])
     schema = pq.read_schema(path)
     blob = (schema.metadata or {}).get(METADATA_KEY)
     if blob is None:
@@ -153,11 +313,30 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     return json.loads(blob)
 
 
-def read_table(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> pa.Table:
-    """Read one run file, or several parts (e.g. from a manifest) as one table."""
+def read_table(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
+               columns: Sequence[str] | None = None) -> pa.Table:
+    """Read one run file, a manifest, or several parts as one table (in the order given)."""
     if isinstance(paths, (str, os.PathLike)):
-        return pq.read_table(paths)
-    tables = [pq.read_table(p) for p in paths]
+        paths = data_files(paths)
+    tables = [pq.read_table(p, columns=columns, memory_map=True) for p in paths]
     if not tables:
         raise ValueError("read_table: no files given")
+    if len(tables) == 1:
+        return tables[0]
     return pa.concat_tables(tables, promote_options="default")
+
+
+def count_rows(paths: Iterable[str | os.PathLike]) -> int:
+    """Rows in the given Parquet files, from their footers."""
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+
+
+def iter_batches(paths: Iterable[str | os.PathLike], *, columns: Sequence[str] | None = None,
+                 batch_size: int = 65536) -> Iterator[pa.RecordBatch]:
+    """Stream the rows of the given Parquet files, in order, ``batch_size`` rows at a time."""
+    for p in paths:
+        pf = pq.ParquetFile(p, memory_map=True)
+        try:
+            yield from pf.iter_batches(batch_size=batch_size, columns=columns)
+        finally:
+            pf.close()

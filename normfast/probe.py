@@ -25,10 +25,25 @@ directions are computed in groups that fit and become the outer loop, with
 one accumulator per chunk kept across groups (results are identical: the
 accumulators merge exactly); output is then written at the end, and AdamW
 needs a first pass over the batches for ``v̂``.
+
+Memory at scale: in the chunks-outer order (the default whenever the
+directions fit) nothing is kept per chunk once it is written: peak memory is
+set by the model, the directions and one chunk, not by the number of probe
+rows, and ``probe(..., out=...)`` returns a result that reads the Parquet file
+lazily. The directions-outer order keeps every chunk's accumulator (and
+embeddings) until the last group, so its memory grows with the probe rows.
+The progress bar counts probe items, so its ETA holds for uneven chunks.
+
+Scale-out: inside a ``torch.distributed`` process group (e.g. under
+``torchrun``) the chunks are sharded over the ranks, the directions computed
+once on rank 0 and broadcast, and the output is a manifest over one Parquet
+part per rank -- see ``normfast.distributed``.
 """
 from __future__ import annotations
 
+import collections.abc
 import hashlib
+import json
 import math
 import platform
 import re
@@ -46,8 +61,10 @@ from tqdm.auto import tqdm
 import normfast
 from normfast.directions import (Directions, OptimizerPreset, PRESETS, compute_directions,
                                  estimate_second_moments, resolve_parameters)
+from normfast.distributed import Shard, chunks_for_rank, current_shard, part_blocks
 from normfast.encoders import Encoder
-from normfast.io import ChunkedParquetWriter, read_metadata
+from normfast.io import (METADATA_KEY, ChunkedParquetWriter, fingerprint, manifest_path, part_path, read_metadata,
+                         write_manifest)
 from normfast.transmission import Tail, head_kappa, head_operands, kappa_from_jvp
 
 MODES = ("auto", "jvp", "head")
@@ -138,35 +155,105 @@ class ProbeConfig:
 # result
 # ----------------------------------------------------------------------------
 class ProbeResult:
-    """One row per probe item; ``table`` is a ``pyarrow.Table``, ``metadata`` the run's settings."""
+    """One row per probe item; ``table`` is a ``pyarrow.Table``, ``metadata`` the run's settings.
+
+    A result backed by files (a run written with ``out=``, or :meth:`load`) is
+    lazy: ``len``, :meth:`column`, :attr:`column_names` and :meth:`iter_batches`
+    read the Parquet footers, one column, or one batch at a time, so a result of
+    any size costs no memory until asked; :attr:`table` reads everything (and
+    keeps it). ``path`` is the Parquet file or the manifest of a sharded run.
+    """
 
     def __init__(self, table: pa.Table, metadata: Mapping[str, Any], path: Path | None = None):
-        self.table = table
+        self._table = table
+        self._files: list[Path] | None = None
         self.metadata = dict(metadata)
         self.path = path
 
     @classmethod
-    def load(cls, path: str | Path) -> "ProbeResult":
-        from normfast.io import read_table
+    def from_files(cls, files: Sequence[str | Path], metadata: Mapping[str, Any],
+                   path: str | Path | None = None) -> "ProbeResult":
+        """A lazy result over Parquet files holding the rows in item order (nothing is read yet)."""
+        files = [Path(f) for f in files]
+        if not files:
+            raise ValueError("ProbeResult.from_files: expected at least one Parquet file, got none")
+        result = cls(None, metadata, Path(path) if path is not None else files[0])  # type: ignore[arg-type]
+        result._files = files
+        return result
 
-        return cls(read_table(path), read_metadata(path), Path(path))
+    @classmethod
+    def load(cls, path: str | Path) -> "ProbeResult":
+        """Open a run: a Parquet file written by :func:`probe`, or a sharded run's ``.manifest.json``."""
+        from normfast.io import data_files
+
+        return cls.from_files(data_files(path), read_metadata(path), Path(path))
+
+    @property
+    def files(self) -> list[Path] | None:
+        """The Parquet files behind a lazy result, in item order (None for an in-memory one)."""
+        return None if self._files is None else list(self._files)
+
+    @property
+    def table(self) -> pa.Table:
+        """The whole table (read from the files on first access for a lazy result)."""
+        if self._table is None:
+            from normfast.io import read_table
+
+            self._table = read_table(self._files)
+        return self._table
+
+    @table.setter
+    def table(self, value: pa.Table) -> None:
+        self._table = value
+
+    @property
+    def schema(self) -> pa.Schema:
+        if self._table is not None:
+            return self._table.schema
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(self._files[0])
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self.schema.names)
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        if self._table is not None:
+            return self._table.num_rows
+        from normfast.io import count_rows
+
+        return count_rows(self._files)
 
     def column(self, name: str) -> np.ndarray:
-        return self.table.column(name).to_numpy(zero_copy_only=False)
+        if self._table is not None:
+            return self._table.column(name).to_numpy(zero_copy_only=False)
+        if name not in self.column_names:
+            raise KeyError(f"ProbeResult.column: no column {name!r}; columns are {self.column_names}")
+        from normfast.io import read_table
+
+        return read_table(self._files, columns=[name]).column(name).to_numpy(zero_copy_only=False)
+
+    def iter_batches(self, columns: Sequence[str] | None = None, batch_size: int = 65536):
+        """Stream the rows in item order as ``pyarrow.RecordBatch`` es of at most ``batch_size`` rows."""
+        if self._table is not None:
+            table = self._table if columns is None else self._table.select(list(columns))
+            yield from table.to_batches(max_chunksize=batch_size)
+            return
+        from normfast.io import iter_batches
+
+        yield from iter_batches(self._files, columns=columns, batch_size=batch_size)
 
     def to_pandas(self):  # pragma: no cover - thin wrapper
         return self.table.to_pandas()
 
     @property
     def heat_column(self) -> str:
-        return "V2" if "V2" in self.table.column_names else "V2_w"
+        return "V2" if "V2" in self.column_names else "V2_w"
 
     @property
     def drift_column(self) -> str:
-        return "D" if "D" in self.table.column_names else "D_w"
+        return "D" if "D" in self.column_names else "D_w"
 
     def summary(self) -> dict[str, Any]:
         from normfast.report import summarize
@@ -191,9 +278,17 @@ class ProbeResult:
 # ----------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------
+def _iter_items(items: Sequence[Any]):
+    if isinstance(items, (list, tuple, torch.Tensor, np.ndarray)):
+        yield from items
+        return
+    for lo in range(0, len(items), 4096):  # on-demand sequences: by slices, as the engine reads them
+        yield from items[lo:lo + 4096]
+
+
 def _hash_items(items: Sequence[Any]) -> str:
     h = hashlib.sha256()
-    for it in items:
+    for it in _iter_items(items):
         if isinstance(it, torch.Tensor):
             h.update(it.detach().cpu().contiguous().numpy().tobytes())
         elif isinstance(it, np.ndarray):
@@ -255,7 +350,10 @@ class _Run:
 
     def __init__(self, encoder: Encoder, objective: Any, pairs: Any, config: ProbeConfig,
                  pair_encoder: Encoder | None, progress: bool,
-                 second_moments: Mapping[str, torch.Tensor] | None = None):
+                 second_moments: Mapping[str, torch.Tensor] | None = None, shard: Shard | None = None,
+                 n_items: int = 0):
+        self.shard = shard
+        self.n_items = n_items
         self.encoder = encoder
         self.objective = objective
         self.pairs = pairs
@@ -299,7 +397,35 @@ class _Run:
 
     # -- directions -------------------------------------------------------------
     def directions(self, batch_ids: Sequence[int]) -> Directions:
-        """Directions for the given (consecutive) virtual batches."""
+        """Directions for the given (consecutive) virtual batches.
+
+        Sharded: computed on rank 0 only and broadcast (a collective: every rank calls it).
+        """
+        if self.shard is None:
+            return self._compute_directions(batch_ids)
+        dirs, failure = None, None
+        if self.shard.is_root:
+            try:
+                dirs = self._compute_directions(batch_ids)
+            except Exception as exc:  # noqa: BLE001 - re-raised on every rank
+                failure = exc
+        self.shard.raise_if_root_failed(failure)
+        return self.shard.share_directions(dirs, self.device)
+
+    def checkpoint(self, failure: BaseException | None) -> None:
+        """Sharded: every rank learns whether any rank failed (a collective); raise if one did."""
+        if self.shard is not None:
+            self.shard.exchange(failure)
+        elif failure is not None:
+            raise failure
+
+    def chunk_len(self, c: int) -> int:
+        return min(self.config.chunk_size, self.n_items - c * self.config.chunk_size)
+
+    def bar(self, todo: Sequence[int], desc: str) -> "_ChunkBar":
+        return _ChunkBar(self, todo, desc)
+
+    def _compute_directions(self, batch_ids: Sequence[int]) -> Directions:
         second = None
         if len(batch_ids) < len(self.batches) and "w" in self.branches:
             if self._second_moments is None:  # AdamW's v̂ must come from all batches
@@ -356,20 +482,26 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
           resume: bool = False, overwrite: bool = False, pair_encoder: Encoder | None = None,
           ids: Sequence[str] | None = None, progress: bool = True,
           model_name: str | None = None,
-          second_moments: Mapping[str, torch.Tensor] | None = None) -> ProbeResult:
+          second_moments: Mapping[str, torch.Tensor] | None = None,
+          distributed: bool = True) -> ProbeResult:
     """Measure drift, heat and damping for every probe item and predict its equilibrium norm.
 
     Args:
         encoder: an :class:`~normfast.encoders.Encoder`, an ``nn.Module``, or a spec string for
             :func:`normfast.encoders.load_encoder` (hub id, local folder, ``open_clip:ARCH``).
         probes: the probe inputs (texts, images, tensors). With ``config.output="tokens"``
-            every token position of every input becomes a row.
+            every token position of every input becomes a row. Any object with ``len`` and
+            slicing (``probes[a:b]``) is read chunk by chunk and never copied whole (e.g. one
+            that reads items from disk on demand); other iterables are collected into a list.
         objective: an objective object or name (``"infonce"``, ``"clip"``, ``"supcon"``, ``"simcse"``).
         pairs: the virtual-batch source: a ``PairSource`` or an iterable of pairs /
-            (item, label) tuples / items. SimCSE without pairs uses the probes themselves.
+            (item, label) tuples / items. SimCSE without pairs uses the probes themselves
+            (then held in memory as a list; pass ``pairs`` for a huge on-demand probe set).
         config: a :class:`ProbeConfig` (defaults otherwise).
-        out: Parquet path to stream rows to (one row group per chunk).
-        resume: continue an interrupted run at ``out`` (same arguments required).
+        out: Parquet path to stream rows to (one row group per chunk). The result then reads
+            the file lazily: memory does not grow with the number of probe rows.
+        resume: continue an interrupted run at ``out`` (same arguments required; a finished
+            run with the same arguments is returned as is).
         pair_encoder: encoder for the positive side when it is a different model (e.g. the
             text tower when probing the image tower of a CLIP model); its parameters are not probed.
         ids: optional string id per probe item (default: the item's index).
@@ -377,9 +509,15 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         second_moments: AdamW's bias-corrected ``v̂`` per parameter name (e.g. from
             :func:`normfast.directions.adam_second_moments` of the real optimizer); without
             it ``v̂`` is the mean of ``ĝ²`` over the virtual batches.
+        distributed: inside an initialized ``torch.distributed`` default group of two or more
+            ranks, shard the probe items over the ranks (every rank calls ``probe`` with the same
+            arguments; see :mod:`normfast.distributed`). With ``out`` a sharded run writes
+            ``OUT.manifest.json`` and one part per rank instead of one file. ``False``: this
+            process runs alone.
 
     Returns:
-        :class:`ProbeResult`. The same arguments and seed give the same table.
+        :class:`ProbeResult` (on every rank of a sharded run). The same arguments and seed
+        give the same table, sharded or not.
     """
     from normfast.encoders import load_encoder
     from normfast.objectives import get_objective
@@ -392,7 +530,7 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         encoder = load_encoder(encoder)
     if isinstance(objective, str):
         objective = get_objective(objective)
-    probes = list(probes) if not isinstance(probes, torch.Tensor) else probes
+    probes = _as_probe_sequence(probes)
     if len(probes) == 0:
         raise ValueError("probe: expected at least one probe item, got an empty probe set")
     if ids is not None:
@@ -400,9 +538,11 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         if len(ids) != len(probes):
             raise ValueError(f"probe: expected one id per probe item, got {len(ids)} ids for {len(probes)} items")
     pairs = _as_pair_source(pairs, objective, probes)
+    shard = current_shard() if distributed else None
 
-    run = _Run(encoder, objective, pairs, config, pair_encoder, progress, second_moments)
     n_items = len(probes)
+    run = _Run(encoder, objective, pairs, config, pair_encoder, progress and (shard is None or shard.is_root),
+               second_moments, shard=shard, n_items=n_items)
     n_chunks = math.ceil(n_items / config.chunk_size)
     metadata = {
         "model": str(model_name), "model_fingerprint": _hash_model(encoder),
@@ -420,9 +560,20 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
     spec["pairs"] = _hash_items([pairs.batch(np.array([i])) for i in range(min(len(pairs), 4096))])
     spec["ids"] = _hash_items(ids) if ids is not None else None
     spec["second_moments"] = _hash_items(list(second_moments.values())) if second_moments else None
+    # the world size is not part of the spec: a run may be resumed with any number of ranks
+    key = fingerprint(spec)
+    metadata["spec_fingerprint"] = key
+    metadata["world_size"] = 1 if shard is None else shard.world_size
+    if shard is not None:
+        shard.check_agree(key, "arguments")
 
-    writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite) if out is not None else None
-    done = writer.done() if writer is not None else set()
+    writer = None
+    done: set[int] = set()
+    if out is not None:
+        out = Path(out)
+        finished, writer, done = _open_output(out, spec, key, shard, resume, overwrite)
+        if finished is not None:
+            return finished
     tables: dict[int, pa.Table] = {}
 
     def emit(c: int, table: pa.Table) -> None:
@@ -432,26 +583,167 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
             tables[c] = table
 
     todo = [c for c in range(n_chunks) if c not in done]
+    mine = todo if shard is None else chunks_for_rank(todo, shard.rank, shard.world_size)
     t0 = time.perf_counter()
-    if todo:
-        _run_chunks(run, probes, ids, todo, emit)
-    metadata["seconds"] = round(time.perf_counter() - t0, 3)
-    if writer is not None:
-        path = writer.finalize(n_chunks, metadata)
-        from normfast.io import read_table
+    failure = None
+    try:
+        if todo:  # every rank takes part (directions are collective), even one with no chunks of its own
+            _run_chunks(run, probes, ids, mine, emit)
+    except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
+        if shard is None:
+            raise
+        failure = exc
+    seconds = round(time.perf_counter() - t0, 3)
+    if shard is None:
+        metadata["seconds"] = seconds
+        if writer is not None:
+            path = writer.finalize(n_chunks, metadata)
+            return ProbeResult.from_files([path], metadata, path)
+        table = pa.concat_tables([tables[c] for c in range(n_chunks)])
+        meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
+        return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
+    return _finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds)
 
-        return ProbeResult(read_table(path), metadata, path)
-    table = pa.concat_tables([tables[c] for c in range(n_chunks)])
-    meta_blob = {b"normfast": __import__("json").dumps(metadata, default=str).encode()}
-    return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
+
+def _as_probe_sequence(probes: Any) -> Sequence[Any]:
+    if isinstance(probes, (list, torch.Tensor)):
+        return probes
+    if isinstance(probes, (str, bytes, tuple, collections.abc.Mapping)) or not (
+            hasattr(probes, "__len__") and hasattr(probes, "__getitem__")):
+        return list(probes)
+    return probes  # anything with len and slicing is read chunk by chunk, never copied whole
+
+
+def _open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | None, resume: bool,
+                 overwrite: bool) -> tuple[ProbeResult | None, ChunkedParquetWriter | None, set[int]]:
+    """Open (or create) the run's work folder; a finished run is returned instead when resuming.
+
+    Sharded: rank 0 checks and creates, then shares the outcome and the finished chunks.
+    """
+    finished = writer = failure = None
+    done: set[int] = set()
+    if shard is None or shard.is_root:
+        try:
+            finished = _finished_run(out, key, resume, overwrite)
+            if finished is None:
+                writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite)
+                done = writer.done()
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank
+            if shard is None:
+                raise
+            failure = exc
+    if shard is None:
+        return finished, writer, done
+    shard.raise_if_root_failed(failure)
+    state = shard.broadcast_object(None if finished is not None else sorted(done))
+    if state is None:
+        if finished is None:
+            finished = ProbeResult.load(_existing_output(out))
+        return finished, None, set()
+    if writer is None:
+        writer = ChunkedParquetWriter(out, spec, attach=True)
+    return None, writer, set(state)
+
+
+def _existing_output(out: Path) -> Path | None:
+    for p in (manifest_path(out), out):
+        if p.exists():
+            return p
+    return None
+
+
+def _finished_run(out: Path, key: str, resume: bool, overwrite: bool) -> ProbeResult | None:
+    """With ``resume``: the finished run at ``out`` if it was made with the same arguments."""
+    existing = _existing_output(out)
+    if not resume or existing is None or out.with_name(out.name + ".parts").exists():
+        return None
+    result = ProbeResult.load(existing)
+    previous = result.metadata.get("spec_fingerprint")
+    if previous == key:
+        return result
+    if previous is not None and not overwrite:
+        raise ValueError(f"cannot resume: {existing} holds a finished run made with different arguments "
+                         f"(fingerprint {previous!r} != {key!r}); pass overwrite=True (CLI: --overwrite) "
+                         f"to replace it")
+    return None
+
+
+def _finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path | None, key: str,
+                    metadata: dict[str, Any], n_chunks: int, tables: dict[int, pa.Table],
+                    failure: BaseException | None, seconds: float) -> ProbeResult:
+    """After the chunk loop of a sharded run: exchange outcomes, then assemble the result."""
+    if writer is None:
+        # in memory: every rank gets every rank's rows
+        gathered = shard.exchange(failure, (seconds, tables))
+        metadata["seconds"] = max(s for s, _ in gathered)
+        merged: dict[int, pa.Table] = {}
+        for _, part in gathered:
+            merged.update(part)
+        table = pa.concat_tables([merged[c] for c in range(n_chunks)])
+        meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
+        return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
+    metadata["seconds"] = max(shard.exchange(failure, seconds))
+    metadata = shard.broadcast_object(metadata)  # rank 0's device string etc. on every part
+    block = part_blocks(n_chunks, shard.world_size)[shard.rank]
+    path = part_path(out, shard.rank, shard.world_size)
+    rows, failure = 0, None
+    try:
+        if len(block):
+            rows = writer.write_part(block, path, metadata)
+    except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
+        failure = exc
+    written = shard.exchange(failure, rows)
+    parts = [{"path": str(part_path(out, r, shard.world_size)), "rows": written[r], "chunks": [b.start, b.stop]}
+             for r, b in enumerate(part_blocks(n_chunks, shard.world_size)) if len(b)]
+    failure = None
+    if shard.is_root:
+        try:
+            write_manifest(manifest_path(out), parts, metadata, key)
+            out.unlink(missing_ok=True)  # a single-file result of an earlier run would contradict the manifest
+            writer.cleanup()
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank
+            failure = exc
+    shard.raise_if_root_failed(failure)
+    return ProbeResult.from_files([p["path"] for p in parts], metadata, manifest_path(out))
+
+
+class _ChunkBar:
+    """Progress over the chunks of a run, counted in probe items (so the ETA is right whatever the
+    chunk sizes), with the rows written so far and their rate."""
+
+    def __init__(self, run: "_Run", todo: Sequence[int], desc: str):
+        self.run = run
+        total = sum(run.chunk_len(c) for c in todo)
+        if run.shard is not None:
+            desc = f"{desc}, rank 0 of {run.shard.world_size}"
+        self.bar = tqdm(total=total, desc=desc, unit="item", unit_scale=True, disable=not run.progress,
+                        smoothing=0.05, dynamic_ncols=True)
+        self.rows = 0
+        self.t0 = time.perf_counter()
+
+    def advance(self, c: int, rows: int) -> None:
+        self.rows += rows
+        if self.bar.disable:
+            return
+        rate = self.rows / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.set_postfix_str(f"{self.rows:,} rows, {rate:,.0f} rows/s", refresh=False)
+        self.bar.update(self.run.chunk_len(c))
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def _chunk_items(probes: Sequence[Any], c: int, size: int) -> Sequence[Any]:
-    return probes[c * size:(c + 1) * size]
+    items = probes[c * size:(c + 1) * size]
+    return items if isinstance(items, (list, torch.Tensor)) else list(items)
 
 
 def _run_chunks(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, todo: list[int],
                 emit: Callable[[int, pa.Table], None]) -> None:
+    """Probe the chunks ``todo`` and hand each finished table to ``emit``.
+
+    Sharded runs call this on every rank (directions are a collective), each with its own ``todo``.
+    """
     cfg = run.config
     encoder = run.encoder
     was_training = encoder.training
@@ -464,24 +756,31 @@ def _run_chunks(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, tod
             G, g = head_operands(encoder, dirs, list(range(dirs.M)))
             G = prepare_head(G, g, dtype=run.acc_dtype)  # centered once, shared by every chunk
             g = None
-            bar = tqdm(todo, desc="probing (head mode)", unit="chunk", disable=not run.progress)
-            for c in bar:
+            bar = run.bar(todo, "probing (head mode)")
+            for c in todo:
                 items = _chunk_items(probes, c, cfg.chunk_size)
-                emit(c, _head_chunk(run, items, c, ids, G, g, dirs))
+                table = _head_chunk(run, items, c, ids, G, g, dirs)
+                emit(c, table)
+                bar.advance(c, table.num_rows)
+            bar.close()
             return
         budget = cfg.memory_budget_mb * 2**20 / 2
         per_batch = sum(encoder.get_parameter(n).numel() for n in run.names) * 4
         group = int(max(1, min(cfg.batches, budget // max(per_batch, 1))))
         if group >= cfg.batches:
             dirs = run.directions(list(range(cfg.batches)))
-            bar = tqdm(todo, desc="probing (jvp mode)", unit="chunk", disable=not run.progress)
-            for c in bar:
+            bar = run.bar(todo, "probing (jvp mode)")
+            for c in todo:
                 items = _chunk_items(probes, c, cfg.chunk_size)
-                emit(c, _jvp_chunk(run, items, c, ids, [dirs]))
+                table = _jvp_chunk(run, items, c, ids, [dirs])
+                emit(c, table)
+                bar.advance(c, table.num_rows)
+            bar.close()
             return
         # directions-outer: the directions do not fit in the budget together
         warnings.warn(f"probe: {cfg.batches} directions of {per_batch / 2**20:.0f} MB each exceed the memory "
-                      f"budget; computing them in groups of {group} (directions-outer loop order, output "
+                      f"budget; computing them in groups of {group} (directions-outer loop order: the "
+                      f"per-probe state of every chunk is kept in memory across the groups, and output is "
                       f"written at the end)", stacklevel=3)
         groups = [list(range(lo, min(lo + group, cfg.batches))) for lo in range(0, cfg.batches, group)]
         emit_all = _jvp_directions_outer(run, probes, ids, todo, groups)
@@ -588,16 +887,23 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
     kept: dict[int, tuple] = {}
     for gi, group in enumerate(groups):
         dirs = run.directions(group)
-        for c in tqdm(todo, desc=f"probing (direction group {gi + 1}/{len(groups)})", unit="chunk",
-                      disable=not run.progress):
-            items = _chunk_items(probes, c, cfg.chunk_size)
-            state, front, rows = run.front(items)
-            z = tail.primal(front, rows)
-            if c not in accs:
-                accs[c] = run.new_accumulator(z.shape[0], z.shape[-1])
-                kappa = _jvp_kappa(run, tail, front, rows, z, dirs)
-                kept[c] = (_row_metadata(run, state, items, c, ids, rows), z.cpu(), kappa.cpu())
-            run.jvp_update(accs[c], tail, front, rows, z, dirs)
+        bar = run.bar(todo, f"probing (direction group {gi + 1}/{len(groups)})")
+        failure = None
+        try:
+            for c in todo:
+                items = _chunk_items(probes, c, cfg.chunk_size)
+                state, front, rows = run.front(items)
+                z = tail.primal(front, rows)
+                if c not in accs:
+                    accs[c] = run.new_accumulator(z.shape[0], z.shape[-1])
+                    kappa = _jvp_kappa(run, tail, front, rows, z, dirs)
+                    kept[c] = (_row_metadata(run, state, items, c, ids, rows), z.cpu(), kappa.cpu())
+                run.jvp_update(accs[c], tail, front, rows, z, dirs)
+                bar.advance(c, z.shape[0])
+        except Exception as exc:  # noqa: BLE001 - sharded: the ranks agree before the next broadcast
+            failure = exc
+        bar.close()
+        run.checkpoint(failure)
         del dirs
     for c in todo:
         meta, z, kappa = kept[c]
@@ -635,11 +941,18 @@ predicted equilibrium norm R_eq, on M virtual batches of a scale-invariant
 objective (nothing is trained). Rows stream to a Parquet file chunk by chunk;
 an interrupted run continues with --resume.
 
+Under torchrun the probe items are sharded over the ranks (gloo on CPU, NCCL
+on GPU; directions are computed once on rank 0 and broadcast); the output is
+then OUT.manifest.json naming one Parquet part per rank, which `normfast
+report` reads as one table. --resume works with any number of ranks.
+
 examples:
   normfast probe minilm --probes words.txt --objective simcse --tokens \\
       --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
   normfast probe open_clip:ViT-B-32 --tower image --probes imgs.txt \\
       --pairs pairs.tsv --objective clip --params head --out runs/clip.parquet
+  torchrun --nproc-per-node 4 -m normfast probe minilm --probes words.txt \\
+      --tokens --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
 
 probes file: .txt (one item per line), .jsonl (--text-key, default "text";
 optional "id"), or .tsv (first column). For image towers each item is an
@@ -729,6 +1042,22 @@ def probe_arguments(p) -> None:
 
 
 def probe_main(args) -> int:
+    from normfast.distributed import init_from_env
+
+    # under torchrun: join the process group (gloo on CPU, NCCL on GPU) and shard the run
+    device, created = init_from_env(args.device)
+    shard = current_shard()
+    root = shard is None or shard.is_root
+    try:
+        return _probe_cli(args, str(device), root)
+    finally:
+        if created:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _probe_cli(args, device: str, root: bool) -> int:
     import sys
 
     from normfast.encoders import load_encoder
@@ -742,7 +1071,7 @@ def probe_main(args) -> int:
             kw["tower"] = args.tower
         if args.pooling:
             kw["pooling"] = args.pooling
-        encoder = load_encoder(args.model, projection=not args.no_projection, device=args.device, **kw)
+        encoder = load_encoder(args.model, projection=not args.no_projection, device=device, **kw)
         if encoder.modality == "image":
             items = _load_images(items)
         obj_kw = {} if args.temperature is None else {"temperature": args.temperature}
@@ -767,8 +1096,11 @@ def probe_main(args) -> int:
                        overwrite=args.overwrite, pair_encoder=pair_encoder, ids=ids,
                        progress=not args.no_progress, model_name=args.model)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError) as exc:
-        print(f"normfast probe: error: {exc}", file=sys.stderr)
+        if root:
+            print(f"normfast probe: error: {exc}", file=sys.stderr)
         return 2
+    if not root:
+        return 0
     print(result.format_summary())
     print(f"\nwrote {result.path} ({len(result)} rows)")
     if args.plots:

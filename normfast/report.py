@@ -47,7 +47,7 @@ def _quantiles(v: np.ndarray) -> dict[str, float]:
 
 
 def _is_special(result) -> np.ndarray:
-    names = result.table.column_names
+    names = result.column_names
     if "token" not in names:
         return np.zeros(len(result), bool)
     tokens = result.column("token")
@@ -105,7 +105,7 @@ def format_summary(result, top: int = 8) -> str:
         f"heat-only R_eq: slope {fh['slope']:.3f}, r {fh['pearson_r']:.3f}",
         f"Spearman(norm, {heat}) = {s['spearman_norm_heat']:.3f}",
     ]
-    if "token" in result.table.column_names and result.column("position").max() >= 0:
+    if "token" in result.column_names and result.column("position").max() >= 0:
         valid = result.column("valid").astype(bool) & ~_is_special(result)
         tok = result.column("token")
         txt = result.column("text")
@@ -176,7 +176,7 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     plt.close(fig)
     paths.append(p)
 
-    if "token" in result.table.column_names and result.column("position").max() >= 0:
+    if "token" in result.column_names and result.column("position").max() >= 0:
         ok = result.column("valid").astype(bool) & ~_is_special(result)
         idx = np.nonzero(ok)[0]
         hv = result.column(heat)
