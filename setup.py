@@ -9,10 +9,15 @@ import sys
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
-compile_args = ["-O3", "-ffp-contract=off"]
+# -fno-math-errno: sqrt may then compile to one (vector) instruction; results
+# are the same, only errno is left alone
+compile_args = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
 link_args = []
 if sys.platform.startswith("linux"):
-    compile_args.append("-fopenmp")
+    # -Wno-psabi: the solver's internal vector helpers take 32-byte vectors by
+    # value; GCC notes an old ABI change for such arguments, which never cross
+    # a library boundary here
+    compile_args += ["-fopenmp", "-Wno-psabi"]
     link_args.append("-fopenmp")
 
 ext = Pybind11Extension(

@@ -4,7 +4,9 @@
 // Per row:
 //   1. Non-finite rows, leading zeros (lower degree) and trailing zeros (roots
 //      at R = 0, never positive) are dealt with; the rest is rescaled exactly
-//      (powers of two) so that every root has |y| < 2 (rescale).
+//      (powers of two) so that every root has |y| < 2 (rescale). Rows whose
+//      root clusters lie too far apart for one scaling are split along their
+//      Newton polygon and each cluster is solved alone (solve_clusters).
 //   2. Closed forms for degree 1, 2 and for biquadratics (quadratic_positive;
 //      biquadratic roots are accurate to a few ulps and not polished further).
 //   3. Descartes' rule of signs: no sign variation, no positive root; one,
@@ -21,7 +23,15 @@
 //      a double (touching) root (scan_pieces).
 //   6. The bracketed root is found by safeguarded Halley iteration and
 //      polished by Newton steps on the rescaled original polynomial with a
-//      compensated residual, each step kept only if it lowers the residual.
+//      compensated residual (polish).
+//
+// Many rows: the batch path runs steps 1-6 for a block of rows stage by
+// stage, the arithmetic of four rows at a time as vector operations, and
+// refines the bracketed roots in lanes that each take the next row as soon
+// as theirs has converged (solve_rows_in_lanes). Rows off the common path
+// (full quartics with moderate exponents, or biquadratics) take the one-row
+// path. The lane code and the one-row code are the same templates, so a row
+// gets the same result, bit for bit, whichever path it takes.
 //
 // Build note: compile with -ffp-contract=off. The compensated evaluation
 // relies on every product and sum being rounded separately; fused
@@ -29,8 +39,9 @@
 //
 // Everything below is templated on the polynomial degree (so Horner loops
 // unroll) and on whether fused multiply-add is used. On x86-64 the solver is
-// compiled twice, for the baseline ISA and for FMA-capable CPUs, and the
-// batch loop picks one at run time; results of the two agree to rounding.
+// compiled for the baseline ISA and for FMA-capable CPUs (the batch path also
+// for AVX2), and picks one at run time; results with and without FMA agree to
+// rounding.
 #include "quartic.hpp"
 
 #include <algorithm>
@@ -61,6 +72,18 @@
 #define NORMFAST_FMA_DISPATCH 0
 #endif
 
+// Vector extensions for the batch path; elsewhere it runs one row at a time.
+#if defined(__GNUC__) || defined(__clang__)
+#define NORMFAST_VECTORS 1
+#else
+#define NORMFAST_VECTORS 0
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__)
+// vector arguments of internal, always inlined helpers: no ABI is involved
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
 namespace normfast {
 namespace {
 
@@ -77,9 +100,15 @@ constexpr double kBound = 2.0;
 constexpr double kTiny = 0x1p-960;
 
 // Root clusters whose magnitudes differ by more than 2^kClusterGap are solved
-// separately: at one cluster's scale the other's terms are below 2^-128
-// relative, far under double rounding.
-constexpr double kClusterGap = 128.0;
+// separately: at one cluster's scale the other's terms are below 2^-64
+// relative, under double rounding. In one scaling, roots far below the
+// largest make p and its derivatives tiny there, and the products of the
+// iteration underflow; with no gap above 2^64 (at most three gaps between
+// four roots) they stay clear of that. A row whose roots may lie more than
+// 2^-kDeepRoots below its scale (by exponents: see roots_far_below) has its
+// Newton polygon checked for such gaps.
+constexpr double kClusterGap = 64.0;
+constexpr int kDeepRoots = 60;
 
 // Halley iteration stops after a relative step below kStopStep: the error
 // left is then of order kStopStep^3 (times the root's conditioning). The
@@ -102,6 +131,77 @@ constexpr int kPolishSteps = 8;
 constexpr int kGrid = 8;
 constexpr double kGridPoint[kGrid] = {2.0, 1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625};
 
+// ------------------------------------------------------------- lanes
+
+// The arithmetic of the common path is written once for a value type V:
+// double (one row) or, with GCC/Clang vector extensions, Vec (kWidth rows,
+// one per lane). Every scalar operation becomes one IEEE operation per lane,
+// so a row gets bit for bit the same result whichever way it is solved.
+// Comparisons give bool for double and an all-ones/all-zeros lane mask for
+// Vec; select() and the bitwise operators work on both.
+inline double select(bool m, double a, double b) { return m ? a : b; }
+inline bool same(bool a, bool b) { return a == b; }
+inline bool negation(bool m) { return !m; }
+inline double abs_of(double x) { return std::fabs(x); }
+
+template <class V>
+struct LaneTypes {
+    using Mask = bool;
+    using Count = int;
+};
+
+template <class V>
+using MaskOf = typename LaneTypes<V>::Mask;
+template <class V>
+using CountOf = typename LaneTypes<V>::Count;
+
+template <class V>
+inline V splat(double x) {
+    return x;
+}
+
+// counts: one_if(mask) is 1 where the mask holds, 0 elsewhere
+inline int one_if(bool m) { return m; }
+inline int select(bool m, int a, int b) { return m ? a : b; }
+template <class C>
+inline C constant(int x) {
+    return x;
+}
+
+#if NORMFAST_VECTORS
+constexpr int kWidth = 4;
+typedef double Vec __attribute__((vector_size(kWidth * sizeof(double))));
+typedef std::int64_t VecMask __attribute__((vector_size(kWidth * sizeof(double))));
+
+template <>
+struct LaneTypes<Vec> {
+    using Mask = VecMask;
+    using Count = VecMask;
+};
+
+inline Vec select(VecMask m, Vec a, Vec b) {
+    return reinterpret_cast<Vec>((reinterpret_cast<VecMask>(a) & m) | (reinterpret_cast<VecMask>(b) & ~m));
+}
+inline VecMask same(VecMask a, VecMask b) { return ~(a ^ b); }
+inline VecMask negation(VecMask m) { return ~m; }
+inline Vec abs_of(Vec x) {
+    return reinterpret_cast<Vec>(reinterpret_cast<VecMask>(x) & std::numeric_limits<std::int64_t>::max());
+}
+template <>
+inline Vec splat<Vec>(double x) {
+    Vec r;
+    for (int l = 0; l < kWidth; ++l) r[l] = x;
+    return r;
+}
+
+inline VecMask one_if(VecMask m) { return -m; }
+inline VecMask select(VecMask m, VecMask a, VecMask b) { return (a & m) | (b & ~m); }
+template <>
+inline VecMask constant<VecMask>(int x) {
+    return VecMask{} + x;
+}
+#endif
+
 // ------------------------------------------------------------- arithmetic
 
 template <bool Fma>
@@ -113,26 +213,40 @@ inline double madd(double a, double b, double c) {
     }
 }
 
-// Error-free product: a * b == p + err exactly.
+#if NORMFAST_VECTORS
 template <bool Fma>
-inline double two_prod(double a, double b, double& err) {
-    const double p = a * b;
+inline Vec madd(Vec a, Vec b, Vec c) {
     if constexpr (Fma) {
-        err = std::fma(a, b, -p);
+        Vec r;  // compilers turn this into one vector fused multiply-add
+        for (int l = 0; l < kWidth; ++l) r[l] = std::fma(a[l], b[l], c[l]);
+        return r;
+    } else {
+        return a * b + c;
+    }
+}
+#endif
+
+// Error-free product: a * b == p + err exactly.
+template <bool Fma, class V>
+inline V two_prod(V a, V b, V& err) {
+    const V p = a * b;
+    if constexpr (Fma) {
+        err = madd<Fma>(a, b, -p);
     } else {
         // Veltkamp splitting into 26-bit halves (Dekker's product)
         constexpr double kSplit = 134217729.0;  // 2^27 + 1
-        const double ta = kSplit * a, a_hi = ta - (ta - a), a_lo = a - a_hi;
-        const double tb = kSplit * b, b_hi = tb - (tb - b), b_lo = b - b_hi;
+        const V ta = kSplit * a, a_hi = ta - (ta - a), a_lo = a - a_hi;
+        const V tb = kSplit * b, b_hi = tb - (tb - b), b_lo = b - b_hi;
         err = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo;
     }
     return p;
 }
 
 // Error-free sum: a + b == s + err exactly.
-inline double two_sum(double a, double b, double& err) {
-    const double s = a + b;
-    const double bv = s - a;
+template <class V>
+inline V two_sum(V a, V b, V& err) {
+    const V s = a + b;
+    const V bv = s - a;
     err = (a - (s - bv)) + (b - bv);
     return s;
 }
@@ -167,25 +281,25 @@ inline int ceil_div(int num, int den) {
 
 // ------------------------------------------------------------- polynomials
 
-// sum_{i<=N} c[i] y^i, ascending coefficients, c[N] > 0.
-template <int N>
+// sum_{i<=N} c[i] y^i, ascending coefficients, c[N] > 0 (in every lane).
+template <int N, class V = double>
 struct Poly {
-    double c[N + 1];
+    V c[N + 1];
 };
 
-template <bool Fma, int N>
-inline double eval(const Poly<N>& p, double y) {
-    double f = p.c[N];
+template <bool Fma, int N, class V>
+inline V eval(const Poly<N, V>& p, V y) {
+    V f = p.c[N];
     for (int i = N - 1; i >= 0; --i) f = madd<Fma>(f, y, p.c[i]);
     return f;
 }
 
 // p, p' and p''/2 in one pass.
-template <bool Fma, int N>
-inline void eval_dd(const Poly<N>& p, double y, double& f, double& df, double& half_d2f) {
+template <bool Fma, int N, class V>
+inline void eval_dd(const Poly<N, V>& p, V y, V& f, V& df, V& half_d2f) {
     f = p.c[N];
-    df = 0.0;
-    half_d2f = 0.0;
+    df = V{};
+    half_d2f = V{};
     for (int i = N - 1; i >= 0; --i) {
         half_d2f = madd<Fma>(half_d2f, y, df);
         df = madd<Fma>(df, y, f);
@@ -193,10 +307,10 @@ inline void eval_dd(const Poly<N>& p, double y, double& f, double& df, double& h
     }
 }
 
-template <bool Fma, int N>
-inline double eval_derivative(const Poly<N>& p, double y) {
-    double df = N * p.c[N];
-    for (int i = N - 1; i >= 1; --i) df = madd<Fma>(df, y, i * p.c[i]);
+template <bool Fma, int N, class V>
+inline V eval_derivative(const Poly<N, V>& p, V y) {
+    V df = static_cast<double>(N) * p.c[N];
+    for (int i = N - 1; i >= 1; --i) df = madd<Fma>(df, y, static_cast<double>(i) * p.c[i]);
     return df;
 }
 
@@ -225,13 +339,13 @@ inline double magnitude(const Poly<N>& p, double y) {
 // evaluated in twice the working precision, then rounded. The residual of
 // the polishing steps comes from here, so the polished root is accurate even
 // where plain Horner cancels.
-template <bool Fma, int N>
-inline double eval_compensated(const Poly<N>& p, double y) {
-    double s = p.c[N];
-    double correction = 0.0;
+template <bool Fma, int N, class V>
+inline V eval_compensated(const Poly<N, V>& p, V y) {
+    V s = p.c[N];
+    V correction{};
     for (int i = N - 1; i >= 0; --i) {
-        double prod_err, sum_err;
-        const double prod = two_prod<Fma>(s, y, prod_err);
+        V prod_err, sum_err;
+        const V prod = two_prod<Fma>(s, y, prod_err);
         s = two_sum(prod, p.c[i], sum_err);
         correction = madd<Fma>(correction, y, prod_err + sum_err);
     }
@@ -253,48 +367,92 @@ inline Poly<N - 1> divide_by_y(const Poly<N>& p) {
 }
 
 // Descartes: an upper bound on the number of positive roots, exact when 0 or 1.
-template <int N>
-inline int sign_variations(const Poly<N>& p) {
-    int v = 0;
-    bool negative = false;  // c[N] > 0
+template <int N, class V>
+inline CountOf<V> sign_variations(const Poly<N, V>& p) {
+    using Mask = MaskOf<V>;
+    CountOf<V> v = constant<CountOf<V>>(0);
+    Mask negative{};  // c[N] > 0
     for (int i = N - 1; i >= 0; --i) {
-        const bool nonzero = p.c[i] != 0.0;
-        const bool neg = p.c[i] < 0.0;
-        v += nonzero & (neg != negative);
-        negative = nonzero ? neg : negative;
+        const Mask nonzero = p.c[i] != 0.0;
+        const Mask neg = p.c[i] < 0.0;
+        v += one_if(nonzero & (neg != negative));
+        negative = select(nonzero, neg, negative);
     }
     return v;
 }
 
 // ------------------------------------------------------------- root finding
 
+// The real roots of c2 y^2 + c1 y + c0 (c2 > 0), ascending: none (`real`
+// false), a double root (`touching`: the discriminant within its rounding
+// error of zero, the touching test of quartic.hpp at the vertex; lo = hi =
+// the vertex), or two.
+template <class V>
+struct QuadraticRoots {
+    V lo, hi;
+    MaskOf<V> real, touching;
+};
+
+inline double sqrt_of(double x) { return std::sqrt(x); }
+inline double copysign_of(double x, double s) { return std::copysign(x, s); }
+#if NORMFAST_VECTORS
+inline Vec sqrt_of(Vec x) {
+    Vec r;  // compilers turn this into one vector square root
+    for (int l = 0; l < kWidth; ++l) r[l] = std::sqrt(x[l]);
+    return r;
+}
+inline Vec copysign_of(Vec x, Vec s) {
+    const VecMask sign_bit = VecMask{} + std::numeric_limits<std::int64_t>::min();
+    return reinterpret_cast<Vec>((reinterpret_cast<VecMask>(x) & ~sign_bit) | (reinterpret_cast<VecMask>(s) & sign_bit));
+}
+#endif
+
+template <bool Fma, class V>
+inline QuadraticRoots<V> quadratic_roots(V c2, V c1, V c0) {
+    V w_err, sq_err;
+    const V w = two_prod<Fma>(4.0 * c2, c0, w_err);
+    const V sq = two_prod<Fma>(c1, c1, sq_err);
+    const V disc = (sq - w) + (sq_err - w_err);
+    const V tol = kTouchFactor * kEps * (3.0 * sq + abs_of(w));
+    const MaskOf<V> no_real = disc < -tol;
+    const MaskOf<V> touching = (disc <= tol) & negation(no_real);
+    const V vertex = -c1 / (2.0 * c2);
+    // two roots from the two formulas that do not cancel (where disc > tol;
+    // elsewhere the square root of 0 keeps std::sqrt off its error path)
+    const V q = -0.5 * (c1 + copysign_of(sqrt_of(select(disc > tol, disc, V{})), c1));
+    const V y1 = q / c2, y2 = c0 / q;
+    const MaskOf<V> swap = y1 > y2;
+    return {select(touching, vertex, select(swap, y2, y1)), select(touching, vertex, select(swap, y1, y2)),
+            negation(no_real), touching};
+}
+
 // Distinct positive roots of c2 y^2 + c1 y + c0 (c2 > 0), ascending. A double
-// root (discriminant within its rounding error of zero: the touching test
-// of quartic.hpp at the vertex) comes back once with *touching set.
+// root comes back once with *touching set.
 template <bool Fma>
 int quadratic_positive(double c2, double c1, double c0, double* out, bool* touching) {
+    const QuadraticRoots<double> r = quadratic_roots<Fma>(c2, c1, c0);
     *touching = false;
-    double w_err, sq_err;
-    const double w = two_prod<Fma>(4.0 * c2, c0, w_err);
-    const double sq = two_prod<Fma>(c1, c1, sq_err);
-    const double disc = (sq - w) + (sq_err - w_err);
-    const double tol = kTouchFactor * kEps * (3.0 * sq + std::fabs(w));
-    if (disc < -tol) return 0;
-    if (disc <= tol) {
-        const double y = -c1 / (2.0 * c2);
-        if (!(y > 0.0)) return 0;
-        out[0] = y;
+    if (!r.real) return 0;
+    if (r.touching) {
+        if (!(r.lo > 0.0)) return 0;
+        out[0] = r.lo;
         *touching = true;
         return 1;
     }
-    // the two roots from the two formulas that do not cancel
-    const double q = -0.5 * (c1 + std::copysign(std::sqrt(disc), c1));
-    double y1 = q / c2, y2 = c0 / q;
-    if (y1 > y2) std::swap(y1, y2);
     int m = 0;
-    if (y1 > 0.0) out[m++] = y1;
-    if (y2 > 0.0) out[m++] = y2;
+    if (r.lo > 0.0) out[m++] = r.lo;
+    if (r.hi > 0.0) out[m++] = r.hi;
     return m;
+}
+
+// p at the sample points (f[0] = p(kBound)). Horner on all points at once:
+// independent chains, no dependency stalls.
+template <bool Fma, int N, class V>
+inline void sample_values(const Poly<N, V>& p, V* f) {
+    for (int j = 0; j < kGrid; ++j) f[j] = p.c[N];
+    for (int i = N - 1; i >= 0; --i) {
+        for (int j = 0; j < kGrid; ++j) f[j] = madd<Fma>(f[j], splat<V>(kGridPoint[j]), p.c[i]);
+    }
 }
 
 // Values of p at the sample points, computed only when first needed.
@@ -308,11 +466,7 @@ struct Samples {
 
     const double* values() {
         if (!ready) {
-            // Horner on all points at once: independent chains, no dependency stalls
-            for (int j = 0; j < kGrid; ++j) f[j] = p.c[N];
-            for (int i = N - 1; i >= 0; --i) {
-                for (int j = 0; j < kGrid; ++j) f[j] = madd<Fma>(f[j], kGridPoint[j], p.c[i]);
-            }
+            sample_values<Fma>(p, f);
             ready = true;
         }
         return f;
@@ -371,50 +525,69 @@ double initial_guess(const Poly<N>& p, const Piece& s) {
     return (y > s.lo && y < s.hi) ? y : 0.5 * (s.lo + s.hi);
 }
 
-// The root of p inside the piece (where p(lo), p(hi) differ in sign; p need
-// not be monotone there). Halley steps (cubic convergence) close to the root;
-// away from it, where Halley's correction to the Newton step is large (and
-// Halley would be drawn to an extremum of p), plain Newton steps; bisection
-// whenever a step leaves the bracket or fails to halve the step before last.
-// Stops once a Halley step is below kStopStep relative and a tenth of the
-// step before.
+// The iteration inside a piece: the current point, the bracket (lo, hi) and
+// the last two step lengths (the safeguard's memory).
+template <class V>
+struct RefineState {
+    V y, lo, hi, last_step, step_before_last;
+    typename LaneTypes<V>::Mask rising;  // p(lo) < 0
+    typename LaneTypes<V>::Count iterations;
+};
+
 template <bool Fma, int N>
-double refine(const Poly<N>& p, Piece s) {
-    const bool rising = s.f_lo < 0.0;
-    double lo = s.lo, hi = s.hi;
-    double y = initial_guess<Fma>(p, s);
-    double step_before_last = hi - lo;
-    double last_step = step_before_last;
-    for (int it = 0; it < kMaxIterations; ++it) {
-        double f, df, half_d2f;
-        eval_dd<Fma>(p, y, f, df, half_d2f);
-        if (f == 0.0) return y;
-        const bool left_of_root = (f < 0.0) == rising;
-        lo = left_of_root ? y : lo;
-        hi = left_of_root ? hi : y;
-        // Halley: y - f f' / (f'^2 - f f''/2), Newton: y - f / f'; Halley where its
-        // correction to Newton, f f''/(2 f'^2), is at most 1/2. One division.
-        const double df2 = df * df, f_curv = f * half_d2f;
-        const bool halley = std::fabs(f_curv) <= 0.5 * df2;  // false for NaN
-        const double candidate = y - (halley ? f * df : f) / (halley ? df2 - f_curv : df);
-        double next;
-        if (candidate >= lo && candidate <= hi) {  // false for NaN/inf
-            const double step = std::fabs(candidate - y);
-            // converged: a small step that is also much smaller than the one
-            // before (near a close pair of roots Halley first creeps linearly)
-            if (halley && step <= kStopStep * std::fabs(candidate) && step <= 0.1 * last_step) {
-                return candidate;
-            }
-            next = step <= 0.5 * step_before_last ? candidate : 0.5 * (lo + hi);
-        } else {
-            next = 0.5 * (lo + hi);
-        }
-        if (hi - lo <= 4.0 * kEps * hi) return next;
-        step_before_last = last_step;
-        last_step = std::fabs(next - y);
-        y = next;
+inline RefineState<double> refine_start(const Poly<N>& p, const Piece& s) {
+    const double width = s.hi - s.lo;
+    return {initial_guess<Fma>(p, s), s.lo, s.hi, width, width, s.f_lo < 0.0, 0};
+}
+
+// One step of the root iteration inside a piece (where p(lo), p(hi) differ in
+// sign; p need not be monotone there). Halley steps (cubic convergence) close
+// to the root; away from it, where Halley's correction to the Newton step is
+// large (and Halley would be drawn to an extremum of p), plain Newton steps;
+// bisection whenever a step leaves the bracket or fails to halve the step
+// before last. Stops once a Halley step is below kStopStep relative and a
+// tenth of the step before. Returns true when the iteration is over, the root
+// then in *root. Written with selects rather than branches, so that several
+// iterations on different rows can run interleaved (refine_rows).
+template <bool Fma, int N, class V>
+inline typename LaneTypes<V>::Mask refine_step(const Poly<N, V>& p, RefineState<V>& s, V* root) {
+    const V y = s.y;
+    V f, df, half_d2f;
+    eval_dd<Fma>(p, y, f, df, half_d2f);
+    const auto left_of_root = same(f < 0.0, s.rising);
+    const V lo = select(left_of_root, y, s.lo);
+    const V hi = select(left_of_root, s.hi, y);
+    // Halley: y - f f' / (f'^2 - f f''/2), Newton: y - f / f'; Halley where its
+    // correction to Newton, f f''/(2 f'^2), is at most 1/2. One division.
+    const V df2 = df * df, f_curv = f * half_d2f;
+    const auto halley = abs_of(f_curv) <= 0.5 * df2;  // false for NaN
+    const V candidate = y - select(halley, f * df, f) / select(halley, df2 - f_curv, df);
+    const auto inside = (candidate >= lo) & (candidate <= hi);  // false for NaN/inf
+    const V step = abs_of(candidate - y);
+    // converged: a small step that is also much smaller than the one before
+    // (near a close pair of roots Halley first creeps linearly)
+    const auto converged =
+        inside & halley & (step <= kStopStep * abs_of(candidate)) & (step <= 0.1 * s.last_step);
+    const V next = select(inside & (step <= 0.5 * s.step_before_last), candidate, 0.5 * (lo + hi));
+    const auto collapsed = hi - lo <= 4.0 * kEps * hi;
+    const auto exact_zero = f == 0.0;
+    *root = select(exact_zero, y, select(converged, candidate, next));
+    s.lo = lo, s.hi = hi;
+    s.step_before_last = s.last_step;
+    s.last_step = abs_of(next - y);
+    s.y = next;
+    s.iterations += 1;
+    return exact_zero | converged | collapsed | (s.iterations >= kMaxIterations);
+}
+
+// The root of p inside the piece, by refine_step from initial_guess.
+template <bool Fma, int N>
+double refine(const Poly<N>& p, const Piece& piece) {
+    RefineState<double> s = refine_start<Fma>(p, piece);
+    double root;
+    while (!refine_step<Fma>(p, s, &root)) {
     }
-    return y;
+    return root;
 }
 
 // Newton steps on q from a close approximation of a simple root, to full
@@ -441,49 +614,76 @@ double sharpen(const Poly<N>& q, double y) {
 // the same program run on the absolute values of the inputs with every
 // difference turned into a sum, and k the program's depth (< 64 here):
 // the classic a-priori bound, certified without interval arithmetic.
+template <class V = double>
 struct Tracked {
-    double v, m;  // value, and its magnitude as above
+    V v, m;  // value, and its magnitude as above
 };
 
 // gamma_64 with a factor 2 of headroom for the rounding of m itself
 constexpr double kChainError = 2.0 * 64.0 * (kEps / 2.0);
 
-inline Tracked exact(double v) { return {v, std::fabs(v)}; }
+template <class V>
+inline Tracked<V> exact(V v) {
+    return {v, abs_of(v)};
+}
 
 // x1 y1 - x2 y2
-template <bool Fma>
-inline Tracked cross(Tracked x1, Tracked y1, Tracked x2, Tracked y2) {
+template <bool Fma, class V>
+inline Tracked<V> cross(Tracked<V> x1, Tracked<V> y1, Tracked<V> x2, Tracked<V> y2) {
     return {madd<Fma>(x1.v, y1.v, -(x2.v * y2.v)), madd<Fma>(x1.m, y1.m, x2.m * y2.m)};
 }
 
 // The sign of a tracked value: +1/-1 when certain, 0 for an exact zero, and
 // `kUnsure` when the value is within its error bound of zero.
 constexpr int kUnsure = 2;
-inline int sign_of(Tracked t) {
-    if (t.m == 0.0) return 0;
-    if (std::fabs(t.v) <= kChainError * t.m) return kUnsure;
-    return t.v > 0.0 ? 1 : -1;
+template <class V>
+inline CountOf<V> sign_of(const Tracked<V>& t) {
+    using Count = CountOf<V>;
+    return select(t.m == 0.0, constant<Count>(0),
+                  select(abs_of(t.v) <= kChainError * t.m, constant<Count>(kUnsure),
+                         select(t.v > 0.0, constant<Count>(1), constant<Count>(-1))));
 }
 
 // -prem(A, B) for deg A = M, deg B = M - 1 (descending coefficients): the
 // remainder of A / B times lead(B)^2 > 0, negated, as Sturm's chain needs.
-template <bool Fma, int M>
-inline void negated_pseudo_remainder(const Tracked* a, const Tracked* b, Tracked* out) {
-    const Tracked zero{0.0, 0.0};
-    Tracked step[M];  // lead(B) A - lead(A) y B, degree M - 1
+template <bool Fma, int M, class V>
+inline void negated_pseudo_remainder(const Tracked<V>* a, const Tracked<V>* b, Tracked<V>* out) {
+    const Tracked<V> zero{V{}, V{}};
+    Tracked<V> step[M];  // lead(B) A - lead(A) y B, degree M - 1
     for (int i = 0; i < M; ++i) step[i] = cross<Fma>(b[0], a[i + 1], a[0], i + 1 < M ? b[i + 1] : zero);
     for (int i = 0; i + 1 < M; ++i) {
-        const Tracked next = cross<Fma>(b[0], step[i + 1], step[0], b[i + 1]);
+        const Tracked<V> next = cross<Fma>(b[0], step[i + 1], step[0], b[i + 1]);
         out[i] = {-next.v, next.m};
     }
 }
 
-inline int sign_changes(const int* signs, int n) {
-    int v = 0, last = 0;
+// The entries of a quartic's Sturm chain p, p', s2, s3, s4 that are not
+// read off p directly: the leading and constant coefficients of s2 and s3,
+// and the constant s4.
+template <class V = double>
+struct SturmEnds {
+    Tracked<V> s2_lead, s2_const, s3_lead, s3_const, s4;
+};
+
+template <bool Fma, class V>
+inline SturmEnds<V> sturm_chain(const Poly<4, V>& p) {
+    const Tracked<V> s0[5] = {exact(p.c[4]), exact(p.c[3]), exact(p.c[2]), exact(p.c[1]), exact(p.c[0])};
+    const Tracked<V> s1[4] = {exact(4.0 * p.c[4]), exact(3.0 * p.c[3]), exact(2.0 * p.c[2]), exact(p.c[1])};
+    Tracked<V> s2[3], s3[2], s4[1];
+    negated_pseudo_remainder<Fma, 4>(s0, s1, s2);
+    negated_pseudo_remainder<Fma, 3>(s1, s2, s3);
+    negated_pseudo_remainder<Fma, 2>(s2, s3, s4);
+    return {s2[0], s2[2], s3[0], s3[1], s4[0]};
+}
+
+// Sign changes in a sequence of signs, zeros skipped.
+template <class Count>
+inline Count sign_changes(const Count* signs, int n) {
+    Count v = constant<Count>(0), last = constant<Count>(0);
     for (int i = 0; i < n; ++i) {
-        if (signs[i] == 0) continue;
-        v += last != 0 && signs[i] != last;
-        last = signs[i];
+        const auto nonzero = signs[i] != 0;
+        v += one_if(nonzero & (last != 0) & (signs[i] != last));
+        last = select(nonzero, signs[i], last);
     }
     return v;
 }
@@ -492,54 +692,73 @@ inline int sign_changes(const int* signs, int n) {
 // every sign in the chain certified by ball arithmetic; -1 when a sign is
 // not certain (near-multiple roots, degenerate chains) or the coefficients
 // are too small for the chain's products.
-template <bool Fma>
-int sturm_positive_count(const Poly<4>& p, int variations) {
+template <class V>
+inline CountOf<V> sturm_positive_count(const Poly<4, V>& p, const SturmEnds<V>& chain, CountOf<V> variations) {
+    using Count = CountOf<V>;
+    using Mask = MaskOf<V>;
     constexpr double kSmallest = 0x1p-60;
-    for (int i = 0; i <= 4; ++i) {
-        if (p.c[i] != 0.0 && std::fabs(p.c[i]) < kSmallest) return -1;
-    }
-    const Tracked s0[5] = {exact(p.c[4]), exact(p.c[3]), exact(p.c[2]), exact(p.c[1]), exact(p.c[0])};
-    const Tracked s1[4] = {exact(4.0 * p.c[4]), exact(3.0 * p.c[3]), exact(2.0 * p.c[2]), exact(p.c[1])};
-    Tracked s2[3], s3[2], s4[1];
-    negated_pseudo_remainder<Fma, 4>(s0, s1, s2);
-    negated_pseudo_remainder<Fma, 3>(s1, s2, s3);
-    negated_pseudo_remainder<Fma, 2>(s2, s3, s4);
-    const int at_zero[5] = {p.c[0] > 0 ? 1 : -1, sign_of(s1[3]), sign_of(s2[2]), sign_of(s3[1]), sign_of(s4[0])};
-    const int at_inf[5] = {1, 1, sign_of(s2[0]), sign_of(s3[0]), sign_of(s4[0])};
+    Mask uncertain{};
+    for (int i = 0; i <= 4; ++i) uncertain = uncertain | ((p.c[i] != 0.0) & (abs_of(p.c[i]) < kSmallest));
+    const Count at_zero[5] = {select(p.c[0] > 0.0, constant<Count>(1), constant<Count>(-1)),
+                              sign_of(exact(p.c[1])), sign_of(chain.s2_const), sign_of(chain.s3_const),
+                              sign_of(chain.s4)};
+    const Count at_inf[5] = {constant<Count>(1), constant<Count>(1), sign_of(chain.s2_lead),
+                             sign_of(chain.s3_lead), sign_of(chain.s4)};
     for (int i = 0; i < 5; ++i) {
-        if (at_zero[i] == kUnsure || at_inf[i] == kUnsure || (i >= 2 && at_inf[i] == 0)) return -1;
+        uncertain = uncertain | (at_zero[i] == kUnsure) | (at_inf[i] == kUnsure);
+        if (i >= 2) uncertain = uncertain | (at_inf[i] == 0);
     }
-    const int count = sign_changes(at_zero, 5) - sign_changes(at_inf, 5);
+    const Count count = sign_changes(at_zero, 5) - sign_changes(at_inf, 5);
     // Descartes: count <= variations and of the same parity (all roots simple here)
-    if (count < 0 || count > variations || (variations - count) % 2 != 0) return -1;
-    return count;
+    uncertain = uncertain | (count < 0) | (count > variations) | (((variations - count) & 1) != 0);
+    return select(uncertain, constant<Count>(-1), count);
 }
 
-// Quartic fast path for two or more sign variations: the Sturm count, then
-// the sample points. When the samples show as many sign changes as there are
-// roots, each such cell holds exactly one root and the largest is refined in
-// the last one. Returns -1 when this does not settle the row.
-template <bool Fma>
-int isolated_positive_roots(const Poly<4>& p, int variations, double* largest) {
-    const int count = sturm_positive_count<Fma>(p, variations);
-    if (count <= 0) return count;
-    Samples<Fma, 4> samples(p);
-    const double* f = samples.values();
-    // cells between 0, y_7, ..., y_0 = kBound in ascending order
-    int changes = 0;
-    double f_lo = p.c[0], lo = 0.0;
-    Piece last{};
+// The outcome of bracketing a full quartic: the number of distinct positive
+// roots (-1: not settled here), and the sample cell (y_{cell+1}, y_cell) that
+// holds the largest one, with y_kGrid = 0.
+template <class V>
+struct SampleBracket {
+    CountOf<V> count, cell;
+};
+
+// Bracketing from the sample values f and the Sturm chain. No sign variation:
+// no positive root. One: one root, and (p(0) < 0 < p(kBound)) the samples on
+// its right come first in descending y, so their number is the cell (narrow()
+// on the piece (0, kBound)). More: the certified Sturm count, and when the
+// samples change sign as often, each root sits alone in a cell and the highest
+// such cell holds the largest; otherwise (or on a sample that is exactly a
+// root) -1.
+template <class V>
+inline SampleBracket<V> bracket_cells(const Poly<4, V>& p, const V* f, const SturmEnds<V>& chain) {
+    using Count = CountOf<V>;
+    using Mask = MaskOf<V>;
+    const Count variations = sign_variations(p);
+    Count n_right = constant<Count>(0);
+    for (int j = 1; j < kGrid; ++j) n_right += one_if(f[j] >= 0.0);
+    Count changes = constant<Count>(0), highest = constant<Count>(0);
+    Mask on_root{};
+    Mask below_negative = p.c[0] < 0.0;  // the sign at the sample below: 0, y_7, ..., y_0 ascending
     for (int j = kGrid - 1; j >= 0; --j) {
-        if (f[j] == 0.0) return -1;
-        if ((f[j] < 0.0) != (f_lo < 0.0)) {
-            ++changes;
-            last = Piece{lo, f_lo, kGridPoint[j], f[j], false, false};
-        }
-        lo = kGridPoint[j], f_lo = f[j];
+        const Mask negative = f[j] < 0.0;
+        const Mask change = negative != below_negative;
+        changes += one_if(change);
+        highest = select(change, constant<Count>(j), highest);
+        on_root = on_root | (f[j] == 0.0);
+        below_negative = negative;
     }
-    if (changes != count) return -1;
-    *largest = refine<Fma>(p, last);
-    return count;
+    const Count sturm = sturm_positive_count(p, chain, variations);
+    const Count isolated =
+        select(sturm <= 0, sturm, select(on_root | (changes != sturm), constant<Count>(-1), sturm));
+    return {select(variations == 0, constant<Count>(0), select(variations == 1, constant<Count>(1), isolated)),
+            select(variations == 1, n_right, highest)};
+}
+
+// The piece of sample cell `cell` (a SampleBracket's), f the sample values.
+inline Piece sample_cell(const Poly<4>& p, const double* f, int cell) {
+    const bool from_zero = cell + 1 == kGrid;
+    return {from_zero ? 0.0 : kGridPoint[cell + 1], from_zero ? p.c[0] : f[cell + 1], kGridPoint[cell], f[cell],
+            false, false};
 }
 
 // Distinct positive roots of p, all refined, ascending into `out`; `touching`
@@ -549,7 +768,8 @@ template <bool Fma, int N>
 int all_positive_roots(const Poly<N>& p, double* out, bool* touching);
 
 // Largest positive root of p into *largest and the number of distinct positive
-// roots; *largest_touching when that root is a double root.
+// roots; *largest_touching when that root is a double root. For degree <= 3
+// (full quartics go through bracket_largest first).
 template <bool Fma, int N>
 int largest_positive_root(const Poly<N>& p, double* largest, bool* largest_touching);
 
@@ -615,13 +835,30 @@ int scan_pieces(const Poly<N>& p, double* out, bool* out_touching, double* large
     return count;
 }
 
-// The one positive root when Descartes allows exactly one: p(0) < 0 < p(kBound).
+// The bracket of the one positive root when Descartes allows exactly one:
+// p(0) < 0 < p(kBound), narrowed to a sample cell.
 template <bool Fma, int N>
-double single_positive_root(const Poly<N>& p) {
+Piece single_root_bracket(const Poly<N>& p) {
     Samples<Fma, N> samples(p);
     Piece piece{0.0, p.c[0], kBound, eval<Fma>(p, kBound), false, false};
     narrow(piece, samples.values());
-    return refine<Fma>(p, piece);
+    return piece;
+}
+
+// For a full quartic: the number of distinct positive roots, and the largest
+// one's bracket (a piece without extrema at its ends) in *largest; -1 when
+// only scan_pieces settles the row.
+template <bool Fma>
+int bracket_largest(const Poly<4>& p, Piece* largest) {
+    const int variations = sign_variations(p);
+    if (variations == 0) return 0;
+    double f[kGrid];
+    sample_values<Fma>(p, f);
+    // (bracket_cells reads the chain only for two or more variations)
+    const SturmEnds<> chain = variations >= 2 ? sturm_chain<Fma>(p) : SturmEnds<>{};
+    const SampleBracket<double> b = bracket_cells(p, f, chain);
+    if (b.count > 0) *largest = sample_cell(p, f, b.cell);
+    return b.count;
 }
 
 template <bool Fma, int N>
@@ -645,7 +882,7 @@ int all_positive_roots(const Poly<N>& p, double* out, bool* touching) {
             const int v = sign_variations(p);
             if (v == 0) return 0;
             if (v == 1) {
-                out[0] = single_positive_root<Fma>(p);
+                out[0] = refine<Fma>(p, single_root_bracket<Fma>(p));
                 touching[0] = false;
                 return 1;
             }
@@ -670,12 +907,8 @@ int largest_positive_root(const Poly<N>& p, double* largest, bool* largest_touch
         const int v = sign_variations(p);
         if (v == 0) return 0;
         if (v == 1) {
-            *largest = single_positive_root<Fma>(p);
+            *largest = refine<Fma>(p, single_root_bracket<Fma>(p));
             return 1;
-        }
-        if constexpr (N == 4) {
-            const int count = isolated_positive_roots<Fma>(p, v, largest);
-            if (count >= 0) return count;
         }
         return scan_pieces<Fma>(p, nullptr, nullptr, largest, largest_touching);
     }
@@ -685,8 +918,23 @@ int largest_positive_root(const Poly<N>& p, double* largest, bool* largest_touch
 // residual p(y) comes from compensated Horner, so the root is accurate even
 // where plain Horner cancels; a step is kept only if it lowers that residual,
 // so polishing never makes a root worse.
+//
+// The first step needs no such check when it is below kPolishDone: y was then
+// already within about that distance of the root, so the step's own error is
+// of order kPolishDone^2 (times the root's conditioning), below rounding. As
+// the first Newton step is all that a root from refine() usually needs, this
+// saves the second compensated evaluation (polish_first_step).
+template <bool Fma, int N, class V>
+inline typename LaneTypes<V>::Mask polish_first_step(const Poly<N, V>& p, V y, V* polished) {
+    const V next = y - eval_compensated<Fma>(p, y) / eval_derivative<Fma>(p, y);
+    *polished = next;
+    return (next > 0.0) & (abs_of(next - y) <= kPolishDone * next);
+}
+
 template <bool Fma, int N>
 double polish(const Poly<N>& p, double y) {
+    double first;
+    if (polish_first_step<Fma>(p, y, &first)) return first;
     double f = eval_compensated<Fma>(p, y);
     for (int it = 0; it < kPolishSteps && f != 0.0; ++it) {
         const double next = y - f / eval_derivative<Fma>(p, y);
@@ -728,6 +976,18 @@ inline bool rescale(const double* a, int lo, int n, double* c, int& k) {
     return representable;
 }
 
+// Whether the roots of sum a[i] R^i (i = lo..n, a[lo] != 0, rescaled by 2^k)
+// may lie below 2^-kDeepRoots after the scaling: Fujiwara's lower bound on
+// their moduli, 1/2 min |c_lo / c_i|^(1 / (i - lo)) over the scaled c_i, from
+// the exponents (a criterion start_rows evaluates the same way in lanes).
+inline bool roots_far_below(const double* a, int lo, int n, int k) {
+    bool deep = false;
+    for (int i = lo + 1; i <= n; ++i) {
+        deep |= a[i] != 0.0 && exponent_of(a[lo]) - exponent_of(a[i]) - (i - lo) * k < -kDeepRoots * (i - lo);
+    }
+    return deep;
+}
+
 // rescale() for the common case of a full quartic (a[0] != 0, a[4] != 0),
 // unrolled. Returns false (and leaves the row to rescale()) when a shift
 // leaves the normal exponent range or a coefficient lands below kTiny.
@@ -750,31 +1010,76 @@ inline bool rescale_quartic(const double* a, Poly<4>& p, int& k) {
     return smallest >= kTiny;
 }
 
+// A rescaled full quartic (not biquadratic) on its way through the common
+// path: rescaled, then bracketed, then refined and polished. The batch path
+// does each stage for many rows at a time (solve_rows).
+struct Deferred {
+    Poly<4> p;
+    int k;  // R = 2^k y
+    Piece bracket;
+    std::int8_t count;
+};
+
 template <bool Fma, int N>
-QuarticSolution finish(const Poly<N>& p, int k) {
-    double y;
-    bool touching;
-    int count;
-    if constexpr (N == 4) {
-        if (p.c[1] == 0.0 && p.c[3] == 0.0) {
-            // biquadratic: a quadratic in x = y^2 with the cancellation-free pair
-            // of root formulas, then back to y
-            double x[2];
-            count = quadratic_positive<Fma>(p.c[4], p.c[2], p.c[0], x, &touching);
-            if (count == 0) return {kNaN, 0};
-            // the closed form is accurate to a few ulps: nothing to polish
-            return {times_pow2(std::sqrt(x[count - 1]), k), static_cast<std::int8_t>(count)};
-        } else {
-            count = largest_positive_root<Fma>(p, &y, &touching);
-        }
-    } else {
-        count = largest_positive_root<Fma>(p, &y, &touching);
-    }
+QuarticSolution root_found(const Poly<N>& p, int count, double y, bool touching, int k) {
     if (count == 0) return {kNaN, 0};
     if constexpr (N >= 2) {
         if (!touching) y = polish<Fma>(p, y);
     }
     return {times_pow2(y, k), static_cast<std::int8_t>(count)};
+}
+
+// Biquadratic (c1 = c3 = 0): a quadratic in x = y^2 with the cancellation-free
+// pair of root formulas, then back to y. The closed form is accurate to a few
+// ulps: nothing to polish.
+template <bool Fma>
+QuarticSolution solve_biquadratic(const Poly<4>& p, int k) {
+    double x[2];
+    bool touching;
+    const int count = quadratic_positive<Fma>(p.c[4], p.c[2], p.c[0], x, &touching);
+    if (count == 0) return {kNaN, 0};
+    return {times_pow2(std::sqrt(x[count - 1]), k), static_cast<std::int8_t>(count)};
+}
+
+// After bracketing (count from bracket_from): returns true with the solution
+// in *done, or false when the job's bracket is left to refine and polish.
+template <bool Fma>
+bool settle(Deferred& job, int count, QuarticSolution* done) {
+    if (count > 0) {
+        job.count = static_cast<std::int8_t>(count);
+        return false;
+    }
+    if (count == 0) {
+        *done = {kNaN, 0};
+        return true;
+    }
+    double y;
+    bool touching;
+    const int m = scan_pieces<Fma>(job.p, nullptr, nullptr, &y, &touching);
+    *done = root_found<Fma>(job.p, m, y, touching, job.k);
+    return true;
+}
+
+template <bool Fma>
+QuarticSolution finish_quartic(Deferred& job) {
+    QuarticSolution done;
+    if (settle<Fma>(job, bracket_largest<Fma>(job.p, &job.bracket), &done)) return done;
+    const double y = polish<Fma>(job.p, refine<Fma>(job.p, job.bracket));
+    return {times_pow2(y, job.k), job.count};
+}
+
+template <bool Fma, int N>
+QuarticSolution finish(const Poly<N>& p, int k) {
+    if constexpr (N == 4) {
+        if (p.c[1] == 0.0 && p.c[3] == 0.0) return solve_biquadratic<Fma>(p, k);
+        Deferred job{p, k, {}, 0};
+        return finish_quartic<Fma>(job);
+    } else {
+        double y;
+        bool touching;
+        const int count = largest_positive_root<Fma>(p, &y, &touching);
+        return root_found<Fma>(p, count, y, touching, k);
+    }
 }
 
 // sum_{i=lo..n} a[i] R^(i - lo) with a[lo] != 0, a[n] != 0, lo < n, in one
@@ -808,8 +1113,9 @@ QuarticSolution solve_cluster(const double* a, int lo, int n) {
 // Newton polygon (upper hull of (i, log2|a_i|)) where the root magnitude of
 // consecutive edges jumps by more than kClusterGap, and solve each cluster's
 // terms alone.
-template <bool Fma>
-QuarticSolution solve_clusters(const double* a, int lo, int n) {
+// The cuts (indices into a) between root clusters of sum a[i] R^i, i = lo..n:
+// returns their number, the two ends included (2: a single cluster).
+inline int cluster_cuts(const double* a, int lo, int n, int* cuts) {
     int hull[5];
     double lg[5];
     int h = 0;
@@ -824,7 +1130,6 @@ QuarticSolution solve_clusters(const double* a, int lo, int n) {
         }
         hull[h++] = i;
     }
-    int cuts[5];
     int n_cuts = 0;
     cuts[n_cuts++] = hull[0];
     for (int j = 1; j + 1 < h; ++j) {
@@ -833,7 +1138,13 @@ QuarticSolution solve_clusters(const double* a, int lo, int n) {
         if (mag_above - mag_below > kClusterGap) cuts[n_cuts++] = hull[j];
     }
     cuts[n_cuts++] = hull[h - 1];
+    return n_cuts;
+}
 
+template <bool Fma>
+QuarticSolution solve_clusters(const double* a, int lo, int n) {
+    int cuts[5];
+    const int n_cuts = cluster_cuts(a, lo, n, cuts);
     QuarticSolution total{kNaN, 0};
     for (int j = 0; j + 1 < n_cuts; ++j) {
         const QuarticSolution part = solve_cluster<Fma>(a, cuts[j], cuts[j + 1]);
@@ -843,10 +1154,20 @@ QuarticSolution solve_clusters(const double* a, int lo, int n) {
     return total;
 }
 
+// Marks a row left in a Deferred job (no row ever has a negative count).
+constexpr QuarticSolution kDeferred{0.0, -1};
+
+// One row, up to the rescaling: the solution, or kDeferred for a full quartic
+// (its scaled polynomial in *job) that takes the common path.
 template <bool Fma>
-QuarticSolution solve_row_impl(const double* coeffs) {
+QuarticSolution solve_or_defer(const double* coeffs, Deferred* job) {
     // ascending: a[i] multiplies R^i
     const double a[5] = {coeffs[4], coeffs[3], coeffs[2], coeffs[1], coeffs[0]};
+    {
+        bool none_negative = true, none_positive = true;
+        for (double v : a) none_negative &= v >= 0.0, none_positive &= v <= 0.0;
+        if (none_negative | none_positive) return {kNaN, 0};
+    }
     for (double v : a) {
         if (!std::isfinite(v)) return {kNaN, 0};
     }
@@ -866,7 +1187,16 @@ QuarticSolution solve_row_impl(const double* coeffs) {
         }
         Poly<4> p;
         int k;
-        if (rescale_quartic(a, p, k)) return finish<Fma>(p, k);
+        if (rescale_quartic(a, p, k)) {
+            if (p.c[1] == 0.0 && p.c[3] == 0.0) return solve_biquadratic<Fma>(p, k);
+            if (roots_far_below(a, 0, 4, k)) {
+                int cuts[5];
+                if (cluster_cuts(a, 0, 4, cuts) > 2) return solve_clusters<Fma>(a, 0, 4);
+            }
+            job->p = p;
+            job->k = k;
+            return kDeferred;
+        }
     }
     int n = 4;
     while (n >= 0 && a[n] == 0.0) --n;
@@ -877,27 +1207,341 @@ QuarticSolution solve_row_impl(const double* coeffs) {
     double c[5] = {};
     int k;
     if (!rescale(a, lo, n, c, k)) return solve_clusters<Fma>(a, lo, n);
+    if (roots_far_below(a, lo, n, k)) {
+        int cuts[5];
+        if (cluster_cuts(a, lo, n, cuts) > 2) return solve_clusters<Fma>(a, lo, n);
+    }
     return solve_scaled<Fma>(c, n - lo, k);
 }
 
+template <bool Fma>
+QuarticSolution solve_row_impl(const double* coeffs) {
+    Deferred job;
+    const QuarticSolution s = solve_or_defer<Fma>(coeffs, &job);
+    return s.n_positive >= 0 ? s : finish_quartic<Fma>(job);
+}
+
+// ----------------------------------------------------------- many rows
+
+// The batch path: the same stages as solve_row_impl, but each stage for a
+// block of rows before the next, so that the arithmetic of kWidth rows runs
+// as one vector operation. Rows are loaded, checked, rescaled and bracketed
+// kWidth at a time (start_rows); those with a root to find are refined in
+// lanes that take the next row as soon as theirs has converged, since rows
+// need different numbers of steps (refine_rows); then polished (polish_rows).
+// Biquadratics with moderate exponents get their closed form in lanes too.
+// Rows off the common path (lower degree, zero or non-finite coefficients,
+// extreme exponents, distant root clusters, roots not isolated by the
+// samples) are solved one at a time by solve_row_impl or its scan_pieces
+// branch. Each row goes through exactly the operations of solve_row_impl, so
+// it gets the same result either way.
+constexpr int kBlock = 256;
+
+#if NORMFAST_VECTORS
+
+// Rows in flight in refine_rows: kGroups independent vectors, so that one's
+// division overlaps another's evaluation.
+constexpr int kGroups = 2;
+
+// The rows of a block left to refine and polish, one array per quantity.
+struct Jobs {
+    int n = 0;
+    alignas(32) double c[5][kBlock];  // scaled polynomial
+    alignas(32) double y[kBlock];     // refine()'s starting point, then the root
+    alignas(32) double lo[kBlock], hi[kBlock];
+    bool rising[kBlock];  // p(lo) < 0
+    int k[kBlock];        // R = 2^k y
+    std::int8_t count[kBlock];
+    std::ptrdiff_t row[kBlock];
+};
+
+// ceil(n / 3) for |n| <= 2200 (exponent differences), as ceil_div(n, 3): the
+// division by multiplication, exact on this range.
+inline VecMask ceil_third(VecMask n) {
+    constexpr int kOffset = 1024;
+    return (((n + (2 + 3 * kOffset)) * 21846) >> 16) - kOffset;
+}
+
+// 2^e for -1022 <= e <= 1023, exactly (as times_pow2).
+inline Vec pow2(VecMask e) { return reinterpret_cast<Vec>((e + 1023) << 52); }
+
+// Rows first .. first + n_rows - 1 (n_rows <= kWidth) up to refinement: those
+// on the common path are rescaled (as rescale_quartic) and bracketed (as
+// bracket_largest) in lanes; their solution is written, or they join `jobs`.
+template <bool Fma>
+void start_rows(const double* rows, std::ptrdiff_t first, int n_rows, double* roots, std::int8_t* n_positive,
+                Jobs& jobs) {
+    Vec a[5];  // a[i]: coefficient of R^i; lanes past n_rows repeat the last row
+    for (int l = 0; l < kWidth; ++l) {
+        const double* row = rows + 5 * (first + std::min(l, n_rows - 1));
+        for (int i = 0; i <= 4; ++i) a[i][l] = row[4 - i];
+    }
+
+    // the exponents of the normal, nonzero coefficients
+    VecMask e[5], not_normal{};
+    for (int i = 0; i <= 4; ++i) {
+        const VecMask biased = (reinterpret_cast<VecMask>(a[i]) >> 52) & 0x7ff;
+        not_normal |= (biased == 0x7ff) | ((biased == 0) & (a[i] != 0.0));
+        e[i] = biased - 1023;
+    }
+    const VecMask full = (a[4] != 0.0) & (a[0] != 0.0) & ~not_normal;
+
+    // biquadratics with moderate exponents: solve_or_defer's closed form
+    const VecMask biquadratic = full & (a[1] == 0.0) & (a[3] == 0.0);
+    const VecMask closed = biquadratic & (e[4] >= -400) & (e[4] <= 400) & (e[0] >= -400) & (e[0] <= 400) &
+                           ((a[2] == 0.0) | ((e[2] >= -400) & (e[2] <= 400)));
+    const Vec sign = select(a[4] > 0.0, splat<Vec>(1.0), splat<Vec>(-1.0));
+    bool any_closed = false;
+    for (int l = 0; l < kWidth; ++l) any_closed |= closed[l] != 0;
+    VecMask x_count{};
+    Vec x_root{};
+    if (any_closed) {
+        const QuadraticRoots<Vec> x = quadratic_roots<Fma>(sign * a[4], sign * a[2], sign * a[0]);
+        x_count = select(x.real, select(x.touching, one_if(x.lo > 0.0), one_if(x.lo > 0.0) + one_if(x.hi > 0.0)),
+                         constant<VecMask>(0));
+        x_root = sqrt_of(select(x_count > 0, select(x.touching, x.lo, x.hi), Vec{}));
+    }
+
+    // the common path: rescale_quartic
+    VecMask other = ~full | (biquadratic & ~closed);  // solve_row_impl, one row at a time
+    const VecMask e_lead = e[4];
+    VecMask scale = (e[0] - e_lead + 4) >> 2;
+    const VecMask t1 = ceil_third(e[1] - e_lead + 1), t2 = (e[2] - e_lead + 2) >> 1, t3 = e[3] - e_lead + 1;
+    scale = select((a[1] != 0.0) & (t1 > scale), t1, scale);
+    scale = select((a[2] != 0.0) & (t2 > scale), t2, scale);
+    scale = select((a[3] != 0.0) & (t3 > scale), t3, scale);
+    const VecMask shift_lead = -e_lead, shift_const = -e_lead - 4 * scale;
+    other |= (shift_lead < -1022) | (shift_lead > 1023) | (shift_const < -1022) | (shift_const > 1023);
+    // roots_far_below(): the Newton polygon is checked one row at a time
+    for (int i = 1; i <= 4; ++i) other |= (a[i] != 0.0) & (e[0] - e[i] - i * scale < -kDeepRoots * i);
+    Poly<4, Vec> p;
+    for (int i = 0; i <= 4; ++i) {
+        p.c[i] = sign * (a[i] * pow2(-e_lead - (4 - i) * scale));
+        other |= (a[i] != 0.0) & (abs_of(p.c[i]) < kTiny);
+    }
+    other &= ~closed;
+    const VecMask common = ~(other | closed);
+    // lanes off the common path go on with a harmless polynomial (no subnormal
+    // or non-finite values to slow the vector unit down)
+    for (int i = 0; i <= 4; ++i) p.c[i] = select(common, p.c[i], splat<Vec>(i == 4 ? 1.0 : -0.5));
+
+    bool any_common = false;
+    for (int l = 0; l < n_rows; ++l) {
+        const std::ptrdiff_t i = first + l;
+        roots[i] = closed[l] && x_count[l] > 0 ? x_root[l] : kNaN;
+        n_positive[i] = static_cast<std::int8_t>(closed[l] ? x_count[l] : 0);
+        if (other[l] != 0) {
+            const QuarticSolution s = solve_row_impl<Fma>(rows + 5 * i);
+            roots[i] = s.root;
+            n_positive[i] = s.n_positive;
+        }
+        any_common |= common[l] != 0;
+    }
+    if (!any_common) return;
+
+    Vec f[kGrid];
+    sample_values<Fma>(p, f);
+    const SampleBracket<Vec> bracket = bracket_cells(p, f, sturm_chain<Fma>(p));
+    // sample_cell(), and refine()'s starting point (initial_guess() for a
+    // piece without extrema: the secant point)
+    Vec lo{}, f_lo = p.c[0], hi{}, f_hi{};
+    for (int j = 0; j < kGrid; ++j) {
+        const VecMask top = bracket.cell == j, bottom = bracket.cell + 1 == j;
+        hi = select(top, splat<Vec>(kGridPoint[j]), hi);
+        f_hi = select(top, f[j], f_hi);
+        lo = select(bottom, splat<Vec>(kGridPoint[j]), lo);
+        f_lo = select(bottom, f[j], f_lo);
+    }
+    const Vec secant = lo + (hi - lo) * (f_lo / (f_lo - f_hi));
+    const Vec guess = select((secant > lo) & (secant < hi), secant, 0.5 * (lo + hi));
+    const VecMask refined = common & (bracket.count > 0);
+
+    for (int l = 0; l < n_rows; ++l) {
+        const std::ptrdiff_t i = first + l;
+        // appended unconditionally, kept where the lane has a root to refine
+        const int n = jobs.n;
+        for (int d = 0; d <= 4; ++d) jobs.c[d][n] = p.c[d][l];
+        jobs.y[n] = guess[l], jobs.lo[n] = lo[l], jobs.hi[n] = hi[l];
+        jobs.rising[n] = f_lo[l] < 0.0;
+        jobs.k[n] = static_cast<int>(scale[l]);
+        jobs.count[n] = static_cast<std::int8_t>(bracket.count[l]);
+        jobs.row[n] = i;
+        jobs.n = n + (refined[l] != 0);
+        if (common[l] != 0 && bracket.count[l] < 0) {
+            Deferred job{{{p.c[0][l], p.c[1][l], p.c[2][l], p.c[3][l], p.c[4][l]}},
+                         static_cast<int>(scale[l]), {}, 0};
+            QuarticSolution s;
+            settle<Fma>(job, -1, &s);
+            roots[i] = s.root;
+            n_positive[i] = s.n_positive;
+        }
+    }
+}
+
+// refine() of every job, from its starting point, into jobs.y.
+template <bool Fma>
+void refine_rows(Jobs& jobs) {
+    const int n = jobs.n;
+    if (n == 0) return;
+    Poly<4, Vec> p[kGroups];
+    RefineState<Vec> state[kGroups];
+    int job_of[kGroups][kWidth];
+    int next = 0, busy = 0;
+    const auto load = [&](int g, int l, int j) {  // as refine_start()
+        for (int i = 0; i <= 4; ++i) p[g].c[i][l] = jobs.c[i][j];
+        const double width = jobs.hi[j] - jobs.lo[j];
+        state[g].y[l] = jobs.y[j], state[g].lo[l] = jobs.lo[j], state[g].hi[l] = jobs.hi[j];
+        state[g].last_step[l] = width, state[g].step_before_last[l] = width;
+        state[g].rising[l] = jobs.rising[j] ? -1 : 0;
+        state[g].iterations[l] = 0;
+    };
+    for (int g = 0; g < kGroups; ++g) {
+        for (int l = 0; l < kWidth; ++l) {
+            // a lane without a row iterates on a copy of one (result unused)
+            load(g, l, next < n ? next : 0);
+            job_of[g][l] = next < n ? next++ : -1;
+            busy += job_of[g][l] >= 0;
+        }
+    }
+    while (busy > 0) {
+        VecMask done[kGroups];
+        Vec root[kGroups];
+        for (int g = 0; g < kGroups; ++g) done[g] = refine_step<Fma>(p[g], state[g], &root[g]);
+        for (int g = 0; g < kGroups; ++g) {
+            for (int l = 0; l < kWidth; ++l) {
+                if (!done[g][l] || job_of[g][l] < 0) continue;
+                jobs.y[job_of[g][l]] = root[g][l];
+                if (next < n) {
+                    load(g, l, next);
+                    job_of[g][l] = next++;
+                } else {
+                    job_of[g][l] = -1;
+                    --busy;
+                }
+            }
+        }
+    }
+}
+
+// polish() of every job's root in jobs.y.
+template <bool Fma>
+void polish_rows(Jobs& jobs) {
+    const int n = jobs.n;
+    // pad to whole vectors with copies of the last job
+    for (int j = n; j < kBlock && j % kWidth != 0; ++j) {
+        for (int i = 0; i <= 4; ++i) jobs.c[i][j] = jobs.c[i][n - 1];
+        jobs.y[j] = jobs.y[n - 1];
+    }
+    for (int j = 0; j < n; j += kWidth) {
+        Poly<4, Vec> p;
+        for (int i = 0; i <= 4; ++i) std::memcpy(&p.c[i], &jobs.c[i][j], sizeof(Vec));
+        Vec y, polished;
+        std::memcpy(&y, &jobs.y[j], sizeof(Vec));
+        const VecMask first_step_enough = polish_first_step<Fma>(p, y, &polished);
+        for (int l = 0; l < kWidth && j + l < n; ++l) {
+            // as polish(): the first step, or (rarely) the checked steps from the start
+            jobs.y[j + l] = first_step_enough[l]
+                                ? polished[l]
+                                : polish<Fma>(Poly<4>{{p.c[0][l], p.c[1][l], p.c[2][l], p.c[3][l], p.c[4][l]}}, y[l]);
+        }
+    }
+}
+
+template <bool Fma>
+void solve_rows_in_lanes(const double* rows, std::ptrdiff_t begin, std::ptrdiff_t end, double* roots,
+                         std::int8_t* n_positive) {
+    Jobs jobs;
+    for (std::ptrdiff_t block = begin; block < end; block += kBlock) {
+        const std::ptrdiff_t block_end = std::min<std::ptrdiff_t>(end, block + kBlock);
+        jobs.n = 0;
+        for (std::ptrdiff_t i = block; i < block_end; i += kWidth) {
+            start_rows<Fma>(rows, i, static_cast<int>(std::min<std::ptrdiff_t>(kWidth, block_end - i)), roots,
+                            n_positive, jobs);
+        }
+        refine_rows<Fma>(jobs);
+        polish_rows<Fma>(jobs);
+        for (int j = 0; j < jobs.n; ++j) {
+            roots[jobs.row[j]] = times_pow2(jobs.y[j], jobs.k[j]);
+            n_positive[jobs.row[j]] = jobs.count[j];
+        }
+    }
+}
+
+#endif
+
+// Lanes pay off where the vector unit has fused multiply-add (and with it
+// 4-lane double vectors and 64-bit lane compares); with plain SSE2 (the
+// baseline x86-64 build on a CPU without FMA) the mask arithmetic is slower
+// than one row at a time.
+template <bool Fma, bool Lanes>
+void solve_rows(const double* rows, std::ptrdiff_t begin, std::ptrdiff_t end, double* roots,
+                std::int8_t* n_positive) {
+#if NORMFAST_VECTORS
+    if constexpr (Lanes) {
+        solve_rows_in_lanes<Fma>(rows, begin, end, roots, n_positive);
+        return;
+    }
+#endif
+    for (std::ptrdiff_t i = begin; i < end; ++i) {
+        const QuarticSolution s = solve_row_impl<Fma>(rows + 5 * i);
+        roots[i] = s.root;
+        n_positive[i] = s.n_positive;
+    }
+}
+
 using RowSolver = QuarticSolution (*)(const double*);
+using RangeSolver = void (*)(const double*, std::ptrdiff_t, std::ptrdiff_t, double*, std::int8_t*);
 
 NORMFAST_FLATTEN QuarticSolution solve_row_native(const double* coeffs) {
     return solve_row_impl<NORMFAST_NATIVE_FMA != 0>(coeffs);
+}
+
+NORMFAST_FLATTEN void solve_rows_native(const double* rows, std::ptrdiff_t begin, std::ptrdiff_t end,
+                                        double* roots, std::int8_t* n_positive) {
+    solve_rows<NORMFAST_NATIVE_FMA != 0, NORMFAST_NATIVE_FMA != 0>(rows, begin, end, roots, n_positive);
 }
 
 #if NORMFAST_FMA_DISPATCH
 __attribute__((target("fma"))) NORMFAST_FLATTEN QuarticSolution solve_row_fma(const double* coeffs) {
     return solve_row_impl<true>(coeffs);
 }
+
+__attribute__((target("fma"))) NORMFAST_FLATTEN void solve_rows_fma(
+    const double* rows, std::ptrdiff_t begin, std::ptrdiff_t end, double* roots, std::int8_t* n_positive) {
+    solve_rows<true, true>(rows, begin, end, roots, n_positive);
+}
+
+// AVX2 adds the 4-lane integer operations that the lane masks and counts use
+// (with AVX alone they run as two halves); the results are the same.
+__attribute__((target("avx2,fma"))) NORMFAST_FLATTEN void solve_rows_avx2(
+    const double* rows, std::ptrdiff_t begin, std::ptrdiff_t end, double* roots, std::int8_t* n_positive) {
+    solve_rows<true, true>(rows, begin, end, roots, n_positive);
+}
+
+bool cpu_has_fma() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("fma");
+}
+
+bool cpu_has_avx2() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+}
 #endif
 
 RowSolver pick_row_solver() {
 #if NORMFAST_FMA_DISPATCH
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("fma")) return solve_row_fma;
+    if (cpu_has_fma()) return solve_row_fma;
 #endif
     return solve_row_native;
+}
+
+RangeSolver pick_range_solver() {
+#if NORMFAST_FMA_DISPATCH
+    if (cpu_has_fma() && cpu_has_avx2()) return solve_rows_avx2;
+    if (cpu_has_fma()) return solve_rows_fma;
+#endif
+    return solve_rows_native;
 }
 
 }  // namespace
@@ -909,18 +1553,17 @@ QuarticSolution solve_quartic_row(const double* coeffs) noexcept {
 
 void solve_quartic_batch(const double* rows, std::size_t n_rows, double* roots,
                          std::int8_t* n_positive, int threads) noexcept {
-    static const RowSolver solver = pick_row_solver();
+    static const RangeSolver solver = pick_range_solver();
     const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(n_rows);
+    const std::ptrdiff_t n_blocks = (n + kBlock - 1) / kBlock;
 #ifdef _OPENMP
     const int team = threads > 0 ? threads : omp_get_max_threads();
 #pragma omp parallel for schedule(static) num_threads(team) if (n >= 4096)
 #else
     (void)threads;
 #endif
-    for (std::ptrdiff_t i = 0; i < n; ++i) {
-        const QuarticSolution s = solver(rows + 5 * i);
-        roots[i] = s.root;
-        n_positive[i] = s.n_positive;
+    for (std::ptrdiff_t b = 0; b < n_blocks; ++b) {
+        solver(rows, b * kBlock, std::min(n, (b + 1) * kBlock), roots, n_positive);
     }
 }
 

@@ -253,6 +253,68 @@ def test_biquadratic_rows_are_exact_where_the_naive_formula_cancels():
     assert not abs(naive - roots[0]) <= 1e-6 * roots[0]  # the naive form is useless here
 
 
+def test_positive_root_far_below_the_largest_root():
+    # the positive root 1 and a negative root -2^g: for large g the two cannot share one
+    # scaling (at the positive root p and its derivatives underflow), so the rows are split
+    # along their Newton polygon; before, such rows came back with a value that was no root
+    for g in range(2, 240, 2):
+        big = 2.0**g
+        cubic = np.convolve([1.0, big], [1.0, 0.0, 0.0, -1.0])  # -big, and R^3 = 1
+        square = np.convolve(np.convolve([1.0, big], [1.0, 3.0 * big]), [1.0, 0.0, -1.0])
+        roots, counts = solve_quartic(np.array([cubic, square]))
+        np.testing.assert_array_equal(counts, [1, 1])
+        np.testing.assert_allclose(roots, 1.0, rtol=1e-14, err_msg=f"g={g}")
+    # three gaps of 2^60 (no single one wide enough to split): the positive root 2^-180
+    row = np.poly([-1.0, -(2.0**-60), -(2.0**-120), 2.0**-180])
+    roots, counts = solve_quartic(row[None])
+    assert counts[0] == 1 and rel_err(roots[0], mp_refine(row, 2.0**-180)) <= RTOL_SIMPLE
+
+
+def exact_positive_roots(row: np.ndarray):
+    """Largest positive root and number of distinct positive roots of the float64 polynomial
+    `row`: exact real-root isolation (sympy), then bisection in the isolating interval."""
+    sp = pytest.importorskip("sympy")
+    x = sp.Symbol("x")
+    poly = sp.Poly([sp.Rational(Fraction(float(v))) for v in row], x)
+    while poly.degree() > 0 and poly.eval(0) == 0:
+        poly = sp.Poly(sp.quo(poly.as_expr(), x), x)
+    if poly.degree() <= 0:
+        return None, 0
+    square_free = poly.sqf_part()
+    positive = [(lo, hi) for (lo, hi), _ in square_free.intervals() if hi > 0]
+    if not positive:
+        return None, 0
+    lo, hi = max(positive, key=lambda interval: interval[1])
+    if lo == hi:
+        return mpf(lo.p) / lo.q, len(positive)
+    coeffs = [mpf(c.p) / c.q for c in square_free.all_coeffs()]
+    lo, hi = mpf(lo.p) / lo.q, mpf(hi.p) / hi.q
+    sign_lo = mpmath.sign(mpmath.polyval(coeffs, lo))
+    while hi - lo > hi * mpf(10) ** -40:  # one root in (lo, hi), where the sign changes
+        mid = (lo + hi) / 2
+        if mpmath.sign(mpmath.polyval(coeffs, mid)) == sign_lo:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2, len(positive)
+
+
+def test_coefficients_of_independent_random_exponents_match_exact_isolation():
+    # every coefficient with its own exponent in [-300, 300]: root clusters far apart are
+    # common (a few percent of such rows came back wrong before they were split)
+    rng = np.random.default_rng(47)
+    rows = np.ldexp(rng.standard_normal((100, 5)), rng.integers(-300, 300, (100, 5)))
+    roots, counts = solve_quartic(rows)
+    with mp.workdps(60):
+        for row, root, count in zip(rows, roots, counts):
+            largest, n_positive = exact_positive_roots(row)
+            assert count == n_positive, row
+            if n_positive:
+                assert rel_err(root, largest) <= RTOL_SIMPLE, (row, root, largest)
+            else:
+                assert np.isnan(root)
+
+
 # ---------------------------------------------------------------- degenerate rows
 
 
@@ -361,6 +423,45 @@ def test_bad_shapes_and_types():
             solve_quartic(np.zeros((1, 5)), threads=threads)
     with pytest.raises(ValueError, match=r"got coeffs.shape=\(2, 3\)"):
         _quartic.solve(np.zeros((2, 3)))
+
+
+def test_results_do_not_depend_on_batching():
+    # the batch path works on blocks of rows, in vector lanes, and refines in lanes that take
+    # the next row as soon as theirs has converged: a row must come out as if it were alone
+    rng = np.random.default_rng(41)
+    n = 700  # several blocks
+    rows = rng.standard_normal((n, 5))
+    kind = rng.integers(0, 6, n)
+    rows[kind == 1] = rng.integers(-3, 4, (np.sum(kind == 1), 5))  # multiple roots, zeros
+    rows[np.ix_(kind == 2, [1, 3])] = 0.0  # biquadratics
+    powers = np.arange(4, -1, -1)
+    rows[kind == 3] *= 2.0 ** (powers * rng.integers(-150, 150, (np.sum(kind == 3), 1)))  # R -> 2^s R
+    rows[kind == 4] = np.ldexp(rows[kind == 4], rng.integers(-300, 300, (np.sum(kind == 4), 5)))
+    rows[kind == 5, rng.integers(0, 5, np.sum(kind == 5))] = rng.choice([np.nan, np.inf, 0.0], np.sum(kind == 5))
+    roots, counts = solve_quartic(rows)
+    alone = [solve_quartic(row[None]) for row in rows]
+    np.testing.assert_array_equal(roots, [r[0] for r, _ in alone])
+    np.testing.assert_array_equal(counts, [c[0] for _, c in alone])
+    order = rng.permutation(n)
+    shuffled_roots, shuffled_counts = solve_quartic(rows[order])
+    np.testing.assert_array_equal(shuffled_roots, roots[order])
+    np.testing.assert_array_equal(shuffled_counts, counts[order])
+
+
+def test_one_row_path_matches_the_lane_path():
+    # subnormal coefficients send a row down the one-row path; 2^1040 times the same
+    # polynomial (exactly: small integers) takes the lanes. Same roots, so the same bits
+    rng = np.random.default_rng(43)
+    rows = rng.integers(-7, 8, (600, 5)).astype(float)
+    rows[::8, [1, 3]] = 0.0  # biquadratics among them
+    rows = rows[(rows[:, 0] != 0) & (rows[:, 4] != 0)]
+    tiny = np.ldexp(rows, -1040)
+    assert np.array_equal(np.ldexp(tiny, 1040), rows)
+    lane_roots, lane_counts = solve_quartic(rows)
+    one_roots, one_counts = solve_quartic(tiny)
+    np.testing.assert_array_equal(one_counts, lane_counts)
+    np.testing.assert_array_equal(one_roots, lane_roots)
+    assert np.sum(lane_counts > 0) > len(rows) // 2
 
 
 def test_threads_and_concurrent_calls_agree():
