@@ -12,6 +12,7 @@ from torch.func import functional_call, jvp, vmap
 
 from _models import tiny_bert, tiny_clip
 from normfast.encoders import (
+    CachedFrontEncoder,
     DenseLayer,
     Encoder,
     HFEncoder,
@@ -19,6 +20,7 @@ from normfast.encoders import (
     OpenCLIPEncoder,
     SentenceTransformerEncoder,
     forward_ad_safe,
+    length_groups,
     load_encoder,
     pool_tokens,
 )
@@ -723,3 +725,85 @@ def test_load_encoder_folders_and_errors(tmp_path, tokenizer):
 def test_minilm_alias_points_at_installed_copy(minilm_encoder, minilm_path):
     assert minilm_encoder.source == minilm_path
     assert load_encoder.__module__ == "normfast.encoders"
+
+
+# ---------------------------------------------------------------------------
+# cached front
+
+
+CACHE_TEXTS = TEXTS + ["a", "two words", "Some more text to make a third length group here, "
+                       "much longer than the others, with many tokens in it."]
+
+
+@pytest.mark.parametrize("group", [True, False])
+def test_cached_front_matches_base(bert_encoder, group):
+    n = bert_encoder.n_stages
+    enc = CachedFrontEncoder(bert_encoder, CACHE_TEXTS, cut=n - 2, batch_size=2,
+                             group_lengths=group)
+    assert enc.n_stages == 3 and enc.stages[0][0] == "cached front"
+    # the tail's parameters under the base's names, the same tensors
+    base_params = dict(bert_encoder.named_parameters())
+    tail = dict(enc.named_parameters())
+    assert tail and set(tail) < set(base_params)
+    assert all(tail[k] is base_params[k] for k in tail)
+    order = [5, 0, 3, 1, 4, 2, 0]  # any order, repeats allowed
+    items = [CACHE_TEXTS[i] for i in order]
+    with torch.no_grad():
+        want_pooled = bert_encoder(bert_encoder.prepare(items))
+        want_tokens = bert_encoder(bert_encoder.prepare(items), output="tokens")
+        got_pooled = enc(enc.prepare(order))
+        got_tokens = enc(enc.prepare(order), output="tokens")
+    assert rel_err(got_pooled, want_pooled) < 1e-5
+    # token outputs: equal on real positions (padding may differ)
+    mask = bert_encoder.prepare(items)["mask"].bool()
+    width = int(mask.sum(1).max())
+    assert got_tokens.shape[:2] == (len(order), width)
+    assert rel_err(got_tokens[mask[:, :width]], want_tokens[mask]) < 1e-5
+
+
+def test_cached_front_trains_the_base(bert_encoder):
+    enc = CachedFrontEncoder(bert_encoder, CACHE_TEXTS, cut=bert_encoder.n_stages - 2)
+    name, p = next(iter(enc.named_parameters()))
+    saved = p.detach().clone()
+    try:
+        enc(enc.prepare([0, 1, 2])).square().sum().backward()
+        assert p.grad is not None and p.grad.abs().sum() > 0
+        with torch.no_grad():
+            p.add_(0.1)
+            assert rel_err(enc(enc.prepare([1])), bert_encoder(bert_encoder.prepare([TEXTS[1]]))) < 1e-5
+    finally:
+        with torch.no_grad():
+            p.copy_(saved)
+        p.grad = None
+
+
+def test_cached_front_errors(bert_encoder):
+    n = bert_encoder.n_stages
+    with pytest.raises(ValueError, match="1 <= cut"):
+        CachedFrontEncoder(bert_encoder, TEXTS, cut=n)
+    with pytest.raises(ValueError, match="1 <= cut"):
+        CachedFrontEncoder(bert_encoder, TEXTS, cut=0)
+    with pytest.raises(TypeError, match="normfast Encoder"):
+        CachedFrontEncoder(nn.Linear(2, 2), TEXTS, cut=1)
+    with pytest.raises(TypeError, match="single str"):
+        CachedFrontEncoder(bert_encoder, "one text", cut=1)
+    with pytest.raises(ValueError, match="empty"):
+        CachedFrontEncoder(bert_encoder, [], cut=1)
+    enc = CachedFrontEncoder(bert_encoder, TEXTS, cut=n - 1)
+    with pytest.raises(IndexError, match=r"\[0, 3\)"):
+        enc.prepare([0, 3])
+    with pytest.raises(TypeError, match="integer cache indices"):
+        enc.prepare([0.5])
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        enc.prepare([])
+
+
+def test_length_groups_minimize_padding():
+    assert length_groups([5]) == [(0, 1)]
+    assert length_groups([4] * 31 + [100]) == [(0, 31), (31, 32)]
+    # equal lengths: one group (a second would only add overhead)
+    assert length_groups([7] * 10) == [(0, 10)]
+    with pytest.raises(ValueError, match="ascending"):
+        length_groups([3, 2])
+    with pytest.raises(ValueError, match="max_groups"):
+        length_groups([1, 2], max_groups=4)
