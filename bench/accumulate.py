@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from normfast.benchmark import cpu_model
 from normfast.ops import ProbeAccumulator
 from normfast.reference import brute_force_stats, stat_errors
 
@@ -77,15 +78,6 @@ class TorchOpsAccumulator:
         return {"D": drift, "se_D": torch.sqrt(var_r.clamp_min(0) / m),
                 "sign_stability": agree.float() / m, "m2": m2, "V2": v2, "Q": m2 + v2}
 
-
-def cpu_model():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def sync(device):

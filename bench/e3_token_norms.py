@@ -65,6 +65,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
+from normfast.io import json_ready  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 PARAMS = r"encoder\.layer\.5\."
 QUANTITIES = ("norm", "V2", "D", "r_eq", "r_eq_heat", "pooled_norm")
@@ -498,29 +500,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     js = out / "e3_token_norms.json"
-    js.write_text(json.dumps(_clean(summary), indent=1, allow_nan=False) + "\n")
+    js.write_text(json.dumps(json_ready(summary), indent=1, allow_nan=False) + "\n")
     pngs = [plot_bins(summary, "zipf", out / "e3_zipf_bins.png"),
             plot_bins(summary, "depth", out / "e3_depth_bins.png")]
     print(format_table(summary))
     print(f"\nwrote {js}, " + ", ".join(str(p) for p in pngs))
     return 0
-
-
-def _clean(o: Any) -> Any:
-    """JSON-ready copy: numpy scalars to Python, NaN and infinities to null."""
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    if isinstance(o, np.ndarray):
-        return [_clean(v) for v in o.tolist()]
-    if isinstance(o, (bool, np.bool_)):
-        return bool(o)
-    if isinstance(o, (int, np.integer)):
-        return int(o)
-    if isinstance(o, (float, np.floating)):
-        return float(o) if math.isfinite(o) else None
-    return o
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
+from normfast.io import json_ready  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 PAPER_TEXT_ONLY_MAX_GAIN_PCT = 1.5
 METRIC_NAMES = ("ndcg@10", "recall@100", "mrr")
@@ -331,23 +333,6 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _clean(o: Any) -> Any:
-    """JSON-ready copy: numpy scalars to Python, NaN and infinities to null."""
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    if isinstance(o, np.ndarray):
-        return [_clean(v) for v in o.tolist()]
-    if isinstance(o, (bool, np.bool_)):
-        return bool(o)
-    if isinstance(o, (int, np.integer)):
-        return int(o)
-    if isinstance(o, (float, np.floating)):
-        return float(o) if math.isfinite(o) else None
-    return o
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="300 queries, 1000 distractors (about a minute)")
@@ -389,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     js = out / f"e4_retrieval{tag}.json"
-    js.write_text(json.dumps(_clean(summary), indent=1, allow_nan=False) + "\n")
+    js.write_text(json.dumps(json_ready(summary), indent=1, allow_nan=False) + "\n")
     png = plot_sweep(result, out / f"e4_ndcg_vs_alpha{tag}.png")
     print(result.table())
     print()

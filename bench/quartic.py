@@ -40,6 +40,7 @@ import numpy as np
 
 import normfast
 from normfast import _quartic
+from normfast.benchmark import cpu_model
 from normfast.equilibrium import solve_quartic
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -98,15 +99,6 @@ def time_methods(methods: dict[str, Callable[[], object]], repeats: int, n_rows:
                      "cpu_seconds_p50": float(np.median(cpu[name])), "cpu_seconds_all": cpu[name]}
     return out
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> int:

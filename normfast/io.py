@@ -340,3 +340,25 @@ def iter_batches(paths: Iterable[str | os.PathLike], *, columns: Sequence[str] |
             yield from pf.iter_batches(batch_size=batch_size, columns=columns)
         finally:
             pf.close()
+
+
+def json_ready(o: Any) -> Any:
+    """A copy of ``o`` that ``json.dumps(..., allow_nan=False)`` accepts: numpy scalars and
+    arrays become Python numbers and lists, tuples become lists, NaN and infinities ``None``."""
+    import math
+
+    import numpy as np
+
+    if isinstance(o, dict):
+        return {str(k): json_ready(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [json_ready(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return [json_ready(v) for v in o.tolist()]
+    if isinstance(o, (bool, np.bool_)):
+        return bool(o)
+    if isinstance(o, (int, np.integer)):
+        return int(o)
+    if isinstance(o, (float, np.floating)):
+        return float(o) if math.isfinite(o) else None
+    return o

@@ -225,3 +225,17 @@ def test_e4_runs_on_a_user_beir_collection(tmp_path, capsys):
     assert "spearman_norm_vs_depth" not in res["documents"]
     # WordNet sizing flags make no sense with --beir
     assert e4.main(["--beir", str(folder), "--queries", "10", "--out", str(out)]) == 2
+
+
+def test_json_ready_makes_strict_json():
+    import json
+
+    from normfast.io import json_ready
+
+    raw = {"a": np.float32(1.5), 2: (np.int64(3), np.nan), "b": np.array([1.0, np.inf]),
+           "c": np.bool_(True), "d": "text"}
+    out = json_ready(raw)
+    assert out == {"a": 1.5, "2": [3, None], "b": [1.0, None], "c": True, "d": "text"}
+    json.dumps(out, allow_nan=False)  # strict JSON: raises on NaN or inf
+    with pytest.raises(ValueError):
+        json.dumps({"x": float("nan")}, allow_nan=False)
