@@ -8,8 +8,11 @@ whatever happens to the others, and ``DIR/gpu-check.md`` holds the tables.
 
 ``build``
     ``python setup.py build_ext --inplace`` (the C++ quartic solver), then an
-    import of the extension in a fresh interpreter. The dry run only parses
-    setup.py (a compile takes minutes on a small CPU).
+    import of the extension in a fresh interpreter. The build needs setuptools
+    and pybind11 importable by this Python (pybind11 is a small pure-Python
+    package with headers: put its folder on PYTHONPATH where it is missing).
+    The dry run only byte-compiles setup.py (a compile takes minutes on a
+    small CPU).
 ``tests``
     ``tests/test_kernels.py``, ``tests/test_head_stats.py`` and
     ``tests/test_accumulator.py`` with real Triton compilation
