@@ -27,8 +27,6 @@ import argparse
 import json
 import os
 import platform
-import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -36,132 +34,30 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from normfast.ops import head_flops, head_stats, prepare_head
+from normfast.benchmark import (Phases, apply_per_batch, cpu_model, head_directions_backward,
+                                head_directions_torch_func, head_flop_counts, make_head_problem,
+                                peak_rss_mb, percentiles)
+from normfast.ops import head_stats, prepare_head
 from normfast.reference import brute_force_stats, stat_errors
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEYS = ("D", "m2", "V2", "Q")
-TAU = 0.05
-
-
-# ------------------------------------------------------------------ problem
-def make_problem(n, d_in, d_out, m, pairs, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    W = torch.randn(d_out, d_in, generator=g) / d_in ** 0.5
-    b = 0.1 * torch.randn(d_out, generator=g)
-    A = torch.randn(n, d_in, generator=g)
-    Z = torch.addmm(b, A, W.T)
-    anchors = torch.randn(m, pairs, d_in, generator=g)
-    positives = anchors + 0.5 * torch.randn(m, pairs, d_in, generator=g)
-    return W, b, A, Z, anchors, positives
-
-
-def info_nce_rows(W, b, x_a, x_p):
-    """Per-row InfoNCE terms on L2-normalized head outputs (scale-invariant)."""
-    z_a = F.normalize(F.linear(x_a, W, b), dim=-1)
-    z_p = F.normalize(F.linear(x_p, W, b), dim=-1)
-    logits = z_a @ z_p.T / TAU
-    return F.cross_entropy(logits, torch.arange(x_a.shape[0]), reduction="none")
-
-
-def directions_backward(W, b, anchors, positives):
-    """G_B, g_B from one ordinary backward of the mean batch loss per batch."""
-    Wp, bp = W.clone().requires_grad_(True), b.clone().requires_grad_(True)
-    G, g = [], []
-    for x_a, x_p in zip(anchors, positives):
-        gw, gb = torch.autograd.grad(info_nce_rows(Wp, bp, x_a, x_p).mean(), (Wp, bp))
-        G.append(gw)
-        g.append(gb)
-    return torch.stack(G), torch.stack(g)
-
-
-def directions_per_sample(W, b, anchors, positives):
-    """The same G_B, g_B as sums of per-sample (per-row) gradients via torch.func."""
-    pairs = anchors.shape[1]
-
-    def row_loss(Wr, br, x_a, x_p, pick):
-        # pick is a one-hot row selector: the loss term of one anchor row
-        return (info_nce_rows(Wr, br, x_a, x_p) * pick).sum() / pairs
-
-    per_row = torch.func.vmap(torch.func.grad(row_loss, argnums=(0, 1)),
-                              in_dims=(None, None, None, None, 0))
-    G, g = [], []
-    rows = torch.eye(pairs)
-    for x_a, x_p in zip(anchors, positives):
-        gw, gb = per_row(W, b, x_a, x_p, rows)
-        G.append(gw.sum(0))
-        g.append(gb.sum(0))
-    return torch.stack(G), torch.stack(g)
-
 
 # ------------------------------------------------------------------ methods
-def apply_naive(A, Z, G, g):
-    """Per-batch materialization: T = A G_Bᵀ + g_B for all probes, separate reductions."""
-    m = G.shape[0]
-    norm = torch.linalg.vector_norm(Z, dim=1)
-    zhat = Z / norm[:, None]
-    sum_r = torch.zeros(A.shape[0])
-    sum_sq = torch.zeros(A.shape[0])
-    sum_u = torch.zeros(A.shape[0], G.shape[1])
-    for B in range(m):
-        T = torch.addmm(g[B], A, G[B].T)
-        U = -T * norm[:, None]
-        sum_r += (U * zhat).sum(1)
-        sum_sq += (U * U).sum(1)
-        sum_u += U
-    mean = sum_u / m
-    m2 = (mean * mean).sum(1)
-    v2 = (sum_sq - m * m2) / (m - 1)
-    return {"D": sum_r / m, "m2": m2, "V2": v2, "Q": m2 + v2}
-
-
-class Phases:
-    """Wall time per phase of one run; directions run with their own thread count.
-
-    The direction phases are many tiny ops (a 64 x 384 batch through the
-    head); on a shared 2-core VM, OpenMP barriers in such ops can stall for
-    milliseconds each, which says nothing about either method. All methods
-    therefore compute their directions with the same ``direction_threads``.
-    """
-
-    direction_threads = 1
-
-    def __init__(self):
-        self.seconds = {}
-
-    def directions(self, fn, *args):
-        saved = torch.get_num_threads()
-        if self.direction_threads:
-            torch.set_num_threads(self.direction_threads)
-        t0 = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            self.seconds["directions"] = time.perf_counter() - t0
-            torch.set_num_threads(saved)
-
-    def statistics(self, fn, *args, **kwargs):
-        t0 = time.perf_counter()
-        out = fn(*args, **kwargs)
-        self.seconds["statistics"] = time.perf_counter() - t0
-        return out
-
-
 def run_normfast(W, b, A, Z, anchors, positives, phases):
-    G, g = phases.directions(directions_backward, W, b, anchors, positives)
+    G, g = phases.directions(head_directions_backward, W, b, anchors, positives)
     return phases.statistics(head_stats, A, Z, G, g, form="S", radial_spread=False)
 
 
 def run_naive(W, b, A, Z, anchors, positives, phases):
-    G, g = phases.directions(directions_backward, W, b, anchors, positives)
-    return phases.statistics(apply_naive, A, Z, G, g)
+    G, g = phases.directions(head_directions_backward, W, b, anchors, positives)
+    return phases.statistics(apply_per_batch, A, Z, G, g)
 
 
 def run_torch_func(W, b, A, Z, anchors, positives, phases):
-    G, g = phases.directions(directions_per_sample, W, b, anchors, positives)
-    return phases.statistics(apply_naive, A, Z, G, g)
+    G, g = phases.directions(head_directions_torch_func, W, b, anchors, positives)
+    return phases.statistics(apply_per_batch, A, Z, G, g)
 
 
 METHODS = {"normfast": run_normfast, "naive": run_naive, "torch.func": run_torch_func}
@@ -169,39 +65,16 @@ METHODS = {"normfast": run_normfast, "naive": run_naive, "torch.func": run_torch
 
 def flop_counts(n, d_in, d_out, m, pairs):
     """Multiply-add FLOPs (2 per MAC) of each method; elementwise work not counted."""
-    head = d_in * d_out
-    # forward + weight gradient over both sides of the pairs
-    backward = m * 4 * (2 * pairs) * head
-    # every row re-runs its batch forward and backward
-    per_sample = m * pairs * 4 * (2 * pairs) * head
-    apply = 2 * n * m * (d_in + 1) * d_out          # A G_Bᵀ + g_B for every batch
-    s_form = head_flops(n, d_in, d_out, m, bias=True)["S"]
-    return {"normfast": backward + s_form, "naive": backward + apply,
-            "torch.func": per_sample + apply}
+    counts = head_flop_counts(n, d_in, d_out, m, pairs)
+    return {name: counts[name] for name in METHODS}
 
 
 # --------------------------------------------------------------------- utils
-def cpu_model():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def percentiles(times):
-    q = np.percentile(times, [20, 50, 80])
-    return {"p20": float(q[0]), "p50": float(q[1]), "p80": float(q[2]),
-            "runs": [float(t) for t in times]}
-
-
 def check_accuracy(problem, n_check):
     """Each method vs the float64 brute force on the first n_check probes."""
     W, b, A, Z, anchors, positives = problem
-    G, g = directions_backward(W, b, anchors, positives)
-    G_ps, g_ps = directions_per_sample(W, b, anchors, positives)
+    G, g = head_directions_backward(W, b, anchors, positives)
+    G_ps, g_ps = head_directions_torch_func(W, b, anchors, positives)
     A64, Z64 = A[:n_check].double(), Z[:n_check].double()
     T = -(torch.einsum("bji,ni->bnj", G.double(), A64) + g.double()[:, None, :])
     want = brute_force_stats(T, Z64, "u")
@@ -212,26 +85,11 @@ def check_accuracy(problem, n_check):
     return errors
 
 
-def peak_rss_mb():
-    """High-water mark of this process's resident memory, in MB.
-
-    /proc/self/status VmHWM belongs to the current address space, so it is not
-    inherited from the parent across fork + exec (ru_maxrss can be).
-    """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def memory_child(n_total, chunk, d_in, d_out, m, pairs):
     """Stream n_total probes through head mode in chunks; print the peak RSS in MB."""
-    W, b, _, _, anchors, positives = make_problem(1, d_in, d_out, m, pairs, seed=1)
+    W, b, _, _, anchors, positives = make_head_problem(1, d_in, d_out, m, pairs, seed=1)
     base = peak_rss_mb()
-    dirs = prepare_head(*directions_backward(W, b, anchors, positives))
+    dirs = prepare_head(*head_directions_backward(W, b, anchors, positives))
     dirs.covariance()
     out = {k: torch.empty(n_total) for k in KEYS}
     reason = torch.empty(n_total, dtype=torch.int8)
@@ -287,7 +145,7 @@ def main():
           f"peak RSS {memory['peak_rss_mb']:.0f} MB")
 
     torch.manual_seed(0)
-    problem = make_problem(args.n, args.dim, args.dim, args.m, args.pairs)
+    problem = make_head_problem(args.n, args.dim, args.dim, args.m, args.pairs)
     accuracy = check_accuracy(problem, min(args.check, args.n))
     for name in METHODS:
         worst = max(accuracy[name].values())

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 demo_description = __doc__ + """
-The full run (2000 words, M = 16) takes a few minutes on 2 CPU cores;
+The full run (2000 words, M = 16) takes about a minute on 2 CPU cores;
 --quick runs 200 words with M = 8."""
 
 
