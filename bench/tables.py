@@ -308,17 +308,22 @@ def table_e2() -> str | None:
     p = d["paper"]
     rows.append(f"| paper ({p['model']}) | {p['slope']:.2f} | {p['pearson_r']:.2f} |")
     chosen = (d.get("pilot") or {}).get("chosen")
+    choice = f"η = {chosen['lr']}, λ = {chosen['weight_decay']}" if chosen else "none passed"
     rows += ["", f"Protocol {c['protocol']}: SGD η = {c['lr']}, λ = {c['weight_decay']} (decay exempt: "
                  f"`{c['no_decay']}`), {c['steps']} steps of {c['batch_size']} pairs, window = last "
                  f"{c['window']:.0%} ({pr['equilibration_times_before_window']:.1f} equilibration times "
-                 f"in). Settings from the pilot: {chosen if chosen else 'none passed'}. Training health "
+                 f"in). Settings chosen by the pilot: {choice}. Training health "
                  f"in the window: loss {h.get('loss_window_mean', float('nan')):.2f} (chance "
                  f"{h['loss_chance']:.2f}), max mean pairwise cosine {h['max_mean_cosine']:.3f}, median "
                  f"norm change between the window halves "
                  f"{h.get('norm_change_between_window_halves_median', float('nan')):.1%}, decayed-weight "
                  f"norm change {h.get('decayed_weight_norm_change_between_window_halves', float('nan')):.1%}"
-                 f" — criteria {'met' if h['passed'] else 'NOT met'}. κ {d['kappa']['min']:.2f} … "
-                 f"{d['kappa']['max']:.2f}; median |D| / heat scale {d['drift_over_heat_median']:.2f}."]
+                 f" — criteria {'met' if h['passed'] else 'NOT met'}. κ (window average) median "
+                 f"{d['kappa']['median']:.2f}, range {d['kappa']['min']:.2f} … {d['kappa']['max']:.2f}, "
+                 f"≤ 0 for {d['kappa']['negative_fraction']:.0%} of the items; median |D| / heat scale "
+                 f"{d['drift_over_heat_median']:.2f}. Run time {d['seconds']['total'] / 60:.0f} min"
+                 + (f" (the pilot: {d['pilot']['seconds']['total'] / 60:.0f} min)"
+                    if (d.get('pilot') or {}).get('seconds') else "") + "."]
     return "\n".join(rows)
 
 
