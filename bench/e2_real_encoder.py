@@ -748,19 +748,9 @@ def plot(summary: dict[str, Any], path: str | Path) -> None:
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    rows = ["| predictor | slope [95% CI] | Pearson r [95% CI] |", "|---|---|---|"]
-    names = {"full_law": "full law, trajectory average",
-             "heat_only_law": "heat-only law, trajectory average",
-             "last_checkpoint_full_law": "full law, last checkpoint",
-             "last_checkpoint_heat_only_law": "heat-only law, last checkpoint"}
-    for key, label in names.items():
-        f = summary["fits"][key]
-        (slo, shi), (rlo, rhi) = f["slope_ci95"], f["pearson_r_ci95"]
-        rows.append(f"| {label} | {f['slope']:.3f} [{slo:.3f}, {shi:.3f}] | "
-                    f"{f['pearson_r']:.3f} [{rlo:.3f}, {rhi:.3f}] |")
-    p = summary["paper"]
-    rows.append(f"| paper ({p['model']}) | {p['slope']:.2f} | {p['pearson_r']:.2f} |")
-    return "\n".join(rows)
+    from tables import e2_fits_table  # bench/tables.py, next to this script: the README's renderer
+
+    return e2_fits_table(summary)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

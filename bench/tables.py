@@ -289,24 +289,32 @@ def table_demo() -> str | None:
     return "```\n" + path.read_text().rstrip("\n") + "\n```"
 
 
-def table_e2() -> str | None:
-    d = _load("e2_real_encoder.json")
-    if d is None or "fits" not in d:
-        return None
-    c, h, pr = d["config"], d["health"], d["protocol"]
-    rows = [f"| predictor ({d['n_probe_items']} WordNet lemmas, {pr['checkpoints']} checkpoints "
-            f"× M = {c['M']}) | slope [95% CI] | Pearson r [95% CI] |", "|---|---|---|"]
-    names = {"full_law": "full law, D, Q, κ averaged over the window",
-             "heat_only_law": "heat-only law (D = 0), averaged",
-             "last_checkpoint_full_law": "full law, last checkpoint alone",
-             "last_checkpoint_heat_only_law": "heat-only law, last checkpoint alone"}
-    for key, label in names.items():
+E2_PREDICTORS = {"full_law": "full law, trajectory average",
+                 "heat_only_law": "heat-only law, trajectory average",
+                 "last_checkpoint_full_law": "full law, last checkpoint",
+                 "last_checkpoint_heat_only_law": "heat-only law, last checkpoint"}
+
+
+def e2_fits_table(d: dict, predictor: str = "predictor") -> str:
+    """E2's slope / r table (with the paper's figures), as the README and the E2 script print it."""
+    rows = [f"| {predictor} | slope [95% CI] | Pearson r [95% CI] |", "|---|---|---|"]
+    for key, label in E2_PREDICTORS.items():
         f = d["fits"][key]
         (slo, shi), (rlo, rhi) = f["slope_ci95"], f["pearson_r_ci95"]
         rows.append(f"| {label} | {f['slope']:.3f} [{slo:.3f}, {shi:.3f}] | "
                     f"{f['pearson_r']:.3f} [{rlo:.3f}, {rhi:.3f}] |")
     p = d["paper"]
     rows.append(f"| paper ({p['model']}) | {p['slope']:.2f} | {p['pearson_r']:.2f} |")
+    return "\n".join(rows)
+
+
+def table_e2() -> str | None:
+    d = _load("e2_real_encoder.json")
+    if d is None or "fits" not in d:
+        return None
+    c, h, pr = d["config"], d["health"], d["protocol"]
+    rows = [e2_fits_table(d, f"predictor ({d['n_probe_items']} WordNet lemmas, "
+                                f"{pr['checkpoints']} checkpoints × M = {c['M']})")]
     chosen = (d.get("pilot") or {}).get("chosen")
     choice = f"η = {chosen['lr']}, λ = {chosen['weight_decay']}" if chosen else "none passed"
     rows += ["", f"Protocol {c['protocol']}: SGD η = {c['lr']}, λ = {c['weight_decay']} (decay exempt: "
