@@ -599,22 +599,14 @@ def nvidia_smi() -> dict[str, str] | None:
     return dict(zip(fields.split(","), values))
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 # ---------------------------------------------------------------- env
 def env_stage(ctx: StageContext) -> dict[str, Any]:
     import importlib.metadata as md
 
     import torch
     import triton
+
+    from normfast.benchmark import cpu_model
 
     info: dict[str, Any] = {
         "python": platform.python_version(), "platform": platform.platform(),
