@@ -1,4 +1,4 @@
-"""Build the one compiled piece, the batched quartic solver ``normfast._quartic``.
+"""Build the one compiled piece, the batched quartic solver ``normfast.core._quartic``.
 
 Everything else is pure Python; packages are listed explicitly because the
 ``kernels/`` folder is installed as ``normfast.kernels`` and setuptools'
@@ -21,7 +21,7 @@ if sys.platform.startswith("linux"):
     link_args.append("-fopenmp")
 
 ext = Pybind11Extension(
-    "normfast._quartic",
+    "normfast.core._quartic",
     sources=["csrc/quartic.cpp", "csrc/bindings.cpp"],
     include_dirs=["csrc"],
     cxx_std=17,
@@ -30,9 +30,10 @@ ext = Pybind11Extension(
 )
 
 setup(
-    packages=["normfast", "normfast.kernels"],
+    packages=["normfast", "normfast.core", "normfast.engine", "normfast.encoders", "normfast.data", "normfast.apps",
+              "normfast.kernels"],
     package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
-    package_data={"normfast": ["py.typed", "*.pyi"]},
+    package_data={"normfast": ["py.typed"], "normfast.core": ["*.pyi"]},
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
 )

@@ -6,7 +6,7 @@
 Both sides fold ``K`` directions of displacements ``t [K, N, d]`` for ``N``
 probes into per-probe running statistics, repeatedly, on the same data:
 
-* ``normfast``: :meth:`normfast.ops.ProbeAccumulator.update`. On CUDA this
+* ``normfast``: :meth:`normfast.engine.ops.ProbeAccumulator.update`. On CUDA this
   is the fused Triton kernel (one read of ``t``: branch scaling, radial dot,
   squared norm and the shifted-sum merge in one pass). On CPU there is no
   Triton kernel: the accumulator runs its torch path, so the CPU ratio only
@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from normfast.benchmark import cpu_model
-from normfast.ops import ProbeAccumulator
-from normfast.reference import brute_force_stats, stat_errors
+from normfast.apps.benchmark import cpu_model
+from normfast.engine.ops import ProbeAccumulator
+from normfast.core.reference import brute_force_stats, stat_errors
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -8,7 +8,7 @@ The pretrained sentence encoder (real weights, loaded offline) is fine-tuned
 with plain SGD + weight decay on real text pairs until its embedding norms are
 stationary; the engine's prediction of each probe item's equilibrium norm is
 then compared with the norm the item actually keeps. This is E1's protocol
-(``normfast.validate``) on a real model and real text.
+(``normfast.apps.validate``) on a real model and real text.
 
 Data. WordNet 3.0 noun (lemma, gloss) pairs: every lemma of every noun synset
 paired with the synset's definition, from which a fixed pool of ``n_pairs``
@@ -67,7 +67,7 @@ Protocol ``v3`` (the default), fixed in two steps before any fit was computed:
 2. Full run, once, with the chosen settings (the defaults of ``E2Config``):
    record every probe item's norm every 20 steps over the window and
    average -> observed norm; at 50 checkpoints (every 60 steps) in the same
-   window run ``normfast.probe`` (jvp mode over ``model.encoder.layer.5.*``,
+   window run ``normfast.engine.probe`` (jvp mode over ``model.encoder.layer.5.*``,
    pooled output, ``M = 8`` virtual batches of 32 pairs from the same pool,
    the same η, λ and decay exemption, a different seed -- hence fresh
    virtual batches -- per checkpoint) and average D, Q and κ; solve the law
@@ -221,7 +221,7 @@ class E2Config:
 # ----------------------------------------------------------------------------
 def wordnet_pairs(cfg: E2Config) -> tuple[list[tuple[str, str]], list[str]]:
     """The fixed pool of (lemma, gloss) pairs and the probe lemmas, both drawn with ``cfg.seed``."""
-    from normfast.datasets import gloss, lemma_names, load_wordnet, noun_synsets
+    from normfast.data.datasets import gloss, lemma_names, load_wordnet, noun_synsets
 
     every = [(lemma, gloss(s)) for s in noun_synsets(load_wordnet()) for lemma in lemma_names(s)]
     if cfg.n_pairs > len(every):
@@ -332,7 +332,7 @@ def train(setup: Setup, cfg: E2Config, probe_items: Sequence[int], *,
     if exempt:
         groups.append({"params": exempt, "weight_decay": 0.0})
     opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=0.0)
-    from normfast.objectives import InfoNCE
+    from normfast.engine.objectives import InfoNCE
 
     objective = InfoNCE(temperature=cfg.temperature)
     pair_ids = setup.pair_ids
@@ -492,7 +492,7 @@ def run_pilot(cfg: E2Config, candidates: Sequence[tuple[float, float]] = PILOT_C
 def bootstrap_fit(predicted: np.ndarray, observed: np.ndarray, n_boot: int,
                   seed: int) -> dict[str, Any]:
     """Log-log slope and Pearson r of observed on predicted, with percentile 95% CIs over items."""
-    from normfast.report import loglog_fit
+    from normfast.core.stats import loglog_fit
 
     fit = loglog_fit(predicted, observed)
     x, y = np.asarray(predicted, float), np.asarray(observed, float)
@@ -544,10 +544,10 @@ def run(cfg: E2Config, out: str | Path | None = None, progress: bool = True,
 
 def _run(cfg: E2Config, out: str | Path | None, progress: bool,
          pilot: dict[str, Any] | None) -> dict[str, Any]:
-    from normfast.equilibrium import equilibrium_norm
-    from normfast.objectives import InfoNCE
-    from normfast.pairs import PairSource
-    from normfast.probe import ProbeConfig, _library_versions, probe
+    from normfast.core.equilibrium import equilibrium_norm
+    from normfast.engine.objectives import InfoNCE
+    from normfast.data.pairs import PairSource
+    from normfast.engine.probe import ProbeConfig, _library_versions, probe
 
     t_start = time.perf_counter()
     setup = build_setup(cfg, progress=progress)

@@ -6,9 +6,9 @@
 Protocol (fixed before any run; see DESIGN §5, E3):
 
 * Probe set: the ``--words`` most frequent English words (``wordfreq`` via
-  :func:`normfast.datasets.top_words`: letters only, at least two letters),
+  :func:`normfast.data.datasets.top_words`: letters only, at least two letters),
   each probed alone: the input is the word, tokenized as ``[CLS] w1 .. wk [SEP]``.
-* Engine: :func:`normfast.probe.probe`, token rows (``output="tokens"``), jvp
+* Engine: :func:`normfast.engine.probe.probe`, token rows (``output="tokens"``), jvp
   mode, probed parameters the last transformer layer (``encoder\\.layer\\.5\\.``),
   SimCSE (dropout views, temperature 0.05) with the probe words themselves as
   the virtual-batch items, M = 16 virtual batches of 32, the SGD preset with
@@ -20,8 +20,8 @@ Protocol (fixed before any run; see DESIGN §5, E3):
   (unnormalized) mean-pooled sentence embedding of the word.
 * Quantities: ``norm``, heat ``V2``, drift ``D``, ``r_eq`` (full law) and
   ``r_eq_heat`` (heat-only law, D = 0), plus ``pooled_norm``.
-* Targets: ``zipf`` (:func:`normfast.datasets.zipf_frequency`) and ``depth``,
-  the minimum hypernym depth (:func:`normfast.datasets.hypernym_depth`) of the
+* Targets: ``zipf`` (:func:`normfast.data.datasets.zipf_frequency`) and ``depth``,
+  the minimum hypernym depth (:func:`normfast.data.datasets.hypernym_depth`) of the
   word's first noun sense *as a lemma itself* (``wn.lemmas(word, pos="n")``,
   WordNet's sense order). Words without a noun lemma have no depth. The lemma
   is required because ``wn.synsets(word, pos="n")`` applies morphological
@@ -65,7 +65,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from normfast.io import json_ready  # noqa: E402
+from normfast.data.io import json_ready  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARAMS = r"encoder\.layer\.5\."
@@ -210,7 +210,7 @@ def noun_depths(words: Sequence[str], wn: Any
     count >= 1, and the first of ``wn.synsets(word, pos="n")`` (after
     morphological reduction).
     """
-    from normfast.datasets import hypernym_depth
+    from normfast.data.datasets import hypernym_depth
 
     depth = np.full(len(words), np.nan)
     attested = np.full(len(words), np.nan)
@@ -246,10 +246,10 @@ def pooled_norms(encoder: Any, words: Sequence[str], batch_size: int, progress: 
 # ---------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from normfast.datasets import load_wordnet, top_words, zipf_frequency
+    from normfast.data.datasets import load_wordnet, top_words, zipf_frequency
     from normfast.encoders import load_encoder
-    from normfast.probe import ProbeConfig, _library_versions, probe
-    from normfast.report import loglog_fit
+    from normfast.engine.probe import ProbeConfig, _library_versions, probe
+    from normfast.core.stats import loglog_fit
 
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)

@@ -5,13 +5,13 @@
     python bench/e4_retrieval.py --beir DIR    # the same sweep on a BEIR collection of yours
 
 Score ``cos(q, d) * ||d||**alpha`` over alpha in [-1, 1], step 0.1
-(:func:`normfast.retrieval.alpha_sweep`). The paper's claim under test:
+(:func:`normfast.apps.retrieval.alpha_sweep`). The paper's claim under test:
 text-only encoders gain little from the norm discount (at most about 1.5%
 NDCG@10 over cosine), unlike projection-head vision-language models.
 
 Protocol (fixed before any run):
 
-* Collection (default): :func:`normfast.datasets.build_wordnet_collection`
+* Collection (default): :func:`normfast.data.datasets.build_wordnet_collection`
   -- queries are glosses of noun synsets, documents the synsets' lemma names,
   one relevant document per query, strata by the query synset's hypernym depth
   (shallow <= 5, mid 6-8, deep >= 9, drawn evenly); 3000 queries and 20000
@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from normfast.io import json_ready  # noqa: E402
+from normfast.data.io import json_ready  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PAPER_TEXT_ONLY_MAX_GAIN_PCT = 1.5
@@ -167,22 +167,22 @@ def _collection(args: argparse.Namespace, tmp: str) -> tuple[Path, dict[str, Any
     if args.beir:
         return Path(args.beir), {"source": "user BEIR collection", "path": str(Path(args.beir).resolve()),
                                  "split": args.split}
-    from normfast.datasets import DEPTH_BUCKETS, build_wordnet_collection
+    from normfast.data.datasets import DEPTH_BUCKETS, build_wordnet_collection
 
     n_q = args.queries or (300 if args.quick else 3000)
     n_d = args.distractors if args.distractors is not None else (1000 if args.quick else 20_000)
     path = build_wordnet_collection(Path(tmp) / "wordnet", n_queries=n_q, n_distractors=n_d,
                                     seed=args.seed)
     return path, {"source": "WordNet 3.0 noun synsets: gloss -> lemma names "
-                            "(normfast.datasets.build_wordnet_collection)",
+                            "(normfast.data.datasets.build_wordnet_collection)",
                   "n_queries_requested": n_q, "n_distractors": n_d, "seed": args.seed,
                   "buckets": [list(b) for b in DEPTH_BUCKETS]}
 
 
 def run(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from normfast.encoders import load_encoder
-    from normfast.probe import _library_versions
-    from normfast.retrieval import DEFAULT_ALPHAS, METRICS, alpha_sweep, load_beir
+    from normfast.engine.probe import _library_versions
+    from normfast.apps.retrieval import DEFAULT_ALPHAS, METRICS, alpha_sweep, load_beir
 
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                                                    seed=args.seed + 1)}
     if not args.beir:
         # the documents are synsets: how does a term's norm relate to its concept's depth?
-        from normfast.datasets import hypernym_depth, load_wordnet
+        from normfast.data.datasets import hypernym_depth, load_wordnet
 
         wn = load_wordnet()
         depth = np.array([hypernym_depth(wn.synset(d)) for d in d_ids], dtype=float)
@@ -366,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"e4_retrieval: error: {exc}", file=sys.stderr)
         return 2
-    from normfast.retrieval import plot_sweep
+    from normfast.apps.retrieval import plot_sweep
 
     tag = ""
     if args.beir:

@@ -19,7 +19,7 @@ Model (trained here, on Fashion-MNIST)
   linear projection. Classes that share a word ("Shirt", "T-shirt/top") start
   with related embeddings, as class prompts would in a real vision-language
   model.
-* Objective: the symmetric CLIP loss (``normfast.objectives.CLIPLoss``,
+* Objective: the symmetric CLIP loss (``normfast.engine.objectives.CLIPLoss``,
   fixed temperature) on (image, class-name) pairs with in-batch negatives. A
   batch holds several images of one class, so several columns share a text;
   that is inherent to training on class names and is kept as it is.
@@ -30,7 +30,7 @@ Model (trained here, on Fashion-MNIST)
 
 1. Heat vs predictive entropy
 -----------------------------
-``n_probe`` held-out test images are probed with ``normfast.probe`` in head
+``n_probe`` held-out test images are probed with ``normfast.engine.probe`` in head
 mode: the probed parameters are the image projection head, the objective is
 the CLIP loss on ``M`` virtual batches of (training image, class name) pairs of
 the training batch size; the text tower runs as ``pair_encoder`` (no
@@ -54,7 +54,7 @@ query images and ``n_docs`` document images, disjoint, drawn from the test set
 (also disjoint from the probe images); a document is relevant (grade 1) to a
 query when it has the same class. Documents and queries are embedded (a) with
 the head (``z``) and (b) without it (the trunk's pooled features ``a``). Score
-``cos(q, d) * ||d||**alpha`` over ``alphas`` (``normfast.retrieval.alpha_sweep``,
+``cos(q, d) * ||d||**alpha`` over ``alphas`` (``normfast.apps.retrieval.alpha_sweep``,
 NDCG@10 from pytrec_eval); the best alpha is chosen on a seeded half of the
 queries (dev) and every figure is reported on the other half. Length-only
 control: an image has no token length; its proxy is the ink count (pixels > 0),
@@ -164,7 +164,7 @@ class Data:
 
 
 def load_data(cfg: E5Config) -> Data:
-    from normfast.datasets import load_fashion_mnist
+    from normfast.data.datasets import load_fashion_mnist
 
     x_tr, y_tr = load_fashion_mnist("train")
     x_te, y_te = load_fashion_mnist("test")
@@ -244,7 +244,7 @@ class Model:
 
 
 def build_model(cfg: E5Config) -> Model:
-    from normfast.datasets import FASHION_MNIST_CLASSES
+    from normfast.data.datasets import FASHION_MNIST_CLASSES
 
     vocab, ids, _ = class_tokens(FASHION_MNIST_CLASSES)
     torch.manual_seed(cfg.seed)
@@ -255,7 +255,7 @@ def build_model(cfg: E5Config) -> Model:
 
 
 def train(model: Model, data: Data, cfg: E5Config, progress: bool) -> dict[str, Any]:
-    from normfast.objectives import CLIPLoss
+    from normfast.engine.objectives import CLIPLoss
 
     objective = CLIPLoss(temperature=cfg.temperature)
     opt = torch.optim.SGD(list(model.parameters()), lr=cfg.lr, momentum=cfg.momentum,
@@ -387,8 +387,8 @@ def partial_spearman_with_ci(x: np.ndarray, y: np.ndarray, control: np.ndarray,
 
 
 def within_class_spearman(x: np.ndarray, y: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
-    from normfast.datasets import FASHION_MNIST_CLASSES
-    from normfast.report import spearman
+    from normfast.data.datasets import FASHION_MNIST_CLASSES
+    from normfast.core.stats import spearman
 
     per = {FASHION_MNIST_CLASSES[c]: spearman(x[labels == c], y[labels == c]) for c in np.unique(labels)}
     vals = [v for v in per.values() if np.isfinite(v)]
@@ -399,10 +399,10 @@ def within_class_spearman(x: np.ndarray, y: np.ndarray, labels: np.ndarray) -> d
 # the two analyses
 # ----------------------------------------------------------------------------
 def heat_vs_entropy(model: Model, data: Data, cfg: E5Config, progress: bool) -> tuple[dict[str, Any], dict]:
-    from normfast.datasets import FASHION_MNIST_CLASSES
-    from normfast.objectives import CLIPLoss
-    from normfast.pairs import PairSource
-    from normfast.probe import ProbeConfig, probe
+    from normfast.data.datasets import FASHION_MNIST_CLASSES
+    from normfast.engine.objectives import CLIPLoss
+    from normfast.data.pairs import PairSource
+    from normfast.engine.probe import ProbeConfig, probe
 
     encoder = model.image_encoder(data.images)
     text_encoder = model.text_encoder()
@@ -470,7 +470,7 @@ def heat_vs_entropy(model: Model, data: Data, cfg: E5Config, progress: bool) -> 
 
 
 def retrieval(model: Model, data: Data, cfg: E5Config, progress: bool) -> tuple[dict[str, Any], dict]:
-    from normfast.retrieval import alpha_sweep
+    from normfast.apps.retrieval import alpha_sweep
 
     qa, qz = embed_images(model, data.images, data.query_ids)
     da, dz = embed_images(model, data.images, data.doc_ids)
@@ -487,7 +487,7 @@ def retrieval(model: Model, data: Data, cfg: E5Config, progress: bool) -> tuple[
                          dev_fraction=cfg.dev_fraction, seed=cfg.seed, progress=progress)
         norm_best, len_best = sw.summary("norm"), sw.summary("length")
         norms = np.linalg.norm(D, axis=1)
-        from normfast.report import spearman
+        from normfast.core.stats import spearman
 
         out[space] = {
             "dim": int(D.shape[1]),
@@ -621,8 +621,8 @@ def run(cfg: E5Config, out: str | Path | None = RESULTS, progress: bool = True) 
         timing["retrieval_seconds"] = time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
-    from normfast.datasets import FASHION_MNIST_CLASSES
-    from normfast.probe import _library_versions
+    from normfast.data.datasets import FASHION_MNIST_CLASSES
+    from normfast.engine.probe import _library_versions
 
     vocab, _, _ = class_tokens(FASHION_MNIST_CLASSES)
     n_params = {name: sum(p.numel() for p in m.parameters())

@@ -149,7 +149,7 @@ def stage_package(root: Path) -> Path:
         import importlib.util
 
         try:
-            spec = importlib.util.find_spec("normfast._quartic")
+            spec = importlib.util.find_spec("normfast.core._quartic")
         except ImportError:
             spec = None
         if spec is not None and spec.origin and Path(spec.origin).is_file():
@@ -216,7 +216,7 @@ def build_stage(args, staged_env: Callable[[], dict[str, str]], timeout: float,
         note = "compiled in place"
     run = run_command(cmd, dict(os.environ, PYTHONUNBUFFERED="1"), timeout, out / "build.log")
     probe_cmd = [sys.executable, "-c",
-                 "import normfast._quartic as q, normfast.kernels as k; print(q.__file__)"]
+                 "import normfast.core._quartic as q, normfast.kernels as k; print(q.__file__)"]
     check = subprocess.run(probe_cmd, env=staged_env(), cwd=tempfile.gettempdir(),
                            capture_output=True, text=True, timeout=120)
     result = {"note": note, "command": " ".join(cmd[1:]), "returncode": run["returncode"],
@@ -606,7 +606,7 @@ def env_stage(ctx: StageContext) -> dict[str, Any]:
     import torch
     import triton
 
-    from normfast.benchmark import cpu_model
+    from normfast.apps.benchmark import cpu_model
 
     info: dict[str, Any] = {
         "python": platform.python_version(), "platform": platform.platform(),
@@ -736,8 +736,8 @@ def roofline(flops: float, nbytes: float, rate_tflops: float | None, copy_gbps: 
 def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | None) -> dict:
     import torch
 
-    from normfast.ops import head_stats, prepare_head
-    from normfast.reference import allowed_error, head_stats_reference, project_reference, \
+    from normfast.engine.ops import head_stats, prepare_head
+    from normfast.core.reference import allowed_error, head_stats_reference, project_reference, \
         stat_errors
 
     dev = ctx.device
@@ -808,8 +808,8 @@ def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | N
 def accumulate_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | None) -> dict:
     import torch
 
-    from normfast.ops import ProbeAccumulator, stat_names
-    from normfast.reference import allowed_error, brute_force_stats, stat_errors
+    from normfast.engine.ops import ProbeAccumulator, stat_names
+    from normfast.core.reference import allowed_error, brute_force_stats, stat_errors
 
     dev = ctx.device
     n, d, k, branch = c["n"], c["dim"], c["k"], c["branch"]
@@ -966,7 +966,7 @@ def make_token_source(plan: dict[str, Any], want: str):
         try:
             import transformers
 
-            from normfast.datasets import minilm_path
+            from normfast.data.datasets import minilm_path
 
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(minilm_path()))
         except Exception as exc:  # noqa: BLE001 - fall back to random ids
@@ -1046,7 +1046,7 @@ def probe_throughput(ctx: StageContext, enc, items: list, plan: dict[str, Any], 
                      mode: str, chunk: int, workdir: Path, name: str) -> dict[str, Any]:
     import numpy as np
 
-    from normfast.probe import ProbeConfig, probe
+    from normfast.engine.probe import ProbeConfig, probe
 
     cfg = ProbeConfig(params=params, mode=mode, output="tokens", batches=plan["batches"],
                       batch_size=plan["batch_size"], chunk_size=chunk,

@@ -7,7 +7,7 @@ projection head ``z = W a + b`` under M virtual InfoNCE batches, timed in the
 same process on the same data:
 
 * ``normfast``: one ordinary backward per batch gives ``G_B``, ``g_B``; then
-  :func:`normfast.ops.head_stats` in the S form (``radial_spread=False``),
+  :func:`normfast.engine.ops.head_stats` in the S form (``radial_spread=False``),
   including the cost of centering the directions and forming ``S_c``.
 * ``naive``: the same backward, then for every batch ``T = A G_Bᵀ + g_B`` is
   materialized for all probes and reduced by separate torch ops.
@@ -35,11 +35,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from normfast.benchmark import (Phases, apply_per_batch, cpu_model, head_directions_backward,
+from normfast.apps.benchmark import (Phases, apply_per_batch, cpu_model, head_directions_backward,
                                 head_directions_torch_func, head_flop_counts, make_head_problem,
                                 peak_rss_mb, percentiles)
-from normfast.ops import head_stats, prepare_head
-from normfast.reference import brute_force_stats, stat_errors
+from normfast.engine.ops import head_stats, prepare_head
+from normfast.core.reference import brute_force_stats, stat_errors
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEYS = ("D", "m2", "V2", "Q")

@@ -39,9 +39,9 @@ from typing import Callable
 import numpy as np
 
 import normfast
-from normfast import _quartic
-from normfast.benchmark import cpu_model
-from normfast.equilibrium import solve_quartic
+from normfast.core import _quartic
+from normfast.apps.benchmark import cpu_model
+from normfast.core.equilibrium import solve_quartic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # the baseline's test for "real": |Im| <= IMAG_RTOL |lambda|

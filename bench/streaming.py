@@ -114,9 +114,9 @@ def child(args: argparse.Namespace) -> None:
     import transformers
     from torch import nn
 
-    from normfast.datasets import minilm_path
+    from normfast.data.datasets import minilm_path
     from normfast.encoders import HFEncoder
-    from normfast.probe import ProbeConfig, probe
+    from normfast.engine.probe import ProbeConfig, probe
 
     torch.set_num_threads(args.threads)
     samples: list[tuple[float, int]] = []
@@ -221,7 +221,7 @@ def run_child(args: argparse.Namespace, rows: int, out: Path, *, resume: bool = 
 
 
 def _same_tables(a: Path, b: Path) -> bool:
-    from normfast.probe import ProbeResult
+    from normfast.engine.probe import ProbeResult
 
     ra, rb = ProbeResult.load(a), ProbeResult.load(b)
     if len(ra) != len(rb):

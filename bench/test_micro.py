@@ -5,7 +5,7 @@
 
 Outside pytest's ``testpaths`` (``tests``): a plain ``pytest`` never runs
 them. Each benchmark also checks its result against the plain references of
-:mod:`normfast.reference`, once, outside the timed calls. Sizes are those of
+:mod:`normfast.core.reference`, once, outside the timed calls. Sizes are those of
 a probe chunk of a MiniLM-sized model (d = 384, M = 16); the solver gets the
 rows of 200 000 probes. Times are of this machine only; compare runs made on
 the same machine.
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from normfast.equilibrium import equilibrium_coefficients, solve_quartic
-from normfast.ops import ProbeAccumulator, head_stats, prepare_head
-from normfast.reference import (accumulate_reference, head_stats_reference, project_reference,
+from normfast.core.equilibrium import equilibrium_coefficients, solve_quartic
+from normfast.engine.ops import ProbeAccumulator, head_stats, prepare_head
+from normfast.core.reference import (accumulate_reference, head_stats_reference, project_reference,
                                 solve_quartic_reference, stat_errors)
 
 pytest.importorskip("pytest_benchmark")

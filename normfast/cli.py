@@ -17,14 +17,14 @@ from normfast import __version__
 
 # command -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "solve": ("normfast.equilibrium",
+    "solve": ("normfast.apps.solve",
               "solve the equilibrium quartic for rows of coefficients (.npy/.csv)"),
-    "probe": ("normfast.probe", "probe a model: drift, heat, damping and R_eq per input or token"),
-    "demo": ("normfast.demo", "offline demo: token-level probe of the real all-MiniLM-L6-v2 on common words"),
-    "validate": ("normfast.validate", "E1: train small encoders to equilibrium and test the law's predictions"),
-    "bench": ("normfast.benchmark", "throughput suite: head/jvp modes against per-sample-gradient tools"),
-    "report": ("normfast.report", "summarize a probe run (.parquet) and draw its figures"),
-    "retrieval": ("normfast.retrieval",
+    "probe": ("normfast.apps.probe_command", "probe a model: drift, heat, damping and R_eq per input or token"),
+    "demo": ("normfast.apps.demo", "offline demo: token-level probe of the real all-MiniLM-L6-v2 on common words"),
+    "validate": ("normfast.apps.validate", "E1: train small encoders to equilibrium and test the law's predictions"),
+    "bench": ("normfast.apps.benchmark", "throughput suite: head/jvp modes against per-sample-gradient tools"),
+    "report": ("normfast.apps.report", "summarize a probe run (.parquet) and draw its figures"),
+    "retrieval": ("normfast.apps.retrieval",
                   "norm-discounted retrieval: alpha sweep with baselines on a BEIR collection"),
 }
 

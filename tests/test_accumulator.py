@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from normfast.ops import REASONS, ProbeAccumulator
-from normfast.reference import allowed_error, brute_force_stats, stat_errors
+from normfast.engine.ops import REASONS, ProbeAccumulator
+from normfast.core.reference import allowed_error, brute_force_stats, stat_errors
 
 SIZES_N = (1, 7, 1000)
 SIZES_D = (1, 3, 64, 384)

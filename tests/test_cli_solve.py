@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from normfast.cli import main
-from normfast.equilibrium import solve_quartic
+from normfast.core.equilibrium import solve_quartic
 
 ROWS = np.array([
     [1.0, -10.0, 35.0, -50.0, 24.0],   # roots 1, 2, 3, 4

@@ -10,8 +10,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from normfast import datasets as ds
-from normfast import retrieval as R
+from normfast.data import datasets as ds
+from normfast.apps import retrieval as R
 
 needs_wordnet = pytest.mark.skipif(
     not (ds.WORDNET_DIR / "index.sense").is_file() or not ds.LEXNAMES_MAN.is_file(),

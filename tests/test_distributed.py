@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from normfast.encoders import ModuleEncoder
-from normfast.objectives import InfoNCE
-from normfast.probe import ProbeConfig, ProbeResult, probe
+from normfast.engine.objectives import InfoNCE
+from normfast.engine.probe import ProbeConfig, ProbeResult, probe
 
 WORLD = 2
 N_ITEMS, T = 23, 5  # 23 items of 5 positions: 6 chunks of 4 items, the last one short
@@ -77,8 +77,8 @@ def _spawn(fn, *args) -> None:
 def _sharded_runs(rank: int, folder: str) -> None:
     import warnings
 
-    from normfast.distributed import merge_across_ranks
-    from normfast.ops import ProbeAccumulator
+    from normfast.engine.distributed import merge_across_ranks
+    from normfast.engine.ops import ProbeAccumulator
 
     folder = Path(folder)
     enc, items, pairs = _setup()
@@ -100,7 +100,7 @@ def _sharded_runs(rank: int, folder: str) -> None:
     stats = merge_across_ranks(acc).finalize()
     torch.save({k: v for k, v in stats.items() if k != "M"} | {"M": acc.M}, folder / f"merged-rank{rank}.pt")
     # a chunk that raises on one rank makes every rank raise (nobody waits forever)
-    import normfast.probe as engine
+    import normfast.engine.probe as engine
 
     real_chunk = engine._jvp_chunk
 
@@ -122,7 +122,7 @@ def _sharded_runs(rank: int, folder: str) -> None:
 
 
 def _crash_then_resume(rank: int, folder: str, attempt: int) -> None:
-    import normfast.io as nio
+    import normfast.data.io as nio
 
     folder = Path(folder)
     real_write = nio.ChunkedParquetWriter.write_chunk
@@ -185,7 +185,7 @@ def test_sharded_runs_equal_single_process_and_manifest_reads_back(tmp_path, cap
     assert _plain(ProbeResult.load(tmp_path / "outer.manifest.json").table).equals(_plain(single.table))
 
     # accumulators merged across ranks equal one accumulator over all directions
-    from normfast.ops import ProbeAccumulator
+    from normfast.engine.ops import ProbeAccumulator
 
     g = torch.Generator().manual_seed(7)
     t = torch.randn(6, 9, 5, generator=g, dtype=torch.float64)

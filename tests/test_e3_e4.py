@@ -197,7 +197,7 @@ def test_e4_bootstrap_means_pairs_the_resamples():
 
 
 def test_e4_runs_on_a_user_beir_collection(tmp_path, capsys):
-    from normfast.retrieval import write_beir
+    from normfast.data.beir import write_beir
 
     e4 = _load_module("e4_retrieval")
     adjectives = ["red", "quiet", "ancient", "tiny", "heavy", "bright", "frozen", "wooden"]
@@ -230,7 +230,7 @@ def test_e4_runs_on_a_user_beir_collection(tmp_path, capsys):
 def test_json_ready_makes_strict_json():
     import json
 
-    from normfast.io import json_ready
+    from normfast.data.io import json_ready
 
     raw = {"a": np.float32(1.5), 2: (np.int64(3), np.nan), "b": np.array([1.0, np.inf]),
            "c": np.bool_(True), "d": "text"}

@@ -724,7 +724,7 @@ def test_load_encoder_folders_and_errors(tmp_path, tokenizer):
 
 def test_minilm_alias_points_at_installed_copy(minilm_encoder, minilm_path):
     assert minilm_encoder.source == minilm_path
-    assert load_encoder.__module__ == "normfast.encoders"
+    assert load_encoder.__module__ == "normfast.encoders.load"
 
 
 # ---------------------------------------------------------------------------

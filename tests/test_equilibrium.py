@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import normfast
-from normfast.equilibrium import equilibrium_coefficients, equilibrium_norm, solve_quartic
+from normfast.core.equilibrium import equilibrium_coefficients, equilibrium_norm, solve_quartic
 
 mpmath = pytest.importorskip("mpmath")
 mp, mpf = mpmath.mp, mpmath.mpf

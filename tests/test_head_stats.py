@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from normfast.ops import ProbeAccumulator, head_flops, head_stats, prepare_head
-from normfast.reference import (
+from normfast.engine.ops import ProbeAccumulator, head_flops, head_stats, prepare_head
+from normfast.core.reference import (
     allowed_error,
     brute_force_stats,
     head_stats_reference,

@@ -23,8 +23,8 @@ from normfast.kernels import (  # noqa: E402
     interpreted,
     project,
 )
-from normfast.ops import ProbeAccumulator, head_stats as ops_head_stats, prepare_head  # noqa: E402
-from normfast.reference import (  # noqa: E402
+from normfast.engine.ops import ProbeAccumulator, head_stats as ops_head_stats, prepare_head  # noqa: E402
+from normfast.core.reference import (  # noqa: E402
     accumulate_reference,
     allowed_error,
     brute_force_stats,

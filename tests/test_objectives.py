@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from normfast.objectives import (
+from normfast.engine.objectives import (
     CLIPLoss,
     InfoNCE,
     Objective,

@@ -1,4 +1,4 @@
-"""Bad input to normfast.ops: the error type, and a message naming the argument.
+"""Bad input to normfast.engine.ops: the error type, and a message naming the argument.
 
 Several cases use inputs far too large to allocate (views made by expand) or
 tensors on the meta device, so a test also fails if validation comes after
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from normfast import ops
-from normfast.ops import REASONS, ProbeAccumulator, head_stats, prepare_head
-from normfast.reference import _NON_FINITE_DISPLACEMENT, _NON_FINITE_EMBEDDING, _ZERO_NORM
+from normfast.engine import ops
+from normfast.engine.ops import REASONS, ProbeAccumulator, head_stats, prepare_head
+from normfast.core.reference import _NON_FINITE_DISPLACEMENT, _NON_FINITE_EMBEDDING, _ZERO_NORM
 
 HUGE = 10 ** 9  # rows: expanded views cost nothing, anything materialized would fail
 

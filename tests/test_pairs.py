@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from normfast.pairs import PairSource, virtual_batches
+from normfast.data.pairs import PairSource, virtual_batches
 
 PAIRS = [("a cat", "a kitten"), ("a dog", "a puppy"), ("the sea", "the ocean"), ("red", "crimson"),
          ("fast", "quick")]

@@ -11,10 +11,10 @@ from torch import nn
 
 from _models import tiny_bert, tiny_clip
 from normfast.encoders import HFEncoder, ModuleEncoder, OpenCLIPEncoder
-from normfast.objectives import InfoNCE, Objective
-from normfast.pairs import PairSource, virtual_batches
-from normfast.probe import ProbeConfig, ProbeResult, probe
-from normfast.reference import brute_force_stats
+from normfast.engine.objectives import InfoNCE, Objective
+from normfast.data.pairs import PairSource, virtual_batches
+from normfast.engine.probe import ProbeConfig, ProbeResult, probe
+from normfast.core.reference import brute_force_stats
 
 transformers = pytest.importorskip("transformers")
 open_clip = pytest.importorskip("open_clip")
@@ -193,7 +193,7 @@ def test_open_clip_towers_token_and_pooled(tower, projection):
 
 
 def test_resume_after_injected_failure_equals_uninterrupted(tmp_path, monkeypatch):
-    import normfast.probe as engine
+    import normfast.engine.probe as engine
 
     enc = mlp(bias=True)
     items, pairs = toy_data(n_items=23)

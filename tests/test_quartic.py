@@ -1,4 +1,4 @@
-"""The batched quartic solver (normfast._quartic through normfast.solve_quartic).
+"""The batched quartic solver (normfast.core._quartic through normfast.solve_quartic).
 
 Accuracy is measured against a 50-digit mpmath refinement of each known root
 on the *rounded* float64 coefficients (so the test sees only the solver's
@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import normfast
-from normfast import _quartic
-from normfast.equilibrium import TOUCH_FACTOR, solve_quartic
-from normfast.reference import solve_quartic_reference
+from normfast.core import _quartic
+from normfast.core.equilibrium import TOUCH_FACTOR, solve_quartic
+from normfast.core.reference import solve_quartic_reference
 
 mpmath = pytest.importorskip("mpmath")
 mp, mpf = mpmath.mp, mpmath.mpf
@@ -394,7 +394,7 @@ def test_input_kinds_agree(sample_rows):
 
 
 def test_float64_contiguous_input_is_not_copied(sample_rows):
-    from normfast.equilibrium import _as_rows
+    from normfast.core.equilibrium import _as_rows
 
     assert _as_rows("t", sample_rows) is sample_rows
     assert np.shares_memory(_as_rows("t", torch.from_numpy(sample_rows)), sample_rows)

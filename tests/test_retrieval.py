@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from normfast import retrieval as R
+from normfast.apps import retrieval as R
 
 
 def _data(rng, n_q=40, n_d=300, dim=16):

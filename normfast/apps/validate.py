@@ -18,7 +18,7 @@ Protocol (fixed before looking at results):
 2. over the late window (the last ``window`` fraction of steps) record every
    item's norm every ``record_every`` steps and average -> observed norm;
 3. at checkpoints every ``probe_every`` steps in the same window, run the
-   engine (``normfast.probe``, jvp mode over all parameters, ``M`` virtual
+   engine (``normfast.engine.probe``, jvp mode over all parameters, ``M`` virtual
    batches from the same pool, same batch size, lr and weight decay, a
    different seed per checkpoint) and average D, Q and κ over checkpoints;
 4. solve the law with the averaged statistics -> predicted R_eq; report the
@@ -125,12 +125,12 @@ def build_encoder(variant: str, cfg: E1Config, data: SyntheticConcepts):
 # the experiment
 # ----------------------------------------------------------------------------
 def run_variant(variant: str, cfg: E1Config, data: SyntheticConcepts, *, progress: bool = True) -> dict[str, Any]:
-    from normfast.directions import adam_second_moments
-    from normfast.equilibrium import equilibrium_norm
-    from normfast.objectives import InfoNCE
-    from normfast.pairs import PairSource
-    from normfast.probe import ProbeConfig, probe
-    from normfast.report import loglog_fit
+    from normfast.engine.directions import adam_second_moments
+    from normfast.core.equilibrium import equilibrium_norm
+    from normfast.engine.objectives import InfoNCE
+    from normfast.data.pairs import PairSource
+    from normfast.engine.probe import ProbeConfig, probe
+    from normfast.core.stats import loglog_fit
 
     enc = build_encoder(variant, cfg, data)
     objective = InfoNCE(temperature=cfg.temperature)
@@ -279,7 +279,7 @@ def run(cfg: E1Config, variants: tuple[str, ...] = VARIANTS, out: str | Path | N
         results = [run_variant(v, cfg, data, progress=progress) for v in variants]
     finally:
         torch.set_num_threads(threads)
-    from normfast.probe import _library_versions
+    from normfast.engine.probe import _library_versions
 
     summary = {"experiment": "E1 controlled equilibrium", "config": asdict(cfg), "results": results,
                "versions": _library_versions()}

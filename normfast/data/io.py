@@ -9,7 +9,7 @@ an atomic rename, then removes the work folder. A run restarted with the
 same arguments finds the finished chunks and skips them; a run restarted with
 different arguments is refused instead of mixing two runs in one table.
 
-Sharded runs (``normfast.distributed``) share the same work folder: every
+Sharded runs (``normfast.engine.distributed``) share the same work folder: every
 rank writes the chunks it computed there. At the end rank ``r`` writes part
 ``RUN.rank{r}-of-{W}.parquet`` (the ``r``-th contiguous block of chunks, so
 the parts in order are the items in order) and rank 0 writes

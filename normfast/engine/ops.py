@@ -14,7 +14,7 @@ float64 and otherwise in float32 with fp32 accumulation.
   probe chunks through :func:`head_stats`.
 * :func:`head_flops` -- the FLOP count of the two head-mode forms.
 * ``solve_quartic``, ``equilibrium_coefficients``, ``equilibrium_norm`` --
-  the equilibrium law, re-exported from :mod:`normfast.equilibrium`.
+  the equilibrium law, re-exported from :mod:`normfast.core.equilibrium`.
 
 Every statistic dict holds, per branch, ``D, se_D, sign_stability, m2, V2,
 Q`` (suffix ``_w`` for the scale-free branch; ``C_uw`` when both), plus
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ._checks import as_tensor, check_float, check_ndim, check_same_device, describe
+from normfast.core.checks import as_tensor, check_float, check_ndim, check_same_device, describe
 from .accumulator import (
     BACKENDS,
     NON_FINITE_DISPLACEMENT,
@@ -63,10 +63,10 @@ _HEAD_SCRATCH = 1 << 24
 def __getattr__(name: str) -> Any:
     # The equilibrium module is imported on first use only.
     if name in _EQUILIBRIUM:
-        value = getattr(importlib.import_module("normfast.equilibrium"), name)
+        value = getattr(importlib.import_module("normfast.core.equilibrium"), name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'normfast.ops' has no attribute {name!r}")
+    raise AttributeError(f"module 'normfast.engine.ops' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from normfast._checks import check_positive_int
+from normfast.core.checks import check_positive_int
 
 KINDS = ("pairs", "labels", "items")
 

@@ -1,41 +1,15 @@
-"""Summaries and plots of a probe run (``ProbeResult.summary()``, ``normfast report``)."""
+"""Summaries and plots of a probe run (``ProbeResult.summary()``, ``format_summary()``, ``plots()``)."""
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from normfast.core.stats import loglog_fit, spearman
+
 SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>", "<start_of_text>", "<end_of_text>"}
-
-
-def loglog_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    """Slope and Pearson r of ``log y`` against ``log x`` over finite positive pairs."""
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
-    n = int(ok.sum())
-    if n < 3:
-        return {"slope": math.nan, "intercept": math.nan, "pearson_r": math.nan, "n": n}
-    lx, ly = np.log(x[ok]), np.log(y[ok])
-    if np.std(lx) == 0 or np.std(ly) == 0:
-        return {"slope": math.nan, "intercept": math.nan, "pearson_r": math.nan, "n": n}
-    slope, intercept = np.polyfit(lx, ly, 1)
-    r = float(np.corrcoef(lx, ly)[0, 1])
-    return {"slope": float(slope), "intercept": float(intercept), "pearson_r": r, "n": n}
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    from scipy.stats import spearmanr
-
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    if ok.sum() < 3:
-        return math.nan
-    return float(spearmanr(x[ok], y[ok]).statistic)
 
 
 def _quantiles(v: np.ndarray) -> dict[str, float]:
@@ -210,32 +184,3 @@ R_eq; how noisy the drift is (|D| > 2 se, sign stability); the log-log slope and
 Pearson r of observed norm against the predicted equilibrium norm (full law and
 heat-only law); for token runs the hottest and coldest tokens. Writes PNG
 figures next to the run (or to --out)."""
-
-
-def report_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="a .parquet file written by `normfast probe` (or a manifest .json of parts)")
-    p.add_argument("--out", help="folder for the PNG figures (default: next to the run)")
-    p.add_argument("--top", type=int, default=8, help="tokens listed as hottest/coldest (default 8)")
-    p.add_argument("--no-plots", action="store_true", help="print the summary only")
-
-
-def report_main(args: argparse.Namespace) -> int:
-    import sys
-
-    from normfast.probe import ProbeResult
-
-    path = Path(args.run)
-    if not path.exists():
-        print(f"normfast report: {path} does not exist", file=sys.stderr)
-        return 2
-    try:
-        result = ProbeResult.load(path)
-    except Exception as exc:  # noqa: BLE001 - reported to the user
-        print(f"normfast report: cannot read {path}: {exc}", file=sys.stderr)
-        return 2
-    print(format_summary(result, top=args.top))
-    if not args.no_plots:
-        out = Path(args.out) if args.out else path.parent
-        for p in make_plots(result, out, prefix=path.stem):
-            print(f"wrote {p}")
-    return 0

@@ -2,7 +2,7 @@
 
 A :class:`ProbeAccumulator` holds, for ``N`` probes of width ``d`` and each
 branch (``u = R t`` scale-invariant, ``w = t`` scale-free), everything needed
-for the statistics of :data:`normfast.ops.STAT_KEYS` over the directions seen
+for the statistics of :data:`normfast.engine.ops.STAT_KEYS` over the directions seen
 so far: the running mean vector, ``M2 = Σ_B |x^B - x̄|²``, the running mean
 and M2 of the radial dots ``r^B = ẑ·x^B``, and the counts of positive and
 negative radial dots; for the "uw" branch also the running mean of ``u·w``.
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ._checks import (
+from normfast.core.checks import (
     as_tensor,
     check_float,
     check_ndim,

@@ -12,7 +12,7 @@ Per probe item ``i`` the first-order displacement per unit learning rate is
 * **head mode** -- when ``P`` is exactly one final linear map ``z = W a + b``,
   ``t_i^B = −(G_B a_i + g_B)`` in closed form and the statistics follow from
   the probe activations and the stacked directions, without any JVP
-  (``normfast.ops.head_stats``).
+  (``normfast.engine.ops.head_stats``).
 
 κ, the effective radial damping, is one more JVP along the decayed parameters
 themselves: ``κ_i = ẑ_i · (J_i θ_decayed) / R_i``.

@@ -438,7 +438,7 @@ def build_wordnet_collection(out_dir: str | os.PathLike, *, n_queries: int = 300
     * ``min_depth`` / ``max_depth`` restrict the query synsets.
     * Deterministic given ``seed`` (synsets sorted by name, numpy's PCG64).
     """
-    from normfast.retrieval import write_beir
+    from normfast.data.beir import write_beir
 
     fn = "build_wordnet_collection"
     for name, value, low in (("n_queries", n_queries, 1), ("n_distractors", n_distractors, 0)):

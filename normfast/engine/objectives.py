@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from normfast._checks import check_finite_scalar, describe
+from normfast.core.checks import check_finite_scalar, describe
 
 NEEDS = ("pairs", "labels", "items")
 

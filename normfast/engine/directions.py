@@ -296,7 +296,7 @@ def compute_directions(encoder: Encoder, objective: Any, pairs: Any, names: Sequ
 
 def _warn_if_not_scale_invariant(encoder: Encoder, objective: Any, pairs: Any, indices: np.ndarray, cut: int,
                                  pair_encoder: Encoder | None) -> None:
-    from normfast.objectives import check_scale_invariance
+    from normfast.engine.objectives import check_scale_invariance
 
     with torch.no_grad():
         kind = objective.needs

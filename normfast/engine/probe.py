@@ -10,13 +10,13 @@ Loop structure
 --------------
 1. Resolve the probed parameters ``P`` and the *cut*: the first encoder stage
    that owns a parameter of ``P``. Everything before it is frozen.
-2. Virtual batches -> update directions ``p_B`` (``normfast.directions``).
+2. Virtual batches -> update directions ``p_B`` (``normfast.engine.directions``).
 3. Probe items in chunks. Per chunk the frozen front runs once (``no_grad``),
-   then either head mode (closed form, ``normfast.ops.head_stats``) or jvp
-   mode (``normfast.transmission.Tail``, K directions per pass) feeds
-   ``normfast.ops.ProbeAccumulator``; κ by one JVP along the decayed
+   then either head mode (closed form, ``normfast.engine.ops.head_stats``) or jvp
+   mode (``normfast.engine.transmission.Tail``, K directions per pass) feeds
+   ``normfast.engine.ops.ProbeAccumulator``; κ by one JVP along the decayed
    parameters; the equilibrium quartic is solved by the C++ extension.
-4. Each finished chunk is written to Parquet at once (``normfast.io``); an
+4. Each finished chunk is written to Parquet at once (``normfast.data.io``); an
    interrupted run restarted with ``resume=True`` skips finished chunks.
 
 Loop order and memory: when all ``M`` directions fit in ``memory_budget_mb``
@@ -37,7 +37,7 @@ The progress bar counts probe items, so its ETA holds for uneven chunks.
 Scale-out: inside a ``torch.distributed`` process group (e.g. under
 ``torchrun``) the chunks are sharded over the ranks, the directions computed
 once on rank 0 and broadcast, and the output is a manifest over one Parquet
-part per rank -- see ``normfast.distributed``.
+part per rank -- see ``normfast.engine.distributed``.
 """
 from __future__ import annotations
 
@@ -46,10 +46,9 @@ import hashlib
 import json
 import math
 import platform
-import re
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -58,222 +57,16 @@ import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
-import normfast
-from normfast.directions import (Directions, OptimizerPreset, PRESETS, compute_directions,
+from normfast import __version__
+from normfast.engine.config import ProbeConfig
+from normfast.engine.result import ProbeResult
+from normfast.engine.runfiles import _finish_sharded, _open_output
+from normfast.engine.directions import (Directions, OptimizerPreset, compute_directions,
                                  estimate_second_moments, resolve_parameters)
-from normfast.distributed import Shard, chunks_for_rank, current_shard, part_blocks
+from normfast.engine.distributed import Shard, chunks_for_rank, current_shard
 from normfast.encoders import Encoder
-from normfast.io import (METADATA_KEY, ChunkedParquetWriter, fingerprint, manifest_path, part_path, read_metadata,
-                         write_manifest)
-from normfast.transmission import Tail, head_kappa, head_operands, kappa_from_jvp
-
-MODES = ("auto", "jvp", "head")
-OUTPUTS = ("pooled", "tokens")
-
-
-@dataclass
-class ProbeConfig:
-    """Everything that defines a probe run besides the model, probes, objective and pairs.
-
-    Attributes:
-        params: probed parameters: ``"all"``, ``"head"``, a regex over names, or a list of names.
-        mode: ``"head"`` (closed form, needs ``P`` = the final linear map), ``"jvp"``
-            (general), or ``"auto"`` (head when applicable).
-        output: ``"pooled"`` (one row per input) or ``"tokens"`` (one row per token position).
-        optimizer: ``"sgd"`` or ``"adamw"``, or ``{regex: preset}`` for parameter groups
-            with different presets (then both branches and the cross term ``C_uw`` appear).
-        lr, weight_decay: η and λ of the law (decoupled weight decay).
-        momentum: heavy-ball SGD momentum β; the law uses the heuristic η -> η/(1-β).
-        betas, eps: AdamW settings (β2 only matters through ``v̂``).
-        no_decay: regex of probed parameters exempt from weight decay (e.g. ``"bias|LayerNorm"``).
-        batches: M, the number of virtual batches (≥ 2).
-        batch_size: pairs / items per virtual batch (≥ 2).
-        seed: drives batch sampling and dropout; equal seeds give equal tables.
-        chunk_size: probe items (inputs) per chunk, the unit of streaming and resume.
-        directions_per_pass: K directions per forward-mode pass (None: from the memory budget).
-        memory_budget_mb: working-memory budget that sets K and the loop order.
-        radial_spread: compute ``se_D`` and ``sign_stability`` (needs per-batch radial dots;
-            in head mode this selects the per-batch form).
-        device: where the model runs (default: the encoder's device).
-    """
-
-    params: str | list[str] = "all"
-    mode: str = "auto"
-    output: str = "pooled"
-    optimizer: str | dict[str, str] = "sgd"
-    lr: float = 1e-3
-    weight_decay: float = 1e-2
-    momentum: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    no_decay: str | None = None
-    batches: int = 16
-    batch_size: int = 32
-    seed: int = 0
-    chunk_size: int = 64
-    directions_per_pass: int | None = None
-    memory_budget_mb: float = 2048
-    radial_spread: bool = True
-
-    def validate(self) -> None:
-        fn = "ProbeConfig"
-        if self.mode not in MODES:
-            raise ValueError(f"{fn}: mode must be one of {MODES}, got {self.mode!r}")
-        if self.output not in OUTPUTS:
-            raise ValueError(f"{fn}: output must be one of {OUTPUTS}, got {self.output!r}")
-        for name in ("batches", "batch_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 2:
-                what = "M (virtual batches)" if name == "batches" else name
-                raise ValueError(f"{fn}: {what} must be an integer >= 2 (a variance needs two batches), "
-                                 f"got {name}={v!r}")
-        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-            raise ValueError(f"{fn}: chunk_size must be a positive integer, got {self.chunk_size!r}")
-        if self.directions_per_pass is not None and (
-                not isinstance(self.directions_per_pass, int) or self.directions_per_pass < 1):
-            raise ValueError(f"{fn}: directions_per_pass must be a positive integer or None, "
-                             f"got {self.directions_per_pass!r}")
-        if not self.memory_budget_mb > 0:
-            raise ValueError(f"{fn}: memory_budget_mb must be > 0, got {self.memory_budget_mb!r}")
-        presets = [self.optimizer] if isinstance(self.optimizer, str) else list(self.optimizer.values())
-        for p in presets:
-            if p not in PRESETS:
-                raise ValueError(f"{fn}: optimizer presets must be in {PRESETS}, got {p!r}")
-        OptimizerPreset(presets[0], self.lr, self.weight_decay, self.momentum if presets[0] == "sgd" else 0.0)
-
-    def preset_for(self, name: str) -> str:
-        if isinstance(self.optimizer, str):
-            return self.optimizer
-        for pattern, preset in self.optimizer.items():
-            if re.search(pattern, name):
-                return preset
-        raise ValueError(f"ProbeConfig: parameter {name!r} matches none of the optimizer groups "
-                         f"{list(self.optimizer)}")
-
-
-# ----------------------------------------------------------------------------
-# result
-# ----------------------------------------------------------------------------
-class ProbeResult:
-    """One row per probe item; ``table`` is a ``pyarrow.Table``, ``metadata`` the run's settings.
-
-    A result backed by files (a run written with ``out=``, or :meth:`load`) is
-    lazy: ``len``, :meth:`column`, :attr:`column_names` and :meth:`iter_batches`
-    read the Parquet footers, one column, or one batch at a time, so a result of
-    any size costs no memory until asked; :attr:`table` reads everything (and
-    keeps it). ``path`` is the Parquet file or the manifest of a sharded run.
-    """
-
-    def __init__(self, table: pa.Table, metadata: Mapping[str, Any], path: Path | None = None):
-        self._table = table
-        self._files: list[Path] | None = None
-        self.metadata = dict(metadata)
-        self.path = path
-
-    @classmethod
-    def from_files(cls, files: Sequence[str | Path], metadata: Mapping[str, Any],
-                   path: str | Path | None = None) -> "ProbeResult":
-        """A lazy result over Parquet files holding the rows in item order (nothing is read yet)."""
-        files = [Path(f) for f in files]
-        if not files:
-            raise ValueError("ProbeResult.from_files: expected at least one Parquet file, got none")
-        result = cls(None, metadata, Path(path) if path is not None else files[0])  # type: ignore[arg-type]
-        result._files = files
-        return result
-
-    @classmethod
-    def load(cls, path: str | Path) -> "ProbeResult":
-        """Open a run: a Parquet file written by :func:`probe`, or a sharded run's ``.manifest.json``."""
-        from normfast.io import data_files
-
-        return cls.from_files(data_files(path), read_metadata(path), Path(path))
-
-    @property
-    def files(self) -> list[Path] | None:
-        """The Parquet files behind a lazy result, in item order (None for an in-memory one)."""
-        return None if self._files is None else list(self._files)
-
-    @property
-    def table(self) -> pa.Table:
-        """The whole table (read from the files on first access for a lazy result)."""
-        if self._table is None:
-            from normfast.io import read_table
-
-            self._table = read_table(self._files)
-        return self._table
-
-    @table.setter
-    def table(self, value: pa.Table) -> None:
-        self._table = value
-
-    @property
-    def schema(self) -> pa.Schema:
-        if self._table is not None:
-            return self._table.schema
-        import pyarrow.parquet as pq
-
-        return pq.read_schema(self._files[0])
-
-    @property
-    def column_names(self) -> list[str]:
-        return list(self.schema.names)
-
-    def __len__(self) -> int:
-        if self._table is not None:
-            return self._table.num_rows
-        from normfast.io import count_rows
-
-        return count_rows(self._files)
-
-    def column(self, name: str) -> np.ndarray:
-        if self._table is not None:
-            return self._table.column(name).to_numpy(zero_copy_only=False)
-        if name not in self.column_names:
-            raise KeyError(f"ProbeResult.column: no column {name!r}; columns are {self.column_names}")
-        from normfast.io import read_table
-
-        return read_table(self._files, columns=[name]).column(name).to_numpy(zero_copy_only=False)
-
-    def iter_batches(self, columns: Sequence[str] | None = None, batch_size: int = 65536):
-        """Stream the rows in item order as ``pyarrow.RecordBatch`` es of at most ``batch_size`` rows."""
-        if self._table is not None:
-            table = self._table if columns is None else self._table.select(list(columns))
-            yield from table.to_batches(max_chunksize=batch_size)
-            return
-        from normfast.io import iter_batches
-
-        yield from iter_batches(self._files, columns=columns, batch_size=batch_size)
-
-    def to_pandas(self):  # pragma: no cover - thin wrapper
-        return self.table.to_pandas()
-
-    @property
-    def heat_column(self) -> str:
-        return "V2" if "V2" in self.column_names else "V2_w"
-
-    @property
-    def drift_column(self) -> str:
-        return "D" if "D" in self.column_names else "D_w"
-
-    def summary(self) -> dict[str, Any]:
-        from normfast.report import summarize
-
-        return summarize(self)
-
-    def format_summary(self) -> str:
-        from normfast.report import format_summary
-
-        return format_summary(self)
-
-    def plots(self, outdir: str | Path, prefix: str = "probe") -> list[Path]:
-        from normfast.report import make_plots
-
-        return make_plots(self, outdir, prefix=prefix)
-
-    def __repr__(self) -> str:
-        return (f"ProbeResult({len(self)} rows, model={self.metadata.get('model')!r}, "
-                f"objective={self.metadata.get('objective')!r}, M={self.metadata.get('M')})")
-
+from normfast.data.io import (METADATA_KEY, fingerprint)
+from normfast.engine.transmission import Tail, head_kappa, head_operands, kappa_from_jvp
 
 # ----------------------------------------------------------------------------
 # helpers
@@ -314,7 +107,7 @@ def _hash_model(encoder: torch.nn.Module) -> str:
 def _library_versions() -> dict[str, str]:
     import importlib.metadata as md
 
-    out = {"normfast": normfast.__version__, "torch": torch.__version__, "numpy": np.__version__,
+    out = {"normfast": __version__, "torch": torch.__version__, "numpy": np.__version__,
            "pyarrow": pa.__version__, "python": platform.python_version()}
     for pkg in ("transformers", "open_clip_torch", "triton"):
         try:
@@ -331,7 +124,7 @@ def _device_name(device: torch.device) -> str:
 
 
 def _as_pair_source(pairs: Any, objective: Any, probes: Sequence[Any]):
-    from normfast.pairs import PairSource
+    from normfast.data.pairs import PairSource
 
     if isinstance(pairs, PairSource):
         return pairs
@@ -376,7 +169,7 @@ class _Run:
             raise ValueError(f"probe: output='tokens' needs a sequence model; {type(encoder).__name__} has no "
                              f"token positions")
         rng = np.random.default_rng(config.seed)
-        from normfast.pairs import virtual_batches
+        from normfast.data.pairs import virtual_batches
 
         self.batches = virtual_batches(len(pairs), config.batches, config.batch_size,
                                        int(rng.integers(2**31)))
@@ -460,7 +253,7 @@ class _Run:
         return int(max(1, min(self.config.batches, budget // max(per_direction, 1))))
 
     def new_accumulator(self, n: int, d: int):
-        from normfast.ops import ProbeAccumulator
+        from normfast.engine.ops import ProbeAccumulator
 
         return ProbeAccumulator(n, d, branch=self.branch, device=self.device, dtype=self.acc_dtype)
 
@@ -507,11 +300,11 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         ids: optional string id per probe item (default: the item's index).
         model_name: recorded in the metadata (default: the spec string or class name).
         second_moments: AdamW's bias-corrected ``v̂`` per parameter name (e.g. from
-            :func:`normfast.directions.adam_second_moments` of the real optimizer); without
+            :func:`normfast.engine.directions.adam_second_moments` of the real optimizer); without
             it ``v̂`` is the mean of ``ĝ²`` over the virtual batches.
         distributed: inside an initialized ``torch.distributed`` default group of two or more
             ranks, shard the probe items over the ranks (every rank calls ``probe`` with the same
-            arguments; see :mod:`normfast.distributed`). With ``out`` a sharded run writes
+            arguments; see :mod:`normfast.engine.distributed`). With ``out`` a sharded run writes
             ``OUT.manifest.json`` and one part per rank instead of one file. ``False``: this
             process runs alone.
 
@@ -520,7 +313,7 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         give the same table, sharded or not.
     """
     from normfast.encoders import load_encoder
-    from normfast.objectives import get_objective
+    from normfast.engine.objectives import get_objective
 
     config = config or ProbeConfig()
     config.validate()
@@ -614,99 +407,6 @@ def _as_probe_sequence(probes: Any) -> Sequence[Any]:
     return probes  # anything with len and slicing is read chunk by chunk, never copied whole
 
 
-def _open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | None, resume: bool,
-                 overwrite: bool) -> tuple[ProbeResult | None, ChunkedParquetWriter | None, set[int]]:
-    """Open (or create) the run's work folder; a finished run is returned instead when resuming.
-
-    Sharded: rank 0 checks and creates, then shares the outcome and the finished chunks.
-    """
-    finished = writer = failure = None
-    done: set[int] = set()
-    if shard is None or shard.is_root:
-        try:
-            finished = _finished_run(out, key, resume, overwrite)
-            if finished is None:
-                writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite)
-                done = writer.done()
-        except Exception as exc:  # noqa: BLE001 - re-raised on every rank
-            if shard is None:
-                raise
-            failure = exc
-    if shard is None:
-        return finished, writer, done
-    shard.raise_if_root_failed(failure)
-    state = shard.broadcast_object(None if finished is not None else sorted(done))
-    if state is None:
-        if finished is None:
-            finished = ProbeResult.load(_existing_output(out))
-        return finished, None, set()
-    if writer is None:
-        writer = ChunkedParquetWriter(out, spec, attach=True)
-    return None, writer, set(state)
-
-
-def _existing_output(out: Path) -> Path | None:
-    for p in (manifest_path(out), out):
-        if p.exists():
-            return p
-    return None
-
-
-def _finished_run(out: Path, key: str, resume: bool, overwrite: bool) -> ProbeResult | None:
-    """With ``resume``: the finished run at ``out`` if it was made with the same arguments."""
-    existing = _existing_output(out)
-    if not resume or existing is None or out.with_name(out.name + ".parts").exists():
-        return None
-    result = ProbeResult.load(existing)
-    previous = result.metadata.get("spec_fingerprint")
-    if previous == key:
-        return result
-    if previous is not None and not overwrite:
-        raise ValueError(f"cannot resume: {existing} holds a finished run made with different arguments "
-                         f"(fingerprint {previous!r} != {key!r}); pass overwrite=True (CLI: --overwrite) "
-                         f"to replace it")
-    return None
-
-
-def _finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path | None, key: str,
-                    metadata: dict[str, Any], n_chunks: int, tables: dict[int, pa.Table],
-                    failure: BaseException | None, seconds: float) -> ProbeResult:
-    """After the chunk loop of a sharded run: exchange outcomes, then assemble the result."""
-    if writer is None:
-        # in memory: every rank gets every rank's rows
-        gathered = shard.exchange(failure, (seconds, tables))
-        metadata["seconds"] = max(s for s, _ in gathered)
-        merged: dict[int, pa.Table] = {}
-        for _, part in gathered:
-            merged.update(part)
-        table = pa.concat_tables([merged[c] for c in range(n_chunks)])
-        meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
-        return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
-    metadata["seconds"] = max(shard.exchange(failure, seconds))
-    metadata = shard.broadcast_object(metadata)  # rank 0's device string etc. on every part
-    block = part_blocks(n_chunks, shard.world_size)[shard.rank]
-    path = part_path(out, shard.rank, shard.world_size)
-    rows, failure = 0, None
-    try:
-        if len(block):
-            rows = writer.write_part(block, path, metadata)
-    except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
-        failure = exc
-    written = shard.exchange(failure, rows)
-    parts = [{"path": str(part_path(out, r, shard.world_size)), "rows": written[r], "chunks": [b.start, b.stop]}
-             for r, b in enumerate(part_blocks(n_chunks, shard.world_size)) if len(b)]
-    failure = None
-    if shard.is_root:
-        try:
-            write_manifest(manifest_path(out), parts, metadata, key)
-            out.unlink(missing_ok=True)  # a single-file result of an earlier run would contradict the manifest
-            writer.cleanup()
-        except Exception as exc:  # noqa: BLE001 - re-raised on every rank
-            failure = exc
-    shard.raise_if_root_failed(failure)
-    return ProbeResult.from_files([p["path"] for p in parts], metadata, manifest_path(out))
-
-
 class _ChunkBar:
     """Progress over the chunks of a run, counted in probe items (so the ETA is right whatever the
     chunk sizes), with the rows written so far and their rate."""
@@ -750,7 +450,7 @@ def _run_chunks(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, tod
     encoder.eval()
     try:
         if run.mode == "head":
-            from normfast.ops import prepare_head
+            from normfast.engine.ops import prepare_head
 
             dirs = run.directions(list(range(cfg.batches)))
             G, g = head_operands(encoder, dirs, list(range(dirs.M)))
@@ -816,8 +516,8 @@ def _row_metadata(run: _Run, state: dict, items: Sequence[Any], c: int, ids: Seq
 
 def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mapping[str, torch.Tensor],
                   kappa: torch.Tensor) -> pa.Table:
-    from normfast.equilibrium import equilibrium_norm
-    from normfast.ops import REASONS
+    from normfast.core.equilibrium import equilibrium_norm
+    from normfast.engine.ops import REASONS
 
     cfg = run.config
     to_np = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
@@ -912,7 +612,7 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
 
 def _head_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | None, G: torch.Tensor,
                 g: torch.Tensor | None, dirs: Directions) -> pa.Table:
-    from normfast.ops import head_stats
+    from normfast.engine.ops import head_stats
 
     state, front, rows = run.front(items)
     head = run.encoder.head()
@@ -929,181 +629,3 @@ def _head_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | No
     kappa = head_kappa(run.encoder, a, z, dirs.decayed)
     meta = _row_metadata(run, state, items, c, ids, rows)
     return _finish_table(run, meta, z, stats, kappa)
-
-
-# ----------------------------------------------------------------------------
-# CLI: normfast probe
-# ----------------------------------------------------------------------------
-probe_description = """\
-Probe a contrastive encoder: for every input (--pooled) or every token
-(--tokens) measure radial drift D, stochastic heat V2, damping kappa and the
-predicted equilibrium norm R_eq, on M virtual batches of a scale-invariant
-objective (nothing is trained). Rows stream to a Parquet file chunk by chunk;
-an interrupted run continues with --resume.
-
-Under torchrun the probe items are sharded over the ranks (gloo on CPU, NCCL
-on GPU; directions are computed once on rank 0 and broadcast); the output is
-then OUT.manifest.json naming one Parquet part per rank, which `normfast
-report` reads as one table. --resume works with any number of ranks.
-
-examples:
-  normfast probe minilm --probes words.txt --objective simcse --tokens \\
-      --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
-  normfast probe open_clip:ViT-B-32 --tower image --probes imgs.txt \\
-      --pairs pairs.tsv --objective clip --params head --out runs/clip.parquet
-  torchrun --nproc-per-node 4 -m normfast probe minilm --probes words.txt \\
-      --tokens --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
-
-probes file: .txt (one item per line), .jsonl (--text-key, default "text";
-optional "id"), or .tsv (first column). For image towers each item is an
-image path. pairs file: .jsonl with --anchor-key/--positive-key (or
---label-key for supcon), or .tsv with two columns. SimCSE needs no pairs
-file: it uses the probes themselves (or --pairs as plain items)."""
-
-
-def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | None]:
-    import json as _json
-
-    if not path.exists():
-        raise FileNotFoundError(f"probes file {path} does not exist")
-    items: list[str] = []
-    ids: list[str] = []
-    has_ids = False
-    if path.suffix == ".jsonl":
-        for ln, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = _json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{ln}: not valid JSON ({exc})") from None
-            if text_key not in rec:
-                raise ValueError(f"{path}:{ln}: missing key {text_key!r}")
-            items.append(str(rec[text_key]))
-            if "id" in rec:
-                has_ids = True
-            ids.append(str(rec.get("id", len(items) - 1)))
-    else:
-        for line in path.read_text().splitlines():
-            if line.strip():
-                items.append(line.split("\t")[0] if path.suffix == ".tsv" else line.rstrip("\n"))
-    if not items:
-        raise ValueError(f"probes file {path} holds no probe items")
-    return items, (ids if has_ids else None)
-
-
-def _load_images(paths: list[str]):
-    from PIL import Image
-
-    return [Image.open(p).convert("RGB") for p in paths]
-
-
-def probe_arguments(p) -> None:
-    p.add_argument("model", help="hub id, local folder (HF or sentence-transformers), 'minilm', or open_clip:ARCH[@WEIGHTS]")
-    p.add_argument("--probes", required=True, help="probe items file (.txt / .jsonl / .tsv)")
-    p.add_argument("--text-key", default="text", help="jsonl key of the probe text (default: text)")
-    p.add_argument("--pairs", help="virtual-batch source (.jsonl / .tsv); optional for simcse")
-    p.add_argument("--anchor-key", default="anchor")
-    p.add_argument("--positive-key", default="positive")
-    p.add_argument("--label-key", default=None, help="jsonl key of class labels (supcon)")
-    p.add_argument("--objective", default="simcse", choices=["simcse", "infonce", "clip", "supcon"])
-    p.add_argument("--temperature", type=float, default=None, help="objective temperature (default: its own)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--tokens", dest="output", action="store_const", const="tokens",
-                   help="one row per token position")
-    g.add_argument("--pooled", dest="output", action="store_const", const="pooled",
-                   help="one row per input (default)")
-    p.set_defaults(output="pooled")
-    p.add_argument("--mode", default="auto", choices=list(MODES),
-                   help="head: closed form for a final linear head; jvp: general; auto (default)")
-    p.add_argument("--params", default="all",
-                   help="probed parameters: all, head, or a regex over parameter names (default: all)")
-    p.add_argument("--batches", type=int, default=16, help="M, virtual batches (>= 2; default 16)")
-    p.add_argument("--batch-size", type=int, default=32, help="pairs per virtual batch (default 32)")
-    p.add_argument("--optimizer", default="sgd", choices=list(PRESETS))
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate eta of the law (default 1e-3)")
-    p.add_argument("--wd", type=float, default=1e-2, help="decoupled weight decay lambda (default 1e-2)")
-    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (heuristic eta/(1-beta))")
-    p.add_argument("--no-decay", default=None, help="regex of probed parameters without weight decay")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--chunk-size", type=int, default=64, help="probe items per streamed chunk (default 64)")
-    p.add_argument("--directions-per-pass", type=int, default=None, help="K directions per JVP pass")
-    p.add_argument("--memory-budget-mb", type=float, default=2048)
-    p.add_argument("--no-radial-spread", action="store_true", help="skip se_D / sign stability (faster head mode)")
-    p.add_argument("--tower", choices=["image", "text"], help="open_clip tower to probe")
-    p.add_argument("--no-projection", action="store_true", help="open_clip / sentence-transformers without the head")
-    p.add_argument("--pooling", default=None, help="HF pooling (mean, cls, ...)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", required=True, help="output .parquet")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run at --out")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--plots", action="store_true", help="also write the report figures next to --out")
-
-
-def probe_main(args) -> int:
-    from normfast.distributed import init_from_env
-
-    # under torchrun: join the process group (gloo on CPU, NCCL on GPU) and shard the run
-    device, created = init_from_env(args.device)
-    shard = current_shard()
-    root = shard is None or shard.is_root
-    try:
-        return _probe_cli(args, str(device), root)
-    finally:
-        if created:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-
-
-def _probe_cli(args, device: str, root: bool) -> int:
-    import sys
-
-    from normfast.encoders import load_encoder
-    from normfast.objectives import get_objective
-    from normfast.pairs import PairSource
-
-    try:
-        items, ids = _read_probe_file(Path(args.probes), args.text_key)
-        kw = {}
-        if args.tower:
-            kw["tower"] = args.tower
-        if args.pooling:
-            kw["pooling"] = args.pooling
-        encoder = load_encoder(args.model, projection=not args.no_projection, device=device, **kw)
-        if encoder.modality == "image":
-            items = _load_images(items)
-        obj_kw = {} if args.temperature is None else {"temperature": args.temperature}
-        objective = get_objective(args.objective, **obj_kw)
-        pairs = None
-        pair_encoder = None
-        if args.pairs:
-            path = Path(args.pairs)
-            if path.suffix == ".jsonl":
-                pairs = PairSource.from_jsonl(path, anchor_key=args.anchor_key, positive_key=args.positive_key,
-                                              label_key=args.label_key, kind=objective.needs)
-            else:
-                pairs = PairSource.from_tsv(path, kind=objective.needs)
-        if objective.name == "clip" and hasattr(encoder, "with_tower"):
-            pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")
-        config = ProbeConfig(params=args.params, mode=args.mode, output=args.output, optimizer=args.optimizer,
-                             lr=args.lr, weight_decay=args.wd, momentum=args.momentum, no_decay=args.no_decay,
-                             batches=args.batches, batch_size=args.batch_size, seed=args.seed,
-                             chunk_size=args.chunk_size, directions_per_pass=args.directions_per_pass,
-                             memory_budget_mb=args.memory_budget_mb, radial_spread=not args.no_radial_spread)
-        result = probe(encoder, items, objective, pairs, config, out=args.out, resume=args.resume,
-                       overwrite=args.overwrite, pair_encoder=pair_encoder, ids=ids,
-                       progress=not args.no_progress, model_name=args.model)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as exc:
-        if root:
-            print(f"normfast probe: error: {exc}", file=sys.stderr)
-        return 2
-    if not root:
-        return 0
-    print(result.format_summary())
-    print(f"\nwrote {result.path} ({len(result)} rows)")
-    if args.plots:
-        for pth in result.plots(Path(args.out).parent, prefix=Path(args.out).stem):
-            print(f"wrote {pth}")
-    return 0

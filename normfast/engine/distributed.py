@@ -1,7 +1,7 @@
 """Scale-out: shard the probe items of one run over the ranks of a ``torch.distributed`` group.
 
 Launch with ``torchrun`` (``torchrun --nproc-per-node 4 -m normfast probe ...``),
-or call :func:`normfast.probe.probe` with the same arguments in every rank of
+or call :func:`normfast.engine.probe.probe` with the same arguments in every rank of
 an initialized default process group. gloo serves CPU runs, NCCL GPU runs
 (:func:`init_from_env` picks by device, as the CLI does; with NCCL each rank
 must have set its CUDA device, ``torch.cuda.set_device``, before ``probe``).
@@ -27,7 +27,7 @@ What is sharded, and how
   ranks see. When every chunk is done, rank ``r`` writes part ``r``, the
   ``r``-th contiguous block of chunks, as ``OUT.rank{r}-of-{W}.parquet`` (so
   the parts in order hold the items in order), and rank 0 writes
-  ``OUT.manifest.json`` (:mod:`normfast.io`) and removes the work folder.
+  ``OUT.manifest.json`` (:mod:`normfast.data.io`) and removes the work folder.
   ``ProbeResult.load`` and ``normfast report`` read the manifest as one
   table. Without ``out=`` the ranks exchange their rows and every rank gets
   the whole table in memory.
@@ -47,11 +47,11 @@ Supported: item sharding in every mode (head, jvp with the chunks-outer or
 directions-outer loop order), pooled and token outputs, all optimizer
 presets, resuming with a different world size, in-memory results.
 
-Not supported by :func:`~normfast.probe.probe`: splitting the *directions* of
+Not supported by :func:`~normfast.engine.probe.probe`: splitting the *directions* of
 one chunk over ranks (every rank evaluates all ``M`` directions on its own
 items). :func:`merge_across_ranks` is the exact building block for that
 layout (each rank accumulates different directions for the same probes, then
-Chan's merge), for frontends that drive :class:`~normfast.ops.ProbeAccumulator`
+Chan's merge), for frontends that drive :class:`~normfast.engine.ops.ProbeAccumulator`
 themselves. Also unsupported: process groups other than the default one, and
 hosts that do not share the output filesystem.
 """
@@ -65,7 +65,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from normfast.directions import Directions
+from normfast.engine.directions import Directions
 
 # Exception types rebuilt under their own name on the ranks that did not raise,
 # so that every rank fails the same way (the CLI reports these as user errors).
@@ -249,7 +249,7 @@ def part_blocks(n_chunks: int, world_size: int) -> list[range]:
 
 
 def merge_across_ranks(acc: Any) -> Any:
-    """Merge the :class:`~normfast.ops.ProbeAccumulator` of every rank into each rank's, in place.
+    """Merge the :class:`~normfast.engine.ops.ProbeAccumulator` of every rank into each rank's, in place.
 
     For the direction-sharded layout: every rank accumulated *different*
     directions for the *same* probes; afterwards every rank holds the
@@ -258,7 +258,7 @@ def merge_across_ranks(acc: Any) -> Any:
     would not be exact: the state is a mean and centred sums, not a sum.
     Outside a process group of two or more ranks, returns ``acc`` unchanged.
     """
-    from normfast.ops import ProbeAccumulator
+    from normfast.engine.ops import ProbeAccumulator
 
     if not isinstance(acc, ProbeAccumulator):
         raise TypeError(f"merge_across_ranks: expected a ProbeAccumulator, got {type(acc).__name__}")

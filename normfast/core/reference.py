@@ -3,7 +3,7 @@
 Two parts, kept apart:
 
 1. the equilibrium quartic: a pure-numpy batched solver (companion-matrix
-   eigenvalues + Newton polishing) that ``normfast._quartic`` must match;
+   eigenvalues + Newton polishing) that ``normfast.core._quartic`` must match;
 2. the probe statistics: plain-torch references for every Triton kernel and a
    float64 brute force that materializes every displacement ``t_i^B``.
 """
@@ -16,7 +16,7 @@ import torch
 # 1. Equilibrium quartic
 # ============================================================================
 #
-# An independent check of normfast._quartic: companion-matrix eigenvalues
+# An independent check of normfast.core._quartic: companion-matrix eigenvalues
 # (LAPACK through np.linalg.eigvals) instead of derivative-bracketed iteration.
 # Same contract: rows (a, b, c, d, e), largest positive real root (NaN where
 # none) and the number of distinct positive roots.
@@ -124,7 +124,7 @@ def solve_quartic_reference(coeffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 # 2. Probe statistics (kernel references, float64 brute force, tolerances)
 # ============================================================================
 #
-# Codes of normfast.ops.REASONS (kept literal here so this module imports
+# Codes of normfast.engine.ops.REASONS (kept literal here so this module imports
 # nothing from the package it checks).
 _OK, _ZERO_NORM, _NON_FINITE_EMBEDDING, _NON_FINITE_DISPLACEMENT = 0, 1, 2, 3
 

@@ -35,10 +35,10 @@ def demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def demo_main(args: argparse.Namespace) -> int:
-    from normfast.datasets import top_words, zipf_frequency
+    from normfast.data.datasets import top_words, zipf_frequency
     from normfast.encoders import load_encoder
-    from normfast.probe import ProbeConfig, probe
-    from normfast.report import spearman
+    from normfast.engine.probe import ProbeConfig, probe
+    from normfast.core.stats import spearman
 
     n_words = args.words or (200 if args.quick else 2000)
     M = args.batches or (8 if args.quick else 16)

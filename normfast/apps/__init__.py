@@ -1,0 +1,3 @@
+"""Thin drivers over the engine: the commands (probe, solve, demo, report, validate, retrieval, bench)
+and the experiments they run.
+"""

@@ -1,0 +1,186 @@
+"""``normfast probe``: the command-line driver over :func:`normfast.engine.probe.probe`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from normfast.engine.config import MODES, ProbeConfig
+from normfast.engine.probe import probe
+from normfast.engine.directions import (PRESETS)
+from normfast.engine.distributed import current_shard
+
+
+probe_description = """\
+Probe a contrastive encoder: for every input (--pooled) or every token
+(--tokens) measure radial drift D, stochastic heat V2, damping kappa and the
+predicted equilibrium norm R_eq, on M virtual batches of a scale-invariant
+objective (nothing is trained). Rows stream to a Parquet file chunk by chunk;
+an interrupted run continues with --resume.
+
+Under torchrun the probe items are sharded over the ranks (gloo on CPU, NCCL
+on GPU; directions are computed once on rank 0 and broadcast); the output is
+then OUT.manifest.json naming one Parquet part per rank, which `normfast
+report` reads as one table. --resume works with any number of ranks.
+
+examples:
+  normfast probe minilm --probes words.txt --objective simcse --tokens \\
+      --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
+  normfast probe open_clip:ViT-B-32 --tower image --probes imgs.txt \\
+      --pairs pairs.tsv --objective clip --params head --out runs/clip.parquet
+  torchrun --nproc-per-node 4 -m normfast probe minilm --probes words.txt \\
+      --tokens --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
+
+probes file: .txt (one item per line), .jsonl (--text-key, default "text";
+optional "id"), or .tsv (first column). For image towers each item is an
+image path. pairs file: .jsonl with --anchor-key/--positive-key (or
+--label-key for supcon), or .tsv with two columns. SimCSE needs no pairs
+file: it uses the probes themselves (or --pairs as plain items)."""
+
+
+def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | None]:
+    import json as _json
+
+    if not path.exists():
+        raise FileNotFoundError(f"probes file {path} does not exist")
+    items: list[str] = []
+    ids: list[str] = []
+    has_ids = False
+    if path.suffix == ".jsonl":
+        for ln, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = _json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{ln}: not valid JSON ({exc})") from None
+            if text_key not in rec:
+                raise ValueError(f"{path}:{ln}: missing key {text_key!r}")
+            items.append(str(rec[text_key]))
+            if "id" in rec:
+                has_ids = True
+            ids.append(str(rec.get("id", len(items) - 1)))
+    else:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                items.append(line.split("\t")[0] if path.suffix == ".tsv" else line.rstrip("\n"))
+    if not items:
+        raise ValueError(f"probes file {path} holds no probe items")
+    return items, (ids if has_ids else None)
+
+
+def _load_images(paths: list[str]):
+    from PIL import Image
+
+    return [Image.open(p).convert("RGB") for p in paths]
+
+
+def probe_arguments(p) -> None:
+    p.add_argument("model", help="hub id, local folder (HF or sentence-transformers), 'minilm', or open_clip:ARCH[@WEIGHTS]")
+    p.add_argument("--probes", required=True, help="probe items file (.txt / .jsonl / .tsv)")
+    p.add_argument("--text-key", default="text", help="jsonl key of the probe text (default: text)")
+    p.add_argument("--pairs", help="virtual-batch source (.jsonl / .tsv); optional for simcse")
+    p.add_argument("--anchor-key", default="anchor")
+    p.add_argument("--positive-key", default="positive")
+    p.add_argument("--label-key", default=None, help="jsonl key of class labels (supcon)")
+    p.add_argument("--objective", default="simcse", choices=["simcse", "infonce", "clip", "supcon"])
+    p.add_argument("--temperature", type=float, default=None, help="objective temperature (default: its own)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--tokens", dest="output", action="store_const", const="tokens",
+                   help="one row per token position")
+    g.add_argument("--pooled", dest="output", action="store_const", const="pooled",
+                   help="one row per input (default)")
+    p.set_defaults(output="pooled")
+    p.add_argument("--mode", default="auto", choices=list(MODES),
+                   help="head: closed form for a final linear head; jvp: general; auto (default)")
+    p.add_argument("--params", default="all",
+                   help="probed parameters: all, head, or a regex over parameter names (default: all)")
+    p.add_argument("--batches", type=int, default=16, help="M, virtual batches (>= 2; default 16)")
+    p.add_argument("--batch-size", type=int, default=32, help="pairs per virtual batch (default 32)")
+    p.add_argument("--optimizer", default="sgd", choices=list(PRESETS))
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate eta of the law (default 1e-3)")
+    p.add_argument("--wd", type=float, default=1e-2, help="decoupled weight decay lambda (default 1e-2)")
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (heuristic eta/(1-beta))")
+    p.add_argument("--no-decay", default=None, help="regex of probed parameters without weight decay")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunk-size", type=int, default=64, help="probe items per streamed chunk (default 64)")
+    p.add_argument("--directions-per-pass", type=int, default=None, help="K directions per JVP pass")
+    p.add_argument("--memory-budget-mb", type=float, default=2048)
+    p.add_argument("--no-radial-spread", action="store_true", help="skip se_D / sign stability (faster head mode)")
+    p.add_argument("--tower", choices=["image", "text"], help="open_clip tower to probe")
+    p.add_argument("--no-projection", action="store_true", help="open_clip / sentence-transformers without the head")
+    p.add_argument("--pooling", default=None, help="HF pooling (mean, cls, ...)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", required=True, help="output .parquet")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run at --out")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--plots", action="store_true", help="also write the report figures next to --out")
+
+
+def probe_main(args) -> int:
+    from normfast.engine.distributed import init_from_env
+
+    # under torchrun: join the process group (gloo on CPU, NCCL on GPU) and shard the run
+    device, created = init_from_env(args.device)
+    shard = current_shard()
+    root = shard is None or shard.is_root
+    try:
+        return _probe_cli(args, str(device), root)
+    finally:
+        if created:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _probe_cli(args, device: str, root: bool) -> int:
+    import sys
+
+    from normfast.encoders import load_encoder
+    from normfast.engine.objectives import get_objective
+    from normfast.data.pairs import PairSource
+
+    try:
+        items, ids = _read_probe_file(Path(args.probes), args.text_key)
+        kw = {}
+        if args.tower:
+            kw["tower"] = args.tower
+        if args.pooling:
+            kw["pooling"] = args.pooling
+        encoder = load_encoder(args.model, projection=not args.no_projection, device=device, **kw)
+        if encoder.modality == "image":
+            items = _load_images(items)
+        obj_kw = {} if args.temperature is None else {"temperature": args.temperature}
+        objective = get_objective(args.objective, **obj_kw)
+        pairs = None
+        pair_encoder = None
+        if args.pairs:
+            path = Path(args.pairs)
+            if path.suffix == ".jsonl":
+                pairs = PairSource.from_jsonl(path, anchor_key=args.anchor_key, positive_key=args.positive_key,
+                                              label_key=args.label_key, kind=objective.needs)
+            else:
+                pairs = PairSource.from_tsv(path, kind=objective.needs)
+        if objective.name == "clip" and hasattr(encoder, "with_tower"):
+            pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")
+        config = ProbeConfig(params=args.params, mode=args.mode, output=args.output, optimizer=args.optimizer,
+                             lr=args.lr, weight_decay=args.wd, momentum=args.momentum, no_decay=args.no_decay,
+                             batches=args.batches, batch_size=args.batch_size, seed=args.seed,
+                             chunk_size=args.chunk_size, directions_per_pass=args.directions_per_pass,
+                             memory_budget_mb=args.memory_budget_mb, radial_spread=not args.no_radial_spread)
+        result = probe(encoder, items, objective, pairs, config, out=args.out, resume=args.resume,
+                       overwrite=args.overwrite, pair_encoder=pair_encoder, ids=ids,
+                       progress=not args.no_progress, model_name=args.model)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as exc:
+        if root:
+            print(f"normfast probe: error: {exc}", file=sys.stderr)
+        return 2
+    if not root:
+        return 0
+    print(result.format_summary())
+    print(f"\nwrote {result.path} ({len(result)} rows)")
+    if args.plots:
+        for pth in result.plots(Path(args.out).parent, prefix=Path(args.out).stem):
+            print(f"wrote {pth}")
+    return 0

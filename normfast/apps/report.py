@@ -1,0 +1,36 @@
+"""``normfast report``: print a probe run's summary and draw its figures."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from normfast.engine.summary import format_summary, make_plots
+
+
+def report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="a .parquet file written by `normfast probe` (or a manifest .json of parts)")
+    p.add_argument("--out", help="folder for the PNG figures (default: next to the run)")
+    p.add_argument("--top", type=int, default=8, help="tokens listed as hottest/coldest (default 8)")
+    p.add_argument("--no-plots", action="store_true", help="print the summary only")
+
+
+def report_main(args: argparse.Namespace) -> int:
+    import sys
+
+    from normfast.engine.probe import ProbeResult
+
+    path = Path(args.run)
+    if not path.exists():
+        print(f"normfast report: {path} does not exist", file=sys.stderr)
+        return 2
+    try:
+        result = ProbeResult.load(path)
+    except Exception as exc:  # noqa: BLE001 - reported to the user
+        print(f"normfast report: cannot read {path}: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(result, top=args.top))
+    if not args.no_plots:
+        out = Path(args.out) if args.out else path.parent
+        for p in make_plots(result, out, prefix=path.stem):
+            print(f"wrote {p}")
+    return 0

@@ -1,0 +1,168 @@
+"""BEIR-format collections: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+
+
+# ---------------------------------------------------------------------------
+# BEIR format
+# ---------------------------------------------------------------------------
+
+class BeirFormatError(ValueError):
+    """A BEIR file that cannot be read; the message names the file and line."""
+
+
+@dataclass
+class BeirData:
+    """A BEIR collection. Unpacks like BEIR's loader: ``corpus, queries, qrels = data``.
+
+    ``corpus``: ``{doc_id: {"title": str, "text": str}}``;
+    ``queries``: ``{query_id: text}``; ``metadata``: ``{query_id: dict}`` for
+    queries that carry one; ``qrels``: ``{query_id: {doc_id: relevance}}``.
+    """
+
+    corpus: dict[str, dict[str, str]]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+    metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __iter__(self):
+        return iter((self.corpus, self.queries, self.qrels))
+
+    def doc_text(self, doc_id: str) -> str:
+        """Title and text joined by a space (BEIR's convention for encoding)."""
+        d = self.corpus[doc_id]
+        return f"{d.get('title', '')} {d.get('text', '')}".strip()
+
+    def strata(self, key: str) -> dict[str, str]:
+        """``{query_id: str(metadata[key])}`` for queries whose metadata has ``key``."""
+        return {q: str(m[key]) for q, m in self.metadata.items() if key in m}
+
+
+def _read_jsonl(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict]]:
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BeirFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise BeirFormatError(f"{path}:{lineno}: expected a JSON object, "
+                                      f"got {type(obj).__name__}")
+            for key in required:
+                if key not in obj:
+                    raise BeirFormatError(f"{path}:{lineno}: missing field {key!r}")
+            yield lineno, obj
+
+
+def load_beir(folder: str | os.PathLike, split: str = "test") -> BeirData:
+    """Read a BEIR collection: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/{split}.tsv``.
+
+    Corpus lines need ``_id`` and ``text`` (``title`` optional); query lines
+    need ``_id`` and ``text`` and may carry a ``metadata`` object. The qrels
+    file is tab separated ``query-id corpus-id score`` with an optional header
+    line. Errors name the file and line.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"load_beir: {root} is not a directory")
+    paths = {"corpus": root / "corpus.jsonl", "queries": root / "queries.jsonl",
+             "qrels": root / "qrels" / f"{split}.tsv"}
+    for name, p in paths.items():
+        if not p.is_file():
+            hint = ""
+            if name == "qrels" and (root / "qrels").is_dir():
+                have = sorted(x.stem for x in (root / "qrels").glob("*.tsv"))
+                hint = f" (splits present: {', '.join(have) or 'none'})"
+            raise FileNotFoundError(f"load_beir: missing {name} file {p}{hint}")
+
+    corpus: dict[str, dict[str, str]] = {}
+    for lineno, obj in _read_jsonl(paths["corpus"], ("_id", "text")):
+        did = str(obj["_id"])
+        if did in corpus:
+            raise BeirFormatError(f"{paths['corpus']}:{lineno}: duplicate _id {did!r}")
+        corpus[did] = {"title": str(obj.get("title") or ""), "text": str(obj["text"] or "")}
+    queries: dict[str, str] = {}
+    metadata: dict[str, dict[str, Any]] = {}
+    for lineno, obj in _read_jsonl(paths["queries"], ("_id", "text")):
+        qid = str(obj["_id"])
+        if qid in queries:
+            raise BeirFormatError(f"{paths['queries']}:{lineno}: duplicate _id {qid!r}")
+        queries[qid] = str(obj["text"])
+        meta = obj.get("metadata")
+        if meta is not None:
+            if not isinstance(meta, dict):
+                raise BeirFormatError(f"{paths['queries']}:{lineno}: metadata must be a JSON "
+                                      f"object, got {type(meta).__name__}")
+            metadata[qid] = meta
+    qrels: dict[str, dict[str, int]] = {}
+    with open(paths["qrels"], encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            parts = line.rstrip("\n").rstrip("\r").split("\t")
+            if lineno == 1 and [p.strip() for p in parts] == ["query-id", "corpus-id", "score"]:
+                continue
+            if len(parts) != 3:
+                raise BeirFormatError(f"{paths['qrels']}:{lineno}: expected 3 tab-separated fields "
+                                      f"(query-id, corpus-id, score), got {len(parts)}")
+            qid, did, score = (p.strip() for p in parts)
+            try:
+                rel = int(score)
+            except ValueError:
+                raise BeirFormatError(f"{paths['qrels']}:{lineno}: score must be an integer, "
+                                      f"got {score!r}") from None
+            qrels.setdefault(qid, {})[did] = rel
+    return BeirData(corpus=corpus, queries=queries, qrels=qrels, metadata=metadata)
+
+
+def write_beir(folder: str | os.PathLike, corpus: Mapping[str, Any], queries: Mapping[str, Any],
+               qrels: Mapping[str, Mapping[str, int]], split: str = "test", *,
+               metadata: Mapping[str, Mapping[str, Any]] | None = None) -> Path:
+    """Write a BEIR collection readable by :func:`load_beir` (and by BEIR itself).
+
+    ``corpus`` values are strings or ``{"title", "text"}`` dicts; ``queries``
+    values are strings or ``{"text", "metadata"}`` dicts; ``metadata`` (per
+    query id) is an alternative way to attach query metadata.
+    """
+    fn = "write_beir"
+    root = Path(folder)
+    (root / "qrels").mkdir(parents=True, exist_ok=True)
+    with open(root / "corpus.jsonl", "w", encoding="utf-8") as fh:
+        for did, doc in corpus.items():
+            if isinstance(doc, str):
+                doc = {"title": "", "text": doc}
+            elif not isinstance(doc, Mapping) or "text" not in doc:
+                raise TypeError(f"{fn}: corpus[{did!r}] must be a string or a dict with 'text'")
+            fh.write(json.dumps({"_id": str(did), "title": str(doc.get("title", "")),
+                                 "text": str(doc["text"])}, ensure_ascii=False) + "\n")
+    metadata = metadata or {}
+    with open(root / "queries.jsonl", "w", encoding="utf-8") as fh:
+        for qid, q in queries.items():
+            meta = metadata.get(qid)
+            if isinstance(q, Mapping):
+                if "text" not in q:
+                    raise TypeError(f"{fn}: queries[{qid!r}] must be a string or a dict "
+                                    "with 'text'")
+                meta = q.get("metadata", meta)
+                q = q["text"]
+            obj: dict[str, Any] = {"_id": str(qid), "text": str(q)}
+            if meta is not None:
+                obj["metadata"] = dict(meta)
+            fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    with open(root / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as fh:
+        fh.write("query-id\tcorpus-id\tscore\n")
+        for qid, judged in qrels.items():
+            for did, rel in judged.items():
+                if any(c in str(qid) + str(did) for c in "\t\n"):
+                    raise ValueError(f"{fn}: ids may not contain tabs or newlines: "
+                                     f"{qid!r}, {did!r}")
+                fh.write(f"{qid}\t{did}\t{int(rel)}\n")
+    return root

@@ -1,0 +1,123 @@
+"""The encoder protocol: :class:`Encoder` (staged forward, ``prepare``) and :class:`LinearHead`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+
+State = dict  # dict[str, torch.Tensor]
+
+OUTPUTS = ("pooled", "tokens", "pre_head", "pre_head_tokens")
+
+
+@dataclass(frozen=True)
+class LinearHead:
+    """Where the final linear map ``z = W a + b`` of an encoder lives.
+
+    ``weight_name`` / ``bias_name`` are names from ``named_parameters()``.
+    ``transposed`` is True when the stored parameter is ``[d_in, d_out]`` and
+    used as ``a @ P`` (open_clip's ``proj`` / ``text_projection``); otherwise it
+    is ``[d_out, d_in]`` as in ``nn.Linear``.
+    """
+
+    weight_name: str
+    bias_name: str | None = None
+    transposed: bool = False
+
+    def weight(self, encoder: nn.Module) -> torch.Tensor:
+        """``W`` as ``[d_out, d_in]`` (a view, not a copy)."""
+        w = encoder.get_parameter(self.weight_name)
+        return w.t() if self.transposed else w
+
+    def bias(self, encoder: nn.Module) -> torch.Tensor | None:
+        return None if self.bias_name is None else encoder.get_parameter(self.bias_name)
+
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        return (self.weight_name,) if self.bias_name is None else (self.weight_name, self.bias_name)
+
+
+class Encoder(nn.Module):
+    """Base class of all adapters (see the module docstring for the contract)."""
+
+    #: "text", "image" or "generic": what :meth:`prepare` accepts.
+    modality: str = "generic"
+    #: whether ``output="tokens"`` is meaningful (sequence models).
+    has_tokens: bool = False
+
+    # -- to implement -------------------------------------------------------
+    @property
+    def stages(self) -> list[tuple[str, nn.Module]]:
+        raise NotImplementedError
+
+    def prepare(self, items: Sequence[Any]) -> State:
+        raise NotImplementedError
+
+    def run_stage(self, k: int, state: State) -> State:
+        """Run stage ``k`` (not the last) and return the next state."""
+        raise NotImplementedError
+
+    def finish(self, state: State, output: str) -> torch.Tensor:
+        """Run the last stage on ``state`` and produce the requested output."""
+        raise NotImplementedError
+
+    def head(self) -> LinearHead | None:
+        """The final linear map ``z = W a + b`` (projection / Dense head), if the encoder ends in one."""
+        return None
+
+    def token_info(self, state: State) -> tuple[torch.Tensor, list[list[str]]] | None:
+        """``(token_ids [B, T], token_texts)`` for the initial state of a text batch, else None."""
+        return None
+
+    # -- provided -------------------------------------------------------------
+    @property
+    def n_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def device(self) -> torch.device:
+        for p in self.parameters():
+            return p.device
+        for b in self.buffers():
+            return b.device
+        return torch.device("cpu")
+
+    def forward(self, state: State, start: int = 0, stop: int | None = None,
+                output: str = "pooled") -> torch.Tensor | State:
+        n = self.n_stages
+        stop = n if stop is None else stop
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"{type(self).__name__}.forward: expected 0 <= start <= stop <= {n}, "
+                             f"got start={start}, stop={stop}")
+        if output not in OUTPUTS:
+            raise ValueError(f"{type(self).__name__}.forward: output must be one of {OUTPUTS}, got {output!r}")
+        if output in ("tokens", "pre_head_tokens") and not self.has_tokens:
+            raise ValueError(f"{type(self).__name__}: token-level output needs a sequence model")
+        if output.startswith("pre_head") and self.head() is None:
+            raise ValueError(f"{type(self).__name__}: output={output!r} needs an encoder ending in a linear head")
+        for k in range(start, min(stop, n - 1)):
+            state = self.run_stage(k, state)
+        if stop < n:
+            return state
+        return self.finish(state, output)
+
+    def stage_of_parameters(self) -> dict[str, int]:
+        """Map every parameter name (as in ``named_parameters()``) to its stage index."""
+        owner: dict[int, int] = {}
+        for k, (_, module) in enumerate(self.stages):
+            for p in module.parameters():
+                owner.setdefault(id(p), k)
+        mapping = {}
+        for name, p in self.named_parameters():
+            if id(p) not in owner:
+                raise RuntimeError(f"{type(self).__name__}: parameter {name!r} belongs to no stage")
+            mapping[name] = owner[id(p)]
+        return mapping
+
+    def encode(self, items: Sequence[Any], output: str = "pooled") -> torch.Tensor:
+        """Convenience: embeddings of ``items`` without gradients."""
+        with torch.no_grad():
+            return self(self.prepare(items), output=output)

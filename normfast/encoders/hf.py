@@ -1,0 +1,425 @@
+"""Hugging Face ``transformers`` models as encoders, and model files from folders or the hub."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import warnings
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from .base import Encoder, LinearHead, State
+from .pooling import DenseLayer, _pooling_modes, pool_tokens
+from .staging import _block_index, _check_texts, _stage_list
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face transformers
+
+
+def _use_eager_attention(model: nn.Module) -> None:
+    """Switch a transformers model to eager attention (plain torch ops; forward-mode AD works)."""
+    config = model.config
+    if getattr(config, "_attn_implementation", "eager") == "eager":
+        return
+    setter = getattr(model, "set_attn_implementation", None)
+    if callable(setter):
+        try:
+            setter("eager")
+        except Exception:  # noqa: BLE001 - fall back to the config flag below
+            pass
+    if getattr(config, "_attn_implementation", "eager") != "eager":
+        config._attn_implementation = "eager"
+
+
+def _additive_attention_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, T]`` bool -> ``[B, 1, 1, T]`` additive bias: 0 where attended, the dtype's
+    minimum elsewhere.
+
+    The same values transformers' eager path builds (its ``[B, 1, T, T]`` mask
+    repeats this row for every query); eager attention adds it to the scores.
+    """
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return torch.where(mask[:, None, None, :], zero, torch.finfo(dtype).min)
+
+
+class HFEncoder(Encoder):
+    """A Hugging Face ``transformers`` encoder (BERT family and alike), staged layer by layer.
+
+    Args:
+        model: a model that returns ``last_hidden_state`` (``BertModel``,
+            ``RobertaModel``, a MiniLM ``BertModel``, ...). Its attention is switched
+            to ``"eager"`` in place (see the module docstring); eager attention is
+            the same computation as the fused kernels, in plain torch ops.
+        tokenizer: the matching tokenizer; needed to prepare raw strings and for
+            :meth:`token_info`. :meth:`prepare` also accepts an already tokenized
+            mapping with ``input_ids`` (and ``attention_mask``).
+        pooling: ``"mean"`` (over the mask), ``"cls"`` (first real token), ``"max"``,
+            ``"mean_sqrt_len_tokens"``, ``"weightedmean"``, ``"lasttoken"`` (computed
+            as sentence-transformers does, see :func:`pool_tokens`), ``"pooler"``
+            (the model's own pooler: first token, dense, tanh), or a sequence of
+            modes whose results are concatenated.
+        dense: modules applied after pooling, in order (sentence-transformers
+            ``Dense`` layers, see :class:`DenseLayer`; plain ``nn.Linear`` works
+            too). When the last one is linear it is the :meth:`head`.
+        max_length: truncation length (default: the tokenizer's, capped by the
+            model's position table).
+        lowercase: lowercase texts before tokenizing.
+        staged: ``"auto"`` splits the model into stages (embeddings, each layer,
+            pooling) when it has the ``.embeddings`` + ``.encoder.layer`` layout, no
+            parameters outside it, and a staged forward of a small random batch
+            reproduces the model's own forward; otherwise the whole model is one
+            stage (still correct, but no frozen front to cache) and a warning says
+            why. ``True`` raises instead of warning; ``False`` never splits.
+
+    Stages when split: ``model.embeddings``, ``model.encoder.layer.0`` ...
+    ``model.encoder.layer.{L-1}``, ``pool`` (pooling, the model's pooler and the
+    dense layers). The model's pooler is unused unless ``pooling="pooler"``: its
+    parameters sit in the last stage and get zero derivatives.
+
+    Token output: per position, the last hidden state passed through the dense
+    layers (so with mean pooling and a linear head the pooled embedding is the
+    masked mean of the token embeddings). It needs a single pooling mode when
+    there are dense layers (their input width is the pooled width).
+    """
+
+    modality = "text"
+    has_tokens = True
+
+    def __init__(self, model: nn.Module, tokenizer: Any = None, *,
+                 pooling: str | Sequence[str] = "mean", dense: Sequence[nn.Module] = (),
+                 max_length: int | None = None, lowercase: bool = False,
+                 staged: bool | str = "auto"):
+        super().__init__()
+        fn = "HFEncoder"
+        if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+            raise TypeError(f"{fn}: expected a transformers model (an nn.Module with .config), "
+                            f"got {type(model).__name__}")
+        if staged not in (True, False, "auto"):
+            raise ValueError(f"{fn}: staged must be True, False or 'auto', got {staged!r}")
+        self.model = model
+        self.training = model.training  # wrapping does not change train/eval mode
+        _use_eager_attention(model)
+        self.tokenizer = tokenizer
+        self.pooling_modes = _pooling_modes(fn, pooling, model)
+        self.dense = nn.ModuleList(list(dense)).train(model.training)
+        self.lowercase = bool(lowercase)
+        self.max_length = self._default_max_length(max_length)
+        self.name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+        self._embedding_takes_token_types = False
+
+        self.staged = False
+        if staged is not False:
+            problem = self._layout_problem()
+            if problem is None:
+                params = inspect.signature(model.embeddings.forward).parameters
+                self._embedding_takes_token_types = "token_type_ids" in params
+                problem = self._staging_mismatch()
+            if problem is None:
+                self.staged = True
+            elif staged is True:
+                raise ValueError(f"{fn}: cannot split {type(model).__name__} into stages: "
+                                 f"{problem}")
+            else:
+                warnings.warn(f"{fn}: running {type(model).__name__} as a single stage "
+                              f"(no tail cut): {problem}", stacklevel=2)
+
+    # -- construction helpers ---------------------------------------------------
+    def _default_max_length(self, max_length: int | None) -> int | None:
+        if max_length is not None:
+            if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+                raise ValueError("HFEncoder: expected max_length to be a positive int, "
+                                 f"got {max_length!r}")
+            return max_length
+        limits = []
+        tok_max = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
+            limits.append(tok_max)
+        pos_max = getattr(self.model.config, "max_position_embeddings", None)
+        if isinstance(pos_max, int) and pos_max > 0:
+            limits.append(pos_max)
+        return min(limits) if limits else None
+
+    def _layout_problem(self) -> str | None:
+        model = self.model
+        embeddings = getattr(model, "embeddings", None)
+        layers = getattr(getattr(model, "encoder", None), "layer", None)
+        if (not isinstance(embeddings, nn.Module) or not isinstance(layers, nn.ModuleList)
+                or len(layers) == 0):
+            return "it has no .embeddings + .encoder.layer layout"
+        if getattr(model.config, "is_decoder", False):
+            return "it is configured as a decoder (causal attention)"
+        covered = set()
+        for part in (embeddings, layers, getattr(model, "pooler", None)):
+            if part is not None:
+                covered.update(id(p) for p in part.parameters())
+        outside = [n for n, p in model.named_parameters() if id(p) not in covered]
+        if outside:
+            return f"it has parameters outside the embeddings and layers ({', '.join(outside[:3])})"
+        return None
+
+    def _staging_mismatch(self) -> str | None:
+        """Compare a staged forward with the model's own on a small random batch."""
+        config = self.model.config
+        vocab = int(getattr(config, "vocab_size", 0) or 0)
+        if vocab < 2:
+            return "its config has no usable vocab_size to build a check batch from"
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(min(5, vocab - 1), vocab, (2, 7), generator=gen)
+        mask = torch.ones(2, 7, dtype=torch.bool)
+        mask[1, -2:] = False
+        pad = getattr(config, "pad_token_id", None)
+        if isinstance(pad, int) and 0 <= pad < vocab:
+            ids[1, -2:] = pad
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        modes = [(module, module.training) for module in self.modules()]
+        self.eval()
+        try:
+            with torch.no_grad():
+                reference = self._whole_model({"input_ids": ids, "mask": mask})
+                hidden = self._embed({"input_ids": ids, "mask": mask})
+                for i in range(len(self.model.encoder.layer)):
+                    hidden = self._run_layer(i, hidden, mask)
+        except Exception as exc:  # noqa: BLE001 - reported as the reason not to split
+            return f"a staged forward failed ({type(exc).__name__}: {exc})"
+        finally:
+            for module, flag in modes:
+                module.training = flag
+        error = (hidden - reference)[mask].abs().max().item()
+        scale = reference[mask].abs().max().item()
+        if not error <= 1e-4 * (1.0 + scale):
+            return f"a staged forward differs from the model's own (max abs error {error:.3g})"
+        return None
+
+    # -- contract -------------------------------------------------------------
+    @property
+    def n_stages(self) -> int:
+        return len(self.model.encoder.layer) + 2 if self.staged else 1
+
+    @property
+    def stages(self) -> list[tuple[str, nn.Module]]:
+        if not self.staged:
+            return _stage_list(self, ["model"], lambda name: 0)
+        n_layers = len(self.model.encoder.layer)
+        layer_labels = [f"model.encoder.layer.{i}" for i in range(n_layers)]
+        labels = ["model.embeddings", *layer_labels, "pool"]
+
+        def assign(name: str) -> int:
+            if name.startswith("model.embeddings."):
+                return 0
+            k = _block_index(name, "model.encoder.layer.")
+            return n_layers + 1 if k is None else k + 1
+
+        return _stage_list(self, labels, assign)
+
+    def prepare(self, items: Sequence[str] | Mapping[str, Any]) -> State:
+        fn = "HFEncoder.prepare"
+        if isinstance(items, Mapping):
+            if "input_ids" not in items:
+                raise ValueError(f"{fn}: a tokenized batch needs 'input_ids', "
+                                 f"got keys {sorted(items)}")
+            batch = dict(items)
+        else:
+            texts = _check_texts(fn, items)
+            if self.tokenizer is None:
+                raise ValueError(f"{fn}: raw strings need a tokenizer; build the encoder with "
+                                 "tokenizer=..., or pass a mapping with input_ids and "
+                                 "attention_mask")
+            if self.lowercase:
+                texts = [t.lower() for t in texts]
+            batch = self.tokenizer(texts, padding=True, truncation=self.max_length is not None,
+                                   max_length=self.max_length, return_tensors="pt")
+        device = self.device
+        ids = torch.as_tensor(batch["input_ids"]).to(device)
+        if ids.dim() != 2:
+            raise ValueError(f"{fn}: expected input_ids to be 2-D [B, T], "
+                             f"got input_ids.shape={tuple(ids.shape)}")
+        attention = batch.get("attention_mask")
+        mask = (torch.ones_like(ids, dtype=torch.bool) if attention is None
+                else torch.as_tensor(attention).to(device).bool())
+        state = {"input_ids": ids, "mask": mask}
+        token_types = batch.get("token_type_ids")
+        if token_types is not None:
+            state["token_type_ids"] = torch.as_tensor(token_types).to(device)
+        return state
+
+    def run_stage(self, k: int, state: State) -> State:
+        out = dict(state)
+        if k == 0:
+            out["hidden"] = self._embed(state)
+        else:
+            out["hidden"] = self._run_layer(k - 1, state["hidden"], state["mask"])
+        return out
+
+    def finish(self, state: State, output: str) -> torch.Tensor:
+        if self.staged:
+            if "hidden" not in state:
+                raise ValueError("HFEncoder.forward: the last stage needs a state with 'hidden' "
+                                 "(the output of forward(state, 0, k))")
+            hidden = state["hidden"]
+        else:
+            hidden = self._whole_model(state)
+        per_position = output in ("tokens", "pre_head_tokens")
+        if per_position:
+            if len(self.dense) and len(self.pooling_modes) > 1:
+                raise ValueError(f"HFEncoder: output={output!r} is unavailable with dense "
+                                 f"layers after a concatenated pooling {self.pooling_modes}")
+            x = hidden
+        else:
+            x = self._pool(hidden, state["mask"])
+        n_dense = len(self.dense) - 1 if output.startswith("pre_head") else len(self.dense)
+        for layer in list(self.dense)[:n_dense]:
+            x = layer(x)
+        return x
+
+    def head(self) -> LinearHead | None:
+        if not len(self.dense):
+            return None
+        i = len(self.dense) - 1
+        last = self.dense[i]
+        if isinstance(last, DenseLayer) and last.is_linear:
+            weight = f"dense.{i}.linear.weight"
+            bias = f"dense.{i}.linear.bias" if last.linear.bias is not None else None
+        elif type(last) is nn.Linear:
+            weight = f"dense.{i}.weight"
+            bias = f"dense.{i}.bias" if last.bias is not None else None
+        else:
+            return None
+        return LinearHead(weight, bias)
+
+    def token_info(self, state: State) -> tuple[torch.Tensor, list[list[str]]] | None:
+        if self.tokenizer is None or "input_ids" not in state:
+            return None
+        ids = state["input_ids"]
+        texts = [list(self.tokenizer.convert_ids_to_tokens(row)) for row in ids.tolist()]
+        return ids, texts
+
+    # -- pieces ---------------------------------------------------------------
+    def _embed(self, state: State) -> torch.Tensor:
+        kwargs = {"input_ids": state["input_ids"]}
+        if self._embedding_takes_token_types and "token_type_ids" in state:
+            kwargs["token_type_ids"] = state["token_type_ids"]
+        return self.model.embeddings(**kwargs)
+
+    def _run_layer(self, i: int, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if getattr(self.model.config, "_attn_implementation", "eager") != "eager":
+            raise RuntimeError("HFEncoder: the model's attention implementation was changed "
+                               "from 'eager'; forward-mode AD needs eager attention")
+        bias = _additive_attention_mask(mask, hidden.dtype)
+        out = self.model.encoder.layer[i](hidden, attention_mask=bias)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    def _whole_model(self, state: State) -> torch.Tensor:
+        kwargs = {"input_ids": state["input_ids"], "attention_mask": state["mask"].long()}
+        if "token_type_ids" in state:
+            kwargs["token_type_ids"] = state["token_type_ids"]
+        out = self.model(**kwargs)
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.pooling_modes == ("pooler",):
+            return self.model.pooler(hidden)
+        parts = [pool_tokens(hidden, mask, mode) for mode in self.pooling_modes]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+# ---------------------------------------------------------------------------
+# model files: local folders and hub repositories
+
+
+class _ModelFiles:
+    """Files of a model: a local folder, or a hub repository read through the hub cache."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.local = os.path.isdir(source)
+
+    def path(self, relative: str) -> str | None:
+        """Local path of ``relative`` (None when the model has no such file)."""
+        if self.local:
+            candidate = os.path.join(self.source, *relative.split("/"))
+            return candidate if os.path.isfile(candidate) else None
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+
+        try:
+            return hf_hub_download(self.source, relative)
+        except EntryNotFoundError:  # includes "not in the local cache" when offline
+            return None
+
+    def json(self, relative: str) -> dict | list | None:
+        path = self.path(relative)
+        if path is None:
+            return None
+        with open(path, encoding="utf-8") as fh:
+            try:
+                return json.load(fh)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{self.source}: {relative} is not valid JSON ({exc})") from None
+
+    def model_location(self, subfolder: str) -> tuple[str, dict]:
+        """``(name_or_path, extra from_pretrained kwargs)`` for a module stored in ``subfolder``."""
+        if not subfolder:
+            return self.source, {}
+        if self.local:
+            return os.path.join(self.source, subfolder), {}
+        return self.source, {"subfolder": subfolder}
+
+
+def _dtype_kwarg() -> str:
+    """Name of ``from_pretrained``'s dtype argument (``torch_dtype`` before transformers 4.56)."""
+    import transformers
+
+    parts = transformers.__version__.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        return "dtype"
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def _load_transformers(name_or_path: str, extra: dict,
+                       trust_remote_code: bool) -> tuple[nn.Module, Any]:
+    """Model (fp32, eager attention, safetensors preferred) and tokenizer, via the Auto classes."""
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(name_or_path, attn_implementation="eager",
+                                      trust_remote_code=trust_remote_code,
+                                      **{_dtype_kwarg(): torch.float32}, **extra)
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code,
+                                              **extra)
+    return model.eval(), tokenizer
+
+
+def _activation_from_name(fn: str, dotted: str | None, trust_remote_code: bool) -> nn.Module:
+    if dotted is None:
+        return nn.Tanh()  # sentence-transformers' default for Dense
+    if not dotted.startswith("torch.") and not trust_remote_code:
+        raise ValueError(f"{fn}: activation {dotted!r} is not a torch class; pass "
+                         "trust_remote_code=True to import it")
+    module_name, _, attr = dotted.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{fn}: cannot import activation {dotted!r} ({exc})") from None
+    if not (inspect.isclass(cls) and issubclass(cls, nn.Module)):
+        raise ValueError(f"{fn}: activation {dotted!r} is not an nn.Module class")
+    return cls()
+
+
+def _legacy_pooling(config: dict) -> tuple[str, ...]:
+    flags = {
+        "pooling_mode_cls_token": "cls",
+        "pooling_mode_max_tokens": "max",
+        "pooling_mode_mean_tokens": "mean",
+        "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+        "pooling_mode_weightedmean_tokens": "weightedmean",
+        "pooling_mode_lasttoken": "lasttoken",
+    }
+    if "pooling_mode" in config:
+        mode = config["pooling_mode"]
+        return (mode,) if isinstance(mode, str) else tuple(mode)
+    return tuple(mode for key, mode in flags.items() if config.get(key))

