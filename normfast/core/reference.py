@@ -342,6 +342,44 @@ def project_reference(A, Z, G, g_bias=None, *, branch: str = "u") -> dict:
     return out
 
 
+def head_stack_reference(A, Z, G, S, *, has_bias: bool = False) -> dict:
+    """Reference for the stacked head products (the primitive of the grouped head statistics).
+
+    ``A`` ``[N, d_in]`` probe activations, ``Z`` ``[N, d_out]`` embeddings,
+    ``G`` ``[K1, d_out, da]`` a stack of direction matrices (means: overall,
+    per group, ...), ``S`` ``[K2, da, da]`` a stack of symmetric second-moment
+    matrices, ``da = d_in + 1`` when ``has_bias`` (the last column of ``G`` and
+    the last row/column of ``S`` act on the constant 1 of ``ã = [a, 1]``),
+    else ``da = d_in`` and ``ã = a``. Per row ``i`` and stack entry ``k``:
+
+    * ``zdot[i, k] = z_i · (G_k ã_i)``  -- ``[N, K1]``
+    * ``sq[i, k]   = |G_k ã_i|²``       -- ``[N, K1]``
+    * ``quad[i, k] = ã_iᵀ S_k ã_i``     -- ``[N, K2]``
+    * ``norm[i]    = |z_i|``            -- ``[N]``
+
+    Every estimator of the grouped head mode (drift, its group spread, m2,
+    heat and its group spread) is an O(N K) epilogue over these; the kernel
+    and the torch path compute exactly these products. Computed here one
+    matrix at a time in the inputs' dtype (float64 for a reference).
+    """
+    A, Z, G, S = (torch.as_tensor(x) for x in (A, Z, G, S))
+    if has_bias:
+        A = torch.cat([A, torch.ones(A.shape[0], 1, dtype=A.dtype, device=A.device)], 1)
+    if G.shape[-1] != A.shape[1] or S.shape[-1] != A.shape[1] or S.shape[-2] != A.shape[1]:
+        raise ValueError(f"head_stack_reference: expected G [K1, d_out, {A.shape[1]}] and "
+                         f"S [K2, {A.shape[1]}, {A.shape[1]}], got G.shape={tuple(G.shape)}, "
+                         f"S.shape={tuple(S.shape)}")
+    zdot, sq, quad = [], [], []
+    for g in G:
+        v = A @ g.T
+        zdot.append((Z * v).sum(1))
+        sq.append((v * v).sum(1))
+    for s in S:
+        quad.append(((A @ s) * A).sum(1))
+    return {"zdot": torch.stack(zdot, 1), "sq": torch.stack(sq, 1), "quad": torch.stack(quad, 1),
+            "norm": torch.linalg.vector_norm(Z, dim=1)}
+
+
 def _scale_of(key: str, want: dict) -> torch.Tensor:
     """Natural size of a statistic: |D|, se_D <= sqrt(Q); m2, V2 <= Q; |C_uw| <= sqrt(Q Q_w)."""
     suffix = "_w" if key.endswith("_w") else ""
