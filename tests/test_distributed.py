@@ -42,6 +42,9 @@ CONFIGS = {
                        chunk_size=4, seed=3),
     "head_pooled": dict(params="head", mode="head", output="pooled", batches=5, drift_batches=12, batch_size=8,
                         chunk_size=4, seed=4),
+    # adaptive M: rank 0 chooses M on the first chunk and shares it with the directions
+    "jvp_adaptive": dict(params="head", mode="jvp", output="pooled", batches=4, groups=2, drift_batches=40,
+                         target_rse=0.3, max_batches=40, batch_size=8, chunk_size=4, seed=5),
 }
 
 
@@ -91,6 +94,9 @@ def _sharded_runs(rank: int, folder: str) -> None:
     # in memory: every rank receives the whole table
     res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["head_pooled"]), progress=False)
     pq.write_table(res.table, folder / f"head-rank{rank}.parquet")
+    res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_adaptive"]), progress=False)
+    pq.write_table(res.table, folder / f"adaptive-rank{rank}.parquet")
+    (folder / f"adaptive-rank{rank}.json").write_text(json.dumps(res.metadata["adaptive"]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the directions-outer warning
         probe(enc, items, InfoNCE(0.1), pairs, _outer_config(enc), out=folder / "outer.parquet", progress=False)
@@ -181,6 +187,13 @@ def test_sharded_runs_equal_single_process_and_manifest_reads_back(tmp_path, cap
     single = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["head_pooled"]), progress=False)
     for r in range(WORLD):
         assert _plain(pq.read_table(tmp_path / f"head-rank{r}.parquet")).equals(_plain(single.table))
+
+    # adaptive M: every rank got rank 0's M and the same table as one process
+    single = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_adaptive"]), progress=False)
+    assert single.metadata["M"] > 4
+    for r in range(WORLD):
+        assert _plain(pq.read_table(tmp_path / f"adaptive-rank{r}.parquet")).equals(_plain(single.table))
+        assert json.loads((tmp_path / f"adaptive-rank{r}.json").read_text())["M"] == single.metadata["M"]
 
     # directions-outer loop order: one broadcast per direction group
     with pytest.warns(UserWarning, match="directions-outer"):

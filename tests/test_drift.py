@@ -80,7 +80,7 @@ def test_head_drift_from_group_means_equals_brute_force(gen, bias):
                          drift_means=cast(Gd), drift_bias=cast(gd), drift_counts=counts)
         dirs = prepare_head(cast(G[:m]), cast(None if g is None else g[:m]), drift_means=cast(Gd),
                             drift_bias=cast(gd), drift_counts=counts)
-        again = head_stats(cast(A), cast(Z), dirs, form="S", radial_spread=False)
+        again = head_stats(cast(A), cast(Z), dirs, form="per_batch")  # the drift's groups in any form
         for res in (got, again):
             scale = torch.sqrt(want["m2"] + heat["V2"])
             for key in DRIFT:
@@ -168,8 +168,9 @@ def test_probe_drift_matches_float64_brute_force(optimizer):
     assert res.metadata["M_D"] == 23 and res.metadata["groups"] == 4 and res.metadata["M"] == 5
     if optimizer == "adamw":
         return  # without M_D, AdamW's v̂ comes from the M batches alone: another estimate
-    # the per-batch drift of the M heat batches stays available
-    old = probe(enc, items, obj, pairs, ProbeConfig(**{**cfg.__dict__, "drift_batches": None}), progress=False)
+    # the per-batch drift of the M heat batches stays available (without error bars: se_D per batch)
+    old = probe(enc, items, obj, pairs, ProbeConfig(**{**cfg.__dict__, "drift_batches": None, "uncertainty": False}),
+                progress=False)
     assert rel(old.column("D" + sfx), heat["D" + sfx].numpy()) < 1e-9
     assert rel(old.column("se_D" + sfx), heat["se_D" + sfx].numpy()) < 1e-9
     assert old.metadata["M_D"] is None
@@ -207,7 +208,7 @@ def test_directions_outer_order_with_the_drift_gives_the_same_table():
     (dict(drift_batches=-3), r"drift_batches"),
     (dict(drift_batches=True), r"drift_batches"),
     (dict(drift_batches=2.5e3), r"drift_batches"),
-    (dict(batches=2, drift_batches=3, groups=4), r">= groups \(K=4\)"),
+    (dict(target_rse=0.1, max_batches=300, drift_batches=256), r">= max_batches=300"),
     (dict(groups=1), r"groups \(K.*>= 2"),
 ])
 def test_drift_settings_are_validated(kwargs, pattern):

@@ -1,4 +1,6 @@
-"""Head mode (torch path): S form == per-batch form == accumulator == brute force."""
+"""Head mode (torch path): S form == per-batch form == accumulator == brute force.
+
+The grouped form (the default) has its own checks in test_uncertainty.py."""
 import numpy as np
 import pytest
 import torch
@@ -48,7 +50,7 @@ def test_forms_agree_with_accumulator_and_brute_force(gen, n, d_in, d_out, m, bi
     tol = allowed_error(torch.float32)
     f32 = (A.float(), Z.float(), G.float(), None if g is None else g.float())
     s_form = head_stats(*f32, branch=branch, form="S", radial_spread=False)
-    per_batch = head_stats(*f32, branch=branch)
+    per_batch = head_stats(*f32, branch=branch, radial_spread=True)
     acc = ProbeAccumulator(n, d_out, branch=branch).update(T.float(), Z.float()).finalize()
     sfx = "" if branch == "u" else "_w"
     assert torch.isnan(s_form["se_D" + sfx]).all()
@@ -73,8 +75,8 @@ def test_float64_path_and_references(gen, bias, branch):
     f32 = [x.float() if x is not None else None for x in (A, Z, G, g)]
     want_f32 = brute_force_stats(_displacements(*[f32[0], f32[2], f32[3]]), f32[1], branch)
     sfx = "" if branch == "u" else "_w"
-    for got, truth in ((head_stats(A, Z, G, g, branch=branch), want),
-                       (head_stats(*f32, branch=branch, dtype=torch.float64), want_f32),
+    for got, truth in ((head_stats(A, Z, G, g, branch=branch, radial_spread=True), want),
+                       (head_stats(*f32, branch=branch, dtype=torch.float64, radial_spread=True), want_f32),
                        (project_reference(A, Z, G, g, branch=branch), want)):
         assert got["D" + sfx].dtype == torch.float64
         errors = stat_errors(got, truth)
@@ -90,14 +92,14 @@ def test_auto_form_follows_flop_count(gen):
     A, Z, G, g = _head_problem(gen, 1, 40, 40, 64)
     cost = head_flops(1, 40, 40, 64, bias=True)
     assert cost["per_batch"] < cost["S"]  # one probe: forming S_c is not worth it
-    tiny = head_stats(A, Z, G, g, radial_spread=False)
+    tiny = head_stats(A, Z, G, g, uncertainty=False)
     assert torch.isfinite(tiny["se_D"]).all()
     A, Z, G, g = _head_problem(gen, 2000, 40, 40, 64)
     cost = head_flops(2000, 40, 40, 64, bias=True)
     assert cost["S"] < cost["per_batch"]
-    many = head_stats(A, Z, G, g, radial_spread=False)
+    many = head_stats(A, Z, G, g, uncertainty=False)
     assert torch.isnan(many["se_D"]).all() and torch.isfinite(many["V2"]).all()
-    per_batch = head_stats(A, Z, G, g, radial_spread=False, form="per_batch")
+    per_batch = head_stats(A, Z, G, g, uncertainty=False, form="per_batch")
     assert torch.isfinite(per_batch["se_D"]).all()
     assert _worst(stat_errors(many, per_batch, ["D", "m2", "V2", "Q"])) <= 1e-10
 
@@ -124,14 +126,14 @@ def test_strided_numpy_and_low_precision_inputs(gen):
     z_strided = torch.stack([Z.float(), -Z.float()], 2)[:, :, 0]
     g_strided = G.float().transpose(1, 2).contiguous().transpose(1, 2)
     assert not (a_strided.is_contiguous() or z_strided.is_contiguous() or g_strided.is_contiguous())
-    got = head_stats(a_strided, z_strided, g_strided, g.float())
+    got = head_stats(a_strided, z_strided, g_strided, g.float(), radial_spread=True)
     assert _worst(stat_errors(got, want)) <= allowed_error(torch.float32)
-    from_numpy = head_stats(A.numpy(), Z.numpy(), G.numpy(), g.numpy())
+    from_numpy = head_stats(A.numpy(), Z.numpy(), G.numpy(), g.numpy(), radial_spread=True)
     assert isinstance(from_numpy["D"], torch.Tensor)
     assert _worst(stat_errors(from_numpy, want)) <= allowed_error(torch.float64)
     for low in (torch.float16, torch.bfloat16):
         plain = stat_errors(project_reference(A.to(low), Z.to(low), G.to(low), g.to(low)), want)
-        fast = stat_errors(head_stats(A.to(low), Z.to(low), G.to(low), g.to(low)), want)
+        fast = stat_errors(head_stats(A.to(low), Z.to(low), G.to(low), g.to(low), radial_spread=True), want)
         for key in ("D", "se_D", "m2", "V2", "Q"):
             assert fast[key] <= allowed_error(low, plain[key]), (low, key, fast[key], plain[key])
 
@@ -168,5 +170,5 @@ def test_head_matches_explicit_jvp_of_the_head(gen):
     params = (head.weight, head.bias)
     T = torch.stack([-torch.func.jvp(forward, params, (G[i], g[i]))[1] for i in range(m)])
     want = brute_force_stats(T, Z, "u")
-    assert _worst(stat_errors(head_stats(A, Z, G, g), want)) <= 1e-10
+    assert _worst(stat_errors(head_stats(A, Z, G, g, radial_spread=True), want)) <= 1e-10
     assert np.isfinite(want["D"].numpy()).all() and want["valid"].all()

@@ -198,10 +198,10 @@ def test_head_kernels(gen, n, d_in, d_out, m, bias, branch):
 
     # the public entry point dispatches to the same kernels
     on_device = [None if x is None else x.to(DEVICE) for x in (A, Z, G, g)]
-    via_ops = ops_head_stats(*on_device, branch=branch, backend="triton")
+    via_ops = ops_head_stats(*on_device, branch=branch, backend="triton", radial_spread=True)
     for key, value in per_batch.items():
         torch.testing.assert_close(via_ops[key].cpu(), value, rtol=1e-6, atol=0, equal_nan=True)
-    torch_path = ops_head_stats(A, Z, G, g, branch=branch, backend="torch")
+    torch_path = ops_head_stats(A, Z, G, g, branch=branch, backend="torch", radial_spread=True)
     assert _worst(stat_errors(per_batch, torch_path)) <= TOL
 
 
@@ -233,7 +233,8 @@ def test_low_precision_inputs_on_gpu(gen, low):
     want = brute_force_stats(T, Z64, "u")
     low_inputs = [x.to(low).cuda() for x in (A, Z, G, g)]
     plain = stat_errors(project_reference(*low_inputs), want)
-    fast = stat_errors(ops_head_stats(A.to(low).cuda(), Z.to(low).cuda(), G.cuda(), g.cuda()), want)
+    fast = stat_errors(ops_head_stats(A.to(low).cuda(), Z.to(low).cuda(), G.cuda(), g.cuda(), radial_spread=True),
+                       want)
     for key in ("D", "se_D", "m2", "V2", "Q"):
         assert fast[key] <= allowed_error(low, plain[key]), (key, fast[key], plain[key])
     t = (0.3 + torch.randn(8, 4099, 384, generator=gen)).to(low).cuda()

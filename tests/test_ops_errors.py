@@ -189,8 +189,10 @@ def test_head_input_errors(mutate, exc, pattern):
     (dict(branch="uw"), ValueError, r"head_stats: expected branch 'u' or 'w' .* got branch='uw'"),
     (dict(branch="x"), ValueError, r"got branch='x'"),
     (dict(form="ghost"), ValueError,
-     r"expected form to be one of \('auto', 'S', 'per_batch'\), got form='ghost'"),
-    (dict(form="S"), ValueError, r"expected radial_spread=False with form='S'"),
+     r"expected form to be one of \('auto', 'grouped', 'S', 'per_batch'\), got form='ghost'"),
+    (dict(form="S", radial_spread=True), ValueError, r"expected radial_spread=False with form='S'"),
+    (dict(form="grouped", uncertainty=False), ValueError, r"expected uncertainty=True .* with form='grouped'"),
+    (dict(groups=1), ValueError, r"expected groups \(K, the batch groups of the error bars\) to be an integer >= 2"),
     (dict(backend="gpu"), ValueError, r"expected backend to be one of"),
     (dict(dtype=torch.float16), TypeError, r"expected dtype None, torch.float32 or torch.float64"),
 ])

@@ -61,7 +61,8 @@ def test_jvp_statistics_match_finite_differences_in_float64():
     enc = mlp(bias=True, dtype=torch.float64)
     items, pairs = toy_data(dtype=torch.float64)
     obj = InfoNCE(0.2)
-    cfg = ProbeConfig(drift_batches=None, params="all", mode="jvp", batches=5, batch_size=8, chunk_size=4, lr=0.1,
+    cfg = ProbeConfig(drift_batches=None, uncertainty=False, params="all", mode="jvp", batches=5, batch_size=8,
+                      chunk_size=4, lr=0.1,
                       weight_decay=0.01, seed=3)
     res = probe(enc, items, obj, pairs, cfg, progress=False)
 

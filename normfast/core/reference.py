@@ -259,6 +259,59 @@ def brute_force_drift(T, Z, groups: int, branch: str = "u", *, dtype: torch.dtyp
     return out
 
 
+def brute_force_grouped(T, Z, groups: int, branch: str = "u", T_drift=None, *,
+                        dtype: torch.dtype = torch.float64) -> dict:
+    """The grouped estimators (error bars), straight from their definitions, in float64.
+
+    ``T`` ``[M, N, d]`` every heat displacement, ``T_drift`` ``[M_D, N, d]``
+    every drift displacement (None: the heat's); batch ``b`` of either set
+    is in group ``b mod K``. ``x = R t`` ("u") or ``t`` ("w"). ``D``, ``m2``
+    from the drift set's mean, ``V2`` from the heat set, ``Q = m2 + V2``;
+    ``se_D``, ``sign_stability`` from the group drifts (as
+    :func:`brute_force_drift`); for each group ``g`` the statistics
+    recomputed without the batches of group ``g`` in both sets
+    (``loo``: ``D, m2, V2, Q`` → ``[N, K]``) and
+    ``se_θ = sqrt((K−1)/K Σ_g (θ_−g − mean θ_−g)²)`` for ``V2`` and ``Q``.
+    """
+    T = _as(T, dtype)
+    Z = _as(Z, dtype)
+    X_drift = T if T_drift is None else _as(T_drift, dtype)
+    sfx = "" if branch == "u" else "_w"
+    drift = brute_force_drift(X_drift, Z, groups, branch, dtype=dtype)
+    heat = brute_force_stats(T, Z, branch, dtype=dtype)
+    norm = torch.linalg.vector_norm(Z, dim=1)
+    zhat = Z / norm[:, None]
+    scale = norm if branch == "u" else torch.ones_like(norm)
+    ids, ids_d = torch.arange(T.shape[0]) % groups, torch.arange(X_drift.shape[0]) % groups
+    loo = {k: [] for k in ("D", "m2", "V2", "Q")}
+    for g in range(groups):
+        h = T[ids != g] * scale[None, :, None]
+        dd = X_drift[ids_d != g] * scale[None, :, None]
+        mean_h, mean_d = h.mean(0), dd.mean(0)
+        v2 = ((h - mean_h[None]) ** 2).sum((0, 2)) / (h.shape[0] - 1) if h.shape[0] >= 2 else \
+            torch.full_like(norm, float("nan"))
+        m2 = (mean_d ** 2).sum(1)
+        loo["D"].append((mean_d * zhat).sum(1))
+        loo["m2"].append(m2)
+        loo["V2"].append(v2)
+        loo["Q"].append(m2 + v2)
+    loo = {k: torch.stack(v, 1) for k, v in loo.items()}
+
+    def jack(values):
+        dev = values - values.mean(1, keepdim=True)
+        return torch.sqrt((dev ** 2).sum(1) * (groups - 1) / groups)
+
+    stats = {"D" + sfx: drift["D" + sfx], "se_D" + sfx: drift["se_D" + sfx],
+             "sign_stability" + sfx: drift["sign_stability" + sfx], "m2" + sfx: drift["m2" + sfx],
+             "V2" + sfx: heat["V2" + sfx], "Q" + sfx: drift["m2" + sfx] + heat["V2" + sfx],
+             "se_V2" + sfx: jack(loo["V2"]), "se_Q" + sfx: jack(loo["Q"])}
+    bad = ~torch.isfinite(T).all(-1).all(0) | ~torch.isfinite(X_drift).all(-1).all(0)
+    out = _nan_where_invalid(stats, _embedding_codes(Z, bad))
+    out["loo"] = {k + sfx: torch.where(out["valid"][:, None], v, float("nan")) for k, v in loo.items()}
+    out["M"] = T.shape[0]
+    return out
+
+
 def accumulate_reference(state: dict, t, z, *, branch: str = "u", t_w=None) -> dict:
     """Reference for the ``accumulate`` kernel: a plain Welford loop, one direction at a time.
 
@@ -410,12 +463,15 @@ def head_stack_reference(A, Z, G, S, *, has_bias: bool = False) -> dict:
         sq.append((v * v).sum(1))
     for s in S:
         quad.append(((A @ s) * A).sum(1))
-    return {"zdot": torch.stack(zdot, 1), "sq": torch.stack(sq, 1), "quad": torch.stack(quad, 1),
+    def stacked(columns):  # an empty stack gives [N, 0]
+        return torch.stack(columns, 1) if columns else A.new_zeros((A.shape[0], 0))
+
+    return {"zdot": stacked(zdot), "sq": stacked(sq), "quad": stacked(quad),
             "norm": torch.linalg.vector_norm(Z, dim=1)}
 
 
 def _scale_of(key: str, want: dict) -> torch.Tensor:
-    """Natural size of a statistic: |D|, se_D <= sqrt(Q); m2, V2 <= Q; |C_uw| <= sqrt(Q Q_w)."""
+    """Natural size of a statistic: |D|, se_D <= sqrt(Q); m2, V2, se_V2, se_Q <= Q; |C_uw| <= sqrt(Q Q_w)."""
     suffix = "_w" if key.endswith("_w") else ""
     q = want["Q" + suffix].to(torch.float64).abs()
     if key == "C_uw":
@@ -437,7 +493,7 @@ def stat_errors(got: dict, want: dict, keys=None) -> dict[str, float]:
     """
     valid = want["valid"].cpu()
     if keys is None:
-        keys = [k for k in want if k not in ("valid", "reason", "M") and k in got]
+        keys = [k for k in want if k not in ("valid", "reason", "M", "loo", "groups") and k in got]
     errors = {}
     for key in keys:
         g = torch.as_tensor(got[key]).detach().cpu().to(torch.float64)
@@ -454,7 +510,7 @@ def stat_errors(got: dict, want: dict, keys=None) -> dict[str, float]:
             batches = key.replace("sign_stability", "sign_stability_batches")
             errors[batches] = float(diff.max() * int(want["M"]))
             continue
-        tensors = {k: torch.as_tensor(v).cpu() for k, v in want.items() if k != "M"}
+        tensors = {k: torch.as_tensor(v).cpu() for k, v in want.items() if k not in ("M", "loo", "groups")}
         scale = _scale_of(key, tensors)[valid]
         errors[key] = float((diff / scale.clamp_min(torch.finfo(torch.float64).tiny)).max())
     return errors

@@ -6,14 +6,14 @@ from dataclasses import dataclass
 
 
 from normfast.engine.directions import (OptimizerPreset, PRESETS)
+from normfast.engine.uncertainty import DEFAULT_GROUPS
 
 
 MODES = ("auto", "jvp", "head")
 #: Default M_D: 1024 drift batches put se_D near 0.3 |D| at a per-batch drift signal-to-noise of
 #: ~0.1 (DESIGN §1); its cost is M_D gradients once per run, whatever the number of probes.
 DEFAULT_DRIFT_BATCHES = 1024
-#: Default K, the number of batch groups behind the standard errors.
-DEFAULT_GROUPS = 8
+
 OUTPUTS = ("pooled", "tokens")
 
 
@@ -39,16 +39,28 @@ class ProbeConfig:
             from the mean direction"). Default 1024: with the drift's per-batch signal-to-noise of
             about 0.1, se_D ≈ 0.3 |D|. The first M of them are the heat batches. ``None`` or 0:
             the drift from the M heat batches, per batch (the estimator before M_D existed).
-        groups: K, the groups of virtual batches behind every standard error (batch ``b`` belongs
-            to group ``b mod K``): ``se_D`` and ``sign_stability`` of the drift come from the K
-            group drifts (≥ 2, at most M_D).
+        groups: K, the groups of virtual batches behind every error bar (batch ``b`` belongs to
+            group ``b mod K``; capped at M): ``se_D`` and ``sign_stability`` come from the K group
+            drifts, ``se_V2``, ``se_Q`` and the R_eq intervals from the delete-a-group jackknife,
+            with K−1 degrees of freedom (:mod:`normfast.engine.uncertainty`). ≥ 2.
         batch_size: pairs / items per virtual batch (≥ 2).
         seed: drives batch sampling and dropout; equal seeds give equal tables.
         chunk_size: probe items (inputs) per chunk, the unit of streaming and resume.
         directions_per_pass: K directions per forward-mode pass (None: from the memory budget).
         memory_budget_mb: working-memory budget that sets K and the loop order.
-        radial_spread: compute ``se_D`` and ``sign_stability`` (needs per-batch radial dots;
-            in head mode this selects the per-batch form).
+        uncertainty: error bars on every estimate (default): ``se_D``, ``sign_stability``,
+            ``se_V2``, ``se_Q`` and 95% intervals of ``r_eq``/``r_eq_heat`` from K batch groups
+            (head mode: the grouped closed form; jvp mode: one accumulator per group).
+            ``False``: the bare estimates (head mode: the S form; jvp mode: per-batch se_D).
+        radial_spread: head mode only: the per-batch form (se_D and sign_stability from every
+            batch's radial dot; its cost grows with M; no se_V2).
+        target_rse: adaptive M: add K virtual batches at a time (one per group) until the
+            ``target_quantile`` of the rows' relative standard error of the heat, se(V2)/V2, is at
+            most this (e.g. 0.1), or M reaches ``max_batches``; measured on the first chunk of
+            probe items, so the M chosen is the same for a seed however the run is streamed,
+            resumed or sharded. None (default): M = ``batches``.
+        max_batches, target_quantile: the cap on the adaptive M, and the quantile of se(V2)/V2
+            over the first chunk's rows that must reach ``target_rse``.
         device: where the model runs (default: the encoder's device).
     """
 
@@ -70,7 +82,11 @@ class ProbeConfig:
     chunk_size: int = 64
     directions_per_pass: int | None = None
     memory_budget_mb: float = 2048
-    radial_spread: bool = True
+    uncertainty: bool = True
+    radial_spread: bool = False
+    target_rse: float | None = None
+    max_batches: int = 256
+    target_quantile: float = 0.9
 
     def validate(self) -> None:
         fn = "ProbeConfig"
@@ -85,6 +101,7 @@ class ProbeConfig:
                 raise ValueError(f"{fn}: {what} must be an integer >= 2 (a variance needs two batches), "
                                  f"got {name}={v!r}")
         self._validate_drift(fn)
+        self._validate_adaptive(fn)
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise ValueError(f"{fn}: chunk_size must be a positive integer, got {self.chunk_size!r}")
         if self.directions_per_pass is not None and (
@@ -107,10 +124,31 @@ class ProbeConfig:
         md = self.drift_batches
         if md is None or (isinstance(md, int) and not isinstance(md, bool) and md == 0):
             return
-        if isinstance(md, bool) or not isinstance(md, int) or md < self.batches or md < k:
+        top = self.max_batches if self.target_rse is not None else self.batches
+        if isinstance(md, bool) or not isinstance(md, int) or md < top:
+            what = f"max_batches={top}" if self.target_rse is not None else f"batches (M={top})"
             raise ValueError(f"{fn}: drift_batches (M_D, the virtual batches of the drift) must be None or 0 "
-                             f"(drift from the M heat batches) or an integer >= batches (M={self.batches}) "
-                             f"and >= groups (K={k}), got drift_batches={md!r}")
+                             f"(drift from the M heat batches) or an integer >= {what} (the heat's batches "
+                             f"are the first M of the drift's), got drift_batches={md!r}")
+
+    def _validate_adaptive(self, fn: str) -> None:
+        if self.target_rse is None:
+            return
+        t = self.target_rse
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 10:
+            raise ValueError(f"{fn}: target_rse (the relative standard error of V2 to reach) must be a number in "
+                             f"(0, 10) or None, got target_rse={t!r}")
+        mb = self.max_batches
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb < self.batches:
+            raise ValueError(f"{fn}: max_batches must be an integer >= batches (M={self.batches}), got "
+                             f"max_batches={mb!r}")
+        q = self.target_quantile
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 1:
+            raise ValueError(f"{fn}: target_quantile must be in (0, 1], got target_quantile={q!r}")
+        if not self.uncertainty or self.radial_spread:
+            raise ValueError(f"{fn}: target_rse needs the grouped error bars (uncertainty=True, "
+                             f"radial_spread=False), got uncertainty={self.uncertainty!r}, "
+                             f"radial_spread={self.radial_spread!r}")
 
     @property
     def drift_from_mean(self) -> bool:
@@ -119,8 +157,17 @@ class ProbeConfig:
 
     @property
     def total_batches(self) -> int:
-        """Virtual batches drawn: M_D with the mean-direction drift (the first M are the heat's), else M."""
-        return int(self.drift_batches) if self.drift_from_mean else self.batches
+        """Virtual batches drawn: M_D with the mean-direction drift (the first M are the heat's), else M
+        (or the adaptive cap)."""
+        heat = self.max_batches if self.target_rse is not None else self.batches
+        return int(self.drift_batches) if self.drift_from_mean else heat
+
+    @property
+    def effective_groups(self) -> int:
+        """K actually used: ``groups``, capped at M (every batch its own group)."""
+        from normfast.engine.uncertainty import effective_groups
+
+        return effective_groups(self.groups, self.batches)
 
     def preset_for(self, name: str) -> str:
         if isinstance(self.optimizer, str):

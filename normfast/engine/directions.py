@@ -36,6 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from normfast.encoders import Encoder
+from normfast.engine.uncertainty import group_counts
 
 PRESETS = ("sgd", "adamw")
 BRANCH_OF_PRESET = {"sgd": "u", "adamw": "w"}
@@ -197,21 +198,14 @@ class DriftMeans:
         return out
 
 
-def group_counts(n_batches: int, groups: int, offset: int = 0) -> list[int]:
-    """Batches per group when batch ``offset + b`` (``b < n_batches``) belongs to group ``(offset + b) mod K``."""
-    counts = [0] * groups
-    for b in range(offset, offset + n_batches):
-        counts[b % groups] += 1
-    return counts
-
-
 @dataclass
 class Directions:
     """The M update directions over the probed parameters, per optimizer branch.
 
     ``drift`` (when the drift comes from its own M_D batches) holds the group
     mean directions over those batches; ``second_moments`` the AdamW ``v̂`` that
-    mapped them (estimated ones only; None when given or for SGD).
+    mapped them (estimated ones only; None when given or for SGD); ``first_batch``
+    the global index of the first direction (batch ``b`` is in group ``b mod K``).
     """
 
     names: list[str]
@@ -221,6 +215,7 @@ class Directions:
     losses: list[float]
     drift: DriftMeans | None = None
     second_moments: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    first_batch: int = 0               # global index of directions[0] (it sets the batch's group)
 
     @property
     def M(self) -> int:
@@ -387,7 +382,7 @@ def compute_directions(encoder: Encoder, objective: Any, pairs: Any, names: Sequ
         raise ValueError(f"compute_directions: no_decay={no_decay!r} excludes every probed parameter from weight "
                          f"decay; the equilibrium law needs decay (kappa would be 0)")
     branch_of = {n: presets[n].branch for n in names}
-    return Directions(list(names), branch_of, grads, decayed, losses, drift, estimated or None)
+    return Directions(list(names), branch_of, grads, decayed, losses, drift, estimated or None, batch_offset)
 
 
 def _warn_if_not_scale_invariant(encoder: Encoder, objective: Any, pairs: Any, indices: np.ndarray, cut: int,

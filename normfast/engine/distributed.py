@@ -154,6 +154,7 @@ class Shard:
             first = dirs.directions[0] if dirs.directions else (dirs.drift.means[0] if dirs.drift else {})
             header = {"names": list(dirs.names), "branch_of": dict(dirs.branch_of), "losses": list(dirs.losses),
                       "M": dirs.M, "drift_counts": None if dirs.drift is None else list(dirs.drift.counts),
+                      "first_batch": dirs.first_batch,
                       "layout": [(n, tuple(first[n].shape), str(first[n].dtype)) for n in dirs.names],
                       "decayed": [(n, tuple(t.shape), str(t.dtype)) for n, t in dirs.decayed.items()]}
         header = self.broadcast_object(header)
@@ -169,7 +170,8 @@ class Shard:
         decayed = self._broadcast_tensors(dirs.decayed if self.is_root else None, header["decayed"], device)
         if self.is_root:
             return dirs
-        return Directions(header["names"], header["branch_of"], directions, decayed, header["losses"], drift)
+        return Directions(header["names"], header["branch_of"], directions, decayed, header["losses"], drift,
+                          first_batch=header["first_batch"])
 
     def _broadcast_tensors(self, tensors: dict[str, torch.Tensor] | None, layout: Sequence[tuple],
                            device: torch.device) -> dict[str, torch.Tensor]:

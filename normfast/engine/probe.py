@@ -75,10 +75,12 @@ from normfast.engine.runfiles import _finish_sharded, _open_output
 from normfast.engine.directions import (Directions, OptimizerPreset, compute_directions,
                                  estimate_second_moments, resolve_parameters)
 from normfast.engine.ops import drift_from_groups
+from normfast.engine.uncertainty import equilibrium_intervals, jackknife_se
 from normfast.engine.distributed import Shard, chunks_for_rank, current_shard
 from normfast.encoders import Encoder
 from normfast.data.io import (METADATA_KEY, fingerprint)
-from normfast.engine.transmission import Tail, head_drift_operands, head_kappa, head_operands, kappa_from_jvp
+from normfast.engine.adaptive import adaptive_plan
+from normfast.engine.transmission import Tail, head_inputs, head_kappa, kappa_from_jvp, prepared_head
 
 # ----------------------------------------------------------------------------
 # helpers
@@ -188,6 +190,9 @@ class _Run:
         self.batches = virtual_batches(len(pairs), config.total_batches, config.batch_size,
                                        int(rng.integers(2**31)))
         self.acc_dtype = torch.float64 if self.device.type == "cpu" else torch.float32
+        self.groups = config.effective_groups  # K: heat batch b (and drift batch b) in group b mod K
+        self.M = config.batches                # the heat's M (adaptive M may raise it)
+        self.adaptive: dict[str, Any] | None = None
         self._second_moments: dict[str, torch.Tensor] | None = None
 
     def _choose_mode(self) -> str:
@@ -205,8 +210,7 @@ class _Run:
     # -- directions -------------------------------------------------------------
     def all_directions(self) -> Directions:
         """The M heat directions and, with the mean-direction drift, the drift's K group means (one pass)."""
-        return self._shared(lambda: self._compute_directions(list(range(self.config.batches)),
-                                                             self.config.drift_from_mean))
+        return self._shared(lambda: self._compute_directions(list(range(self.M)), self.config.drift_from_mean))
 
     def drift_directions(self) -> Directions:
         """Only the drift's K group means over its M_D batches (the directions-outer order)."""
@@ -250,13 +254,13 @@ class _Run:
             # one pass over all M_D batches: the first len(batch_ids) kept, all summed per group;
             # AdamW's v̂ (when not given) is the mean of ĝ² over all of them
             dirs = compute_directions(self.encoder, self.objective, self.pairs, self.names, self.presets,
-                                      self.batches, keep=len(batch_ids), drift_groups=cfg.groups,
+                                      self.batches, keep=len(batch_ids), drift_groups=self.groups,
                                       check_invariance=True, **common)
             if dirs.second_moments:
                 self._second_moments = dirs.second_moments
             return dirs
         second = None
-        if len(batch_ids) < cfg.batches and "w" in self.branches:
+        if len(batch_ids) < len(self.batches) and "w" in self.branches:
             if self._second_moments is None:  # AdamW's v̂ must come from all batches
                 adam = [n for n in self.names if self.presets[n].name == "adamw"
                         and self.presets[n].second_moments is None]
@@ -278,19 +282,35 @@ class _Run:
         rows = state["mask"].bool() if self.output == "tokens" else None
         return state, front, rows
 
+    def direction_bytes(self) -> int:
+        """Memory of one update direction over the probed parameters (fp32)."""
+        return sum(self.encoder.get_parameter(n).numel() for n in self.names) * 4
+
+    def direction_group(self) -> int:
+        """How many of the M directions fit in half the memory budget together."""
+        return self.direction_group_for(self.M)
+
+    def direction_group_for(self, m: int) -> int:
+        """How many of ``m`` directions fit in half the memory budget together."""
+        budget = self.config.memory_budget_mb * 2**20 / 2
+        return int(max(1, min(m, budget // max(self.direction_bytes(), 1))))
+
     def k_per_pass(self, n_rows: int, dim: int) -> int:
         if self.config.directions_per_pass is not None:
-            return min(self.config.directions_per_pass, self.config.batches)
+            return min(self.config.directions_per_pass, self.M)
         tail_stages = max(1, self.encoder.n_stages - self.cut)
         # heuristic: a tangent carries ~16 activations of width d per row and tail stage (fp32)
         per_direction = n_rows * dim * tail_stages * 16 * 4
         budget = self.config.memory_budget_mb * 2**20 / 2
-        return int(max(1, min(self.config.batches, budget // max(per_direction, 1))))
+        return int(max(1, min(self.M, budget // max(per_direction, 1))))
 
     def new_accumulator(self, n: int, d: int):
-        from normfast.engine.ops import ProbeAccumulator
+        from normfast.engine.ops import GroupedAccumulator, ProbeAccumulator
 
-        return ProbeAccumulator(n, d, branch=self.branch, device=self.device, dtype=self.acc_dtype)
+        kw = dict(branch=self.branch, device=self.device, dtype=self.acc_dtype)
+        if self.config.uncertainty:
+            return GroupedAccumulator(n, d, groups=self.groups, **kw)
+        return ProbeAccumulator(n, d, **kw)
 
     def jvp_drift(self, tail: Tail, front: dict, rows, z: torch.Tensor, dirs: Directions) -> dict[str, Any]:
         """Drift statistics along the K group-mean directions of ``dirs.drift`` (K more jvps per branch)."""
@@ -305,6 +325,7 @@ class _Run:
             reason = stats.pop("reason")
             for key in ("valid", "M"):
                 stats.pop(key)
+            out.setdefault("loo", {}).update(stats.pop("loo"))
             out.update(stats)
             out["reason"] = reason if "reason" not in out else torch.where(out["reason"] != 0, out["reason"], reason)
         return out
@@ -316,10 +337,11 @@ class _Run:
             ts = {}
             for b in self.branches:
                 ts[b] = -tail.jvp(front, dirs.stacked(ids, b), rows)
+            kw = {"first_batch": dirs.first_batch + lo} if self.config.uncertainty else {}
             if self.branch == "uw":
-                acc.update(ts["u"], z, t_w=ts["w"])
+                acc.update(ts["u"], z, t_w=ts["w"], **kw)
             else:
-                acc.update(ts[self.branch], z)
+                acc.update(ts[self.branch], z, **kw)
 
 
 def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objective: Any = "simcse",
@@ -394,7 +416,9 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         "objective": objective.name, "temperature": getattr(objective, "temperature", None),
         "optimizer": config.optimizer, "lr": config.lr, "weight_decay": config.weight_decay,
         "momentum": config.momentum, "M": config.batches,
-        "M_D": config.drift_batches if config.drift_from_mean else None, "groups": config.groups,
+        "M_D": config.drift_batches if config.drift_from_mean else None, "M_initial": config.batches,
+        "groups": run.groups if config.uncertainty or config.drift_from_mean else None,
+        "uncertainty": config.uncertainty,
         "batch_size": config.batch_size,
         "seed": config.seed, "mode": run.mode, "output": config.output, "params": config.params,
         "n_probed_parameters": len(run.names), "cut_stage": run.cut, "branch": run.branch,
@@ -441,6 +465,9 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
             raise
         failure = exc
     seconds = round(time.perf_counter() - t0, 3)
+    metadata["M"] = run.M
+    if run.adaptive is not None:
+        metadata["adaptive"] = run.adaptive
     if shard is None:
         metadata["seconds"] = seconds
         if writer is not None:
@@ -503,16 +530,10 @@ def _run_chunks(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, tod
     was_training = encoder.training
     encoder.eval()
     try:
+        plan = adaptive_plan(run, _chunk_items(probes, 0, cfg.chunk_size)) if cfg.target_rse is not None else None
         if run.mode == "head":
-            from normfast.engine.ops import prepare_head
-
-            dirs = run.all_directions()
-            G, g = head_operands(encoder, dirs, list(range(dirs.M)))
-            drift = {}
-            if dirs.drift is not None:
-                Gd, gd = head_drift_operands(encoder, dirs)
-                drift = dict(drift_means=Gd, drift_bias=gd, drift_counts=dirs.drift.counts)
-            G = prepare_head(G, g, dtype=run.acc_dtype, **drift)  # centered once, shared by every chunk
+            dirs = plan.directions if plan is not None else run.all_directions()
+            G = prepared_head(encoder, dirs, dtype=run.acc_dtype, groups=run.groups)  # once, for every chunk
             g = None
             bar = run.bar(todo, "probing (head mode)")
             for c in todo:
@@ -522,11 +543,14 @@ def _run_chunks(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, tod
                 bar.advance(c, table.num_rows)
             bar.close()
             return
-        budget = cfg.memory_budget_mb * 2**20 / 2
-        per_batch = sum(encoder.get_parameter(n).numel() for n in run.names) * 4
-        group = int(max(1, min(cfg.batches, budget // max(per_batch, 1))))
-        if group >= cfg.batches:
+        group = run.direction_group()
+        if plan is not None and plan.directions is not None:
+            dirs = plan.directions
+        elif plan is None and group >= run.M:
             dirs = run.all_directions()
+        else:
+            dirs = None
+        if dirs is not None:
             bar = run.bar(todo, "probing (jvp mode)")
             for c in todo:
                 items = _chunk_items(probes, c, cfg.chunk_size)
@@ -536,12 +560,15 @@ def _run_chunks(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, tod
             bar.close()
             return
         # directions-outer: the directions do not fit in the budget together
-        warnings.warn(f"probe: {cfg.batches} directions of {per_batch / 2**20:.0f} MB each exceed the memory "
+        per_batch = run.direction_bytes()
+        warnings.warn(f"probe: {run.M} directions of {per_batch / 2**20:.0f} MB each exceed the memory "
                       f"budget; computing them in groups of {group} (directions-outer loop order: the "
                       f"per-probe state of every chunk is kept in memory across the groups, and output is "
                       f"written at the end)", stacklevel=3)
-        groups = [list(range(lo, min(lo + group, cfg.batches))) for lo in range(0, cfg.batches, group)]
-        drift = run.drift_directions() if cfg.drift_from_mean else None
+        groups = [list(range(lo, min(lo + group, run.M))) for lo in range(0, run.M, group)]
+        drift = None
+        if cfg.drift_from_mean:
+            drift = plan.drift if plan is not None else run.drift_directions()
         emit_all = _jvp_directions_outer(run, probes, ids, todo, groups, drift)
         for c, table in emit_all:
             emit(c, table)
@@ -586,11 +613,11 @@ def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mappi
     stat_names = []
     for b in run.branches:
         sfx = "" if b == "u" else "_w"
-        stat_names += [f"{k}{sfx}" for k in ("D", "se_D", "sign_stability", "V2", "m2", "Q")]
+        stat_names += [f"{k}{sfx}" for k in ("D", "se_D", "sign_stability", "V2", "m2", "Q", "se_V2", "se_Q")]
     if run.branch == "uw":
         stat_names.append("C_uw")
     for k in stat_names:
-        cols[k] = to_np(stats[k])
+        cols[k] = to_np(stats[k]) if k in stats else np.full(len(norm), np.nan)
     kap = to_np(kappa)
     cols["kappa"] = kap
     law = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
@@ -605,6 +632,13 @@ def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mappi
     r_heat = equilibrium_norm(zero, Q, kap, **law, **heat_extra)
     cols["r_eq"] = r_eq
     cols["r_eq_heat"] = r_heat
+    if "loo" in stats:
+        loo = {k: to_np(v) for k, v in stats["loo"].items()}
+        bars = equilibrium_intervals(loo, kap, law, r_eq, r_heat, run.branches)
+    else:
+        bars = {}
+    for k in ("r_eq_lo", "r_eq_hi", "r_eq_heat_lo", "r_eq_heat_hi"):
+        cols[k] = bars.get(k, np.full(len(norm), np.nan))
     cols["n_pos_roots"] = np.asarray(n_pos, dtype=np.int8)
     valid = stats["valid"].cpu().numpy().astype(bool)
     reason = np.array([REASONS[int(r)] for r in stats["reason"].cpu().numpy()], dtype=object)
@@ -632,6 +666,13 @@ def _jvp_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | Non
     return _finish_table(run, meta, z, _with_drift(run, acc.finalize(), drift), kappa)
 
 
+def _moved(obj: Any, device: Any) -> Any:
+    """Tensors (in nested dicts) moved to ``device``."""
+    if isinstance(obj, dict):
+        return {k: _moved(v, device) for k, v in obj.items()}
+    return obj.to(device) if isinstance(obj, torch.Tensor) else obj
+
+
 def _with_drift(run: _Run, stats: dict[str, Any], drift: Mapping[str, torch.Tensor] | None) -> dict[str, Any]:
     """The heat statistics of the M batches with the drift (D, se_D, sign_stability, m2) of the M_D batches."""
     if drift is None:
@@ -639,14 +680,22 @@ def _with_drift(run: _Run, stats: dict[str, Any], drift: Mapping[str, torch.Tens
     out = dict(stats)
     reason = torch.where(stats["reason"] != 0, stats["reason"], drift["reason"].to(stats["reason"]))
     valid = reason == 0
+    loo = dict(stats["loo"]) if "loo" in stats else None
     for b in run.branches:
         sfx = "" if b == "u" else "_w"
         for key in ("D", "se_D", "sign_stability", "m2"):
             out[key + sfx] = drift[key + sfx].to(stats["V2" + sfx])
         out["Q" + sfx] = out["m2" + sfx] + stats["V2" + sfx]
+        if loo is not None:  # leave group g out of the drift's batches and the heat's together
+            for key in ("D", "m2"):
+                loo[key + sfx] = drift["loo"][key + sfx].to(loo["V2" + sfx])
+            loo["Q" + sfx] = loo["m2" + sfx] + loo["V2" + sfx]
+            out["se_Q" + sfx] = jackknife_se(loo["Q" + sfx])
     for key, value in out.items():
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             out[key] = torch.where(valid, value, float("nan"))
+    if loo is not None:
+        out["loo"] = {k: torch.where(valid[:, None], v, float("nan")) for k, v in loo.items()}
     out["valid"], out["reason"] = valid, reason
     return out
 
@@ -678,7 +727,7 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
                     kappa = _jvp_kappa(run, tail, front, rows, z, dirs)
                     drift = None
                     if drift_dirs is not None:
-                        drift = {k: v.cpu() for k, v in run.jvp_drift(tail, front, rows, z, drift_dirs).items()}
+                        drift = _moved(run.jvp_drift(tail, front, rows, z, drift_dirs), "cpu")
                     kept[c] = (_row_metadata(run, state, items, c, ids, rows), z.cpu(), kappa.cpu(), drift)
                 run.jvp_update(accs[c], tail, front, rows, z, dirs)
                 bar.advance(c, z.shape[0])
@@ -691,7 +740,7 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
         meta, z, kappa, drift = kept[c]
         stats = accs[c].finalize()
         if drift is not None:
-            drift = {k: v.to(stats["reason"].device) for k, v in drift.items()}
+            drift = _moved(drift, stats["reason"].device)
         yield c, _finish_table(run, meta, z, _with_drift(run, stats, drift), kappa)
 
 
@@ -700,17 +749,9 @@ def _head_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | No
     from normfast.engine.ops import head_stats
 
     state, front, rows = run.front(items)
-    head = run.encoder.head()
-    with torch.no_grad():
-        a = run.encoder(front, run.cut, output="pre_head_tokens" if rows is not None else "pre_head")
-        if rows is not None:
-            a = a[rows]
-        W = head.weight(run.encoder).detach()
-        z = a.to(W.dtype) @ W.t()
-        b = head.bias(run.encoder)
-        if b is not None:
-            z = z + b.detach()
-    stats = head_stats(a, z, G, g, branch=run.branch, radial_spread=run.config.radial_spread)
+    a, z = head_inputs(run.encoder, front, run.cut, rows)
+    stats = head_stats(a, z, G, g, branch=run.branch, uncertainty=run.config.uncertainty,
+                       radial_spread=run.config.radial_spread)
     kappa = head_kappa(run.encoder, a, z, dirs.decayed)
     meta = _row_metadata(run, state, items, c, ids, rows)
     return _finish_table(run, meta, z, stats, kappa)

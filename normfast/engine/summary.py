@@ -48,9 +48,40 @@ def summarize(result) -> dict[str, Any]:
         out["drift_significant_fraction"] = float(np.mean(np.abs(D) > 2 * se)) if np.isfinite(se).any() else math.nan
     out["sign_stability_mean"] = float(np.nanmean(ss)) if np.isfinite(ss).any() else math.nan
     out["bistable_fraction"] = float(np.mean(result.column("n_pos_roots")[valid] > 1)) if valid.any() else math.nan
+    out.update(_resolution(result, valid, heat))
     out["norm_vs_r_eq"] = loglog_fit(result.column("r_eq")[valid], norm[valid])
     out["norm_vs_r_eq_heat"] = loglog_fit(result.column("r_eq_heat")[valid], norm[valid])
     out["spearman_norm_heat"] = spearman(norm[valid], result.column(heat)[valid])
+    return out
+
+
+#: The resolutions quoted by format_summary: the 95% half-width within this fraction of the value.
+RESOLUTION_HEAT, RESOLUTION_REQ = 0.2, 0.1
+
+
+def _resolution(result, valid: np.ndarray, heat: str) -> dict[str, Any]:
+    """How many rows are resolved: 95% half-width of V2 within ±20%, of R_eq within ±10%; median se(V2)/V2."""
+    from normfast.engine.uncertainty import t_quantile
+
+    names = result.column_names
+    se_name = "se_" + heat
+    out: dict[str, Any] = {"heat_resolved_fraction": math.nan, "r_eq_resolved_fraction": math.nan,
+                           "heat_rse_median": math.nan, "error_bar_dof": None}
+    k = result.metadata.get("groups")
+    if se_name not in names or not k or not valid.any():
+        return out
+    se, v2 = result.column(se_name)[valid], result.column(heat)[valid]
+    if not np.isfinite(se).any():
+        return out
+    t = t_quantile(int(k) - 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rse = se / v2
+        out["heat_resolved_fraction"] = float(np.mean(t * rse <= RESOLUTION_HEAT))
+        out["heat_rse_median"] = float(np.nanmedian(rse))
+        if "r_eq_lo" in names:
+            r, lo, hi = (result.column(c)[valid] for c in ("r_eq", "r_eq_lo", "r_eq_hi"))
+            out["r_eq_resolved_fraction"] = float(np.mean((hi - lo) / 2 <= RESOLUTION_REQ * r))
+    out["error_bar_dof"] = int(k) - 1
     return out
 
 
@@ -72,8 +103,17 @@ def format_summary(result, top: int = 8) -> str:
         q = s[col]
         lines.append(f"{col:<12}{q['p10']:>12.4g}{q['median']:>12.4g}{q['p90']:>12.4g}")
     f, fh = s["norm_vs_r_eq"], s["norm_vs_r_eq_heat"]
+    lines += [""]
+    if s["error_bar_dof"] is not None:
+        adaptive = meta.get("adaptive")
+        chosen = (f"; M = {adaptive['M']} chosen for a {adaptive['target_quantile']:.0%} quantile of se(V2)/V2 "
+                  f"of {adaptive['quantile_rse']:.3f} (target {adaptive['target_rse']})") if adaptive else ""
+        lines.append(
+            f"{heat} resolved to ±{RESOLUTION_HEAT:.0%} (95% interval): {s['heat_resolved_fraction']:.0%} of rows; "
+            f"R_eq to ±{RESOLUTION_REQ:.0%}: {s['r_eq_resolved_fraction']:.0%}; median se({heat})/{heat} "
+            f"{s['heat_rse_median']:.3f} (K = {s['error_bar_dof'] + 1} batch groups, t with "
+            f"{s['error_bar_dof']} dof){chosen}")
     lines += [
-        "",
         f"drift |D| > 2 se: {s['drift_significant_fraction']:.1%} of rows; mean sign stability "
         f"{s['sign_stability_mean']:.3f}; bistable rows {s['bistable_fraction']:.1%}",
         f"observed norm vs R_eq (log-log): slope {f['slope']:.3f}, Pearson r {f['pearson_r']:.3f}  |  "
@@ -96,8 +136,10 @@ def format_summary(result, top: int = 8) -> str:
 def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     """Write the standard figures; returns their paths.
 
-    * ``{prefix}_norm_vs_req.png``: observed norm against R_eq (full and heat-only law), log-log;
-    * ``{prefix}_heat.png``: distribution of the heat V² (log scale) and of D;
+    * ``{prefix}_norm_vs_req.png``: observed norm against R_eq (full and heat-only law), log-log,
+      with the 95% intervals of R_eq as error bars;
+    * ``{prefix}_heat.png``: the heat V² of every row (sorted) with its 95% interval (a histogram
+      when the run has no error bars), and the distribution of D;
     * ``{prefix}_tokens.png`` (token runs): the hottest and coldest tokens.
     """
     import matplotlib
@@ -113,10 +155,21 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     paths = []
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    names = result.column_names
     for ax, col, label in ((axes[0], "r_eq", "full law"), (axes[1], "r_eq_heat", "heat-only law (D = 0)")):
         x = result.column(col)[valid]
         ok = np.isfinite(x) & (x > 0) & (norm > 0)
         ax.loglog(x[ok], norm[ok], ".", ms=3, alpha=0.5)
+        if f"{col}_lo" in names:
+            lo, hi = result.column(f"{col}_lo")[valid], result.column(f"{col}_hi")[valid]
+            bar = ok & np.isfinite(lo) & np.isfinite(hi)
+            idx = np.nonzero(bar)[0]
+            idx = idx[:: max(1, len(idx) // 300)]  # at most ~300 bars stay readable
+            if len(idx):
+                ax.errorbar(x[idx], norm[idx], xerr=[x[idx] - np.maximum(lo[idx], x[idx] * 1e-3),
+                                                     hi[idx] - x[idx]],
+                            fmt="none", ecolor="tab:gray", elinewidth=0.5, alpha=0.5,
+                            label="95% interval (jackknife over batch groups)")
         fit = loglog_fit(x, norm)
         if np.isfinite(fit["slope"]):
             xs = np.geomspace(x[ok].min(), x[ok].max(), 50)
@@ -133,12 +186,29 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     paths.append(p)
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    h = result.column(heat)[valid]
-    h = h[np.isfinite(h) & (h > 0)]
-    if h.size:
-        axes[0].hist(np.log10(h), bins=60, color="tab:red", alpha=0.8)
-    axes[0].set_xlabel(f"log10 {heat} (stochastic heat)")
-    axes[0].set_ylabel("probe items")
+    h_all = result.column(heat)[valid]
+    se_col = f"se_{heat}"
+    se_all = result.column(se_col)[valid] if se_col in names else np.full(len(h_all), np.nan)
+    good = np.isfinite(h_all) & (h_all > 0)
+    if np.isfinite(se_all[good]).any():
+        # heat against its rank, with its 95% interval: which differences between rows are real
+        from normfast.engine.uncertainty import t_quantile
+
+        order = np.argsort(h_all[good])
+        hs, ses = h_all[good][order], se_all[good][order]
+        half = t_quantile(int(result.metadata.get("groups") or 2) - 1) * ses
+        pick = np.arange(0, len(hs), max(1, len(hs) // 400))
+        axes[0].errorbar(pick, hs[pick], yerr=[np.minimum(half[pick], hs[pick] * 0.999), half[pick]],
+                         fmt=".", ms=2, color="tab:red", ecolor="tab:gray", elinewidth=0.4)
+        axes[0].set_yscale("log")
+        axes[0].set_xlabel("probe items, by heat")
+        axes[0].set_ylabel(f"{heat} with 95% interval")
+    else:
+        h = h_all[good]
+        if h.size:
+            axes[0].hist(np.log10(h), bins=60, color="tab:red", alpha=0.8)
+        axes[0].set_xlabel(f"log10 {heat} (stochastic heat)")
+        axes[0].set_ylabel("probe items")
     d = result.column(drift)[valid]
     d = d[np.isfinite(d)]
     if d.size:

@@ -127,6 +127,33 @@ def head_drift_operands(encoder: Encoder, directions: Any) -> tuple[torch.Tensor
     return Gd.contiguous(), gd
 
 
+def prepared_head(encoder: Encoder, directions: Any, *, dtype: torch.dtype, groups: int) -> Any:
+    """The run's head directions (and the drift's group means) centered and grouped once, for every chunk."""
+    from normfast.engine.headstats import prepare_head
+
+    G, g = head_operands(encoder, directions, list(range(directions.M)))
+    drift = {}
+    if directions.drift is not None:
+        Gd, gd = head_drift_operands(encoder, directions)
+        drift = dict(drift_means=Gd, drift_bias=gd, drift_counts=directions.drift.counts)
+    return prepare_head(G, g, dtype=dtype, groups=groups, **drift)
+
+
+def head_inputs(encoder: Encoder, front: dict, cut: int, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's inputs ``a`` (pre-head activations, token rows picked) and outputs ``z = W a + b``."""
+    head = encoder.head()
+    with torch.no_grad():
+        a = encoder(front, cut, output="pre_head_tokens" if rows is not None else "pre_head")
+        if rows is not None:
+            a = a[rows]
+        W = head.weight(encoder).detach()
+        z = a.to(W.dtype) @ W.t()
+        b = head.bias(encoder)
+        if b is not None:
+            z = z + b.detach()
+    return a, z
+
+
 def head_kappa(encoder: Encoder, a: torch.Tensor, z: torch.Tensor, decayed: dict[str, torch.Tensor]) -> torch.Tensor:
     """κ in head mode: ``J θ_d = W a (+ b if the bias is decayed)``."""
     head = encoder.head()
