@@ -159,31 +159,31 @@ class HeadDirections:
     def jackknife_covariances(self) -> torch.Tensor:
         """``[K+1, da, da]``: ``S_c`` and the K leave-one-group-out covariances ``S_c,−g``.
 
-        With ``C_g = Σ_{B∈g} G̃^cᵀ_B G̃^c_B`` and ``s_g = Σ_{B∈g} G̃^c_B`` (about the
-        overall mean; the batches outside g sum to ``−s_g``):
-        ``S_c,−g = (C − C_g − s_gᵀ s_g/(M − n_g)) / (M − n_g − 1)``, NaN when
-        fewer than two batches are left. Formed in float64.
+        With ``C_h = Σ_{B∈h} G̃^cᵀ_B G̃^c_B`` per group (about the overall mean;
+        the same GEMM work as ``S_c`` alone) and ``s_g = Σ_{B∈g} G̃^c_B`` (the
+        batches outside g sum to ``−s_g``):
+        ``S_c,−g = (Σ_{h≠g} C_h − s_gᵀ s_g/(M − n_g)) / (M − n_g − 1)`` -- sums
+        of the other groups, no cancellation -- NaN when fewer than two
+        batches are left.
         """
         if "S_jk" not in self._cache:
             k, m = self.K, self.M
             da = self.g_centered.shape[2]
-            c = self.g_centered.to(torch.float64)
-            ids = torch.arange(m, device=c.device) % k
-            out = torch.empty((k + 1, da, da), dtype=torch.float64, device=c.device)
-            total = torch.zeros((da, da), dtype=torch.float64, device=c.device)
-            parts = []
-            for g in range(k):
-                block = c[ids == g]
-                flat = block.reshape(-1, da)
-                c_g = flat.T @ flat
-                s_g = block.sum(0)
-                total += c_g
-                parts.append((c_g, s_g, int(block.shape[0])))
+            c = self.g_centered
+            blocks = [c[g::k].reshape(-1, da) for g in range(k)]    # group g: batches g, g + K, ...
+            grams = torch.stack([b.T @ b for b in blocks])         # C_h
+            total = grams.sum(0)
+            out = torch.empty((k + 1, da, da), dtype=c.dtype, device=c.device)
             out[0] = total / (m - 1)
-            for g, (c_g, s_g, n_g) in enumerate(parts):
-                left = m - n_g
-                out[g + 1] = ((total - c_g - (s_g.T @ s_g) / left) / (left - 1)) if left >= 2 else float("nan")
-            self._cache["S_jk"] = out.to(self.dtype)
+            for g, block in enumerate(blocks):
+                left = m - c[g::k].shape[0]
+                if left < 2:
+                    out[g + 1] = float("nan")
+                    continue
+                s_g = c[g::k].sum(0)
+                others = grams[torch.arange(k, device=c.device) != g].sum(0)
+                out[g + 1] = (others - (s_g.T @ s_g) / left) / (left - 1)
+            self._cache["S_jk"] = out
         return self._cache["S_jk"]
 
     def drift_stack(self, grouped: bool) -> torch.Tensor:
@@ -192,12 +192,11 @@ class HeadDirections:
         if key not in self._cache:
             if self.drift_means is None:
                 k = self.K
-                c = self.g_centered.to(torch.float64)
-                ids = torch.arange(self.M, device=c.device) % k
-                counts = self.heat_counts.to(torch.float64)
-                # group means about the overall one; the overall mean offset is zero
-                means = torch.stack([c[ids == g].mean(0) for g in range(k)])
-                centre = self.g_bar.to(torch.float64)
+                c = self.g_centered
+                counts = self.heat_counts
+                # group means about the overall one (whose own offset is zero)
+                means = torch.stack([c[g::k].mean(0) for g in range(k)])
+                centre = self.g_bar
             else:
                 counts = self.drift_counts.to(torch.float64)
                 means = self.drift_means.to(torch.float64)
@@ -670,7 +669,7 @@ def _head_products(A: torch.Tensor, Z: torch.Tensor, G_stack: torch.Tensor, S_st
     s_b = (2 * S_stack[:, d_in, :d_in]).to(cd).reshape(k2 * d_in) if has_bias else None
     s_c = S_stack[:, d_in, d_in].to(cd) if has_bias else None
     width = 2 * k1 * d_out + 2 * k2 * d_in
-    step = min(n, max(16, _HEAD_SCRATCH // max(width, 1)))
+    step = min(n, max(64, _HEAD_SCRATCH // max(width, 1)))
     zdot = torch.empty((n, k1), **dev_kw)
     sq = torch.empty((n, k1), **dev_kw)
     quad = torch.empty((n, k2), **dev_kw)

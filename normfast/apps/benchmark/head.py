@@ -332,3 +332,63 @@ def run_head(s: HeadSettings, progress: bool = True) -> dict[str, Any]:
         "gflop_per_s": {k: flops[k] / seconds[k]["p50"] / 1e9 for k in flops},
         "see_also": "bench/head_stats.py (plain-backward per-batch baseline, 10^6-probe memory)",
     }
+
+
+# ============================================================================
+# The head-mode forms against the naive per-batch loop and their GEMM floors
+# ============================================================================
+
+#: form -> the keyword arguments of head_stats that select it (the first is the default)
+HEAD_FORMS = {"grouped": {}, "S": {"uncertainty": False, "form": "S"}, "per_batch": {"radial_spread": True}}
+
+
+def form_gemms(form: str, n: int, d_in: int, d_out: int, m: int, *, bias: bool = True,
+               groups: int | None = None) -> dict[str, Any]:
+    """The GEMM shapes a head-mode form needs: its preparation and its per-probe products.
+
+    ``prep``: ``(rows, da)`` Gram matrices ``XᵀX`` formed from the directions
+    (``S_c``, or one per group); ``widths``: the column counts of the two
+    per-probe products ``[a | 1]·[stack]`` (``K1·d_out`` and ``K2·d_in``).
+    """
+    from normfast.engine.uncertainty import DEFAULT_GROUPS, effective_groups
+
+    da = d_in + int(bias)
+    k = effective_groups(groups or DEFAULT_GROUPS, m)
+    if form == "grouped":
+        sizes = [len(range(g, m, k)) for g in range(k)]
+        return {"prep": [(s * d_out, da) for s in sizes], "widths": ((k + 1) * d_out, (k + 1) * d_in)}
+    if form == "S":
+        return {"prep": [(m * d_out, da)], "widths": (d_out, d_in)}
+    if form == "per_batch":
+        return {"prep": [], "widths": ((m + 1) * d_out, 0)}
+    raise ValueError(f"form_gemms: unknown form {form!r}")
+
+
+def gemm_floor(A: torch.Tensor, form: str, d_out: int, m: int, *, bias: bool = True,
+               groups: int | None = None) -> Callable[[], None]:
+    """A callable that runs only the GEMMs of ``form`` (same shapes, same row chunks, fp32): its floor."""
+    from normfast.engine.headstats import _HEAD_SCRATCH
+
+    n, d_in = A.shape
+    spec = form_gemms(form, n, d_in, d_out, m, bias=bias, groups=groups)
+    g = torch.Generator().manual_seed(0)
+    preps = [torch.randn(rows, da, generator=g) for rows, da in spec["prep"]]
+    w1, w2 = spec["widths"]
+    B1, b1 = torch.randn(d_in, w1, generator=g), torch.randn(w1, generator=g)
+    B2, b2 = (torch.randn(d_in, w2, generator=g), torch.randn(w2, generator=g)) if w2 else (None, None)
+    width = 2 * w1 + 2 * w2
+    step = min(n, max(64, _HEAD_SCRATCH // width))
+    v = torch.empty(step, w1)
+    p = torch.empty(step, w2) if w2 else None
+
+    def run() -> None:
+        for x in preps:
+            x.T @ x
+        for r0 in range(0, n, step):
+            a = A[r0:r0 + step]
+            c = a.shape[0]
+            torch.addmm(b1, a, B1, out=v[:c])
+            if B2 is not None:
+                torch.addmm(b2, a, B2, out=p[:c])
+
+    return run
