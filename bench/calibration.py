@@ -330,25 +330,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    """Coverage per model, K and quantity (the README table)."""
-    Ks = summary["protocol"]["Ks"]
-    rows = ["| model | K | " + " | ".join(f"{q} coverage" for q in QUANTITIES) + " | V2 half-width (median, rel.) |",
-            "|---|---|" + "---|" * len(QUANTITIES) + "---|"]
-    for m, per_k in summary["results"].items():
-        for k in Ks:
-            c = per_k[str(k)]
-            cells = " | ".join(f"{c[q]['coverage']:.3f} [{c[q]['ci95'][0]:.2f}, {c[q]['ci95'][1]:.2f}]"
-                               for q in QUANTITIES)
-            rows.append(f"| {m} | {k} | {cells} | {c['V2']['median_relative_half_width']:.2f} |")
-    d = summary["decision"]
-    p = summary["protocol"]
-    rows.append("")
-    rows.append(f"{p['replicates']} replicates per K of the defaults (M = {p['M']}, M_D = {p['M_D']}, batch size "
-                f"{p['batch_size']}); truth from M = M_D = {p['M_true']:,}; coverage over rows x replicates, 95% "
-                f"interval by a bootstrap over replicates. Target: D and V2 in [{summary['band'][0]:.2f}, "
-                f"{summary['band'][1]:.2f}] on every model. Chosen K = {d['default_K']} ({d['rule']}"
-                f"{'' if d['met'] else '; the target is not met'}).")
-    return "\n".join(rows)
+    from tables import calibration_table  # bench/tables.py, next to this script: the README's renderer
+
+    return calibration_table(summary)
 
 
 if __name__ == "__main__":

@@ -82,26 +82,92 @@ def table_quartic() -> str | None:
     return "\n".join(rows)
 
 
-def table_head_stats() -> str | None:
-    d = _load("head_stats.json")
+def head_forms_table(d: dict) -> str:
+    """Head mode's forms against the naive per-batch loop and their GEMM floors (bench/head_stats.py)."""
+    cfg = d["config"]
+    ms = cfg["M"]
+    names = {"grouped": "grouped, with error bars (the default)", "S": "bare S form (`uncertainty=False`)",
+             "per_batch": "per-batch form (`radial_spread=True`)"}
+    head = "| form | " + " | ".join(f"M = {m}: vs naive loop | M = {m}: time / its GEMM floor" for m in ms) + " |"
+    rows = [head, "|---|" + "---|---|" * len(ms)]
+    for f in ("grouped", "S", "per_batch"):
+        cells = []
+        for m in ms:
+            r = d["results"][str(m)]
+            cells.append(f"{r['speedup_vs_naive'][f]:.1f}x | {r['vs_own_floor'][f]:.2f}")
+        rows.append(f"| {names[f]} | " + " | ".join(cells) + " |")
+    met = "; ".join(f"{k.replace('_', ' ')}: {t['value']:.2f} ({'met' if t['met'] else 'NOT met'}, target "
+                    f"{'<=' if t.get('at_most') else '>='} {t['target']})" for k, t in d["targets"].items())
+    rows.append("")
+    rows.append(f"N = {cfg['n']:,}, d_in = d_out = {cfg['d_in']}, bias, fp32, {cfg['threads']} thread, K = "
+                f"{cfg.get('groups', cfg['groups_default'])} groups, medians of {cfg['rounds']} interleaved rounds, timed from the "
+                f"directions G_B; the floor is the same form's GEMMs alone (forming its matrices and the "
+                f"per-probe products). Targets: {met}.")
+    return "\n".join(rows)
+
+
+CALIBRATION_QUANTITIES = ("D", "V2", "Q", "r_eq", "r_eq_heat")
+
+
+def calibration_table(d: dict) -> str:
+    """Coverage of the nominal 95% intervals per model, K and quantity (bench/calibration.py)."""
+    Ks = d["protocol"]["Ks"]
+    names = {"mlp": "MLP, no biases (jvp)", "mlp_bias": "MLP, biases (jvp)",
+             "minilm_head": "linear head on MiniLM features (head mode)"}
+    rows = ["| model | K | " + " | ".join(f"{q} coverage [95% CI]" for q in CALIBRATION_QUANTITIES)
+            + " | V2 half-width / V2 (median) |", "|---|---|" + "---|" * len(CALIBRATION_QUANTITIES) + "---|"]
+    for m, per_k in d["results"].items():
+        for k in Ks:
+            c = per_k[str(k)]
+            cells = " | ".join(f"{c[q]['coverage']:.3f} [{c[q]['ci95'][0]:.2f}, {c[q]['ci95'][1]:.2f}]"
+                               for q in CALIBRATION_QUANTITIES)
+            rows.append(f"| {names.get(m, m)} | {k} | {cells} | {c['V2']['median_relative_half_width']:.2f} |")
+    dec, p = d["decision"], d["protocol"]
+    rows.append("")
+    rows.append(f"{p['replicates']} replicates per K of the defaults (M = {p['M']}, M_D = {p['M_D']}, batch size "
+                f"{p['batch_size']}); truth from M = M_D = {p['M_true']:,}; coverage over rows x replicates, 95% "
+                f"interval by a bootstrap over replicates. Target: D and V2 in [{d['band'][0]:.2f}, "
+                f"{d['band'][1]:.2f}] on every model. Chosen K = {dec['default_K']} ({dec['rule']}"
+                f"{'' if dec['met'] else '; the target is not met'}).")
+    return "\n".join(rows)
+
+
+def table_calibration() -> str | None:
+    d = _load("calibration.json")
+    return None if d is None else calibration_table(d)
+
+
+def table_adaptive_m() -> str | None:
+    d = _load("adaptive_m.json")
     if d is None:
         return None
-    c = d["config"]
-    rows = [f"| method (N = {c['n']:,}, d = {c['d_in']}, M = {c['M']}) | normfast speed-up | FLOP ratio "
-            "| max rel. error vs float64 (V2) |",
-            "|---|---|---|---|"]
-    label = {"naive": "naive per-batch materialization (torch)",
-             "torch.func": "torch.func per-sample gradients (`vmap(grad)`) + materialization"}
-    for k in ("naive", "torch.func"):
-        rows.append(f"| {label[k]} | {d['speedup_vs_normfast'][k]:.1f}x | "
-                    f"{d['flop_ratio_vs_normfast'][k]:.1f}x | {d['accuracy_vs_float64_subset'][k]['V2']:.1e} |")
-    rows.append(f"| normfast head mode (S form) | 1x | 1x ({d['flops']['normfast'] / 1e9:.0f} GFLOP) | "
-                f"{d['accuracy_vs_float64_subset']['normfast']['V2']:.1e} |")
-    m = d["memory_1e6_probes"]
-    rows.append("")
-    rows.append(f"Peak memory of a {m['probes']:,}-probe head-mode run streamed in chunks of {m['chunk']:,}: "
-                f"{m['peak_rss_mb']:.0f} MB RSS ({m['rss_after_imports_mb']:.0f} MB of it after imports).")
+    f, a = d["runs"]["fixed_M16"], d["runs"]["adaptive"]
+    q = f"{d['quantile']:.0%}"
+    rows = [f"| run ({d['words']:,} demo words, {f['rows']:,} token rows) | M | {q} quantile of se(V2)/V2, "
+            f"first chunk | same, all rows | V2 resolved to ±20% | wall time |", "|---|---|---|---|---|---|"]
+    for name, r in (("fixed M = 16 (default)", f), (f"adaptive, target {d['target_rse']}", a)):
+        rows.append(f"| {name} | {r['M']} | {r['quantile_rse_pilot_rows']:.3f} | {r['quantile_rse_all_rows']:.3f} | "
+                    f"{r['V2_resolved_to_20pct']:.0%} | {r['wall_seconds'] / f['wall_seconds']:.2f}x |")
+    rounds = ", ".join(f"M = {x['M']}: {x['quantile_rse']:.3f}" for x in a["adaptive"]["rounds"])
+    rows += ["", f"Rounds of the adaptive run (quantile on the first chunk): {rounds}; "
+                 f"{'target reached' if a['adaptive']['reached'] else 'target not reached (max_batches)'}. "
+                 f"Wall time relative to the fixed run, same process; the drift's {d['config']['drift_batches']:,} "
+                 f"gradients are part of both; {d['threads']} torch thread."]
+    pb = d["runs"].get("fixed_M16_per_batch_drift")
+    if pb:
+        rows += ["", f"The drift from M_D = {d['config']['drift_batches']:,} batches against the per-batch drift of "
+                     f"the 16 heat batches (same words, same M = 16): median se_D/|D| {f['median_se_D_over_abs_D']:.2f} "
+                     f"against {pb['median_se_D_over_abs_D']:.2f}, |D| > 2 se_D on {f['drift_significant_share']:.0%} "
+                     f"of rows against {pb['drift_significant_share']:.0%}, at {d['time_ratio_drift_MD_vs_per_batch']:.2f}x "
+                     f"the wall time."]
     return "\n".join(rows)
+
+
+def table_head_stats() -> str | None:
+    d = _load("head_stats.json")
+    if d is None or "results" not in d:
+        return None
+    return head_forms_table(d)
 
 
 def _rci(block: dict) -> str:
@@ -230,6 +296,7 @@ def table_bench() -> str | None:
             f"accuracy check.", "",
             "| comparison | baseline | normfast speed-up | FLOP ratio | baseline max rel. diff |",
             "|---|---|---|---|---|"]
+    form_rows: list[str] = []  # the head-mode forms: a second table after the comparisons
     if "head" in d:
         h, c = d["head"], d["head"]["config"]
         size = f"N = {c['n']:,}, d = {c['d_in']}, M = {c['m']}"
@@ -243,6 +310,20 @@ def table_bench() -> str | None:
                             f"{h['flop_ratios'][key]:.1f}x | {_check(d, 'head/' + k)} |")
             else:
                 rows.append(f"| head mode ({size}) | {text} | not run: {h['skipped'].get(k, '?')} | | |")
+        floors = h.get("statistics_vs_gemm_floor")
+        if floors:
+            forms = {"normfast": "grouped, with error bars (the default)",
+                     "normfast S": "bare S form (`uncertainty=False`)",
+                     "normfast per-batch": "per-batch form (`radial_spread=True`)"}
+            base = h["seconds"]["normfast"]["p50"]
+            form_rows = ["", f"| head-mode form ({size}) | whole run, speed relative to the default | "
+                             f"statistics time / its GEMM floor |", "|---|---|---|"]
+            for k, text in forms.items():
+                if k in floors:
+                    form_rows.append(f"| {text} | {base / h['seconds'][k]['p50']:.2f}x | {floors[k]:.2f} |")
+            form_rows += ["", "normfast's head rows above run the default (the grouped form, with error bars); "
+                              "a form's floor is its GEMMs alone (forming its matrices from the directions and "
+                              "the per-probe products), timed in the same rounds."]
     if "jacrev" in d:
         j, c = d["jacrev"], d["jacrev"]["config"]
         rows.append(f"| jvp mode, MLP {'-'.join(map(str, c['widths']))} ({c['parameters']:,} parameters, "
@@ -260,6 +341,9 @@ def table_bench() -> str | None:
                 rows.append(f"| MiniLM token jvp, last layer, {c['k']} directions per pass ({size}) | {t} | "
                             f"{m['ratios'][key]:.1f}x | {m['flop_ratios'][key]:.1f}x | "
                             f"{_check(d, 'minilm/' + k)} |")
+    rows += form_rows
+    if "minilm" in d:
+        m, c = d["minilm"], d["minilm"]["config"]
         t = m["throughput"]
         rows += ["", f"MiniLM token-level jvp probing (last layer, {t['M']} directions, SimCSE, "
                      f"{t['words']:,} words = {t['token_rows']:,} token rows): the whole engine "
@@ -346,6 +430,8 @@ TABLES: dict[str, Callable[[], str | None]] = {
     "e1": table_e1,
     "quartic": table_quartic,
     "head_stats": table_head_stats,
+    "calibration": table_calibration,
+    "adaptive_m": table_adaptive_m,
 }
 
 

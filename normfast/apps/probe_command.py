@@ -101,7 +101,8 @@ def probe_arguments(p) -> None:
                         f"directional pass per batch group; >= M; default {DEFAULT_DRIFT_BATCHES}); 0: the "
                         f"drift from the M heat batches, per batch")
     p.add_argument("--groups", type=int, default=DEFAULT_GROUPS,
-                   help=f"K, batch groups behind the standard errors (se_D, sign stability; default {DEFAULT_GROUPS})")
+                   help=f"K, batch groups behind every error bar (se_D, sign stability, se_V2, se_Q, R_eq "
+                        f"intervals; t with K-1 dof; default {DEFAULT_GROUPS})")
     p.add_argument("--batch-size", type=int, default=32, help="pairs per virtual batch (default 32)")
     p.add_argument("--optimizer", default="sgd", choices=list(PRESETS))
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate eta of the law (default 1e-3)")
@@ -112,7 +113,17 @@ def probe_arguments(p) -> None:
     p.add_argument("--chunk-size", type=int, default=64, help="probe items per streamed chunk (default 64)")
     p.add_argument("--directions-per-pass", type=int, default=None, help="K directions per JVP pass")
     p.add_argument("--memory-budget-mb", type=float, default=2048)
-    p.add_argument("--no-radial-spread", action="store_true", help="skip se_D / sign stability (faster head mode)")
+    p.add_argument("--no-uncertainty", action="store_true",
+                   help="skip the error bars (se_D, se_V2, se_Q, R_eq intervals): the bare estimates (head mode: "
+                        "the S form)")
+    p.add_argument("--per-batch", action="store_true",
+                   help="head mode: the per-batch form (se_D and sign stability from every batch; cost grows with M)")
+    p.add_argument("--target-rse", type=float, default=None,
+                   help="adaptive M: add K batches at a time until the --target-quantile of se(V2)/V2 over the "
+                        "first chunk is at most this (e.g. 0.1), up to --max-batches")
+    p.add_argument("--max-batches", type=int, default=256, help="cap of the adaptive M (default 256)")
+    p.add_argument("--target-quantile", type=float, default=0.9,
+                   help="quantile of se(V2)/V2 that --target-rse applies to (default 0.9)")
     p.add_argument("--tower", choices=["image", "text"], help="open_clip tower to probe")
     p.add_argument("--no-projection", action="store_true", help="open_clip / sentence-transformers without the head")
     p.add_argument("--pooling", default=None, help="HF pooling (mean, cls, ...)")
@@ -175,7 +186,9 @@ def _probe_cli(args, device: str, root: bool) -> int:
                              batches=args.batches, drift_batches=args.drift_batches or None,
                              groups=args.groups, batch_size=args.batch_size, seed=args.seed,
                              chunk_size=args.chunk_size, directions_per_pass=args.directions_per_pass,
-                             memory_budget_mb=args.memory_budget_mb, radial_spread=not args.no_radial_spread)
+                             memory_budget_mb=args.memory_budget_mb, uncertainty=not args.no_uncertainty,
+                             radial_spread=args.per_batch, target_rse=args.target_rse,
+                             max_batches=args.max_batches, target_quantile=args.target_quantile)
         result = probe(encoder, items, objective, pairs, config, out=args.out, resume=args.resume,
                        overwrite=args.overwrite, pair_encoder=pair_encoder, ids=ids,
                        progress=not args.no_progress, model_name=args.model)

@@ -190,13 +190,14 @@ class Phases:
         return out
 
 
-def head_normfast(problem: HeadProblem, phases: Phases) -> dict[str, torch.Tensor]:
-    """normfast head mode: backward per batch, then the S form (centering and ``S_c`` included)."""
+def head_normfast(problem: HeadProblem, phases: Phases, **form: Any) -> dict[str, torch.Tensor]:
+    """normfast head mode: backward per batch, then ``head_stats`` with its defaults (the grouped form
+    with error bars; ``form`` selects another: see :data:`HEAD_FORMS`), preparation included."""
     from normfast.engine.ops import head_stats
 
     W, b, A, Z, anchors, positives = problem
     G, g = phases.directions(head_directions_backward, W, b, anchors, positives)
-    return phases.statistics(head_stats, A, Z, G, g, form="S", radial_spread=False)
+    return phases.statistics(head_stats, A, Z, G, g, **form)
 
 
 def _per_sample_pipeline(directions: Callable) -> Callable[[HeadProblem, Phases], dict]:
@@ -234,8 +235,9 @@ def head_flop_counts(n: int, d_in: int, d_out: int, m: int, pairs: int) -> dict[
     backward = m * 4 * (2 * pairs) * head
     per_row = m * pairs * 4 * (2 * pairs) * head
     apply = 2 * n * m * (d_in + 1) * d_out          # A G_Bᵀ + g_B for every batch
-    s_form = head_flops(n, d_in, d_out, m, bias=True)["S"]
-    return {"normfast": backward + s_form, "naive": backward + apply,
+    forms = head_flops(n, d_in, d_out, m, bias=True)
+    return {"normfast": backward + forms["grouped"], "normfast S": backward + forms["S"],
+            "normfast per-batch": backward + forms["per_batch"], "naive": backward + apply,
             "torch.func": per_row + apply, "backpack": backward + apply, "opacus": backward + apply}
 
 
@@ -254,6 +256,15 @@ def _head_reference(problem: HeadProblem, G: torch.Tensor, g: torch.Tensor) -> d
 
     T = -(torch.einsum("bji,ni->bnj", G.double(), problem.A.double()) + g.double()[:, None, :])
     return brute_force_stats(T, problem.Z.double(), "u")
+
+
+def _grouped_reference(problem: HeadProblem, G: torch.Tensor, g: torch.Tensor) -> dict:
+    """The grouped estimators (the default's error bars) from every ``t_i^B`` in float64."""
+    from normfast.core.reference import brute_force_grouped
+    from normfast.engine.uncertainty import DEFAULT_GROUPS, effective_groups
+
+    T = -(torch.einsum("bji,ni->bnj", G.double(), problem.A.double()) + g.double()[:, None, :])
+    return brute_force_grouped(T, problem.Z.double(), effective_groups(DEFAULT_GROUPS, G.shape[0]), "u")
 
 
 def run_head(s: HeadSettings, progress: bool = True) -> dict[str, Any]:
@@ -278,6 +289,12 @@ def run_head(s: HeadSettings, progress: bool = True) -> dict[str, Any]:
     checks, errors = [], {}
     for name, (fn, directions) in methods.items():
         errors[name] = stat_errors(fn(sub, Phases()), want, list(HEAD_KEYS))
+        if name == "normfast":  # its error bars against a float64 brute force of the grouped estimators
+            grouped = _grouped_reference(sub, G_ref, g_ref)
+            errors["normfast error bars"] = stat_errors(fn(sub, Phases()), grouped, ["se_D", "se_V2", "se_Q"])
+            checks.append(accuracy_check("head/normfast/error_bars", max(errors["normfast error bars"].values()),
+                                         s.tolerance, f"float64 brute force of the grouped estimators, first "
+                                         f"{n_check} probes"))
         checks.append(accuracy_check(f"head/{name}", max(errors[name].values()), s.tolerance,
                                      f"float64 brute force from the fp32 G_B, first {n_check} probes"))
         if name != "normfast":
@@ -288,6 +305,9 @@ def run_head(s: HeadSettings, progress: bool = True) -> dict[str, Any]:
     failed = {c["check"].split("/")[1] for c in checks if not c["passed"]}
 
     timed = {name: fn for name, (fn, _) in methods.items() if name not in failed}
+    if "normfast" in timed:  # the other forms, and every form's GEMM floor (timed from G_B on)
+        for label, form in (("normfast S", "S"), ("normfast per-batch", "per_batch")):
+            timed[label] = (lambda problem, ph, kw=HEAD_FORMS[form]: head_normfast(problem, ph, **kw))
     phases: dict[str, list[dict[str, float]]] = {name: [] for name in timed}
     outputs: dict[str, dict] = {}
 
@@ -298,8 +318,11 @@ def run_head(s: HeadSettings, progress: bool = True) -> dict[str, Any]:
             phases[name].append(ph.seconds)
         return go
 
-    times = time_rounds({name: runner(name) for name in timed}, s.repeats,
-                        {"normfast": s.fast_runs}, desc="head", progress=progress)
+    floors = {f"floor {form}": gemm_floor(problem.A, form, s.dim, s.m) for form in HEAD_FORMS}
+    fast = {name: s.fast_runs for name in ("normfast", "normfast S", *floors)}
+    times = time_rounds({**{name: runner(name) for name in timed}, **floors}, s.repeats, fast,
+                        desc="head", progress=progress)
+    floor_times = {name: times.pop(name) for name in floors}
     seconds = {}
     for name, ts in times.items():
         seconds[name] = percentiles(ts)
@@ -310,13 +333,19 @@ def run_head(s: HeadSettings, progress: bool = True) -> dict[str, Any]:
     flops = {k: v for k, v in head_flop_counts(s.n, s.dim, s.dim, s.m, s.pairs).items() if k in timed}
     base = seconds.get("normfast", {}).get("p50")
     ratios = {f"normfast_vs_{name}": seconds[name]["p50"] / base
-              for name in seconds if name != "normfast" and base}
+              for name in seconds if not name.startswith("normfast") and base}
+    # every normfast form: its statistics time (from G_B on) against the time of the GEMMs it needs
+    stat_p50 = {name: seconds[name]["phases_median"]["statistics"] for name in seconds if name.startswith("normfast")}
+    vs_floor = {name: stat_p50[name] / float(np.median(floor_times[f"floor {form}"]))
+                for name, form in (("normfast", "grouped"), ("normfast S", "S"), ("normfast per-batch", "per_batch"))
+                if name in stat_p50}
     return {
         "what": "heat/drift statistics (D, m2, V2, Q) of a linear head over N probes from M virtual "
-                "InfoNCE batches; normfast = backward per batch + head_stats S form; each baseline = "
+                "InfoNCE batches; normfast = backward per batch + head_stats with its defaults (the grouped "
+                "form, with error bars), and its bare S and per-batch forms as separate rows; each baseline = "
                 "per-sample gradients summed to G_B, then t = -(G_B a + g_B) materialized per batch",
         "config": {**asdict(s), "d_in": s.dim, "d_out": s.dim, "dtype": "float32", "bias": True,
-                   "form": "S", "direction_threads": Phases.direction_threads},
+                   "form": "grouped (default)", "direction_threads": Phases.direction_threads},
         "environment": environment(),
         "skipped": skipped,
         "accuracy": checks,
@@ -326,6 +355,8 @@ def run_head(s: HeadSettings, progress: bool = True) -> dict[str, Any]:
         "items": s.n,
         "items_per_s": {name: throughput(ts, s.n) for name, ts in times.items()},
         "ratios": ratios,
+        "statistics_vs_gemm_floor": vs_floor,
+        "gemm_floor_seconds": {name: percentiles(ts) for name, ts in floor_times.items()},
         "flops": flops,
         "flop_ratios": {f"normfast_vs_{k}": v / flops["normfast"] for k, v in flops.items()
                         if k != "normfast" and "normfast" in flops},
