@@ -16,6 +16,25 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from normfast.data.datasets import missing_system_data  # noqa: E402
+
+#: NORMFAST_REQUIRE_DATA=1 (set by .ci/run): a test whose Debian data is absent fails instead of skipping
+REQUIRE_DATA = os.environ.get("NORMFAST_REQUIRE_DATA", "") not in ("", "0")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.needs_data("wordnet" | "fashion-mnist")``: skip with a one-line reason when the
+    Debian data is not installed (fail instead under NORMFAST_REQUIRE_DATA=1), before any fixture runs."""
+    for mark in item.iter_markers("needs_data"):
+        for name in mark.args:
+            reason = missing_system_data(name)
+            if reason is None:
+                continue
+            if REQUIRE_DATA:
+                pytest.fail(f"NORMFAST_REQUIRE_DATA=1 but {reason}", pytrace=False)
+            pytest.skip(reason)
+
 
 @pytest.fixture
 def rng() -> np.random.Generator:

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.needs_data("wordnet")
 FITS = ("full_law", "heat_only_law", "last_checkpoint_full_law", "last_checkpoint_heat_only_law")
 
 

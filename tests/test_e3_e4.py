@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.needs_data("wordnet")
 BENCH = ROOT / "bench"
 
 

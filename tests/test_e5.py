@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "e5_uncertainty.py"
-DATASET = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 
-pytestmark = pytest.mark.skipif(not DATASET.is_file(),
-                                reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
+pytestmark = pytest.mark.needs_data("fashion-mnist")
 
 
 def _run(out: Path, seed: int = 0) -> dict:

@@ -30,6 +30,15 @@ class ProbeConfig:
         batches: M, the number of virtual batches (≥ 2).
         batch_size: pairs / items per virtual batch (≥ 2).
         seed: drives batch sampling and dropout; equal seeds give equal tables.
+        batch_indices: the virtual batches themselves instead of a random draw: ``M`` sequences of
+            ``batch_size`` distinct indices into the pair source (e.g. a training run's batches, or
+            the batches of a brute-force check). ``batches`` and ``batch_size`` must agree with it
+            (checked, with an error naming the mismatch); indices are checked against the pair
+            source when the probe starts. The seed still drives dropout. These batches serve every
+            statistic: when the engine takes the drift from its own, larger set of batches
+            (``drift_batches``), that set is given by ``drift_batch_indices``, validated the same
+            way; with ``batch_indices`` and no ``drift_batch_indices`` the drift comes from these
+            same batches, so an explicit run never mixes in randomly drawn batches.
         chunk_size: probe items (inputs) per chunk, the unit of streaming and resume.
         directions_per_pass: K directions per forward-mode pass (None: from the memory budget).
         memory_budget_mb: working-memory budget that sets K and the loop order.
@@ -51,6 +60,7 @@ class ProbeConfig:
     batches: int = 16
     batch_size: int = 32
     seed: int = 0
+    batch_indices: list[list[int]] | None = None
     chunk_size: int = 64
     directions_per_pass: int | None = None
     memory_budget_mb: float = 2048
@@ -68,6 +78,11 @@ class ProbeConfig:
                 what = "M (virtual batches)" if name == "batches" else name
                 raise ValueError(f"{fn}: {what} must be an integer >= 2 (a variance needs two batches), "
                                  f"got {name}={v!r}")
+        if self.batch_indices is not None:
+            from normfast.data.pairs import check_batch_indices
+
+            self.batch_indices = check_batch_indices(fn, "batch_indices", self.batch_indices, M=self.batches,
+                                                     batch_size=self.batch_size)
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise ValueError(f"{fn}: chunk_size must be a positive integer, got {self.chunk_size!r}")
         if self.directions_per_pass is not None and (

@@ -22,7 +22,7 @@ def _open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | No
     done: set[int] = set()
     if shard is None or shard.is_root:
         try:
-            finished = _finished_run(out, key, resume, overwrite)
+            finished = _finished_run(out, spec, key, resume, overwrite)
             if finished is None:
                 writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite)
                 done = writer.done()
@@ -50,7 +50,8 @@ def _existing_output(out: Path) -> Path | None:
     return None
 
 
-def _finished_run(out: Path, key: str, resume: bool, overwrite: bool) -> ProbeResult | None:
+def _finished_run(out: Path, spec: Mapping[str, Any], key: str, resume: bool,
+                  overwrite: bool) -> ProbeResult | None:
     """With ``resume``: the finished run at ``out`` if it was made with the same arguments."""
     existing = _existing_output(out)
     if not resume or existing is None or out.with_name(out.name + ".parts").exists():
@@ -60,9 +61,11 @@ def _finished_run(out: Path, key: str, resume: bool, overwrite: bool) -> ProbeRe
     if previous == key:
         return result
     if previous is not None and not overwrite:
-        raise ValueError(f"cannot resume: {existing} holds a finished run made with different arguments "
-                         f"(fingerprint {previous!r} != {key!r}); pass overwrite=True (CLI: --overwrite) "
-                         f"to replace it")
+        from normfast.data.io import describe_spec_change
+
+        changed = describe_spec_change({k: v for k, v in result.metadata.items() if k in spec}, spec)
+        raise ValueError(f"cannot resume: {existing} holds a finished run made with different arguments; "
+                         f"changed: {changed}. Pass overwrite=True (CLI: --overwrite) to replace it")
     return None
 
 
