@@ -109,15 +109,3 @@ def test_validate_quick(tmp_path, capsys):
         assert np.all(np.asarray(res["observed"]) > 0)
     assert (tmp_path / "equilibrium.png").stat().st_size > 0
     assert main(["validate", "--variants", "bogus", "--out", str(tmp_path)]) == 2
-
-
-def test_demo_quick(tmp_path, capsys):
-    rc = main(["demo", "--quick", "--words", "60", "--batches", "4", "--out", str(tmp_path), "--no-progress"])
-    assert rc == 0
-    out = capsys.readouterr().out
-    assert "all-MiniLM-L6-v2" in out and "Spearman(Zipf, norm" in out
-    table = pq.read_table(tmp_path / "demo.parquet")
-    words = set(table.column("text").to_pylist())
-    assert len(words) == 60 and "the" in words
-    assert np.all(np.isfinite(table.column("V2").to_numpy()))
-    assert (tmp_path / "demo_norm_vs_req.png").exists()

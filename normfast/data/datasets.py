@@ -335,12 +335,25 @@ def load_fashion_mnist(split: str = "train", root: str | os.PathLike = FASHION_M
                        ) -> tuple[np.ndarray, np.ndarray]:
     """``(images uint8 [N, 28, 28], labels int64 [N])`` of Fashion-MNIST (N = 60000 / 10000).
 
-    Class names are in :data:`FASHION_MNIST_CLASSES`.
+    Class names are in :data:`FASHION_MNIST_CLASSES`. The arrays are read once per
+    process and folder and returned read-only (copy them to modify).
     """
     if split not in _FASHION_FILES:
         raise ValueError(f"load_fashion_mnist: split must be 'train' or 'test', got {split!r}")
-    img_name, lab_name, n = _FASHION_FILES[split]
     folder = Path(root)
+    key = (split, str(folder.resolve()))
+    with _FASHION_LOCK:
+        if key not in _FASHION_CACHE:
+            _FASHION_CACHE[key] = _read_fashion_mnist(split, folder)
+        return _FASHION_CACHE[key]
+
+
+_FASHION_CACHE: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+_FASHION_LOCK = threading.Lock()
+
+
+def _read_fashion_mnist(split: str, folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    img_name, lab_name, n = _FASHION_FILES[split]
     for name in (img_name, lab_name):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"load_fashion_mnist: {folder / name} is missing; "
@@ -353,6 +366,8 @@ def load_fashion_mnist(split: str = "train", root: str | os.PathLike = FASHION_M
                          f"labels.shape={labels.shape}")
     if labels.min() < 0 or labels.max() >= len(FASHION_MNIST_CLASSES):
         raise ValueError(f"load_fashion_mnist: labels outside 0..9 in {folder / lab_name}")
+    images.flags.writeable = False
+    labels.flags.writeable = False
     return images, labels
 
 
