@@ -135,7 +135,7 @@ def run_case(n, d, k, dtype, device, updates, repeats, check_rows):
     return out
 
 
-def main():
+def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
@@ -147,8 +147,8 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--check-rows", type=int, default=2000)
     p.add_argument("--out", type=Path, default=RUNS / "accumulate.json",
-                   help="default runs/accumulate.json; the committed result: --out bench/results/accumulate.json")
-    args = p.parse_args()
+                   help="output JSON (default %(default)s; the committed result: --out bench/results/accumulate.json)")
+    args = p.parse_args(argv)
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     sizes = args.n or ([1_000_000] if device.type == "cuda" else [20_000])

@@ -109,7 +109,7 @@ def memory_child(n_total, chunk, d_in, d_out, m, pairs):
                       "all_valid": bool((reason == 0).all())}))
 
 
-def main():
+def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=200_000, help="probes")
     p.add_argument("--dim", type=int, default=384, help="d_in = d_out of the head")
@@ -126,8 +126,8 @@ def main():
                    help="torch threads while computing G_B in every method (0: unchanged)")
     p.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=RUNS / "head_stats.json",
-                   help="default runs/head_stats.json; the committed result: --out bench/results/head_stats.json")
-    args = p.parse_args()
+                   help="output JSON (default %(default)s; the committed result: --out bench/results/head_stats.json)")
+    args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     Phases.direction_threads = args.direction_threads

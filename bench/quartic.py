@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RUNS / "quartic.json",
-                        help="default runs/quartic.json; the committed result: --out bench/results/quartic.json")
+                        help="output JSON (default %(default)s; the committed result: --out bench/results/quartic.json)")
     args = parser.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)

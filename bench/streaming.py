@@ -300,7 +300,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-resume-check", action="store_true")
     p.add_argument("--workdir", default=None, help="where the Parquet outputs go (default: a temp folder)")
     p.add_argument("--out", default=str(RUNS / "streaming.json"),
-                   help="default runs/streaming.json; the committed result: --out bench/results/streaming.json")
+                   help="output JSON (default %(default)s; the committed result: --out bench/results/streaming.json)")
     p.add_argument("--no-progress", action="store_true")
     # child mode
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

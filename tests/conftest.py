@@ -90,7 +90,9 @@ def repo_copy(tmp_path_factory) -> Path:
     """The working tree (tracked and untracked-but-not-ignored files) copied into a fresh git repository."""
     dest = tmp_path_factory.mktemp("repo") / "normfast"
     listed = _git(ROOT, "ls-files", "--cached", "--others", "--exclude-standard", "-z").split("\0")
-    for rel in filter(None, listed):
+    # plus the compiled extension (git-ignored): a `python -m normfast` started in the copy imports the copy
+    built = [str(p.relative_to(ROOT)) for p in (ROOT / "normfast").rglob("*.so")]
+    for rel in filter(None, listed + built):
         src = ROOT / rel
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -113,14 +115,26 @@ def _inside(folder: Path):
 
 def run_script(copy: Path, script: str, *args: str) -> str:
     """Run ``bench/<script>``'s ``main(args)`` from the copy, in this process; returns what it printed."""
-    spec = importlib.util.spec_from_file_location(f"_quick_{Path(script).stem}", copy / "bench" / script)
+    name = f"_quick_{Path(script).stem}"
+    spec = importlib.util.spec_from_file_location(name, copy / "bench" / script)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    bench = str(copy / "bench")
+    sys.path.insert(0, bench)  # as `python bench/<script>` has it: sibling modules (tables.py) import
+    before = set(sys.modules)
     out = io.StringIO()
     threads = torch.get_num_threads()
-    with _inside(copy), contextlib.redirect_stdout(out):
-        spec.loader.exec_module(module)
-        rc = module.main(list(args))
-    torch.set_num_threads(threads)
+    try:
+        with _inside(copy), contextlib.redirect_stdout(out):
+            spec.loader.exec_module(module)
+            rc = module.main(list(args))
+    finally:
+        torch.set_num_threads(threads)
+        sys.path.remove(bench)
+        for mod in set(sys.modules) - before:  # the siblings it imported from the copy
+            if (getattr(sys.modules[mod], "__file__", None) or "").startswith(bench):
+                del sys.modules[mod]
+        sys.modules.pop(name, None)
     assert rc == 0, f"{script} {' '.join(args)} exited with {rc}:\n{out.getvalue()[-3000:]}"
     return out.getvalue()
 

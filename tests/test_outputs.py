@@ -82,17 +82,45 @@ def test_every_quick_path_leaves_the_repository_clean(request, repo_copy):
         pytest.skip("ran " + ", ".join(ran) + "; not run, data missing: " + "; ".join(skipped))
 
 
-@pytest.mark.xfail(strict=True, reason="normfast validate still defaults to --out bench/results; "
-                                       "normfast/apps/validate.py is being rewritten (issue 11)")
-def test_validate_quick_writes_to_runs(repo_copy, tmp_path):
-    import shutil
+@pytest.mark.parametrize("command", [
+    "demo", "bench", "report", "retrieval", "solve", "probe",
+    pytest.param("validate", marks=pytest.mark.xfail(
+        strict=True, reason="normfast validate still defaults to --out bench/results; "
+                            "normfast/apps/validate.py is being rewritten (issue 11)")),
+])
+def test_no_command_defaults_to_the_committed_results(command):
+    """Commands without a quick path here: their --out default is none, or under runs/."""
+    from normfast.cli import build_parser
 
-    copy = tmp_path / "copy"
-    shutil.copytree(repo_copy, copy, ignore=shutil.ignore_patterns("runs"))
-    run_cli(copy, "validate", "--quick", "--variants", "table", "--no-progress")
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=copy,
-                            capture_output=True, text=True, check=True).stdout
-    assert status == "", status
+    parser = build_parser(command)
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    out = next((a for a in sub._actions if "--out" in a.option_strings), None)
+    default = None if out is None else out.default
+    assert default is None or str(default).startswith("runs/"), f"normfast {command} --out defaults to {default}"
+
+
+@pytest.mark.parametrize("script", ["accumulate.py", "head_stats.py", "quartic.py", "streaming.py"])
+def test_bench_scripts_without_a_quick_mode_default_to_runs(script, repo_copy, capsys, monkeypatch):
+    """Full benchmarks (minutes): their --out default is read from --help, not run."""
+    import importlib.util
+    import sys
+
+    monkeypatch.setenv("COLUMNS", "2000")  # argparse: one line per option, paths unwrapped
+    name = f"_help_{script[:-3]}"
+    spec = importlib.util.spec_from_file_location(name, repo_copy / "bench" / script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        with pytest.raises(SystemExit) as exc:
+            module.main(["--help"])
+    finally:
+        sys.modules.pop(name, None)
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    default = re.search(r"--out \S+ output JSON \(default (\S+?);", text).group(1)
+    assert default.startswith(str(repo_copy / "runs") + "/"), text
+    assert "--out bench/results/" in text
 
 
 # ---------------------------------------------------------------------------
