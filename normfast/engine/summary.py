@@ -69,9 +69,10 @@ def summarize(result) -> dict[str, Any]:
     with np.errstate(invalid="ignore"):
         nonpos = described & (kappa <= 0)
     n_described = int(described.sum())
+    out["kappa_rows"] = n_described
+    out["kappa_nonpositive_rows"] = int(nonpos.sum())
+    out["kappa_nonpositive_no_root_rows"] = int((nonpos & ~np.isfinite(r_eq)).sum())
     out["kappa_nonpositive_fraction"] = float(nonpos.sum() / n_described) if n_described else math.nan
-    out["kappa_nonpositive_no_root_fraction"] = (float((nonpos & ~np.isfinite(r_eq)).sum() / n_described)
-                                                 if n_described else math.nan)
     out["norm_vs_r_eq"] = loglog_fit(r_eq[valid], norm[valid])
     out["norm_vs_r_eq_heat"] = loglog_fit(result.column("r_eq_heat")[valid], norm[valid])
     out["spearman_norm_heat"] = spearman(norm[valid], result.column(heat)[valid])
@@ -141,12 +142,13 @@ def format_summary(result, top: int = 8) -> str:
         f"drift |D| > 2 se: {s['drift_significant_fraction']:.1%} of rows; mean sign stability "
         f"{s['sign_stability_mean']:.3f}; bistable rows {s['bistable_fraction']:.1%}",
     ]
-    if s["kappa_nonpositive_fraction"] > 0:
-        nan_share = s["kappa_nonpositive_no_root_fraction"]
-        rest = s["kappa_nonpositive_fraction"] - nan_share
-        lines.append(f"kappa <= 0 for {s['kappa_nonpositive_fraction']:.1%} of rows: no stable equilibrium there "
-                     f"(R_eq is NaN for {nan_share:.1%} of rows"
-                     + (f", an unstable root for {rest:.1%})" if rest > 0 else ")"))
+    n_bad, n_nan = s["kappa_nonpositive_rows"], s["kappa_nonpositive_no_root_rows"]
+    if n_bad:
+        parts = [f"R_eq is NaN for {n_nan}"] if n_nan else []
+        if n_bad - n_nan:
+            parts.append(f"an unstable root for {n_bad - n_nan}")
+        lines.append(f"kappa <= 0 for {n_bad} of {s['kappa_rows']} rows ({s['kappa_nonpositive_fraction']:.1%}): "
+                     f"no stable equilibrium there ({', '.join(parts)})")
     lines += [
         f"observed norm vs R_eq (log-log): slope {f['slope']:.3f}, Pearson r {f['pearson_r']:.3f}  |  "
         f"heat-only R_eq: slope {fh['slope']:.3f}, r {fh['pearson_r']:.3f}",
