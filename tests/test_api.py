@@ -30,6 +30,12 @@ def _net(seed=0) -> nn.Sequential:
     return nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 5))
 
 
+def config(**kw) -> normfast.ProbeConfig:
+    """A small run: 16 drift batches (the default 1024 is the subject of test_drift.py)."""
+    kw.setdefault("drift_batches", 16)
+    return normfast.ProbeConfig(**kw)
+
+
 def _probe(encoder, items, pairs, config, objective="infonce", **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # toy models: scale-invariance notes etc.
@@ -46,30 +52,60 @@ def test_batch_indices_replace_the_draw(monkeypatch):
     items, a, p = _data()
     src = normfast.PairSource.from_tensors(a, p)
     enc = normfast.ModuleEncoder(_net())
-    explicit = _probe(enc, items, src, normfast.ProbeConfig(batches=5, batch_size=4, batch_indices=BATCHES))
+    per_batch = dict(batches=5, batch_size=4, drift_batches=None)  # the M heat batches give the drift too
+    explicit = _probe(enc, items, src, config(**per_batch, batch_indices=BATCHES))
     # the same batches through the old route (patching the draw) give the same table
     monkeypatch.setattr(pairs_module, "virtual_batches",
                         lambda n, M, B, seed=0: [np.array(b, dtype=np.int64) for b in BATCHES])
-    patched = _probe(enc, items, src, normfast.ProbeConfig(batches=5, batch_size=4))
+    patched = _probe(enc, items, src, config(**per_batch))
     assert explicit.table.drop(["reason"]).equals(patched.table.drop(["reason"]))
     monkeypatch.undo()
-    drawn = _probe(enc, items, src, normfast.ProbeConfig(batches=5, batch_size=4))
+    drawn = _probe(enc, items, src, config(**per_batch))
     assert not np.allclose(drawn.column("V2"), explicit.column("V2"))
     # the default draw is reproducible by hand: seed -> rng -> virtual_batches
     seed = int(np.random.default_rng(0).integers(2**31))
     by_hand = [b.tolist() for b in normfast.virtual_batches(len(src), 5, 4, seed)]
-    again = _probe(enc, items, src, normfast.ProbeConfig(batches=5, batch_size=4, batch_indices=by_hand))
+    again = _probe(enc, items, src, config(**per_batch, batch_indices=by_hand))
     np.testing.assert_array_equal(again.column("V2"), drawn.column("V2"))
     assert explicit.metadata["config"]["batch_indices"] == BATCHES
 
 
+def test_batch_indices_with_separate_drift_batches(monkeypatch):
+    """One list in the layout of the draw: the M_D drift batches, the first M of them the heat's."""
+    items, a, p = _data()
+    src = normfast.PairSource.from_tensors(a, p)
+    enc = normfast.ModuleEncoder(_net())
+    rng = np.random.default_rng(5)
+    eight = [sorted(rng.choice(24, 4, replace=False).tolist()) for _ in range(8)]
+    layout = dict(batches=3, drift_batches=8, groups=4, batch_size=4)
+    explicit = _probe(enc, items, src, config(**layout, batch_indices=eight))
+    monkeypatch.setattr(pairs_module, "virtual_batches",
+                        lambda n, M, B, seed=0: [np.array(b, dtype=np.int64) for b in eight[:M]])
+    patched = _probe(enc, items, src, config(**layout))
+    for col in ("D", "se_D", "V2", "m2", "kappa", "r_eq"):
+        np.testing.assert_array_equal(explicit.column(col), patched.column(col), err_msg=col)
+    # the heat comes from the first M only: the same first three batches, other drift batches -> same V2
+    other = eight[:3] + [sorted(rng.choice(24, 4, replace=False).tolist()) for _ in range(5)]
+    moved = _probe(enc, items, src, config(**layout, batch_indices=other))
+    np.testing.assert_allclose(moved.column("V2"), explicit.column("V2"), rtol=1e-12)
+    assert not np.allclose(moved.column("D"), explicit.column("D"))
+
+
 @pytest.mark.parametrize("batches, kw, error, match", [
-    (BATCHES, {"batches": 4}, ValueError, r"holds 5 batches but batches=4; pass batches=5"),
-    (BATCHES[:4] + [[1, 2, 3]], {"batches": 5}, ValueError, r"batch_indices\[4\] has 3 indices but batch_size=4"),
-    (BATCHES[:4] + [[1, 2, 2, 3]], {"batches": 5}, ValueError, r"batch_indices\[4\] repeats index 2"),
-    (BATCHES[:4] + [[0.0, 1, 2, 3]], {"batches": 5}, TypeError, r"batch_indices\[4\] to be a 1-D sequence of integer"),
-    ([[0, 1, 2, 3]], {"batches": 2}, ValueError, r"at least 2 batches"),
-    ("0123", {"batches": 2}, TypeError, r"sequence of batches"),
+    (BATCHES, {"batches": 4, "drift_batches": None}, ValueError, r"holds 5 batches but batches=4; pass batches=5"),
+    (BATCHES, {"batches": 5, "drift_batches": 16}, ValueError,
+     r"holds 5 batches but the drift comes from drift_batches=16 batches \(the first batches=5 of them are also "
+     r"the heat's\): pass 16 batches, or drift_batches=None for the per-batch drift of the 5 heat batches"),
+    (BATCHES, {"batches": 2, "drift_batches": 16, "groups": 4}, ValueError,
+     r"pass 16 batches, or drift_batches=5 to take the drift from these 5$"),
+    (BATCHES[:4] + [[1, 2, 3]], {"batches": 5, "drift_batches": None}, ValueError,
+     r"batch_indices\[4\] has 3 indices but batch_size=4"),
+    (BATCHES[:4] + [[1, 2, 2, 3]], {"batches": 5, "drift_batches": None}, ValueError,
+     r"batch_indices\[4\] repeats index 2"),
+    (BATCHES[:4] + [[0.0, 1, 2, 3]], {"batches": 5, "drift_batches": None}, TypeError,
+     r"batch_indices\[4\] to be a 1-D sequence of integer"),
+    ([[0, 1, 2, 3]], {"batches": 2, "drift_batches": None}, ValueError, r"at least 2 batches"),
+    ("0123", {"batches": 2, "drift_batches": None}, TypeError, r"sequence of batches"),
 ])
 def test_batch_indices_are_validated(batches, kw, error, match):
     with pytest.raises(error, match=match):
@@ -79,7 +115,7 @@ def test_batch_indices_are_validated(batches, kw, error, match):
 def test_batch_indices_out_of_the_pair_source_are_refused():
     items, a, p = _data(n_pairs=12)
     src = normfast.PairSource.from_tensors(a, p)
-    cfg = normfast.ProbeConfig(batches=5, batch_size=4, batch_indices=BATCHES)  # index 15 and 23 >= 12
+    cfg = config(batches=5, batch_size=4, drift_batches=None, batch_indices=BATCHES)  # 15 and 23 >= 12
     with pytest.raises(IndexError, match=r"batch_indices\[3\] has indices outside \[0, 12\).*max=15"):
         _probe(normfast.ModuleEncoder(_net()), items, src, cfg)
 
@@ -94,7 +130,7 @@ def test_tensor_source_matches_the_list_source():
     first, second = src.batch([3, 1])
     assert torch.equal(first, a[[3, 1]]) and torch.equal(second, p[[3, 1]])
     enc = normfast.ModuleEncoder(_net())
-    cfg = normfast.ProbeConfig(batches=4, batch_size=6)
+    cfg = config(batches=4, batch_size=6)
     from_tensors = _probe(enc, items, src, cfg)
     from_lists = _probe(enc, list(items), list(zip(a, p)), cfg)
     np.testing.assert_allclose(from_tensors.column("V2"), from_lists.column("V2"), rtol=1e-12)
@@ -109,7 +145,7 @@ def test_tensor_source_labels_and_items():
     x, y = src.batch(np.array([0, 1, 2]))
     assert isinstance(x, torch.Tensor) and x.shape == (3, 6) and y.tolist() == [1, 0, 1]
     res = _probe(normfast.ModuleEncoder(_net()), torch.from_numpy(a[:3]), src,
-                 normfast.ProbeConfig(batches=3, batch_size=6), objective="supcon")
+                 config(batches=3, batch_size=6), objective="supcon")
     assert res.column("valid").all()
     items = normfast.PairSource.from_tensors(torch.arange(5.0)[:, None])
     assert items.kind == "items" and items.batch([4, 0]).tolist() == [[4.0], [0.0]]
@@ -143,7 +179,7 @@ def test_dataset_source_reads_on_demand_and_matches_the_tensor_source():
     anchors, positives = src.batch([2, 5])
     assert isinstance(anchors, list) and torch.equal(anchors[1], a[5]) and torch.equal(positives[0], p[2])
     enc = normfast.ModuleEncoder(_net())
-    cfg = normfast.ProbeConfig(batches=4, batch_size=6)
+    cfg = config(batches=4, batch_size=6)
     via_dataset = _probe(enc, items, ds, cfg)  # a Dataset given as pairs= is read on demand
     via_tensors = _probe(enc, items, normfast.PairSource.from_tensors(a, p), cfg)
     np.testing.assert_allclose(via_dataset.column("V2"), via_tensors.column("V2"), rtol=1e-12)
@@ -195,7 +231,7 @@ def test_sequential_is_split_and_its_last_linear_is_the_head():
     assert enc.head().weight_name == "blocks.0.2.weight"
     assert "blocks.0.2.weight" in dict(enc.named_parameters())  # parameter names as before the split
     items, a, p = _data()
-    cfg = normfast.ProbeConfig(params="head", batches=4, batch_size=6)
+    cfg = config(params="head", batches=4, batch_size=6)
     res = _probe(enc, items, normfast.PairSource.from_tensors(a, p), cfg)
     assert res.metadata["mode"] == "head"
     assert res.metadata["encoder_note"] == ("nn.Sequential split into 3 stages; head = blocks.0.2 "
@@ -204,7 +240,7 @@ def test_sequential_is_split_and_its_last_linear_is_the_head():
     # the same numbers as the explicit list of stages, in jvp mode
     as_list = normfast.ModuleEncoder(list(_net()))
     jvp = _probe(as_list, items, normfast.PairSource.from_tensors(a, p),
-                 normfast.ProbeConfig(params=r"blocks\.2\.", mode="jvp", batches=4, batch_size=6))
+                 config(params=r"blocks\.2\.", mode="jvp", batches=4, batch_size=6))
     np.testing.assert_allclose(res.column("V2"), jvp.column("V2"), rtol=1e-5)
     assert jvp.metadata["encoder_note"] is None
     # load_encoder wraps a Sequential the same way
@@ -225,15 +261,15 @@ def test_without_a_visible_head_the_error_says_what_to_pass():
     src = normfast.PairSource.from_tensors(a, p)
     with pytest.raises(ValueError, match=r"pass its stages as a list that ends with the final nn.Linear, "
                                           r"e.g. ModuleEncoder\(\[model.body, model.proj\]\)"):
-        _probe(normfast.ModuleEncoder(_Opaque()), items, src, normfast.ProbeConfig(params="head", batches=2,
+        _probe(normfast.ModuleEncoder(_Opaque()), items, src, config(params="head", batches=2,
                                                                                   batch_size=4))
     with pytest.raises(ValueError, match=r"has no head: .*opaque stage"):
-        _probe(normfast.ModuleEncoder(_Opaque()), items, src, normfast.ProbeConfig(mode="head", batches=2,
+        _probe(normfast.ModuleEncoder(_Opaque()), items, src, config(mode="head", batches=2,
                                                                                   batch_size=4))
     relu_last = normfast.ModuleEncoder(nn.Sequential(nn.Linear(6, 5), nn.ReLU()))
     assert relu_last.head() is None and "its last module is ReLU" in relu_last.note
     with pytest.raises(ValueError, match=r"the last stage \(blocks.0.1\) is ReLU, not an nn.Linear"):
-        _probe(relu_last, items, src, normfast.ProbeConfig(params="head", batches=2, batch_size=4))
+        _probe(relu_last, items, src, config(params="head", batches=2, batch_size=4))
 
 
 # ---------------------------------------------------------------------------
@@ -243,7 +279,7 @@ def test_objective_settings_in_metadata_and_summary():
     items, a, p = _data()
     src = normfast.PairSource.from_tensors(a, p)
     enc = normfast.ModuleEncoder(_net())
-    cfg = normfast.ProbeConfig(batches=4, batch_size=6)
+    cfg = config(batches=4, batch_size=6)
     one = _probe(enc, items, src, cfg, objective=normfast.InfoNCE(temperature=0.2))
     both = _probe(enc, items, src, cfg, objective=normfast.InfoNCE(temperature=0.2, symmetric=True))
     assert one.metadata["objective_settings"] == {"temperature": 0.2, "symmetric": False}
@@ -305,7 +341,7 @@ def test_kappa_nonpositive_is_counted_into_the_summary_not_warned():
         lin.weight.mul_(0.05)
         lin.bias.copy_(torch.tensor([3.0, -2.0, 1.0, 0.5, 2.0]))
     items, a, p = _data(n_items=40)
-    cfg = normfast.ProbeConfig(batches=3, batch_size=6, no_decay="bias")
+    cfg = config(batches=3, batch_size=6, no_decay="bias")
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         res = _probe(normfast.ModuleEncoder([lin]), items, normfast.PairSource.from_tensors(a, p), cfg)
@@ -331,7 +367,7 @@ def test_resume_recomputes_a_truncated_chunk(tmp_path):
     items, a, p = _data(n_items=11)
     src = normfast.PairSource.from_tensors(a, p)
     enc = normfast.ModuleEncoder(_net())
-    cfg = normfast.ProbeConfig(batches=3, batch_size=6, chunk_size=3)
+    cfg = config(batches=3, batch_size=6, chunk_size=3)
     full = _probe(enc, items, src, cfg)
     out = tmp_path / "run.parquet"
     _probe(enc, items, src, cfg, out=out)
@@ -369,21 +405,21 @@ def pa_mask(table, lo, hi):
 
 
 @pytest.mark.parametrize("change, named", [
-    ({"lr": 0.01}, r"changed: lr \(0.001 -> 0.01\)\."),
+    ({"lr": 0.01}, r"changed: config.lr 0.001 -> 0.01\."),
     ({"items": "other"}, r"changed: the probe items \(probes\)\."),
     ({"pairs": "other"}, r"changed: the virtual-batch source \(pairs\)\."),
-    ({"objective": "temperature"}, r"changed: temperature \(0.05 -> 0.2\)\."),
+    ({"objective": "temperature"}, r"changed: objective_settings.temperature 0.05 -> 0.2\."),
 ])
 def test_a_refused_resume_names_what_changed(tmp_path, change, named):
     items, a, p = _data(n_items=7)
     src = normfast.PairSource.from_tensors(a, p)
     enc = normfast.ModuleEncoder(_net())
-    cfg = normfast.ProbeConfig(batches=3, batch_size=6, chunk_size=3)
+    cfg = config(batches=3, batch_size=6, chunk_size=3)
     out = tmp_path / "run.parquet"
     _probe(enc, items, src, cfg, out=out)
     kw = dict(encoder=enc, items=items, pairs=src, config=cfg, objective="infonce")
     if "lr" in change:
-        kw["config"] = normfast.ProbeConfig(batches=3, batch_size=6, chunk_size=3, lr=change["lr"])
+        kw["config"] = config(batches=3, batch_size=6, chunk_size=3, lr=change["lr"])
     if "items" in change:
         kw["items"] = items + 1.0
     if "pairs" in change:

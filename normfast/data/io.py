@@ -251,8 +251,6 @@ _SPEC_LABELS = {
     "n_items": "the number of probe items",
     "n_pairs": "the size of the pair source",
 }
-#: config fields that the spec also holds at top level under another name
-_CONFIG_ALIASES = {"batches": "M"}
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -274,27 +272,26 @@ def _short(v: Any) -> str:
 def describe_spec_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     """The arguments that differ between two run specs, in words (for a refused resume).
 
-    Inputs that are stored as hashes (probes, pairs, ids, weights) are named; settings
-    are named with their old and new values, e.g. ``lr (0.001 -> 0.01)``.
+    Settings are named as the user sets them, with their old and new values
+    (``config.lr 0.001 -> 0.01``, ``objective_settings.temperature 0.05 -> 0.2``);
+    inputs stored as hashes are named (``the probe items (probes)``). A top-level
+    copy of a setting that changed the same way (``lr``, ``M``) is not repeated.
     """
     a = _flatten(json.loads(json.dumps(dict(old), default=str)))
     b = _flatten(json.loads(json.dumps(dict(new), default=str)))
     changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k != "spec_fingerprint"]
-    top = {k for k in changed if "." not in k}
+    nested = {(json.dumps(a.get(k)), json.dumps(b.get(k))) for k in changed if "." in k}
     out = []
     for k in changed:
-        head, _, leaf = k.partition(".")
-        if head == "config" and (leaf in top or _CONFIG_ALIASES.get(leaf) in top):
-            continue  # already named at top level
-        if head == "objective_settings" and leaf in top:
-            continue
+        if "." not in k and (json.dumps(a.get(k)), json.dumps(b.get(k))) in nested:
+            continue  # the same change is named under config. / objective_settings.
         label = _SPEC_LABELS.get(k)
         if k not in a:
             out.append(f"{label or k} (not recorded by the earlier run)")
         elif label is not None and (k.startswith("input_fingerprints") or k == "model_fingerprint"):
             out.append(label)
         else:
-            out.append(f"{label or k} ({_short(a.get(k))} -> {_short(b.get(k))})")
+            out.append(f"{label or k} {_short(a.get(k))} -> {_short(b.get(k))}")
     return ", ".join(out) if out else "nothing that can be named (the run file is unreadable or from another version)"
 
 

@@ -119,7 +119,10 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("lr", "η of the law"),
     MetadataKey("weight_decay", "λ of the law (decoupled)"),
     MetadataKey("momentum", "heavy-ball momentum β (the law uses η/(1−β))"),
-    MetadataKey("M", "number of virtual batches"),
+    MetadataKey("M", "number of virtual batches of the heat"),
+    MetadataKey("M_D", "number of virtual batches of the drift (its mean direction); null: the drift of the M "
+                       "heat batches, per batch"),
+    MetadataKey("groups", "K, the groups of batches behind the standard errors"),
     MetadataKey("batch_size", "pairs / items per virtual batch"),
     MetadataKey("seed", "seed of the batch draw and dropout"),
     MetadataKey("mode", "`head` or `jvp`, as run"),
@@ -143,7 +146,7 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
 
 #: schema version -> fingerprint of the registry it was released with
 RELEASED = {
-    2: "8f160b8a5a47f5c1",
+    2: "b949604baf9dad23",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

@@ -9,7 +9,8 @@ import pyarrow as pa
 
 from normfast.engine.result import ProbeResult
 from normfast.engine.distributed import Shard, part_blocks
-from normfast.data.io import (METADATA_KEY, ChunkedParquetWriter, manifest_path, part_path, write_manifest)
+from normfast.data.io import (METADATA_KEY, ChunkedParquetWriter, manifest_path, part_path,
+                              write_manifest)
 
 
 def _open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | None, resume: bool,
@@ -22,7 +23,7 @@ def _open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | No
     done: set[int] = set()
     if shard is None or shard.is_root:
         try:
-            finished = _finished_run(out, spec, key, resume, overwrite)
+            finished = _finished_run(out, key, resume, overwrite, spec)
             if finished is None:
                 writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite)
                 done = writer.done()
@@ -50,8 +51,8 @@ def _existing_output(out: Path) -> Path | None:
     return None
 
 
-def _finished_run(out: Path, spec: Mapping[str, Any], key: str, resume: bool,
-                  overwrite: bool) -> ProbeResult | None:
+def _finished_run(out: Path, key: str, resume: bool, overwrite: bool,
+                  spec: Mapping[str, Any] | None = None) -> ProbeResult | None:
     """With ``resume``: the finished run at ``out`` if it was made with the same arguments."""
     existing = _existing_output(out)
     if not resume or existing is None or out.with_name(out.name + ".parts").exists():
@@ -63,7 +64,8 @@ def _finished_run(out: Path, spec: Mapping[str, Any], key: str, resume: bool,
     if previous is not None and not overwrite:
         from normfast.data.io import describe_spec_change
 
-        changed = describe_spec_change({k: v for k, v in result.metadata.items() if k in spec}, spec)
+        old = {k: v for k, v in result.metadata.items() if spec is not None and k in spec}
+        changed = describe_spec_change(old, spec or {})
         raise ValueError(f"cannot resume: {existing} holds a finished run made with different arguments; "
                          f"changed: {changed}. Pass overwrite=True (CLI: --overwrite) to replace it")
     return None
