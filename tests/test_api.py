@@ -302,7 +302,8 @@ def test_cli_symmetric_and_temperature(tmp_path, bert_folder, capsys):
     pairs.write_text("".join(f"{a}\t{b}\n" for a, b in [("cat", "feline"), ("dog", "canine"), ("sun", "star"),
                                                          ("car", "vehicle"), ("tree", "plant"), ("sea", "ocean")]))
     common = ["probe", str(bert_folder), "--probes", str(words), "--pairs", str(pairs), "--objective", "infonce",
-              "--batches", "3", "--batch-size", "4", "--no-progress", "--params", r"encoder\.layer\.1\."]
+              "--batches", "3", "--drift-batches", "8", "--batch-size", "4", "--no-progress",
+              "--params", r"encoder\.layer\.1\."]
     assert main([*common, "--temperature", "0.1", "--symmetric", "--tokens", "--out", str(tmp_path / "s.parquet")]) == 0
     out = capsys.readouterr().out
     assert "objective infonce (temperature=0.1, symmetric=True)" in out

@@ -47,7 +47,8 @@ def cli_runs(repo_copy, tiny_bert_folder) -> dict[str, str]:
              doc_ids=np.array(["d0", "d1", "d2"]), docs=rng.normal(size=(3, 4)))
     return {
         "probe": run_cli(repo_copy, "probe", "runs/cli/bert", "--probes", "runs/cli/words.txt", "--tokens",
-                         "--batches", "2", "--batch-size", "4", "--out", "runs/cli/run.parquet", "--no-progress"),
+                         "--batches", "2", "--drift-batches", "8", "--batch-size", "4", "--out", "runs/cli/run.parquet",
+                         "--no-progress"),
         "report": run_cli(repo_copy, "report", "runs/cli/run.parquet"),
         "solve": run_cli(repo_copy, "solve", "runs/cli/coeffs.npy"),
         "retrieval": run_cli(repo_copy, "retrieval", "--beir", "runs/cli/beir", "--vectors", "runs/cli/vectors.npz",
