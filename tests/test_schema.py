@@ -51,7 +51,8 @@ def _probe(tmp_path: Path, name: str, optimizer, output: str):
     g = torch.Generator().manual_seed(1)
     items = torch.randn(5, 3, 6, generator=g)
     pairs = normfast.PairSource.from_tensors(torch.randn(12, 3, 6, generator=g), torch.randn(12, 3, 6, generator=g))
-    cfg = normfast.ProbeConfig(optimizer=optimizer, output=output, batches=3, batch_size=4, chunk_size=2)
+    cfg = normfast.ProbeConfig(optimizer=optimizer, output=output, batches=3, drift_batches=8, batch_size=4,
+                               chunk_size=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return normfast.probe(enc, items, "infonce", pairs, cfg, out=tmp_path / f"{name}.parquet", progress=False)
