@@ -13,7 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import MAX_FUSED_DIM, block_sizes, check_kernel_device, check_kernel_dtype
+from .utils import (
+    MAX_FUSED_DIM,
+    KernelLaunch,
+    accumulate_configs,
+    check_kernel_device,
+    check_kernel_dtype,
+    launch,
+)
 
 
 @triton.jit(do_not_specialize=["K", "n_old"])
@@ -226,15 +233,16 @@ def accumulate(
         return
     tw = t if t_w is None else t_w
     cross_arg = moments if cross is None else cross  # never read without HAS_W
-    cfg = block_sizes("accumulate", dim=D)
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]),)
-    _accumulate_kernel[grid](
-        t, tw, z, mean[0], mean[nb - 1], moments, counts, cross_arg, reason,
-        K, N, D, int(n_seen),
-        t.stride(0), t.stride(1), t.stride(2),
-        tw.stride(0), tw.stride(1), tw.stride(2),
-        z.stride(0), z.stride(1),
-        SCALE_BY_NORM=branch in ("u", "uw"),
-        HAS_W=branch == "uw",
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], num_warps=cfg["num_warps"],
-    )
+    launch(KernelLaunch(
+        name=fn, kernel=_accumulate_kernel,
+        grid=lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),),
+        args=(t, tw, z, mean[0], mean[nb - 1], moments, counts, cross_arg, reason,
+              K, N, D, int(n_seen),
+              t.stride(0), t.stride(1), t.stride(2),
+              tw.stride(0), tw.stride(1), tw.stride(2),
+              z.stride(0), z.stride(1)),
+        meta={"SCALE_BY_NORM": branch in ("u", "uw"), "HAS_W": branch == "uw"},
+        configs=accumulate_configs(dim=D), key=("D",),
+        # the autotuner's trial runs must not fold the directions in twice
+        restore=("MEAN_ptr", "MEANW_ptr", "MOM_ptr", "CNT_ptr", "CROSS_ptr", "REASON_ptr"),
+    ))
