@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .utils import (
+    MAX_BLOCK_ROWS,
     KernelLaunch,
     check_kernel_device,
     check_kernel_dtype,
@@ -233,6 +234,8 @@ def head_stack(
     norm = torch.empty((n,), dtype=f32, device=dev)
     if n == 0:
         return zdot, sq, quad, norm
+    A = _int32_addressable(fn, "A", A)
+    Z = _int32_addressable(fn, "Z", Z)
     op_dtype = operand_dtype(A.dtype)
     gw, gb, lw, lb = head_stack_operands(G, S, d_in, has_bias, op_dtype)
     precision = "tf32" if allow_tf32 and op_dtype == f32 else "ieee"
@@ -246,6 +249,23 @@ def head_stack(
         configs=configs, key=("DIN", "DOUT"),
     ))
     return zdot, sq, quad, norm
+
+
+def _int32_addressable(fn: str, name: str, x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when every offset inside a block of ``MAX_BLOCK_ROWS`` rows fits in int32.
+
+    The kernel adds 32-bit in-block offsets to a 64-bit block origin (fewer
+    live registers than 64-bit offset tiles). A view with a huge row stride
+    is copied to a contiguous tensor first; a row too long even then is an
+    error.
+    """
+    span = MAX_BLOCK_ROWS * x.stride(0) + x.shape[1] * x.stride(1)
+    if span < 2**31:
+        return x
+    if MAX_BLOCK_ROWS * x.shape[1] >= 2**31:
+        raise ValueError(f"{fn}: expected rows of fewer than {2**31 // MAX_BLOCK_ROWS} elements, "
+                         f"got {name}.shape={tuple(x.shape)}")
+    return x.contiguous()
 
 
 def _check_stack_operands(fn: str, A: torch.Tensor, Z: torch.Tensor, G: torch.Tensor,
@@ -277,4 +297,7 @@ def _check_stack_operands(fn: str, A: torch.Tensor, Z: torch.Tensor, G: torch.Te
             raise ValueError(f"{fn}: expected {name} on {A.device} like A, got {name} on {x.device}")
     if Z.device != A.device:
         raise ValueError(f"{fn}: expected Z on {A.device} like A, got Z on {Z.device}")
+    if max(d_out, d_in) * _stride16(d_in) >= 2**31:
+        raise ValueError(f"{fn}: expected d_out * d_in and d_in**2 below 2**31 (one direction "
+                         f"or second-moment matrix per offset range), got G.shape={tuple(G.shape)}")
     return n, d_in, d_out, G.shape[0], S.shape[0], S

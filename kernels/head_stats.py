@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .head_stack import head_stack
+from .utils import capturing
 
 # Reason codes of normfast.engine.ops.REASONS (literal here: kernels import nothing from the engine).
 _ZERO_NORM, _NON_FINITE_EMBEDDING, _NON_FINITE_DISPLACEMENT = 1, 2, 3
@@ -111,7 +112,7 @@ def head_stats(
     out, reason = _outputs(fn, n, 4, A.device, out, reason)
     zdot, sq, quad, norm = head_stack(A, Z, g_bar[None], s_c[None], has_bias=has_bias,
                                       allow_tf32=allow_tf32)
-    if n == 0:
+    if n == 0 or capturing():
         return out, reason
     s = _branch_scale(branch, norm)
     zv, vv, q = zdot[:, 0], sq[:, 0], quad[:, 0]
@@ -172,7 +173,7 @@ def project(
     out, reason = _outputs(fn, n, 6, A.device, out, reason)
     stack = torch.cat([g_bar[None], g_centered])
     zdot, sq, _, norm = head_stack(A, Z, stack, None, has_bias=has_bias, allow_tf32=allow_tf32)
-    if n == 0:
+    if n == 0 or capturing():
         return out, reason
     s = _branch_scale(branch, norm)
     drift = -(zdot[:, 0] / norm) * s

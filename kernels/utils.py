@@ -37,6 +37,9 @@ _ACCUMULATE_TILE = 4096
 # registers per thread; 4 keeps the kernel near 64 registers.
 _ACCUMULATE_PER_THREAD = 4
 
+#: The most probe rows any head-kernel configuration puts in one program.
+MAX_BLOCK_ROWS = 64
+
 _CAPTURED: list | None = None
 
 
@@ -48,6 +51,11 @@ def interpreted() -> bool:
 def autotuning() -> bool:
     """Autotune on a GPU unless ``NORMFAST_AUTOTUNE=0``; never in the interpreter."""
     return not interpreted() and os.environ.get("NORMFAST_AUTOTUNE", "1") not in ("", "0")
+
+
+def capturing() -> bool:
+    """True inside :func:`capture_launches` (launchers may skip work after their launch)."""
+    return _CAPTURED is not None
 
 
 def check_kernel_device(fn: str, *tensors: torch.Tensor | None) -> None:
@@ -156,22 +164,23 @@ def head_operand_class(dtype: torch.dtype, precision: str) -> str:
 
 
 def head_configs(*, d_in: int, d_out: int, dtype: torch.dtype = torch.float32,
-                 precision: str = "ieee") -> list[dict]:
+                 precision: str = "ieee", for_gpu: bool | None = None) -> list[dict]:
     """Candidate tile configurations of the head kernel for one launch.
 
     In the interpreter: the heuristic of :func:`block_sizes`. On a GPU: the
     candidates of the operand class
     (fp32 FMA, TF32, 16-bit tensor cores) whose column tile is not wider than
     the padded problem, for the autotuner to choose from (keyed by ``d_in``,
-    ``d_out``, the flags and the dtypes).
+    ``d_out``, the flags and the dtypes). ``for_gpu`` overrides the choice
+    between the two (default: GPU lists unless interpreted).
     """
-    if interpreted():
+    if not (not interpreted() if for_gpu is None else for_gpu):
         return [block_sizes("head_stack", d_in=d_in, d_out=d_out)]
     pool = [dict(c) for c in _HEAD_CANDIDATES[head_operand_class(dtype, precision)]]
-    return pool if autotuning() else pool[:1]
+    return pool if for_gpu or autotuning() else pool[:1]
 
 
-def accumulate_configs(*, dim: int) -> list[dict]:
+def accumulate_configs(*, dim: int, for_gpu: bool | None = None) -> list[dict]:
     """Candidate tile configurations of ``accumulate`` for one launch.
 
     In the interpreter: :func:`block_sizes`. On a GPU: a whole row per tile
@@ -180,15 +189,16 @@ def accumulate_configs(*, dim: int) -> list[dict]:
     an SM (a memory-bound kernel needs bytes in flight, not big tiles); for
     rows up to 512 wide also the same tile over twice the warps. Keyed by
     ``D`` and the branch flags; the autotuner restores the state the kernel
-    updates in place between its trial runs.
+    updates in place between its trial runs. ``for_gpu`` as in
+    :func:`head_configs`.
     """
-    if interpreted():
+    if not (not interpreted() if for_gpu is None else for_gpu):
         return [block_sizes("accumulate", dim=dim)]
     block_d = _accumulate_width(dim)
     num_warps = min(8, max(4, block_d // 128))
     block_n = max(1, min(64, _ACCUMULATE_PER_THREAD * 32 * num_warps // block_d))
     base = {"BLOCK_N": block_n, "BLOCK_D": block_d, "num_warps": num_warps, "num_stages": 1}
-    if num_warps == 4 and autotuning():
+    if num_warps == 4 and (for_gpu or autotuning()):
         return [base, dict(base, num_warps=8)]
     return [base]
 
@@ -209,6 +219,12 @@ class KernelLaunch:
 
 
 _TUNERS: dict[tuple, Any] = {}
+_LAST_CONFIG: dict[str, dict] = {}
+
+
+def last_config(name: str) -> dict | None:
+    """The tile configuration the last launch of launcher ``name`` ran with (the autotuner's pick)."""
+    return _LAST_CONFIG.get(name)
 
 
 def _tuner(spec: KernelLaunch):
@@ -234,8 +250,14 @@ def launch(spec: KernelLaunch) -> None:
     if len(spec.configs) == 1:
         cfg = spec.configs[0]
         spec.kernel[spec.grid(cfg)](*spec.args, **spec.meta, **cfg)
+        _LAST_CONFIG[spec.name] = dict(cfg)
         return
-    _tuner(spec)[spec.grid](*spec.args, **spec.meta)
+    tuner = _tuner(spec)
+    tuner[spec.grid](*spec.args, **spec.meta)
+    best = getattr(tuner, "best_config", None)
+    if best is not None:
+        _LAST_CONFIG[spec.name] = dict(best.kwargs, num_warps=best.num_warps,
+                                       num_stages=best.num_stages)
 
 
 @contextlib.contextmanager
