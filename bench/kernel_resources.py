@@ -108,10 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="compiler processes (default 1)")
     p.add_argument("--limit", type=int, default=None,
                    help="compile only the first N planned variants (a quick look)")
+    p.add_argument("--only", default=None, metavar="NAME",
+                   help="compile only the variants of kernels whose name contains this (a quick look)")
     args = p.parse_args(argv)
     t0 = time.time()
     _PLAN.update(resources.planned_variants())
     keys = sorted(_PLAN, key=lambda k: (_PLAN[k]["launch"].kernel.__name__, k))
+    if args.only:
+        keys = [k for k in keys if args.only in _PLAN[k]["launch"].kernel.__name__]
     if args.limit:
         keys = keys[:args.limit]
     print(f"{len(_PLAN)} distinct compiled variants planned ({len(keys)} to compile), "
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "toolchain": {"triton": triton.__version__, "ptxas": ptxas_version(),
                       "torch": torch.__version__},
-        "complete": args.limit is None,
+        "complete": args.limit is None and args.only is None,
         "seconds": round(time.time() - t0, 1),
         "register_cap": resources.REGISTER_CAP,
         "sm_limits": resources.SM_LIMITS,

@@ -122,12 +122,45 @@ def accumulate_rows(d: int) -> list[dict]:
                      torch_cost, PEAKS["fp32_fma"], p["rows"])
             out.append(t)
             cost = costs.accumulate_cost(d, p["accumulate_k"], branch=branch, dtype=dtype)
-            for i, config in enumerate(accumulate_configs(dim=d, for_gpu=True)):
+            for i, config in enumerate(accumulate_configs(dim=d, branch=branch, for_gpu=True)):
                 r = _row(dict(base, path="kernel", products="memory-bound", config=config,
                               default_config=i == 0), cost, PEAKS["fp32_fma"], p["rows"])
                 r["torch_path_predicted_ms"] = t["predicted_ms"]
                 r["predicted_speedup_vs_torch"] = t["predicted_ms"] / r["predicted_ms"]
                 out.append(r)
+    return out
+
+
+def check_case_rows() -> list[dict]:
+    """The prediction for each timed case of ``bench/gpu_check.py`` on a GPU (its sizes, its N)."""
+    import torch
+
+    sys.path.append(str(Path(__file__).resolve().parent))
+    from gpucheck.kernel_stage import case_label, kernel_cases
+
+    out = []
+    for c in kernel_cases(gpu=True):
+        label = case_label(c)
+        if c["op"] == "accumulate":
+            cost = costs.accumulate_cost(c["dim"], c["k"], branch=c["branch"], dtype=c["dtype"])
+            out.append(_row({"label": label, "op": c["op"], "config": None}, cost,
+                            PEAKS["fp32_fma"], c["n"]))
+            continue
+        if c["op"] == "head_stack":
+            k1, k2, form = c["k1"], c["k2"], None
+        else:
+            form = "S" if c["op"] == "head_stats" else "per_batch"
+            k1, k2 = costs.head_stack_shape(form, m=c["m"])
+        cls = "mma16" if c["dtype"] != "float32" else ("tf32" if c["precision"] == "tf32"
+                                                       else "fma")
+        config = head_configs(d_in=c["d_in"], d_out=c["d_out"], dtype=getattr(torch, c["dtype"]),
+                              precision=c["precision"], for_gpu=True)[0]
+        cost = costs.head_stack_cost(c["d_in"], c["d_out"], k1, k2, dtype=c["dtype"],
+                                     config=config, bias=True, n=c["n"])
+        if form:
+            cost["hbm_bytes"] += costs.head_epilogue_bytes(form, m=c["m"])
+        out.append(_row({"label": label, "op": c["op"], "config": config}, cost,
+                        PEAKS[CLASSES[cls][3]], c["n"]))
     return out
 
 
@@ -143,14 +176,17 @@ def main(argv: list[str] | None = None) -> int:
         cases += head_rows(d) + accumulate_rows(d)
     report = {"schema": SCHEMA,
               "command": "python bench/roofline.py " + " ".join(argv or sys.argv[1:]),
-              "peaks": PEAKS, "protocol": PROTOCOL, "cases": cases}
+              "peaks": PEAKS, "protocol": PROTOCOL, "cases": cases,
+              "gpu_check_cases": check_case_rows()}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "roofline.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tables import roofline_table
+    from tables import roofline_check_table, roofline_table
 
     print(roofline_table(report))
+    print()
+    print(roofline_check_table(report))
     print(f"wrote {path}")
     return 0
 

@@ -402,6 +402,18 @@ def roofline_table(d: dict, dim: int = 384) -> str:
     return "\n".join(rows)
 
 
+def roofline_check_table(d: dict) -> str:
+    """The prediction for each timed case of bench/gpu_check.py (default tile configurations)."""
+    rows = ["| gpu_check case | bound by | compute floor ms | HBM floor ms | predicted ms "
+            "| L2 TB/s needed |", "|---|---|---|---|---|---|"]
+    for c in d["gpu_check_cases"]:
+        l2 = c.get("l2_TBps_needed")
+        rows.append(f"| {c['label']} | {c['bound_by']} | {c['compute_floor_ms']:.2f} | "
+                    f"{c['hbm_floor_ms']:.2f} | {c['predicted_ms']:.2f} | "
+                    f"{'-' if l2 is None else f'{l2:.1f}'} |")
+    return "\n".join(rows)
+
+
 def table_roofline() -> str | None:
     d = _load("roofline.json")
     return None if d is None else roofline_table(d)

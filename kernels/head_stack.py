@@ -16,8 +16,10 @@ below the diagonal, about half the products of a full ``Ã·S``.
 The bias of ``ã = [a, 1]`` never enters the tiled loops: its column of
 ``G_k`` is a rank-one term added to each output tile, and its row and
 column of ``S_k`` a linear term and a constant. The loops run over ``d_in``
-only, with the operands laid out (by the launcher) at 16-element-aligned
-row strides.
+only. The launcher pads every operand to widths and row strides that are
+multiples of 16 (zeros add nothing), so the kernel is only ever compiled for
+aligned, vectorizable layouts; a block of rows starts at a 64-bit offset and
+is addressed with 32-bit offsets inside it.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from .utils import (
 
 @triton.jit
 def _rows_times_t(
-    A_ptr,          # [N, DIN] probe activations (any strides)
+    A_ptr,          # [N, DIN] probe activations (the first row of this program's block)
     B_ptr,          # [J, LDB] right factor, used transposed: Ã·Bᵀ
     rows,           # [BLOCK_N] int32 rows of this program's block (A_ptr points at its first)
     row_ok,         # [BLOCK_N] rows that exist
@@ -69,8 +71,8 @@ def _rows_times_t(
 
 @triton.jit(do_not_specialize=["K1", "K2"])
 def _head_stack_kernel(
-    A_ptr,          # [N, DIN] probe activations (any strides; the dot operand dtype)
-    Z_ptr,          # [N, DOUT] probe embeddings (any strides)
+    A_ptr,          # [N, DIN] probe activations (the dot operand dtype; rows 16-aligned)
+    Z_ptr,          # [N, DOUT] probe embeddings (rows 16-aligned)
     GW_ptr,         # [K1, DOUT, LDG] direction matrices without their bias column, contiguous
     GB_ptr,         # [K1, DOUT] fp32 bias columns of the G_k (read only when HAS_BIAS)
     LW_ptr,         # [K2, DIN, LDL] folded lower triangles tril(S+Sᵀ,-1)+diag(S) of the a-block
@@ -79,7 +81,7 @@ def _head_stack_kernel(
     SQ_ptr,         # [N, K1] fp32 out: |G_k ã|²
     QUAD_ptr,       # [N, K2] fp32 out: ãᵀ S_k ã
     NORM_ptr,       # [N] fp32 out: |z|
-    N, DIN, DOUT,
+    N, DIN, DOUT,   # DIN, DOUT: the widths padded to multiples of 16 (zeros)
     K1, K2,         # stack depths (either may be 0)
     LDG, LDL,       # row strides of GW and LW (multiples of 16)
     stride_an, stride_ak,
@@ -117,8 +119,8 @@ def _head_stack_kernel(
         vv = tl.zeros((BLOCK_N,), tl.float32)
         for j0 in range(0, DOUT, BLOCK_J):
             js = j0 + tl.arange(0, BLOCK_J)
-            v = _rows_times_t(A_ptr, g_k, rows, row_ok, js, DIN, DIN, DOUT, LDG, stride_an, stride_ak,
-                              BLOCK_N, BLOCK_J, BLOCK_K, DOT_PRECISION)
+            v = _rows_times_t(A_ptr, g_k, rows, row_ok, js, DIN, DIN, DOUT, LDG,
+                              stride_an, stride_ak, BLOCK_N, BLOCK_J, BLOCK_K, DOT_PRECISION)
             if HAS_BIAS:
                 gb = tl.load(gb_k + js, mask=js < DOUT, other=0.0)
                 v += gb[None, :]
@@ -155,39 +157,58 @@ def _head_stack_kernel(
         lb_k += DIN + 1
 
 
-def _padded(x: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
-    """``x [..., R, C]`` copied into a zero-padded ``[..., R, width]`` buffer of ``dtype``."""
-    out = torch.zeros((*x.shape[:-1], width), dtype=dtype, device=x.device)
-    out[..., :x.shape[-1]] = x
+def _padded(x: torch.Tensor, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """``x [..., R, C]`` in a zero-padded ``[..., rows, cols]`` buffer of ``dtype``."""
+    out = torch.zeros((*x.shape[:-2], rows, cols), dtype=dtype, device=x.device)
+    out[..., :x.shape[-2], :x.shape[-1]] = x
     return out
 
 
-def _stride16(n: int) -> int:
+def _pad16(n: int) -> int:
     return max(16, -(-n // 16) * 16)
 
 
-def head_stack_operands(G: torch.Tensor, S: torch.Tensor, d_in: int, has_bias: bool,
-                        dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Lay out the right factors for the kernel: ``(GW, GB, LW, LB)``.
+def _aligned_rows(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x`` when its rows are unit-stride, 16-element aligned and ``width`` wide; else a padded copy.
 
-    ``GW [K1, d_out, ldg]``: ``G_k`` without its bias column, in the dot's
-    operand ``dtype``, rows padded to a multiple of 16 elements. ``LW [K2,
-    d_in, ldl]``: the folded lower triangle ``tril(S+Sᵀ, -1) + diag(S)`` of the
-    a-block of each ``S_k``, same layout. ``GB [K1, d_out]`` and ``LB [K2,
-    d_in + 1]`` (fp32): the bias column of ``G_k``, and the folded bias row
-    ``S_kb + S_bk`` followed by ``S_bb``. Forming these costs
-    ``O((K1 d_out + K2 d_in) d_in)``, nothing per probe row.
+    The kernel then only ever sees row strides and widths that are multiples
+    of 16 (vector loads, uniform masks: the register budget of the aligned
+    case), and in-block offsets that fit in 32 bits. The zero columns add
+    nothing to any product. Costs one copy of ``x`` when its width is not a
+    multiple of 16 or its layout is unusual; none for contiguous rows of 16k.
+    """
+    if (x.shape[1] == width and x.stride(1) == 1 and x.stride(0) % 16 == 0
+            and x.data_ptr() % 16 == 0 and MAX_BLOCK_ROWS * x.stride(0) < 2**31):
+        return x
+    return torch.nn.functional.pad(x, (0, width - x.shape[1])).contiguous()
+
+
+def head_stack_operands(G: torch.Tensor, S: torch.Tensor, d_in: int, d_out: int, has_bias: bool,
+                        dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Lay out the right factors for the kernel: ``(GW, GB, LW, LB)``, padded to 16-element multiples.
+
+    With ``p = pad16(d_in)`` and ``q = pad16(d_out)``: ``GW [K1, q, p]`` is
+    ``G_k`` without its bias column, in the dot's operand ``dtype``; ``LW
+    [K2, p, p]`` the folded lower triangle ``tril(S+Sᵀ, -1) + diag(S)`` of the
+    a-block of each ``S_k``, same dtype. ``GB [K1, q]`` and ``LB [K2, p + 1]``
+    (fp32): the bias column of ``G_k``, and the folded bias row ``S_kb +
+    S_bk`` (zero-padded to ``p``) followed by ``S_bb``. Padding is zeros
+    throughout. Forming these costs ``O((K1 d_out + K2 d_in) d_in)``, nothing
+    per probe row.
     """
     f32 = torch.float32
+    p, q = _pad16(d_in), _pad16(d_out)
     Gf, Sf = G.to(f32), S.to(f32)
-    gw = _padded(Gf[..., :d_in], _stride16(d_in), dtype)
+    gw = _padded(Gf[..., :d_in], q, p, dtype)
     sym = Sf + Sf.transpose(1, 2)
     folded = torch.tril(sym[:, :d_in, :d_in], diagonal=-1)
     folded += torch.diag_embed(torch.diagonal(Sf[:, :d_in, :d_in], dim1=1, dim2=2))
-    lw = _padded(folded, _stride16(d_in), dtype)
+    lw = _padded(folded, p, p, dtype)
     if has_bias:
-        gb = Gf[..., d_in].contiguous()
-        lb = torch.cat([sym[:, d_in, :d_in], Sf[:, d_in, d_in:]], 1).contiguous()
+        gb = _padded(Gf[..., d_in][:, None], 1, q, f32)[:, 0]
+        lb = torch.zeros((S.shape[0], p + 1), dtype=f32, device=S.device)
+        lb[:, :d_in] = sym[:, d_in, :d_in]
+        lb[:, p] = Sf[:, d_in, d_in]
     else:  # never read; any fp32 pointer will do
         gb = lb = torch.zeros(1, dtype=f32, device=G.device)
     return gw, gb, lw, lb
@@ -234,38 +255,22 @@ def head_stack(
     norm = torch.empty((n,), dtype=f32, device=dev)
     if n == 0:
         return zdot, sq, quad, norm
-    A = _int32_addressable(fn, "A", A)
-    Z = _int32_addressable(fn, "Z", Z)
+    p, q = _pad16(d_in), _pad16(d_out)
+    A = _aligned_rows(A, p)
+    Z = _aligned_rows(Z, q)
     op_dtype = operand_dtype(A.dtype)
-    gw, gb, lw, lb = head_stack_operands(G, S, d_in, has_bias, op_dtype)
+    gw, gb, lw, lb = head_stack_operands(G, S, d_in, d_out, has_bias, op_dtype)
     precision = "tf32" if allow_tf32 and op_dtype == f32 else "ieee"
     configs = head_configs(d_in=d_in, d_out=d_out, dtype=op_dtype, precision=precision)
     launch(KernelLaunch(
         name=fn, kernel=_head_stack_kernel,
         grid=lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),),
-        args=(A, Z, gw, gb, lw, lb, zdot, sq, quad, norm, n, d_in, d_out, k1, k2,
+        args=(A, Z, gw, gb, lw, lb, zdot, sq, quad, norm, n, p, q, k1, k2,
               gw.shape[-1], lw.shape[-1], A.stride(0), A.stride(1), Z.stride(0), Z.stride(1)),
         meta={"HAS_BIAS": bool(has_bias), "DOT_PRECISION": precision},
         configs=configs, key=("DIN", "DOUT"),
     ))
     return zdot, sq, quad, norm
-
-
-def _int32_addressable(fn: str, name: str, x: torch.Tensor) -> torch.Tensor:
-    """``x`` itself when every offset inside a block of ``MAX_BLOCK_ROWS`` rows fits in int32.
-
-    The kernel adds 32-bit in-block offsets to a 64-bit block origin (fewer
-    live registers than 64-bit offset tiles). A view with a huge row stride
-    is copied to a contiguous tensor first; a row too long even then is an
-    error.
-    """
-    span = MAX_BLOCK_ROWS * x.stride(0) + x.shape[1] * x.stride(1)
-    if span < 2**31:
-        return x
-    if MAX_BLOCK_ROWS * x.shape[1] >= 2**31:
-        raise ValueError(f"{fn}: expected rows of fewer than {2**31 // MAX_BLOCK_ROWS} elements, "
-                         f"got {name}.shape={tuple(x.shape)}")
-    return x.contiguous()
 
 
 def _check_stack_operands(fn: str, A: torch.Tensor, Z: torch.Tensor, G: torch.Tensor,
@@ -297,7 +302,7 @@ def _check_stack_operands(fn: str, A: torch.Tensor, Z: torch.Tensor, G: torch.Te
             raise ValueError(f"{fn}: expected {name} on {A.device} like A, got {name} on {x.device}")
     if Z.device != A.device:
         raise ValueError(f"{fn}: expected Z on {A.device} like A, got Z on {Z.device}")
-    if max(d_out, d_in) * _stride16(d_in) >= 2**31:
+    if max(_pad16(d_out), _pad16(d_in)) * _pad16(d_in) >= 2**31:
         raise ValueError(f"{fn}: expected d_out * d_in and d_in**2 below 2**31 (one direction "
                          f"or second-moment matrix per offset range), got G.shape={tuple(G.shape)}")
     return n, d_in, d_out, G.shape[0], S.shape[0], S

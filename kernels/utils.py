@@ -180,22 +180,23 @@ def head_configs(*, d_in: int, d_out: int, dtype: torch.dtype = torch.float32,
     return pool if for_gpu or autotuning() else pool[:1]
 
 
-def accumulate_configs(*, dim: int, for_gpu: bool | None = None) -> list[dict]:
+def accumulate_configs(*, dim: int, branch: str = "u", for_gpu: bool | None = None) -> list[dict]:
     """Candidate tile configurations of ``accumulate`` for one launch.
 
     In the interpreter: :func:`block_sizes`. On a GPU: a whole row per tile
-    as there, but few elements per thread (``_ACCUMULATE_PER_THREAD``, 4 or 8
-    warps) so that the live tiles stay in registers and many programs share
-    an SM (a memory-bound kernel needs bytes in flight, not big tiles); for
-    rows up to 512 wide also the same tile over twice the warps. Keyed by
-    ``D`` and the branch flags; the autotuner restores the state the kernel
-    updates in place between its trial runs. ``for_gpu`` as in
-    :func:`head_configs`.
+    as there, but few elements per thread (``_ACCUMULATE_PER_THREAD``: 4 to
+    16 warps; the "uw" branch, with twice the live tiles, at most 8) so that
+    the live tiles stay in registers and many programs share an SM (a
+    memory-bound kernel needs bytes in flight, not big tiles); for rows up to
+    512 wide also the same tile over twice the warps. Keyed by ``D`` and the
+    branch flags; the autotuner restores the state the kernel updates in
+    place between its trial runs. ``for_gpu`` as in :func:`head_configs`.
     """
     if not (not interpreted() if for_gpu is None else for_gpu):
         return [block_sizes("accumulate", dim=dim)]
     block_d = _accumulate_width(dim)
-    num_warps = min(8, max(4, block_d // 128))
+    most = 8 if branch == "uw" else 16
+    num_warps = min(most, max(4, block_d * 4 // (_ACCUMULATE_PER_THREAD * 32 * 4)))
     block_n = max(1, min(64, _ACCUMULATE_PER_THREAD * 32 * num_warps // block_d))
     base = {"BLOCK_N": block_n, "BLOCK_D": block_d, "num_warps": num_warps, "num_stages": 1}
     if num_warps == 4 and (for_gpu or autotuning()):

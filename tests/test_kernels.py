@@ -294,6 +294,7 @@ def test_interpreter_flag_is_set_for_cpu_runs():
 # ---------------------------------------------------------------- head_stack
 STACK_CASES = [  # n, d_in, d_out, k1, k2, bias
     (1, 1, 1, 1, 1, False),
+    (37, 32, 48, 2, 2, True),  # aligned widths: contiguous inputs go in without a copy
     (7, 3, 5, 1, 3, True),
     (13, 17, 11, 4, 1, False),
     (70, 33, 20, 3, 2, True),
@@ -327,9 +328,11 @@ def _stack_brute_force(A, Z, G, S, bias):
 @pytest.mark.parametrize("n,d_in,d_out,k1,k2,bias", STACK_CASES)
 def test_head_stack_kernel(gen, n, d_in, d_out, k1, k2, bias):
     A, Z, G, S = _stack_inputs(gen, n, d_in, d_out, k1, k2, bias)
-    # strided probe inputs: A stored column-major, Z every other column of a wider tensor
-    a_dev = A.T.contiguous().T.to(DEVICE)
-    z_dev = torch.stack([Z, -Z], 2)[:, :, 0].to(DEVICE)
+    if d_in % 16:  # strided probe inputs: A column-major, Z every other column of a wider tensor
+        a_dev = A.T.contiguous().T.to(DEVICE)
+        z_dev = torch.stack([Z, -Z], 2)[:, :, 0].to(DEVICE)
+    else:
+        a_dev, z_dev = A.to(DEVICE), Z.to(DEVICE)
     got = head_stack(a_dev, z_dev, G.to(DEVICE), S.to(DEVICE), has_bias=bias)
     assert all(x.dtype == torch.float32 and x.is_contiguous() for x in got)
     want = _stack_brute_force(A, Z, G, S, bias)
@@ -410,10 +413,11 @@ def test_low_precision_operands_keep_the_tolerance_rule(gen, low):
     S = S @ S.transpose(1, 2) / d_in  # second moments are PSD
     A, Z = A.to(low), Z.to(low)
     want = _stack_brute_force(A, Z, G, S, True)
-    gw, gb, lw, lb = head_stack_operands(G, S, d_in, True, low)
+    gw, gb, lw, lb = head_stack_operands(G, S, d_in, d_out, True, low)
+    assert gw.shape[1:] == (d_out, d_in) and lw.shape[1:] == (d_in, d_in)  # 16-multiples already
     a = A.double()
-    v = torch.einsum("kjd,nd->nkj", gw[..., :d_in].double(), a) + gb.double()[None]
-    p = torch.einsum("kjd,nd->nkj", lw[..., :d_in].double(), a) + lb[:, :d_in].double()[None]
+    v = torch.einsum("kjd,nd->nkj", gw.double(), a) + gb.double()[None]
+    p = torch.einsum("kjd,nd->nkj", lw.double(), a) + lb[:, :d_in].double()[None]
     emulated = (torch.einsum("nj,nkj->nk", Z.double(), v), v.square().sum(-1),
                 (p * a[:, None]).sum(-1) + lb[:, d_in].double()[None], want["norm"])
     plain = head_stack_reference(A, Z, G.to(low), S.to(low), has_bias=True)
@@ -422,3 +426,33 @@ def test_low_precision_operands_keep_the_tolerance_rule(gen, low):
     for key in ("zdot", "sq", "quad"):
         assert fast[key] <= allowed_error(low, base[key]), (key, fast[key], base[key])
         assert fast[key] <= base[key], (key, fast[key], base[key])  # fp32 outputs, not 16-bit
+
+
+def test_head_stack_copies_only_rows_that_are_not_16_aligned(gen):
+    """Aligned contiguous inputs go to the kernel as they are; others as zero-padded copies."""
+    A, Z, G, S = _stack_inputs(gen, 5, 32, 48, 1, 1, False)
+    with capture_launches() as launches:
+        head_stack(A, Z, G, S)
+        head_stack(A[:, :31], Z[:, 1:], G[:, 1:, :31], S[:, :31, :31])
+    aligned, odd = launches
+    assert aligned.args[0] is A and aligned.args[1] is Z
+    a, z = odd.args[0], odd.args[1]
+    assert a.shape == (5, 32) and z.shape == (5, 48) and a.is_contiguous() and z.is_contiguous()
+    assert torch.equal(a[:, :31], A[:, :31]) and not a[:, 31].any() and not z[:, 47].any()
+
+
+@pytest.mark.parametrize("branch,d", [("u", 300), ("uw", 100), ("w", 3)])
+def test_accumulate_every_gpu_tile_configuration_computes_the_same(gen, branch, d):
+    """The GPU candidates (rows per tile down to one) through the interpreter, one update each."""
+    n, k = 7, 3
+    t, z = _rand(gen, k, n, d).float(), (_rand(gen, n, d) + 0.3).float()
+    t_w = _rand(gen, k, n, d).float() if branch == "uw" else None
+    want = brute_force_stats(t, z, branch, t_w)
+    for cfg in accumulate_configs(dim=d, branch=branch, for_gpu=True):
+        acc = ProbeAccumulator(n, d, branch=branch, backend="triton", device=DEVICE)
+        with capture_launches() as launches:
+            acc.update(t.to(DEVICE), z.to(DEVICE), t_w=None if t_w is None else t_w.to(DEVICE))
+        (spec,) = launches
+        spec.kernel[spec.grid(cfg)](*spec.args, **spec.meta, **cfg)  # update() counted the K
+        errors = stat_errors(acc.finalize(), want)
+        assert _worst(errors) <= TOL and _sign_ok(errors), (cfg, errors)
