@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="compiler processes (default 1)")
     p.add_argument("--limit", type=int, default=None,
                    help="compile only the first N planned variants (a quick look)")
+    p.add_argument("--reuse", type=Path, default=None, metavar="JSON",
+                   help="take the rows of variants already in this report (same key, same Triton "
+                        "and ptxas: the compile is deterministic) instead of compiling them again")
     p.add_argument("--only", default=None, metavar="NAME",
                    help="compile only the variants of kernels whose name contains this (a quick look)")
     args = p.parse_args(argv)
@@ -122,6 +125,14 @@ def main(argv: list[str] | None = None) -> int:
           f"from {sum(len(e['labels']) for e in _PLAN.values())} launch x configuration x "
           f"target combinations", flush=True)
     rows = []
+    if args.reuse:
+        old = json.loads(args.reuse.read_text())
+        if (old["toolchain"]["triton"], old["toolchain"]["ptxas"]) == (triton.__version__,
+                                                                       ptxas_version()):
+            known = {r["key"]: r for r in old["variants"] if "registers" in r}
+            rows = [known[k] for k in keys if k in known]
+            keys = [k for k in keys if k not in known]
+            print(f"{len(rows)} variants taken from {args.reuse}", flush=True)
     with tqdm(total=len(keys), desc="compiling", unit="variant") as bar:
         if args.jobs > 1:
             ctx = multiprocessing.get_context("fork")  # the workers inherit the plan

@@ -195,8 +195,12 @@ def accumulate_configs(*, dim: int, branch: str = "u", for_gpu: bool | None = No
     if not (not interpreted() if for_gpu is None else for_gpu):
         return [block_sizes("accumulate", dim=dim)]
     block_d = _accumulate_width(dim)
-    most = 8 if branch == "uw" else 16
-    num_warps = min(most, max(4, block_d * 4 // (_ACCUMULATE_PER_THREAD * 32 * 4)))
+    if branch == "uw":
+        num_warps = min(8, max(4, block_d // 128))
+    else:
+        # rows of 1024 or more on 16 warps: on 8, ptxas trims the kernel to 40-48
+        # registers for occupancy and spills a few bytes (the resource report)
+        num_warps = 16 if block_d >= 1024 else 4
     block_n = max(1, min(64, _ACCUMULATE_PER_THREAD * 32 * num_warps // block_d))
     base = {"BLOCK_N": block_n, "BLOCK_D": block_d, "num_warps": num_warps, "num_stages": 1}
     if num_warps == 4 and (for_gpu or autotuning()):
