@@ -168,13 +168,14 @@ def head_configs(*, d_in: int, d_out: int, dtype: torch.dtype = torch.float32,
     """Candidate tile configurations of the head kernel for one launch.
 
     In the interpreter: the heuristic of :func:`block_sizes`. On a GPU: the
-    candidates of the operand class
-    (fp32 FMA, TF32, 16-bit tensor cores) whose column tile is not wider than
-    the padded problem, for the autotuner to choose from (keyed by ``d_in``,
-    ``d_out``, the flags and the dtypes). ``for_gpu`` overrides the choice
-    between the two (default: GPU lists unless interpreted).
+    candidates of the operand class (fp32 FMA, TF32, 16-bit tensor cores) for
+    the autotuner to choose from (keyed by the padded ``d_in`` and ``d_out``,
+    the flags and the dtypes), or the first alone with
+    ``NORMFAST_AUTOTUNE=0``. ``for_gpu`` overrides the choice between the
+    interpreter's and the GPU's list (default: the GPU's unless interpreted).
     """
-    if not (not interpreted() if for_gpu is None else for_gpu):
+    gpu = not interpreted() if for_gpu is None else for_gpu
+    if not gpu:
         return [block_sizes("head_stack", d_in=d_in, d_out=d_out)]
     pool = [dict(c) for c in _HEAD_CANDIDATES[head_operand_class(dtype, precision)]]
     return pool if for_gpu or autotuning() else pool[:1]
@@ -184,15 +185,16 @@ def accumulate_configs(*, dim: int, branch: str = "u", for_gpu: bool | None = No
     """Candidate tile configurations of ``accumulate`` for one launch.
 
     In the interpreter: :func:`block_sizes`. On a GPU: a whole row per tile
-    as there, but few elements per thread (``_ACCUMULATE_PER_THREAD``: 4 to
-    16 warps; the "uw" branch, with twice the live tiles, at most 8) so that
-    the live tiles stay in registers and many programs share an SM (a
+    as there, but at most ``_ACCUMULATE_PER_THREAD`` elements per thread (4
+    to 16 warps; the "uw" branch, with twice the live tiles, at most 8) so
+    that the live tiles stay in registers and many programs share an SM (a
     memory-bound kernel needs bytes in flight, not big tiles); for rows up to
     512 wide also the same tile over twice the warps. Keyed by ``D`` and the
     branch flags; the autotuner restores the state the kernel updates in
     place between its trial runs. ``for_gpu`` as in :func:`head_configs`.
     """
-    if not (not interpreted() if for_gpu is None else for_gpu):
+    gpu = not interpreted() if for_gpu is None else for_gpu
+    if not gpu:
         return [block_sizes("accumulate", dim=dim)]
     block_d = _accumulate_width(dim)
     if branch == "uw":

@@ -27,6 +27,9 @@ def e2e_plan(gpu: bool) -> dict[str, Any]:
             "intermediate_size": 64, "max_position_embeddings": 64}
     return {
         "seq_len": 16, "batches": 3, "batch_size": 4, "memory_budget_mb": 256,
+        # the drift from the M heat batches: the default M_D = 1024 backward passes
+        # would take the dry run's whole e2e budget on a small CPU
+        "drift_batches": 0,
         "bert": {"config": tiny, "head_seqs": 16, "jvp_seqs": 8, "head_chunk": 8, "jvp_chunk": 4},
         "minilm": {"config": dict(tiny, num_hidden_layers=1), "sizes": [8, 16], "chunk": 8},
         "target_tokens": 10_000_000,
@@ -126,9 +129,10 @@ def probe_throughput(ctx: StageContext, enc, items: list, plan: dict[str, Any], 
 
     from normfast.engine.probe import ProbeConfig, probe
 
+    extra = {"drift_batches": plan["drift_batches"]} if "drift_batches" in plan else {}
     cfg = ProbeConfig(params=params, mode=mode, output="tokens", batches=plan["batches"],
                       batch_size=plan["batch_size"], chunk_size=chunk,
-                      memory_budget_mb=plan["memory_budget_mb"], seed=0)
+                      memory_budget_mb=plan["memory_budget_mb"], seed=0, **extra)
     path = workdir / f"{name}.parquet"
     ctx.sync()
     t0 = time.perf_counter()
@@ -162,6 +166,7 @@ def e2e_stage(ctx: StageContext) -> dict[str, Any]:
     res: dict[str, Any] = {"token_source": {"bert": bert_tokens[0], "minilm": minilm_tokens[0]},
                            "seq_len": T, "objective": "simcse",
                            "M": plan["batches"], "batch_size": plan["batch_size"],
+                           "drift_batches": plan.get("drift_batches", "ProbeConfig default"),
                            "memory_budget_mb": plan["memory_budget_mb"], "dtype": "float32",
                            "float32_matmul_precision": matmul_precision(),
                            "runs": {}, "skipped": [], "failed_checks": []}
