@@ -21,7 +21,8 @@ Theoretical occupancy uses the per-SM limits of
 
 A variant fails when it spills (stack > 0), sits at the register cap (255)
 or leaves room for fewer than two programs per SM; the exit status is 1 if
-any does. The full sweep takes about 15 minutes on one core; the CI test
+any does. The full sweep takes about 15 minutes on one core with a cold Triton cache
+(seconds with a warm one: Triton caches compiled kernels on disk); the CI test
 (tests/test_kernel_resources.py) compiles a representative subset and
 checks that every planned variant is in the committed report and passes.
 """

@@ -11,7 +11,8 @@ Here, in a subprocess with ``TRITON_INTERPRET=0`` (the test process runs the int
    without a fresh report fails here);
 2. a representative subset is compiled now (the default tile configuration of every
    operand class of the head kernel on odd dimensions with bias, the widest
-   ``accumulate`` rows of both branches) and must pass on its own.
+   ``accumulate`` rows of both branches; Triton's on-disk cache may serve a compile
+   it has seen) and must pass on its own, with the registers the report recorded.
 """
 import json
 import os
