@@ -16,6 +16,7 @@ from normfast.engine.headstats import _head_products
 from normfast.engine.objectives import InfoNCE
 from normfast.engine.ops import GroupedAccumulator, head_stats, prepare_head
 from normfast.engine.probe import ProbeConfig, probe
+from normfast.engine.uncertainty import DEFAULT_GROUPS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -202,7 +203,7 @@ def test_probe_error_bars_head_equals_jvp_and_intervals_are_the_jackknife(drift_
     res = out["head"]
     assert res.metadata["groups"] == 4 and res.metadata["uncertainty"] is True
     # the interval from an independent jackknife of the leave-one-group-out statistics
-    stats = head_stats(*_head_inputs(enc, items), *_head_dirs(enc, items, pairs, cfg))
+    stats = head_stats(*_head_inputs(enc, items), *_head_dirs(enc, items, pairs, cfg), groups=cfg.groups)
     kap = res.column("kappa")
     loo_r = np.stack([equilibrium_norm(stats["loo"]["D"][:, j].numpy(), stats["loo"]["Q"][:, j].numpy(), kap,
                                        lr=0.05, weight_decay=0.01) for j in range(4)], 1)
@@ -316,6 +317,7 @@ def test_summary_reports_the_resolution():
     text = res.format_summary()
     s = res.summary()
     assert f"V2 resolved to ±20% (95% interval): {s['heat_resolved_fraction']:.0%} of rows" in text
-    assert "t with 3 dof" in text
-    half = student_t.ppf(0.975, 3) * res.column("se_V2") / res.column("V2")
+    k = res.metadata["groups"]
+    assert k == min(DEFAULT_GROUPS, 8) and f"t with {k - 1} dof" in text
+    half = student_t.ppf(0.975, k - 1) * res.column("se_V2") / res.column("V2")
     assert s["heat_resolved_fraction"] == pytest.approx(np.mean(half <= 0.2))

@@ -40,7 +40,7 @@ import torch
 #: Two-sided confidence of the reported intervals.
 CONFIDENCE = 0.95
 #: Default K, the batch groups behind every error bar (chosen by bench/calibration.py).
-DEFAULT_GROUPS = 4
+DEFAULT_GROUPS = 8
 
 
 def group_of(batch: int, groups: int) -> int:
