@@ -60,6 +60,8 @@ UNCERTAINTY_KEYS = ("se_V2", "se_Q")
 # Elements of scratch memory _head_products may allocate per probe chunk; a chunk's
 # products then stay in the last-level cache between the GEMM and its epilogue.
 _HEAD_SCRATCH = 1 << 20
+# Width of the column blocks of the folded quadratic forms (torch backend).
+_TRI_BLOCK = 32
 
 
 def _compute_dtype(fn: str, dtype: torch.dtype | None, *tensors: torch.Tensor | None) -> torch.dtype:
@@ -338,16 +340,19 @@ def head_flops(n: int, d_in: int, d_out: int, m: int, *, bias: bool = False,
                groups: int = DEFAULT_GROUPS) -> dict[str, int]:
     """Multiply-add FLOPs (2 per MAC) of the head-mode forms for ``n`` probes.
 
-    ``S``: forming ``S_c`` (``2 M d_out da²``) plus ``2 n (da² + da d_out)``;
-    ``grouped``: the same stacks K+1 deep, ``2 M d_out da² + 2 n (K+1)(da² + da d_out)``;
-    ``per_batch``: ``2 n (M + 1) da d_out``; ``da = d_in (+1 with bias)``,
-    ``K = min(groups, M)``. Centering and the O(n d) epilogues are not counted.
+    Per probe: ``da d_out`` per direction matrix and, per quadratic form, the
+    folded lower triangle (about ``(da² + 32 da)/2``, :func:`stack_plan`).
+    ``S``: forming ``S_c`` (``2 M d_out da²``) plus one of each;
+    ``grouped``: the same stacks K+1 deep; ``per_batch``: M + 1 direction
+    matrices. ``da = d_in (+1 with bias)``, ``K = min(groups, M)``. Centering
+    and the O(n d) epilogues are not counted.
     """
     da = d_in + int(bias)
     k = effective_groups(groups, m)
     form = 2 * m * d_out * da * da
-    return {"S": form + 2 * n * (da * da + da * d_out),
-            "grouped": form + 2 * n * (k + 1) * (da * da + da * d_out),
+    tri = sum((d_in - c0) * (c1 - c0) for c0, c1 in stack_plan(d_in, d_out, 1, 1)["blocks"]) + da
+    return {"S": form + 2 * n * (tri + da * d_out),
+            "grouped": form + 2 * n * (k + 1) * (tri + da * d_out),
             "per_batch": 2 * n * (m + 1) * da * d_out}
 
 
@@ -629,6 +634,27 @@ def _per_batch_epilogue(prod: dict[str, torch.Tensor], m: int, branch: str):
 # ============================================================================
 
 
+def stack_plan(d_in: int, d_out: int, k1: int, k2: int) -> dict[str, Any]:
+    """How the torch backend lays out the stacked products (shared with the benchmark's GEMM floor).
+
+    ``blocks``: the column blocks ``[c0, c1)`` (``_TRI_BLOCK`` wide) of the
+    folded quadratic forms: block ``[c0, c1)`` multiplies ``a[:, c0:]`` by rows
+    ``c0..`` of the lower triangles, so the K2 forms cost about
+    ``(1 + 1/b)/2`` of a full ``a·S`` for ``b`` blocks. ``rows``: probe rows per
+    chunk, so that one chunk's products fit in ``_HEAD_SCRATCH`` elements.
+    """
+    blocks = [(c0, min(c0 + _TRI_BLOCK, d_in)) for c0 in range(0, d_in, _TRI_BLOCK)] if k2 else []
+    width = d_out + k2 * min(_TRI_BLOCK, d_in) + d_in + d_out
+    return {"blocks": blocks, "rows": max(64, _HEAD_SCRATCH // width)}
+
+
+def fold_quadratic(S: torch.Tensor) -> torch.Tensor:
+    """``tril(S + Sᵀ, −1) + diag(S)`` of every ``S`` in ``[K, d, d]``: the same quadratic form, lower triangle only."""
+    folded = torch.tril(S + S.transpose(1, 2), diagonal=-1)
+    folded += torch.diag_embed(torch.diagonal(S, dim1=1, dim2=2))
+    return folded
+
+
 def _head_products(A: torch.Tensor, Z: torch.Tensor, G_stack: torch.Tensor, S_stack: torch.Tensor | None,
                    has_bias: bool, backend: str = "torch", *, dtype: torch.dtype | None = None,
                    allow_tf32: bool = False) -> dict[str, torch.Tensor]:
@@ -639,10 +665,13 @@ def _head_products(A: torch.Tensor, Z: torch.Tensor, G_stack: torch.Tensor, S_st
     ``zdot [N, K1] = z·(G_k ã)``, ``sq [N, K1] = |G_k ã|²``,
     ``quad [N, K2] = ãᵀS_kã`` and ``norm [N] = |z|``.
 
-    Backend "torch": per chunk of rows, two GEMMs against the stacks laid out
-    side by side (``[a | 1] · [G_1ᵀ … G_K1ᵀ]`` and ``a · [S_1 … S_K2]`` with
-    the bias row/column folded into an ``addmm``), then the row reductions on
-    the chunk while it is in cache; scratch is allocated once and reused.
+    Backend "torch": per chunk of rows (:func:`stack_plan`), one GEMM per
+    direction matrix (``[a | 1]·G̃_kᵀ``, reduced to its dot and square while in
+    cache), and the quadratic forms on their folded lower triangles
+    (:func:`fold_quadratic`) in column blocks, all K2 side by side per block:
+    about half the multiply-adds of ``a·S_k`` (the Triton kernel uses the
+    same symmetry). The bias enters as an ``addmm`` term and a linear term;
+    scratch is allocated once and reused.
     "triton": :func:`normfast.kernels.head_stack` (one fused pass that reads
     ``a`` once and never writes an ``N × K d`` product).
     """
@@ -662,45 +691,45 @@ def _head_products(A: torch.Tensor, Z: torch.Tensor, G_stack: torch.Tensor, S_st
     k1, d_out, _ = G_stack.shape
     k2 = S_stack.shape[0]
     dev_kw = {"dtype": cd, "device": A.device}
-    # the stacks side by side: [d_in, K1*d_out] and [d_in, K2*d_in], plus the bias row of each
-    g_w = G_stack[:, :, :d_in].to(cd).permute(2, 0, 1).reshape(d_in, k1 * d_out).contiguous()
-    g_b = G_stack[:, :, d_in].to(cd).reshape(k1 * d_out) if has_bias else None
-    s_w = S_stack[:, :d_in, :d_in].to(cd).permute(1, 0, 2).reshape(d_in, k2 * d_in).contiguous()
-    s_b = (2 * S_stack[:, d_in, :d_in]).to(cd).reshape(k2 * d_in) if has_bias else None
+    plan = stack_plan(d_in, d_out, k1, k2)
+    # one [d_in, d_out] factor per direction matrix, and per triangular block of columns
+    # [c0, c1) the rows c0.. of every folded S_k side by side: [d_in - c0, K2 (c1 - c0)]
+    g_w = G_stack[:, :, :d_in].to(cd).transpose(1, 2).contiguous()
+    g_b = G_stack[:, :, d_in].to(cd) if has_bias else None
+    folded = fold_quadratic(S_stack[:, :d_in, :d_in].to(cd))
+    tri = [folded[:, c0:, c0:c1].permute(1, 0, 2).reshape(d_in - c0, k2 * (c1 - c0)).contiguous()
+           for c0, c1 in plan["blocks"]]
+    s_b = (S_stack[:, d_in, :d_in] + S_stack[:, :d_in, d_in]).to(cd).T.contiguous() if has_bias else None
     s_c = S_stack[:, d_in, d_in].to(cd) if has_bias else None
-    width = 2 * k1 * d_out + 2 * k2 * d_in
-    step = min(n, max(64, _HEAD_SCRATCH // max(width, 1)))
+    step = min(n, plan["rows"])
     zdot = torch.empty((n, k1), **dev_kw)
     sq = torch.empty((n, k1), **dev_kw)
-    quad = torch.empty((n, k2), **dev_kw)
+    quad = torch.zeros((n, k2), **dev_kw)
     norm = torch.empty(n, **dev_kw)
-    v_buf = torch.empty((step, k1 * d_out), **dev_kw)
-    w_buf = torch.empty((step, max(k1 * d_out, k2 * d_in)), **dev_kw)
-    p_buf = torch.empty((step, k2 * d_in), **dev_kw) if k2 else None
+    v_buf = torch.empty((step, d_out), **dev_kw)
+    p_buf = torch.empty((step, max((k2 * (c1 - c0) for c0, c1 in plan["blocks"]), default=0)), **dev_kw)
     for r0 in range(0, n, step):
         a = A[r0:r0 + step].to(cd)
         z = Z[r0:r0 + step].to(cd)
         c = a.shape[0]
+        rows = slice(r0, r0 + c)
         v = v_buf[:c]
-        if g_b is None:
-            torch.mm(a, g_w, out=v)
-        else:
-            torch.addmm(g_b, a, g_w, out=v)
-        work = w_buf[:c, :k1 * d_out].view(c, k1, d_out)
-        torch.mul(v.view(c, k1, d_out), z[:, None, :], out=work)
-        torch.sum(work, 2, out=zdot[r0:r0 + c])
-        torch.mul(v.view(c, k1, d_out), v.view(c, k1, d_out), out=work)
-        torch.sum(work, 2, out=sq[r0:r0 + c])
-        torch.linalg.vector_norm(z, dim=1, out=norm[r0:r0 + c])
-        if k2:
-            p = p_buf[:c]
-            if s_b is None:
-                torch.mm(a, s_w, out=p)
+        for k in range(k1):  # one direction matrix at a time: its product stays in cache for the reductions
+            if g_b is None:
+                torch.mm(a, g_w[k], out=v)
             else:
-                torch.addmm(s_b, a, s_w, out=p)
-            work = w_buf[:c, :k2 * d_in].view(c, k2, d_in)
-            torch.mul(p.view(c, k2, d_in), a[:, None, :], out=work)
-            torch.sum(work, 2, out=quad[r0:r0 + c])
-            if s_c is not None:
-                quad[r0:r0 + c] += s_c
+                torch.addmm(g_b[k], a, g_w[k], out=v)
+            zdot[rows, k] = torch.bmm(v[:, None, :], z[:, :, None]).view(c)
+            sq[rows, k] = torch.linalg.vector_norm(v, dim=1).square_()
+        torch.linalg.vector_norm(z, dim=1, out=norm[rows])
+        if k2:
+            q = quad[rows]
+            for (c0, c1), f in zip(plan["blocks"], tri):
+                w = c1 - c0
+                p = p_buf[:c, :k2 * w]
+                torch.mm(a[:, c0:], f, out=p)
+                q += torch.bmm(p.view(c, k2, w), a[:, c0:c1, None]).view(c, k2)
+            if s_b is not None:
+                q.addmm_(a, s_b)
+                q += s_c
     return {"zdot": zdot, "sq": sq, "quad": quad, "norm": norm}

@@ -378,39 +378,44 @@ def form_gemms(form: str, n: int, d_in: int, d_out: int, m: int, *, bias: bool =
     """The GEMM shapes a head-mode form needs: its preparation and its per-probe products.
 
     ``prep``: ``(rows, da)`` Gram matrices ``XᵀX`` formed from the directions
-    (``S_c``, or one per group); ``widths``: the column counts of the two
-    per-probe products ``[a | 1]·[stack]`` (``K1·d_out`` and ``K2·d_in``).
+    (``S_c``, or one per group); ``k1``: direction matrices, one ``[a | 1]·G̃_kᵀ``
+    (``d_in × d_out``) each; ``k2``: quadratic forms, multiplied on their
+    folded lower triangles in the column blocks of
+    :func:`normfast.engine.headstats.stack_plan` (``quad_gemms``: ``(rows
+    of the factor, columns)`` per block, all K2 side by side).
     """
+    from normfast.engine.headstats import stack_plan
     from normfast.engine.uncertainty import DEFAULT_GROUPS, effective_groups
 
     da = d_in + int(bias)
     k = effective_groups(groups or DEFAULT_GROUPS, m)
     if form == "grouped":
         sizes = [len(range(g, m, k)) for g in range(k)]
-        return {"prep": [(s * d_out, da) for s in sizes], "widths": ((k + 1) * d_out, (k + 1) * d_in)}
-    if form == "S":
-        return {"prep": [(m * d_out, da)], "widths": (d_out, d_in)}
-    if form == "per_batch":
-        return {"prep": [], "widths": ((m + 1) * d_out, 0)}
-    raise ValueError(f"form_gemms: unknown form {form!r}")
+        prep, k1, k2 = [(s * d_out, da) for s in sizes], k + 1, k + 1
+    elif form == "S":
+        prep, k1, k2 = [(m * d_out, da)], 1, 1
+    elif form == "per_batch":
+        prep, k1, k2 = [], m + 1, 0
+    else:
+        raise ValueError(f"form_gemms: unknown form {form!r}")
+    plan = stack_plan(d_in, d_out, k1, k2)
+    quad = [(d_in - c0, k2 * (c1 - c0)) for c0, c1 in plan["blocks"]]
+    return {"prep": prep, "k1": k1, "k2": k2, "quad_gemms": quad, "rows": plan["rows"],
+            "macs_per_probe": k1 * da * d_out + sum(r * c for r, c in quad)}
 
 
 def gemm_floor(A: torch.Tensor, form: str, d_out: int, m: int, *, bias: bool = True,
                groups: int | None = None) -> Callable[[], None]:
     """A callable that runs only the GEMMs of ``form`` (same shapes, same row chunks, fp32): its floor."""
-    from normfast.engine.headstats import _HEAD_SCRATCH
-
     n, d_in = A.shape
     spec = form_gemms(form, n, d_in, d_out, m, bias=bias, groups=groups)
     g = torch.Generator().manual_seed(0)
     preps = [torch.randn(rows, da, generator=g) for rows, da in spec["prep"]]
-    w1, w2 = spec["widths"]
-    B1, b1 = torch.randn(d_in, w1, generator=g), torch.randn(w1, generator=g)
-    B2, b2 = (torch.randn(d_in, w2, generator=g), torch.randn(w2, generator=g)) if w2 else (None, None)
-    width = 2 * w1 + 2 * w2
-    step = min(n, max(64, _HEAD_SCRATCH // width))
-    v = torch.empty(step, w1)
-    p = torch.empty(step, w2) if w2 else None
+    W, b = torch.randn(spec["k1"], d_in, d_out, generator=g), torch.randn(spec["k1"], d_out, generator=g)
+    tri = [torch.randn(r, c, generator=g) for r, c in spec["quad_gemms"]]
+    step = min(n, spec["rows"])
+    v = torch.empty(step, d_out)
+    p = torch.empty(step, max((c for _, c in spec["quad_gemms"]), default=0))
 
     def run() -> None:
         for x in preps:
@@ -418,8 +423,9 @@ def gemm_floor(A: torch.Tensor, form: str, d_out: int, m: int, *, bias: bool = T
         for r0 in range(0, n, step):
             a = A[r0:r0 + step]
             c = a.shape[0]
-            torch.addmm(b1, a, B1, out=v[:c])
-            if B2 is not None:
-                torch.addmm(b2, a, B2, out=p[:c])
+            for k in range(spec["k1"]):
+                torch.addmm(b[k], a, W[k], out=v[:c])
+            for f in tri:
+                torch.mm(a[:, d_in - f.shape[0]:], f, out=p[:c, :f.shape[1]])
 
     return run
