@@ -153,12 +153,28 @@ class HFEncoder(Encoder):
         if getattr(model.config, "is_decoder", False):
             return "it is configured as a decoder (causal attention)"
         covered = set()
-        for part in (embeddings, layers, getattr(model, "pooler", None)):
+        for part in (embeddings, layers, getattr(model, "pooler", None), self._position_bias_module()):
             if part is not None:
                 covered.update(id(p) for p in part.parameters())
         outside = [n for n, p in model.named_parameters() if id(p) not in covered]
         if outside:
             return f"it has parameters outside the embeddings and layers ({', '.join(outside[:3])})"
+        return None
+
+    def _position_bias_module(self) -> nn.Module | None:
+        """The table of a relative position bias shared by all layers (MPNet), if the model has one.
+
+        MPNet's encoder computes one attention bias from the relative positions
+        (``encoder.compute_position_bias``, a lookup in ``encoder.relative_attention_bias``)
+        and adds it to the scores of every layer. Staged, each layer recomputes it from
+        the table (a ``[B, heads, T, T]`` gather, small beside the attention itself), so a
+        tangent on the table reaches every layer of the tail; the table belongs to the
+        stage of the first layer.
+        """
+        encoder = getattr(self.model, "encoder", None)
+        table = getattr(encoder, "relative_attention_bias", None)
+        if isinstance(table, nn.Module) and callable(getattr(encoder, "compute_position_bias", None)):
+            return table
         return None
 
     def _staging_mismatch(self) -> str | None:
@@ -210,6 +226,8 @@ class HFEncoder(Encoder):
         def assign(name: str) -> int:
             if name.startswith("model.embeddings."):
                 return 0
+            if name.startswith("model.encoder.relative_attention_bias."):
+                return 1  # shared by every layer: it enters at the first one
             k = _block_index(name, "model.encoder.layer.")
             return n_layers + 1 if k is None else k + 1
 
@@ -309,7 +327,10 @@ class HFEncoder(Encoder):
             raise RuntimeError("HFEncoder: the model's attention implementation was changed "
                                "from 'eager'; forward-mode AD needs eager attention")
         bias = _additive_attention_mask(mask, hidden.dtype)
-        out = self.model.encoder.layer[i](hidden, attention_mask=bias)
+        kwargs = {}
+        if self._position_bias_module() is not None:
+            kwargs["position_bias"] = self.model.encoder.compute_position_bias(hidden)
+        out = self.model.encoder.layer[i](hidden, attention_mask=bias, **kwargs)
         return out[0] if isinstance(out, (tuple, list)) else out
 
     def _whole_model(self, state: State) -> torch.Tensor:
