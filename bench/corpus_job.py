@@ -11,9 +11,13 @@ Needs gensim's test data (``pip install "normfast[gensim]"``) and, for MPNet, th
 Protocol (fixed from a timing pilot before any result was computed):
 
 * Corpus: ``lee_background.cor`` (:func:`normfast.data.gensim_data.lee_background`),
-  the first ``DOCUMENTS[model]`` articles in file order (MiniLM: all 300; MPNet:
-  the first 100 -- its last-layer jvp costs about 5x MiniLM's per token on 2 shared
-  cores, and the run must stay near 30 CPU-minutes). Windows
+  the first ``DOCUMENTS[model]`` articles in file order: MiniLM all 300, MPNet the
+  first 150. The pilot (probe and plain forward timed on 2-12 windows, process CPU
+  seconds, one thread, M = 16) gave MiniLM about 26 s fixed (the directions) + 4.2 ms
+  per token row and MPNet about 146 s + 31 ms per token row, a plain forward 0.4 ms
+  and 4.6 ms; with the two forward passes of the speed check, MPNet over the whole
+  corpus (73 860 rows) would need about 50 CPU-minutes, its first 150 documents
+  (36 888 rows) about 27, MiniLM's whole corpus about 7. Windows
   (:class:`normfast.data.corpus.CorpusWindows`): the model's maximum length
   (MiniLM 256, MPNet 384 tokens, special tokens included), no overlap (stride =
   window), cut at word boundaries: every content token probed once, in context.
@@ -64,7 +68,7 @@ from normfast.data.io import json_ready  # noqa: E402
 
 MODELS = {"all-MiniLM-L6-v2": ("minilm", r"encoder\.layer\.5\."),
           "all-mpnet-base-v2": ("mpnet", r"encoder\.layer\.11\.")}
-DOCUMENTS = {"all-MiniLM-L6-v2": 300, "all-mpnet-base-v2": 100}
+DOCUMENTS = {"all-MiniLM-L6-v2": 300, "all-mpnet-base-v2": 150}
 MIN_COUNT = 5
 MIN_COUNTS = (2, 5)
 TOP = 10

@@ -349,8 +349,10 @@ def table_corpus() -> str | None:
             "| documents (of 300) / windows / token rows probed | " + " | ".join(
                 f"{r['documents']} / {r['windows']['windows']} / {r['token_rows']:,}" for r in rs) + " |",
             "| probe throughput, token rows/s (wall) | " + " | ".join(
-                f"{r['speed']['tokens_per_s']:.1f}" for r in rs) + " |",
+                "n/a (resumed run)" if r["speed"]["resumed"] else f"{r['speed']['tokens_per_s']:.1f}"
+                for r in rs) + " |",
             "| probe time / plain forward over the same windows (wall; CPU) | " + " | ".join(
+                "n/a (resumed run)" if r["speed"]["resumed"] else
                 f"{r['speed']['ratio_wall']:.1f}x; {r['speed']['ratio_cpu']:.1f}x" for r in rs) + " |"]
     labels = {"corpus_frequency": "log corpus frequency", "zipf": "wordfreq Zipf"}
     for level in ("token", "word"):

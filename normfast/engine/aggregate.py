@@ -387,6 +387,10 @@ def plot_type_heat(table: pa.Table, path: str | os.PathLike, *, quantity: str = 
         ax.plot(centers, medians, "-", color="black", lw=1.5, label="median per frequency bin")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import LogFormatter, NullFormatter
+
+    ax.xaxis.set_major_formatter(LogFormatter(base=10, labelOnlyBase=True))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("corpus frequency (valid occurrences)")
     ax.set_ylabel(f"mean {quantity} per type")
     if title:
