@@ -137,9 +137,12 @@ class ConcatenatedFiles(io.RawIOBase):
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    import fcntl
-
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks (Windows): the atomic rename still keeps a half join out
+        yield
+        return
     with open(path, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
