@@ -26,7 +26,11 @@ Protocol (fixed from a timing pilot before any result was computed):
   (dropout views, temperature 0.05) with the probed documents' own sentences
   (NLTK Punkt trained on them) as virtual-batch items, M = 16 batches of 32, SGD
   preset lr 1e-3 / weight decay 1e-2, seed 0, 8 windows per chunk, one torch thread.
-  Rows stream to ``--probe-dir/<model>.parquet`` (resumable).
+  Rows stream to ``--probe-dir/<model>.parquet`` (resumable). The drift is the
+  per-batch drift of the 16 heat batches (``drift_batches=None``): the job's
+  targets are heat and norm, which the drift estimator does not touch, and the
+  result was computed before the drift-from-the-mean-direction default (1 024
+  extra gradients per run, about 64x this job's directions cost) existed.
 * Speed: the same windows through a plain forward pass (token embeddings, no
   gradient, same batches of 8 windows) timed right before and right after the
   probe (A-B-A); the ratio is probe time / mean forward time, in wall and in CPU
@@ -144,7 +148,7 @@ def run_model(name: str, args: argparse.Namespace, docs: list[str], probe_dir: P
     items = windows[:]
     sentences = split_sentences(docs)
     config = ProbeConfig(params=params, mode="jvp", output="tokens", optimizer="sgd", lr=1e-3, weight_decay=1e-2,
-                         batches=M, batch_size=32, seed=args.seed, chunk_size=CHUNK)
+                         batches=M, drift_batches=None, batch_size=32, seed=args.seed, chunk_size=CHUNK)
     out_path = probe_dir / f"{spec}.parquet"
     resumable = out_path.with_name(out_path.name + ".parts").exists() or out_path.exists()
     before = forward_seconds(encoder, items)
