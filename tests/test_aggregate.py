@@ -238,8 +238,8 @@ def test_real_probe_run_cli_and_figure(tmp_path, capsys):
     docs = ["the river flooded the valley and the river rose", "Hill Top residents left the valley",
             "the the the river"]
     cw = CorpusWindows(docs, tok, max_length=8, stride=3)
-    cfg = ProbeConfig(params=r"encoder\.layer\.1\.", mode="jvp", output="tokens", batches=2, batch_size=2,
-                      chunk_size=2)
+    cfg = ProbeConfig(params=r"encoder\.layer\.1\.", mode="jvp", output="tokens", batches=2, drift_batches=None,
+                      batch_size=2, chunk_size=2)
     out = tmp_path / "run.parquet"
     probe(enc, cw, "simcse", docs, cfg, out=out, progress=False)
     table = pq.read_table(out)

@@ -161,8 +161,8 @@ def test_windows_errors_and_fingerprint(tokenizer):
 
 
 def _config(**kw) -> ProbeConfig:
-    base = dict(params=r"encoder\.layer\.1\.", mode="jvp", output="tokens", batches=3, batch_size=4, seed=3,
-                chunk_size=3)
+    base = dict(params=r"encoder\.layer\.1\.", mode="jvp", output="tokens", batches=3, drift_batches=None,
+                batch_size=4, seed=3, chunk_size=3)
     base.update(kw)
     return ProbeConfig(**base)
 
@@ -231,7 +231,7 @@ def test_cli_probe_corpus(tmp_path, tokenizer, capsys):
     corpus.write_text("\n".join(DOCS) + "\n")
     out = tmp_path / "news.parquet"
     args = ["probe", str(folder), "--corpus", str(corpus), "--params", r"encoder\.layer\.1\.", "--batches", "2",
-            "--batch-size", "3", "--window", "10", "--out", str(out), "--no-progress"]
+            "--drift-batches", "0", "--batch-size", "3", "--window", "10", "--out", str(out), "--no-progress"]
     assert main(args) == 0
     t = pq.read_table(out)
     cw = CorpusWindows(DOCS, tokenizer, max_length=64, window=10)
