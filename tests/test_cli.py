@@ -58,6 +58,11 @@ def test_probe_then_report_on_a_local_model(tmp_path, bert_folder, capsys):
     meta = json.loads(table.schema.metadata[b"normfast"])
     assert meta["M"] == 3 and meta["objective"] == "simcse" and meta["output"] == "tokens"
     assert meta["M_D"] == 12 and meta["groups"] == 3
+    # the default run has error bars (the grouped estimators): se_V2 and the R_eq intervals are filled in
+    assert meta["uncertainty"] is True and meta["config"]["radial_spread"] is False
+    valid = np.asarray(table.column("valid"))
+    for c in ("se_V2", "se_Q", "r_eq_lo", "r_eq_hi"):
+        assert np.isfinite(np.asarray(table.column(c))[valid]).any(), c
     # rerunning onto an existing file without --overwrite is refused with a clear message
     rc = main(["probe", str(bert_folder), "--probes", str(words), "--batches", "3", "--batch-size", "4",
                "--out", str(out), "--no-progress"])

@@ -318,6 +318,9 @@ def test_summary_reports_the_resolution():
     s = res.summary()
     assert f"V2 resolved to ±20% (95% interval): {s['heat_resolved_fraction']:.0%} of rows" in text
     k = res.metadata["groups"]
+    # the default head-mode run is the grouped form: K groups, error bars on every row
+    assert res.metadata["mode"] == "head" and res.metadata["uncertainty"] is True
     assert k == min(DEFAULT_GROUPS, 8) and f"t with {k - 1} dof" in text
+    assert np.isfinite(res.column("se_V2")).all() and np.isfinite(res.column("r_eq_hi")).any()
     half = student_t.ppf(0.975, k - 1) * res.column("se_V2") / res.column("V2")
     assert s["heat_resolved_fraction"] == pytest.approx(np.mean(half <= 0.2))
