@@ -691,13 +691,13 @@ def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mappi
         r_eq, n_pos = equilibrium_norm(D, Q, kap, return_count=True, **law, **extra)
         heat_extra = dict(extra, D_w=zero) if extra else {}
         r_heat = equilibrium_norm(zero, Q, kap, **law, **heat_extra)
+        # the intervals: the same quartic solved without each group (same rows, same counting)
+        bars = {}
+        if "loo" in stats:
+            loo = {k: to_np(v) for k, v in stats["loo"].items()}
+            bars = equilibrium_intervals(loo, kap, law, r_eq, r_heat, run.branches)
     cols["r_eq"] = r_eq
     cols["r_eq_heat"] = r_heat
-    if "loo" in stats:
-        loo = {k: to_np(v) for k, v in stats["loo"].items()}
-        bars = equilibrium_intervals(loo, kap, law, r_eq, r_heat, run.branches)
-    else:
-        bars = {}
     for k in ("r_eq_lo", "r_eq_hi", "r_eq_heat_lo", "r_eq_heat_hi"):
         cols[k] = bars.get(k, np.full(len(norm), np.nan))
     cols["n_pos_roots"] = np.asarray(n_pos, dtype=np.int8)
