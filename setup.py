@@ -31,6 +31,7 @@ ext = Pybind11Extension(
 
 setup(
     packages=["normfast", "normfast.core", "normfast.engine", "normfast.encoders", "normfast.data", "normfast.apps",
+              "normfast.apps.validate",
               "normfast.kernels"],
     package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
     package_data={"normfast": ["py.typed"], "normfast.core": ["*.pyi"]},
