@@ -71,6 +71,7 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
         "kappa": {"min": float(np.min(avg["kappa"])), "max": float(np.max(avg["kappa"]))},
         "drift_over_heat_median": float(np.median(np.abs(drift) / heat_scale)),
         "norm_change_between_window_halves_median": float(np.median(np.abs(second - first) / observed)),
+        "drift_along_window": drift_time_structure(probed.per_checkpoint_drift, cfg.probe_every),
         "final_loss_mean_last_500": float(np.mean(run.losses[-500:])),
         "train_seconds": round(run.train_seconds, 1),
         "probe_seconds": round(probed.seconds, 1),
@@ -85,6 +86,33 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
     return out, led
 
 
+def _lag_correlations(series: np.ndarray, lags: tuple[int, ...]) -> dict[str, float]:
+    """Mean over items of the lag-k autocorrelation of a ``[time, items]`` series."""
+    centered = series - series.mean(0)
+    out = {}
+    for lag in lags:
+        if lag < centered.shape[0]:
+            a, b = centered[:-lag], centered[lag:]
+            out[str(lag)] = float(np.mean((a * b).sum(0) / np.sqrt((a * a).sum(0) * (b * b).sum(0))))
+    return out
+
+
+def drift_time_structure(drift: np.ndarray, spacing: int) -> dict[str, Any]:
+    """How the engine's drift ``[checkpoints, items]`` moves along the window: its spread over time
+    against its window mean, its autocorrelation by lag (in checkpoints), and how well one checkpoint
+    (the last) or the first half of the window tracks the window mean across items."""
+    mean = drift.mean(0)
+    half = drift.shape[0] // 2
+    return {
+        "checkpoint_spacing_steps": spacing,
+        "median_time_std_over_abs_window_mean": float(np.median(drift.std(0) / np.maximum(np.abs(mean), 1e-300))),
+        "between_item_std_of_window_mean_over_median_time_std": float(np.std(mean) / np.median(drift.std(0))),
+        "autocorrelation_by_lag": _lag_correlations(drift, (1, 2, 5, 10, 25, 50, 100)),
+        "per_item_r_last_vs_window_mean": float(np.corrcoef(drift[-1], mean)[0, 1]),
+        "per_item_r_first_half_vs_second_half": float(np.corrcoef(drift[:half].mean(0), drift[half:].mean(0))[0, 1]),
+    }
+
+
 def ledger_result(run: TrainingRun, probed: ProbedRun, cfg: E1Config, observed: np.ndarray) -> dict[str, Any]:
     from normfast.apps.validate.ledger import compare, realized_terms
     from normfast.core.stats import loglog_fit
@@ -97,12 +125,7 @@ def ledger_result(run: TrainingRun, probed: ProbedRun, cfg: E1Config, observed: 
     closure = np.abs(real["total"]) / decay
     telescoped = (run.ledger.r2_last - run.ledger.r2_first).numpy() / run.ledger.steps
     block_drift = run.ledger.block_means("task1")            # [blocks, items]
-    centered = block_drift - block_drift.mean(0)
-    lag_corr = {}
-    for lag in (1, 5, 25, 100):
-        if lag < centered.shape[0]:
-            a, b = centered[:-lag], centered[lag:]
-            lag_corr[str(lag)] = float(np.mean((a * b).sum(0) / np.sqrt((a * a).sum(0) * (b * b).sum(0))))
+    lag_corr = _lag_correlations(block_drift, (1, 5, 25, 100))
     return {
         "variant": variant.name,
         "description": variant.description,

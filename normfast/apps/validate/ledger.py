@@ -81,7 +81,8 @@ class RealizedLedger:
         self.momentum = variant.momentum if variant.optimizer == "sgd" else 0.0
         self.block = cfg.probe_every
         n = x.shape[0]
-        self.sums = {k: torch.zeros(n, dtype=torch.float64) for k in (*TERMS, "total", "R", "R2")}
+        self.sums = {k: torch.zeros(n, dtype=torch.float64)
+                     for k in (*TERMS, "decay_first_order", "total", "R", "R2")}
         self.blocks: list[dict[str, torch.Tensor]] = []
         self._block = {k: torch.zeros(n, dtype=torch.float64) for k in (*TERMS, "R2")}
         self._in_block = 0
@@ -136,6 +137,7 @@ class RealizedLedger:
         for k, v in terms.items():
             self.sums[k] += v
             self._block[k] += v
+        self.sums["decay_first_order"] += 2 * (z * jd).sum(-1)
         self.sums["total"] += r2_new - r2
         self.sums["R"] += r2.sqrt()
         self.sums["R2"] += r2
