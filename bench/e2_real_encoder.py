@@ -557,7 +557,8 @@ def _run(cfg: E2Config, out: str | Path | None, progress: bool,
     pcfg = ProbeConfig(params=rf"model\.encoder\.layer\.{cfg.layer}\.", mode="jvp",
                        output="pooled", optimizer="sgd", lr=cfg.lr, weight_decay=cfg.weight_decay,
                        no_decay=cfg.no_decay, batches=cfg.M, batch_size=cfg.batch_size,
-                       chunk_size=len(probe_ids), radial_spread=True)
+                       chunk_size=len(probe_ids), radial_spread=True,
+                       drift_batches=None)  # the protocol predates the mean-direction drift
     per_ckpt: dict[str, list[np.ndarray]] = {k: [] for k in ("D", "Q", "V2", "kappa", "norm")}
     last: list[Any] = [None]
 
