@@ -42,14 +42,20 @@ class E1Config:
     M: int = 16
     #: drift batches per checkpoint (the drift is taken from their mean direction)
     drift_batches: int = 64
-    #: virtual batches of the single-snapshot probe (heat and drift)
+    #: the single-snapshot probe: heat batches, drift batches, curvature batches
     snapshot_batches: int = 256
+    snapshot_drift_batches: int = 1024
+    snapshot_curvature_batches: int = 64
+    #: the snapshot's virtual trajectory: this many relaxation times of R², at least min steps
+    snapshot_relaxations: float = 4.0
+    snapshot_min_steps: int = 500
     seed: int = 0
 
     @classmethod
     def quick(cls) -> "E1Config":
         return cls(concepts=16, items_per_concept=4, hidden=64, n_pairs=4000, steps=3000,
-                   probe_every=60, M=8, drift_batches=16, snapshot_batches=32)
+                   probe_every=60, M=8, drift_batches=16, snapshot_batches=16, snapshot_drift_batches=32,
+                   snapshot_curvature_batches=8, snapshot_relaxations=0.25, snapshot_min_steps=100)
 
 
 @dataclass(frozen=True)

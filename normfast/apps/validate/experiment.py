@@ -12,13 +12,11 @@ import numpy as np
 import torch
 
 from normfast.apps.validate.data import E1Config, SyntheticConcepts, VARIANT_SPECS, VARIANTS, Variant, make_concepts
-from normfast.apps.validate.laws import (ProbedRun, drift_estimator_name, law_norms, probe_checkpoints,
-                                         realized_law)
+from normfast.apps.validate.laws import (TARGET_R, TARGET_SLOPE, ProbedRun, drift_estimator_name, law_norms,
+                                         probe_checkpoints, realized_law)
 from normfast.apps.validate.training import TrainingRun, train
 from normfast.data.io import json_ready
 
-TARGET_SLOPE = (0.85, 1.15)
-TARGET_R = 0.93
 
 
 def _target(fit: dict[str, float]) -> dict[str, Any]:
@@ -28,8 +26,9 @@ def _target(fit: dict[str, float]) -> dict[str, Any]:
 
 
 def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: bool = False,
-                progress: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                snapshot: bool = True, progress: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Train, probe and fit one variant; returns (E1 result, ledger result or None)."""
+    from normfast.apps.validate.snapshot import snapshot_predictors
     from normfast.core.stats import loglog_fit
 
     run = train(variant, cfg, data, ledger=ledger, progress=progress)
@@ -41,7 +40,15 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
     r_heat = law_norms(variant, avg, cfg, heat_only=True)
     r_last = law_norms(variant, last, cfg)
     r_last_heat = law_norms(variant, last, cfg, heat_only=True)
+    dense = run.meter
+    qcol, ccol = ("Q_w", "Q_curv_w") if adam else ("Q", "Q_curv")
+    r_dense = law_norms(variant, dict(dense, **{qcol: dense[qcol] + dense[ccol]}), cfg)
+    r_dense_plain = law_norms(variant, dense, cfg)
+    r_dense_heat = law_norms(variant, dict(dense, **{qcol: dense[qcol] + dense[ccol]}), cfg, heat_only=True)
     fits = {
+        "dense_corrected_law": loglog_fit(r_dense, observed),
+        "dense_law_without_curvature": loglog_fit(r_dense_plain, observed),
+        "dense_heat_only_law": loglog_fit(r_dense_heat, observed),
         "full_law": loglog_fit(r_full, observed),
         "heat_only_law": loglog_fit(r_heat, observed),
         "last_checkpoint_full_law": loglog_fit(r_last, observed),
@@ -67,7 +74,11 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
         "drift_batches_per_checkpoint": cfg.drift_batches,
         "drift_estimator": drift_estimator_name(cfg.M, cfg.drift_batches),
         "fits": fits,
-        "target": _target(fits["full_law"]),
+        "target": _target(fits["dense_corrected_law"]),
+        "target_checkpoint_law": _target(fits["full_law"]),
+        "dense_samples": int(dense["n"]),
+        "dense_seconds": round(run.meter_seconds, 1),
+        "curvature_over_heat_median": float(np.median(dense[ccol] / dense[qcol])),
         "kappa": {"min": float(np.min(avg["kappa"])), "max": float(np.max(avg["kappa"]))},
         "drift_over_heat_median": float(np.median(np.abs(drift) / heat_scale)),
         "norm_change_between_window_halves_median": float(np.median(np.abs(second - first) / observed)),
@@ -76,12 +87,23 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
         "train_seconds": round(run.train_seconds, 1),
         "probe_seconds": round(probed.seconds, 1),
         "observed": observed.tolist(),
+        "predicted_dense": np.asarray(r_dense).tolist(),
         "predicted_full": np.asarray(r_full).tolist(),
         "predicted_heat": np.asarray(r_heat).tolist(),
         "predicted_last_full": np.asarray(r_last).tolist(),
         "predicted_last_heat": np.asarray(r_last_heat).tolist(),
         "ambiguity": data.ambiguity[data.concept].tolist(),
     }
+    if snapshot:
+        snap = snapshot_predictors(run, cfg, data, progress=progress)
+        out["snapshot"] = {
+            "fits": {k: loglog_fit(v, observed) for k, v in snap["predicted"].items()},
+            "present_norm_fit": loglog_fit(snap["present_norm"], observed),
+            "shrinkage": snap["shrinkage"],
+            "trajectory_steps": snap["trajectory_steps"],
+            "seconds": snap["seconds"],
+            "predicted": {k: np.asarray(v).tolist() for k, v in snap["predicted"].items()},
+        }
     led = ledger_result(run, probed, cfg, observed) if ledger else None
     return out, led
 
@@ -163,7 +185,7 @@ def ledger_result(run: TrainingRun, probed: ProbedRun, cfg: E1Config, observed: 
 
 
 def run(cfg: E1Config, variants: tuple[str, ...] = VARIANTS, out: str | Path | None = None,
-        progress: bool = True, ledger: bool = False) -> dict[str, Any]:
+        progress: bool = True, ledger: bool = False, snapshot: bool = True) -> dict[str, Any]:
     """Every variant in turn; writes ``equilibrium.json``/``.png`` (and ``ledger.json``/``.png``) to ``out``."""
     from normfast.apps.validate.report import plot, plot_ledger
     from normfast.engine.probe import _library_versions
@@ -174,13 +196,19 @@ def run(cfg: E1Config, variants: tuple[str, ...] = VARIANTS, out: str | Path | N
     cpu0 = _cpu_seconds()
     try:
         data = make_concepts(cfg)
-        pairs = [run_variant(VARIANT_SPECS[v], cfg, data, ledger=ledger, progress=progress) for v in variants]
+        pairs = [run_variant(VARIANT_SPECS[v], cfg, data, ledger=ledger, snapshot=snapshot, progress=progress)
+                 for v in variants]
     finally:
         torch.set_num_threads(threads)
     results = [p[0] for p in pairs]
     timing = {"wall_seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(_cpu_seconds() - cpu0, 1)}
     summary = {"experiment": "E1 controlled equilibrium", "config": asdict(cfg), "results": results,
                "timing": timing, "versions": _library_versions()}
+    if snapshot:
+        from normfast.apps.validate.snapshot import SNAPSHOT_PROTOCOL, choose
+
+        summary["snapshot_protocol"] = SNAPSHOT_PROTOCOL
+        summary["snapshot_choice"] = choose({r["variant"]: r["snapshot"]["fits"] for r in results})
     ledger_summary = None
     if ledger:
         ledger_summary = {"experiment": "E1 radial-budget ledger", "config": asdict(cfg),

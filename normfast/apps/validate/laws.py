@@ -20,6 +20,10 @@ from tqdm.auto import tqdm
 from normfast.apps.validate.data import E1Config, SyntheticConcepts, Variant
 from normfast.apps.validate.training import TrainingRun, load_checkpoint
 
+#: the E1 target for every variant: log-log slope of observed on predicted, and Pearson r
+TARGET_SLOPE = (0.85, 1.15)
+TARGET_R = 0.93
+
 STAT_COLUMNS = ("norm", "D", "Q", "D_w", "Q_w", "kappa", "V2", "V2_w", "m2", "m2_w", "se_D", "se_D_w",
                 "r_eq", "r_eq_heat")
 

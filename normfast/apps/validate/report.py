@@ -90,16 +90,33 @@ def _f(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
+TRAJECTORY_COLUMNS = (("dense_corrected_law", "dense, corrected"), ("dense_law_without_curvature", "dense, no curv."),
+                      ("dense_heat_only_law", "dense, heat-only"), ("full_law", "checkpoints"),
+                      ("heat_only_law", "ckpt heat-only"), ("last_checkpoint_full_law", "last ckpt"))
+
+
+def _fit(f: dict[str, float]) -> str:
+    return f"{_f(f['slope'])} / {_f(f['pearson_r'])}"
+
+
 def format_table(summary: dict[str, Any]) -> str:
-    rows = ["| variant | optimizer | full law slope | full law r | heat-only slope | heat-only r | "
-            "last ckpt slope | last ckpt r | target met |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    """Trajectory-average fits (slope / r) per variant, then the snapshot candidates."""
+    head = " | ".join(label for _, label in TRAJECTORY_COLUMNS)
+    rows = [f"| variant | {head} | target met |", "|---" * (len(TRAJECTORY_COLUMNS) + 2) + "|"]
     for r in summary["results"]:
-        f, h, last = (r["fits"][k] for k in ("full_law", "heat_only_law", "last_checkpoint_full_law"))
-        met = r.get("target", {}).get("met")
-        rows.append(f"| {r['variant']} | {r['optimizer']} | {_f(f['slope'])} | {_f(f['pearson_r'])} | "
-                    f"{_f(h['slope'])} | {_f(h['pearson_r'])} | {_f(last['slope'])} | {_f(last['pearson_r'])} | "
-                    f"{'yes' if met else 'no'} |")
+        cells = " | ".join(_fit(r["fits"][k]) for k, _ in TRAJECTORY_COLUMNS)
+        rows.append(f"| {r['variant']} | {cells} | {'yes' if r['target']['met'] else 'no'} |")
+    if summary["results"] and "snapshot" in summary["results"][0]:
+        from normfast.apps.validate.snapshot import CANDIDATES
+
+        rows += ["", "| variant | " + " | ".join(CANDIDATES) + " | present norm |",
+                 "|---" * (len(CANDIDATES) + 2) + "|"]
+        for r in summary["results"]:
+            s = r["snapshot"]
+            rows.append(f"| {r['variant']} | " + " | ".join(_fit(s["fits"][c]) for c in CANDIDATES)
+                        + f" | {_fit(s['present_norm_fit'])} |")
+        choice = summary.get("snapshot_choice", {})
+        rows.append(f"\nsnapshot protocol's choice: {choice.get('winner')}")
     return "\n".join(rows)
 
 

@@ -38,6 +38,8 @@ class TrainingRun:
     losses: list[float]
     train_seconds: float
     ledger: Any = None                    # RealizedLedger when asked for
+    meter: dict[str, np.ndarray] | None = None   # dense trajectory statistics (TrajectoryMeter)
+    meter_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -46,8 +48,14 @@ def window_start(cfg: E1Config) -> int:
 
 
 def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: bool = False,
-          progress: bool = True) -> TrainingRun:
-    """Train the variant's encoder for ``cfg.steps`` steps; record the window (see the module docstring)."""
+          meter: bool = True, progress: bool = True) -> TrainingRun:
+    """Train the variant's encoder for ``cfg.steps`` steps; record the window (see the module docstring).
+
+    ``meter``: at every step of the window, also draw one fresh virtual batch (from
+    its own generator, independent of the training batches) and feed its update
+    direction at the present state to a :class:`normfast.engine.trajectory.TrajectoryMeter`
+    (drift, heat, curvature heat; κ every 10 steps): the dense trajectory average.
+    """
     from normfast.apps.validate.ledger import RealizedLedger
     from normfast.engine.directions import adam_second_moments
     from normfast.engine.objectives import InfoNCE
@@ -61,6 +69,18 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
     rng = np.random.default_rng(cfg.seed + 2)
     pairs_t = torch.as_tensor(data.pairs)
     realized = RealizedLedger(enc, state_all, variant, cfg) if ledger else None
+    tracker = None
+    if meter:
+        from normfast.apps.validate.laws import probe_config
+        from normfast.engine.trajectory import TrajectoryMeter
+
+        tracker = TrajectoryMeter(enc, list(range(n_items)), probe_config(variant, cfg, n_items, batches=cfg.M,
+                                                                          drift_batches=cfg.drift_batches),
+                                  curvature=True)
+        fresh = np.random.default_rng(cfg.seed + 3)
+        params = list(enc.parameters())
+        names = [n for n, _ in enc.named_parameters()]
+    meter_seconds = 0.0
     observed: list[torch.Tensor] = []
     checkpoints: list[Checkpoint] = []
     losses: list[float] = []
@@ -74,6 +94,15 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
         opt.zero_grad(set_to_none=True)
         loss.backward()
         in_window = step >= start
+        if tracker is not None and in_window:
+            t1 = time.perf_counter()
+            jdx = torch.as_tensor(fresh.integers(0, len(pairs_t), cfg.batch_size))
+            fresh_loss = objective.loss(enc(enc.prepare(pairs_t[jdx, 0].tolist())),
+                                        enc(enc.prepare(pairs_t[jdx, 1].tolist())))
+            grads = dict(zip(names, torch.autograd.grad(fresh_loss, params)))
+            sm = adam_second_moments(opt, enc) if variant.optimizer == "adamw" else None
+            tracker.add(tracker.direction(grads, sm), kappa=(step - start) % 10 == 0)
+            meter_seconds += time.perf_counter() - t1
         if realized is not None:
             realized.before_step(record=in_window)
         opt.step()
@@ -94,7 +123,8 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
     half = len(observed) // 2
     return TrainingRun(variant, enc, opt, stacked.mean(0).numpy(),
                        (stacked[:half].mean(0).numpy(), stacked[half:].mean(0).numpy()),
-                       checkpoints, losses, train_seconds, realized)
+                       checkpoints, losses, train_seconds, realized,
+                       tracker.statistics() if tracker is not None else None, meter_seconds)
 
 
 def load_checkpoint(encoder: Any, ck: Checkpoint) -> None:
