@@ -110,7 +110,7 @@ def test_estimated_terms_balance_at_the_laws_root(rng, optimizer, momentum):
 def test_curvature_heat_matches_the_realized_remainder(tiny_runs, tiny_data):
     """The remainder of virtual steps at the run's last state against the remainder realized over the
     window (SGD, where one step is the long-run step): same size, and it ranks the items alike."""
-    from normfast.apps.validate.laws import probe_config
+    from normfast.apps.validate.data import probe_config
     from normfast.data.pairs import PairSource
     from normfast.engine.curvature import curvature_heat
     from normfast.engine.objectives import InfoNCE
@@ -133,7 +133,7 @@ def test_virtual_trajectory_is_torch_training_on_a_copy(tiny_data):
     """The trajectory is plain torch SGD on its virtual batches, run on a copy (the model is untouched),
     and probed at evenly spaced steps."""
     from normfast.apps.validate.data import build_encoder
-    from normfast.apps.validate.laws import probe_config
+    from normfast.apps.validate.data import probe_config
     from normfast.data.pairs import PairSource, virtual_batches
     from normfast.engine.directions import batch_loss
     from normfast.engine.objectives import InfoNCE

@@ -9,7 +9,8 @@ inconsistent updates -- more heat -- and settle at larger norms.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import torch
@@ -134,3 +135,39 @@ def make_optimizer(variant: Variant, cfg: E1Config, params) -> torch.optim.Optim
     if variant.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, betas=(variant.beta1, 0.999))
     return torch.optim.SGD(params, lr=lr, weight_decay=cfg.weight_decay, momentum=variant.momentum)
+
+
+def probe_config(variant: Variant, cfg: E1Config, n_items: int, *, batches: int, drift_batches: int):
+    """The engine's configuration for one E1 probe.
+
+    The drift comes from the mean update direction over ``drift_batches`` virtual
+    batches when the engine offers it (``ProbeConfig.drift_batches``); the heat from
+    the first ``batches`` of them. An engine without that setting takes both from
+    ``drift_batches`` batches, per batch (the same drift, at a higher cost).
+    """
+    from normfast.engine.probe import ProbeConfig
+
+    kw: dict[str, Any] = dict(params="all", mode="jvp", output="pooled", optimizer=variant.optimizer,
+                              lr=variant.lr(cfg), weight_decay=cfg.weight_decay, batch_size=cfg.batch_size,
+                              chunk_size=n_items, radial_spread=True)
+    if variant.optimizer == "adamw":
+        kw["betas"] = (variant.beta1, 0.999)
+    else:
+        kw["momentum"] = variant.momentum
+    if has_mean_direction_drift():
+        kw.update(batches=batches, drift_batches=drift_batches)
+    else:
+        kw.update(batches=max(batches, drift_batches))
+    return ProbeConfig(**kw)
+
+
+def has_mean_direction_drift() -> bool:
+    from normfast.engine.probe import ProbeConfig
+
+    return "drift_batches" in {f.name for f in fields(ProbeConfig)}
+
+
+def drift_estimator_name(cfg_batches: int, drift_batches: int) -> str:
+    if has_mean_direction_drift():
+        return f"mean direction over M_D = {drift_batches} batches (heat: M = {cfg_batches})"
+    return f"per batch over {max(cfg_batches, drift_batches)} batches (heat from the same batches)"

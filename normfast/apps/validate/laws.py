@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from normfast.apps.validate.data import E1Config, SyntheticConcepts, Variant
+from normfast.apps.validate.data import E1Config, SyntheticConcepts, Variant, drift_estimator_name, probe_config
 from normfast.apps.validate.training import TrainingRun, load_checkpoint
 
 #: the E1 target for every variant: log-log slope of observed on predicted, and Pearson r
@@ -26,42 +26,6 @@ TARGET_R = 0.93
 
 STAT_COLUMNS = ("norm", "D", "Q", "D_w", "Q_w", "kappa", "V2", "V2_w", "m2", "m2_w", "se_D", "se_D_w",
                 "r_eq", "r_eq_heat")
-
-
-def probe_config(variant: Variant, cfg: E1Config, n_items: int, *, batches: int, drift_batches: int):
-    """The engine's configuration for one E1 probe.
-
-    The drift comes from the mean update direction over ``drift_batches`` virtual
-    batches when the engine offers it (``ProbeConfig.drift_batches``); the heat from
-    the first ``batches`` of them. An engine without that setting takes both from
-    ``drift_batches`` batches, per batch (the same drift, at a higher cost).
-    """
-    from normfast.engine.probe import ProbeConfig
-
-    kw: dict[str, Any] = dict(params="all", mode="jvp", output="pooled", optimizer=variant.optimizer,
-                              lr=variant.lr(cfg), weight_decay=cfg.weight_decay, batch_size=cfg.batch_size,
-                              chunk_size=n_items, radial_spread=True)
-    if variant.optimizer == "adamw":
-        kw["betas"] = (variant.beta1, 0.999)
-    else:
-        kw["momentum"] = variant.momentum
-    if has_mean_direction_drift():
-        kw.update(batches=batches, drift_batches=drift_batches)
-    else:
-        kw.update(batches=max(batches, drift_batches))
-    return ProbeConfig(**kw)
-
-
-def has_mean_direction_drift() -> bool:
-    from normfast.engine.probe import ProbeConfig
-
-    return "drift_batches" in {f.name for f in fields(ProbeConfig)}
-
-
-def drift_estimator_name(cfg_batches: int, drift_batches: int) -> str:
-    if has_mean_direction_drift():
-        return f"mean direction over M_D = {drift_batches} batches (heat: M = {cfg_batches})"
-    return f"per batch over {max(cfg_batches, drift_batches)} batches (heat from the same batches)"
 
 
 def law_norms(variant: Variant, stats: dict[str, np.ndarray], cfg: E1Config, *, heat_only: bool = False,

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from normfast.apps.validate.data import E1Config, SyntheticConcepts, Variant
-from normfast.apps.validate.laws import law_norms, probe_config
+from normfast.apps.validate.data import probe_config
+from normfast.apps.validate.laws import law_norms
 from normfast.apps.validate.training import TrainingRun, load_checkpoint
 
 SNAPSHOT_PROTOCOL = """\

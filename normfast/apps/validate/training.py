@@ -71,7 +71,7 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
     realized = RealizedLedger(enc, state_all, variant, cfg) if ledger else None
     tracker = None
     if meter:
-        from normfast.apps.validate.laws import probe_config
+        from normfast.apps.validate.data import probe_config
         from normfast.engine.trajectory import TrajectoryMeter
 
         tracker = TrajectoryMeter(enc, list(range(n_items)), probe_config(variant, cfg, n_items, batches=cfg.M,
