@@ -32,9 +32,8 @@ from tqdm.auto import tqdm
 
 def run_variant(name: str, cfg, data, groups: int, group_batches: int, progress: bool,
                 last: int | None = None) -> dict:
-    from normfast.apps.validate.data import VARIANT_SPECS
-    from normfast.apps.validate.data import probe_config
-from normfast.apps.validate.laws import law_norms
+    from normfast.apps.validate.data import VARIANT_SPECS, probe_config
+    from normfast.apps.validate.laws import law_norms
     from normfast.apps.validate.training import load_checkpoint, train
     from normfast.core.stats import loglog_fit
     from normfast.data.pairs import PairSource
