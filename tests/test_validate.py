@@ -166,3 +166,41 @@ def test_virtual_trajectory_is_torch_training_on_a_copy(tiny_data):
     np.testing.assert_allclose(traj.columns["norm"][-1], norms, rtol=1e-5)
     with pytest.raises(ValueError, match="points"):
         virtual_trajectory(enc, list(range(n)), objective, pairs, cfg, steps=5, points=6, progress=False)
+
+
+@pytest.mark.parametrize("variant", ["mlp_bias", "mlp_adamw"])
+def test_trajectory_meter_matches_the_engine_batch_by_batch(tiny_data, variant):
+    """Fed the engine's own per-batch directions at one state, the meter's means are the engine's
+    per-batch drift and κ, and its heat is the mean of |u|² (the engine's Q less its V2/M bias term)."""
+    from normfast.apps.validate.data import build_encoder, probe_config
+    from normfast.data.pairs import PairSource, virtual_batches
+    from normfast.engine.directions import OptimizerPreset, compute_directions, estimate_second_moments
+    from normfast.engine.objectives import InfoNCE
+    from normfast.engine.probe import probe
+    from normfast.engine.trajectory import TrajectoryMeter
+
+    spec = VARIANT_SPECS[variant]
+    enc = build_encoder(spec, TINY, tiny_data)
+    n = tiny_data.x.shape[0]
+    pairs = PairSource.from_iterable([(int(a), int(b)) for a, b in tiny_data.pairs])
+    objective = InfoNCE(temperature=TINY.temperature)
+    M = 6
+    cfg = replace(probe_config(spec, TINY, n, batches=M, drift_batches=M), drift_batches=None, seed=3)
+    names = [k for k, _ in enc.named_parameters()]
+    rng = np.random.default_rng(cfg.seed)
+    batches = virtual_batches(len(pairs), M, cfg.batch_size, int(rng.integers(2**31)))
+    v = estimate_second_moments(enc, objective, pairs, names, batches, progress=False) if spec.optimizer == "adamw" \
+        else None
+    res = probe(enc, list(range(n)), objective, pairs, cfg, progress=False, second_moments=v)
+    presets = {k: OptimizerPreset(spec.optimizer, cfg.lr, cfg.weight_decay, second_moments=v) for k in names}
+    dirs = compute_directions(enc, objective, pairs, names, presets, batches, progress=False)
+    meter = TrajectoryMeter(enc, list(range(n)), cfg, curvature=True, block=2)
+    for b in range(M):
+        meter.add(dirs.directions[b], kappa=b == 0)
+    st = meter.statistics()
+    sfx = "_w" if spec.optimizer == "adamw" else ""
+    np.testing.assert_allclose(st[f"D{sfx}"], res.column(f"D{sfx}"), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(st[f"Q{sfx}"], res.column(f"Q{sfx}") - res.column(f"V2{sfx}") / M, rtol=1e-4)
+    np.testing.assert_allclose(st["kappa"], res.column("kappa"), rtol=1e-5)
+    assert st["n"] == M and st[f"D{sfx}_blocks"].shape == (M // 2, n) and np.all(st[f"se_D{sfx}"] > 0)
+    assert np.all(np.isfinite(st[f"Q_curv{sfx}"]))

@@ -135,6 +135,44 @@ def drift_time_structure(drift: np.ndarray, spacing: int) -> dict[str, Any]:
     }
 
 
+def _solve_per_step(terms: dict[str, np.ndarray], R0: np.ndarray, adam: bool) -> np.ndarray:
+    """The norm at which per-step terms measured at ``R0`` balance, each term scaled with R as the law
+    scales it (SGD: first-order task R⁰, heat and remainder R⁻², decay R²; AdamW: R¹, R⁰, R⁰, R²)."""
+    from scipy.optimize import brentq
+
+    p1, p2 = (1, 0) if adam else (0, -2)
+    out = np.full(R0.shape, np.nan)
+    for i in range(R0.size):
+        t1, t2, dec = terms["task1"][i], terms["task2"][i] + terms["remainder"][i], terms["decay"][i]
+
+        def f(x: float) -> float:
+            return t1 * x ** p1 + t2 * x ** p2 + dec * x ** 2
+
+        if f(1e-3) > 0 > f(1e3):
+            out[i] = brentq(f, 1e-3, 1e3, xtol=1e-12) * R0[i]
+    return out
+
+
+def term_swaps(realized: dict[str, np.ndarray], estimated: dict[str, np.ndarray], observed: np.ndarray,
+               adam: bool) -> dict[str, dict[str, float]]:
+    """Which term resists: the law from the engine's estimated terms, then with one term at a time (or
+    a pair) replaced by its realized value, then all realized -- slope and r against the observed norms.
+    The terms are per step at the checkpoints' norms; the law rescales them with R."""
+    from normfast.core.stats import loglog_fit
+
+    zero = np.zeros_like(observed)
+    est = dict(estimated, remainder=zero)
+    swaps = {"engine (no remainder)": {}, "engine + realized remainder": {"remainder"},
+             "realized first-order task": {"task1"}, "realized first-order task + remainder": {"task1", "remainder"},
+             "realized task (both orders) + remainder": {"task1", "task2", "remainder"},
+             "realized decay": {"decay"}, "all realized": {"task1", "task2", "decay", "remainder"}}
+    out = {}
+    for name, real in swaps.items():
+        terms = {k: (realized[k] if k in real else est[k]) for k in ("task1", "task2", "decay", "remainder")}
+        out[name] = loglog_fit(_solve_per_step(terms, observed, adam), observed)
+    return out
+
+
 def ledger_result(run: TrainingRun, probed: ProbedRun, cfg: E1Config, observed: np.ndarray) -> dict[str, Any]:
     from normfast.apps.validate.ledger import compare, realized_terms
     from normfast.core.stats import loglog_fit
@@ -164,6 +202,8 @@ def ledger_result(run: TrainingRun, probed: ProbedRun, cfg: E1Config, observed: 
             "telescoping_max_abs_error": float(np.max(np.abs(telescoped - real["total_telescoped"]))),
         },
         "remainder_over_task2_mean": float(np.mean(real["remainder"]) / np.mean(real["task2"])),
+        "remainder_over_decay_mean": float(np.mean(real["remainder"]) / abs(np.mean(real["decay"]))),
+        "term_swaps": term_swaps(real, probed.est_average, observed, variant.optimizer == "adamw"),
         "realized_law": {
             "with_remainder": loglog_fit(realized_law(variant, cfg, means), observed),
             "without_remainder": loglog_fit(realized_law(variant, cfg, means, with_remainder=False), observed),
