@@ -115,7 +115,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from normfast.encoders import CachedFrontEncoder  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RUNS = Path(__file__).resolve().parents[1] / "runs" / "e2"  # default output (git-ignored)
 PAPER = {"model": "DistilBERT, fine-tuned", "slope": 0.88, "pearson_r": 0.97}
 NO_DECAY = r"bias|LayerNorm"
 
@@ -767,7 +767,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a toy size for the tests (about a minute)")
     p.add_argument("--pilot", action="store_true",
                    help="run the pilot (health only) and store it under 'pilot' in the JSON")
-    p.add_argument("--out", default=str(RESULTS), help="output folder (default bench/results)")
+    p.add_argument("--out", default=str(RUNS),
+                   help="output folder (default runs/e2, git-ignored; the committed results: --out bench/results)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--protocol", choices=("v3", "v2", "v1"), default="v3",
                    help="v3 (default) or the historical v1/v2, which collapse; those write "

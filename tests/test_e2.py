@@ -6,29 +6,22 @@ reproduces the full encoder), not the law's accuracy.
 """
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.needs_data("wordnet")
 FITS = ("full_law", "heat_only_law", "last_checkpoint_full_law", "last_checkpoint_heat_only_law")
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    out = tmp_path_factory.mktemp("e2")
-    seed = 3  # not the default seed: another pool, other probe items and batches
-    proc = subprocess.run([sys.executable, "bench/e2_real_encoder.py", "--quick", "--out", str(out),
-                           "--seed", str(seed), "--no-progress"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "full law, trajectory average" in proc.stdout
-    return json.loads((out / "e2_real_encoder.json").read_text()), out
+@pytest.fixture
+def quick_run(e2_quick) -> tuple[dict, Path]:
+    # seed 3 (not the default): another pool, other probe items and batches; see conftest.e2_quick
+    summary, out, printed = e2_quick
+    assert "full law, trajectory average" in printed
+    return summary, out
 
 
 def test_e2_quick_structure(quick_run: tuple[dict, Path]) -> None:
