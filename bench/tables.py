@@ -71,6 +71,10 @@ def table_e1() -> str | None:
                 f"fresh virtual batch at every step of the window. Checkpoints: {r0['checkpoints']} x (M = {cfg['M']}, "
                 f"M_D = {cfg['drift_batches']}). Target: slope in [0.85, 1.15], r >= 0.93 (on the dense corrected law). "
                 f"Seed {cfg['seed']}.")
+    if t:
+        with_ledger = (_load("ledger.json") or {}).get("timing") == t
+        rows.append(f"The whole run ({'with' if with_ledger else 'without'} --ledger) took {t['wall_seconds'] / 60:.0f} "
+                    f"min wall, {t['cpu_seconds'] / 60:.0f} min CPU on the shared 2-core machine.")
     return "\n".join(rows)
 
 
@@ -94,8 +98,11 @@ def table_e1_snapshot() -> str | None:
         w = ch.get("winner")
         met = ch.get("scores", {}).get(w, {}).get("targets_met")
         steps = {r["variant"]: r["snapshot"]["trajectory_steps"] for r in d["results"]}
+        t = d.get("timing", {})
         notes.append(f"seed {seed}: protocol's choice {w} (target met on {met} of 4); "
-                     f"trajectory steps {', '.join(f'{k} {v}' for k, v in steps.items())}")
+                     f"trajectory steps {', '.join(f'{k} {v}' for k, v in steps.items())}; "
+                     f"the whole run {t.get('wall_seconds', float('nan')) / 60:.0f} min wall, "
+                     f"{t.get('cpu_seconds', float('nan')) / 60:.0f} min CPU")
     rows.append("")
     rows.append("; ".join(notes) + ".")
     return "\n".join(rows)
@@ -122,6 +129,16 @@ def table_e1_ledger() -> str | None:
     rows.append("")
     rows.append("Ratio = realized mean / engine's mean over items; r = per-item Pearson r (realized window mean "
                 "against the engine's estimate). The engine has no remainder term (ratio n/a).")
+    ts = [(r, r["drift_time_structure"]) for r in d["results"] if "drift_time_structure" in r]
+    if ts:
+        rows.append("")
+        rows.append(f"The realized first-order term in blocks of {ts[0][1]['block_steps']} steps: its spread from "
+                    "block to block over the absolute value of its window mean, its block autocorrelation at lags "
+                    "1 and 5, and the per-item r of the last checkpoint's estimate against the window's realized "
+                    "term: " + "; ".join(
+                        f"{_e1_name(r)} {t['median_block_std_over_abs_window_mean']:.1f}, "
+                        f"{t['block_autocorrelation_by_lag']['1']:+.2f} / {t['block_autocorrelation_by_lag']['5']:+.2f}, "
+                        f"r {t['per_item_r_last_checkpoint_drift_vs_window_realized']:+.2f}" for r, t in ts) + ".")
     return "\n".join(rows)
 
 
