@@ -50,36 +50,44 @@ def _e1_name(r: dict) -> str:
     return E1_NAMES.get(r["variant"], r["variant"])
 
 
+E1_RUNS = (("0", "equilibrium.json"), ("1 (fresh)", "e1_seed1/equilibrium.json"))
+
+
 def table_e1() -> str | None:
-    d = _load("equilibrium.json")
-    if d is None or "dense_corrected_law" not in d["results"][0]["fits"]:
+    runs = [(seed, _load(path)) for seed, path in E1_RUNS]
+    runs = [(seed, d) for seed, d in runs if d is not None and "dense_corrected_law" in d["results"][0]["fits"]]
+    if not runs:
         return None
     cols = (("dense_corrected_law", "dense, corrected law"), ("dense_law_without_curvature", "dense, no curvature"),
             ("dense_heat_only_law", "dense, heat-only"), ("full_law", "checkpoints, full law"),
             ("heat_only_law", "checkpoints, heat-only"))
-    rows = ["| E1 variant (slope / r) | " + " | ".join(c for _, c in cols) + " | target met |",
-            "|---" * (len(cols) + 2) + "|"]
-    for r in d["results"]:
-        rows.append(f"| {_e1_name(r)} | " + " | ".join(_sr(r["fits"][k]) for k, _ in cols)
-                    + f" | {'yes' if r['target']['met'] else 'no'} |")
+    rows = ["| seed | E1 variant (slope / r) | " + " | ".join(c for _, c in cols) + " | target met |",
+            "|---" * (len(cols) + 3) + "|"]
+    for seed, d in runs:
+        for r in d["results"]:
+            rows.append(f"| {seed} | {_e1_name(r)} | " + " | ".join(_sr(r["fits"][k]) for k, _ in cols)
+                        + f" | {'yes' if r['target']['met'] else 'no'} |")
+    d = runs[0][1]
     cfg, r0 = d["config"], d["results"][0]
-    t = d.get("timing", {})
     rows.append("")
     rows.append(f"{cfg['concepts']} concepts x {cfg['items_per_concept']} items, {cfg['steps']} steps, window = last "
                 f"{int(cfg['window'] * 100)}% ({r0['dense_samples']} steps); SGD lr {cfg['lr']}, heavy-ball lr "
                 f"{cfg['heavyball_lr']}, AdamW lr {cfg['adamw_lr']}, wd {cfg['weight_decay']} throughout. Dense: one "
                 f"fresh virtual batch at every step of the window. Checkpoints: {r0['checkpoints']} x (M = {cfg['M']}, "
-                f"M_D = {cfg['drift_batches']}). Target: slope in [0.85, 1.15], r >= 0.93 (on the dense corrected law). "
-                f"Seed {cfg['seed']}.")
-    if t:
-        with_ledger = (_load("ledger.json") or {}).get("timing") == t
-        rows.append(f"The whole run ({'with' if with_ledger else 'without'} --ledger) took {t['wall_seconds'] / 60:.0f} "
-                    f"min wall, {t['cpu_seconds'] / 60:.0f} min CPU on the shared 2-core machine.")
+                f"M_D = {cfg['drift_batches']}). Target: slope in [0.85, 1.15], r >= 0.93 (on the dense corrected law).")
+    ledger_timing = (_load("ledger.json") or {}).get("timing")
+    for seed, d in runs:
+        t = d.get("timing")
+        if t:
+            how = "with" if seed == runs[0][0] and ledger_timing == t else "without"
+            rows.append(f"Seed {seed}: `normfast validate --seed {d['config']['seed']}` ({how} --ledger) took "
+                        f"{t['wall_seconds'] / 60:.0f} min wall, {t['cpu_seconds'] / 60:.0f} min CPU on the shared "
+                        f"2-core machine.")
     return "\n".join(rows)
 
 
 def table_e1_snapshot() -> str | None:
-    runs = [(name, _load(path)) for name, path in (("0", "equilibrium.json"), ("1 (fresh)", "e1_seed1/equilibrium.json"))]
+    runs = [(name, _load(path)) for name, path in E1_RUNS]
     runs = [(n, d) for n, d in runs if d is not None and "snapshot" in d["results"][0]]
     if not runs:
         return None
