@@ -31,6 +31,15 @@ REQUIRE_DATA = os.environ.get("NORMFAST_REQUIRE_DATA", "") not in ("", "0")
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N`` (pytest-xdist, ``--dist loadgroup``): every test that reads a quick run
+    from the shared scratch copy goes to one worker, so each quick run still happens once per
+    session (a session fixture is per worker); the other tests balance over the other workers."""
+    for item in items:
+        if "repo_copy" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("quick_runs"))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """``@pytest.mark.needs_data("wordnet" | "fashion-mnist")``: skip with a one-line reason when the
     Debian data is not installed (fail instead under NORMFAST_REQUIRE_DATA=1), before any fixture runs."""

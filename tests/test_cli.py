@@ -96,10 +96,20 @@ def test_probe_cli_errors(tmp_path, bert_folder, capsys):
 
 
 def test_validate_quick(tmp_path, capsys):
-    rc = main(["validate", "--quick", "--variants", "mlp,table", "--out", str(tmp_path), "--no-progress"])
+    rc = main(["validate", "--quick", "--ledger", "--variants", "mlp,table", "--out", str(tmp_path),
+               "--no-progress"])
     assert rc == 0
-    assert "| mlp | sgd |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| mlp | " in printed and "| table | " in printed and "s CPU" in printed
     summary = json.loads((tmp_path / "equilibrium.json").read_text())
+    assert summary["timing"]["cpu_seconds"] > 0
+    # the ledger: every variant, every term, and the realized terms add up to the realized change
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    assert [r["variant"] for r in ledger["results"]] == ["mlp", "table"]
+    for r in ledger["results"]:
+        assert set(r["terms"]) >= {"task1", "task2", "decay", "remainder"}
+        assert r["closure"]["telescoping_max_abs_error"] < 1e-12
+    assert (tmp_path / "ledger.png").stat().st_size > 0
     mlp, table = summary["results"]
     assert mlp["variant"] == "mlp" and table["variant"] == "table"
     # bias-free 2-layer ReLU network: kappa = 2 exactly; a free table: kappa = 1 and no drift

@@ -77,10 +77,7 @@ def test_every_quick_path_leaves_the_repository_clean(request, repo_copy):
 
 
 @pytest.mark.parametrize("command", [
-    "demo", "bench", "report", "retrieval", "solve", "probe",
-    pytest.param("validate", marks=pytest.mark.xfail(
-        strict=True, reason="normfast validate still defaults to --out bench/results; "
-                            "normfast/apps/validate.py is being rewritten (issue 11)")),
+    "demo", "bench", "report", "retrieval", "solve", "probe", "validate",
 ])
 def test_no_command_defaults_to_the_committed_results(command):
     """Commands without a quick path here: their --out default is none, or under runs/."""
@@ -121,9 +118,7 @@ SCRIPTS = sorted(p for p in [*ROOT.joinpath("bench").rglob("*.py"), *ROOT.joinpa
                  if "--out" in p.read_text())
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="validate.py is being rewritten (issue 11)"))
-    if p.name == "validate.py" else p for p in SCRIPTS], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_out_option_defaults_to_runs_or_is_required(path):
     """Static, so that it covers the full benchmarks too (minutes each) and any script added later:
     an --out option is required, has no default, or defaults under runs/ -- never bench/results."""

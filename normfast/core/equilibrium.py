@@ -17,10 +17,45 @@ stable from above; the number of distinct positive roots flags bistability.
 
 The ``normfast solve`` command over :func:`solve_quartic` is :mod:`normfast.apps.solve`.
 
-Heavy-ball momentum ``beta`` is handled by the heuristic ``eta -> eta / (1 - beta)``
-(the long-run noise of a momentum run matches plain SGD with that learning
-rate); it is a heuristic, not a derivation. An EMA of gradients (Adam's
-``beta1``) leaves the long-run noise unchanged and needs no correction.
+Derivation (per probe, per step; DESIGN §1). A step moves the parameters by
+``Δθ = Δθ_t + Δθ_d`` (task and weight-decay parts) and the embedding by
+``R'² − R² = 2 z·JΔθ + |JΔθ|² + r``, where ``r`` is what the linearization
+misses (the network's curvature along the step, and for ReLU networks the
+activation patterns it flips). Each term, in expectation over the batch:
+
+* SGD, ``Δθ_t = −η ĝ``: first-order task ``2η D``; second-order
+  ``η² Q / R²``; remainder ``η² Q_curv / R²`` (``Q_curv``: the curvature heat,
+  :mod:`normfast.engine.curvature`); decay ``−2ηλ κ R²``. Zero expected change,
+  times ``R²/η``: ``2λκ R⁴ − 2D R² − η (Q + Q_curv) = 0``.
+* AdamW, ``Δθ_t = −η ĝ/(sqrt(v̂)+eps)`` (the scale-free branch): first-order
+  ``2η R D_w``; second-order ``η² Q_w``; remainder ``η² Q_curv_w``; decay
+  ``−2ηλ κ R²`` (decoupled). Times ``R²/η``:
+  ``2λκ R⁴ − 2D_w R³ − η (Q_w + Q_curv_w) R² = 0``. ``v̂`` is the optimizer's own
+  (bias-corrected ``exp_avg_sq``; it moves on a time scale ``1/(1−β2)``, slow
+  against a step); ``eps`` enters only through ``p_B``.
+* Momentum. An EMA of gradients (AdamW's ``β1``) gives each gradient a total
+  weight of 1 spread over ``~1/(1−β1)`` steps: over times long against that,
+  the displacement and its noise are those of ``β1 = 0``. Per step, only
+  ``(1−β1)/(1+β1)`` of the second-order term is realized as ``|JΔθ|²``; the
+  rest appears in the first-order term, through the correlation of the
+  buffer's past gradients with the present ``z`` (measured by E1's ledger:
+  ``normfast validate --ledger``). The law is a long-run balance and needs no
+  β1 correction. Heavy-ball SGD as torch implements it (``b ← βb + ĝ + λθ``,
+  ``Δθ = −ηb``: the decay is *coupled*, it goes through the buffer) gives each
+  gradient and each decay contribution a total weight ``1/(1−β)``: long-run
+  per step, first-order task ``2ηD/(1−β)``, decay ``−2ηλκR²/(1−β)`` and
+  second-order ``(η/(1−β))² (Q + Q_curv)/R²``. Times ``(1−β)R²/η``:
+  ``2λκ R⁴ − 2D R² − (η/(1−β)) (Q + Q_curv) = 0`` -- the rule ``η -> η/(1−β)``
+  in the heat only, derived (for decoupled decay with momentum, SGDW, the
+  decay is not amplified and the same steps give ``λ -> λ(1−β)`` as well).
+  Both hold when the buffer's memory is short against the time over which
+  ``J``, ``z`` and ``v̂`` change.
+
+Which terms matter, and how well the engine estimates them, is measured in
+E1 (README, "E1" and "the radial-budget ledger"). The drift is the delicate
+term: its window mean is small against its per-batch noise, and in AdamW runs
+the first-order drift nearly cancels the heat, so ``D_w`` must be precise to a
+few percent (hence the drift from the mean direction over many batches).
 """
 from __future__ import annotations
 
@@ -159,13 +194,16 @@ def equilibrium_coefficients(
     Q_w: Any = None,
     C_uw: Any = None,
     momentum: float = 0.0,
+    Q_curv: Any = None,
+    Q_curv_w: Any = None,
 ) -> np.ndarray:
     """Coefficients ``(a, b, c, d, e)`` of the equilibrium quartic, one row per probe.
 
-    ``a = 2 lambda kappa``, ``b = -2 D_w``, ``c = -(2 D + eta' Q_w)``,
-    ``d = -2 eta' C_uw``, ``e = -eta' Q`` with ``lambda = weight_decay`` and
-    ``eta' = lr / (1 - momentum)`` (heavy-ball momentum heuristic; only the
-    heat terms carry the learning rate once the law is divided by it).
+    ``a = 2 lambda kappa``, ``b = -2 D_w``, ``c = -(2 D + eta' (Q_w + Q_curv_w))``,
+    ``d = -2 eta' C_uw``, ``e = -eta' (Q + Q_curv)`` with ``lambda = weight_decay`` and
+    ``eta' = lr / (1 - momentum)`` (heavy-ball momentum with torch's coupled decay; only
+    the heat terms carry the learning rate once the law is divided by it; see the
+    module docstring for the derivation).
 
     Args:
         D, Q: drift and heat (second moment) of the scale-invariant branch;
@@ -177,6 +215,9 @@ def equilibrium_coefficients(
         D_w, Q_w, C_uw: scale-free branch drift and heat, and the cross term
             (``None``: zero).
         momentum: heavy-ball ``beta`` in ``[0, 1)``.
+        Q_curv, Q_curv_w: the curvature heat of each branch (the linearization's
+            remainder in heat units, :func:`normfast.engine.curvature.curvature_heat`;
+            ``None``: zero, the law without it).
 
     All per-probe inputs are scalars or 1-D arrays that broadcast together
     (numpy, torch, DLPack or sequences). A NaN/inf in a probe's statistics
@@ -196,7 +237,8 @@ def equilibrium_coefficients(
         raise TypeError(f"{fn}: kappa is required")
     if D is None and Q is None and D_w is None and Q_w is None:
         raise ValueError(f"{fn}: expected at least one of D, Q, D_w, Q_w")
-    named = {"D": D, "Q": Q, "kappa": kappa, "D_w": D_w, "Q_w": Q_w, "C_uw": C_uw}
+    named = {"D": D, "Q": Q, "kappa": kappa, "D_w": D_w, "Q_w": Q_w, "C_uw": C_uw, "Q_curv": Q_curv,
+             "Q_curv_w": Q_curv_w}
     arrays = {k: _stat(fn, k, v) for k, v in named.items() if v is not None}
     try:
         shape = np.broadcast_shapes(*(a.shape for a in arrays.values()))
@@ -226,9 +268,9 @@ def equilibrium_coefficients(
     out = np.empty((n, 5), dtype=np.float64)
     out[:, 0] = 2.0 * lam * kap
     out[:, 1] = -2.0 * get("D_w")
-    out[:, 2] = -(2.0 * get("D") + eta_eff * get("Q_w"))
+    out[:, 2] = -(2.0 * get("D") + eta_eff * (get("Q_w") + get("Q_curv_w")))
     out[:, 3] = -2.0 * eta_eff * get("C_uw")
-    out[:, 4] = -eta_eff * get("Q")
+    out[:, 4] = -eta_eff * (get("Q") + get("Q_curv"))
     return out
 
 
@@ -243,6 +285,8 @@ def equilibrium_norm(
     Q_w: Any = None,
     C_uw: Any = None,
     momentum: float = 0.0,
+    Q_curv: Any = None,
+    Q_curv_w: Any = None,
     return_count: bool = False,
     threads: int | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -260,6 +304,6 @@ def equilibrium_norm(
     """
     n_threads = _threads("equilibrium_norm", threads)
     coeffs = equilibrium_coefficients(D, Q, kappa, lr=lr, weight_decay=weight_decay, D_w=D_w,
-                                      Q_w=Q_w, C_uw=C_uw, momentum=momentum)
+                                      Q_w=Q_w, C_uw=C_uw, momentum=momentum, Q_curv=Q_curv, Q_curv_w=Q_curv_w)
     r_eq, n_positive = solve_quartic(coeffs, threads=n_threads or None)
     return (r_eq, n_positive) if return_count else r_eq

@@ -1,0 +1,134 @@
+"""E1's figures and printed tables (the README's tables are rendered by bench/tables.py from the same JSON)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LEDGER_ROWS = ("task1", "task2", "task", "decay", "remainder", "total")
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """Observed stationary norm against each predictor, one panel per variant."""
+    plt = _plt()
+    n = len(results)
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.8), squeeze=False)
+    for ax, res in zip(axes[0], results):
+        obs = np.asarray(res["observed"])
+        series = [("predicted_full", "tab:blue", "full law"), ("predicted_heat", "tab:orange", "heat only")]
+        if "predicted_snapshot" in res:
+            series.append(("predicted_snapshot", "tab:green", "single snapshot"))
+        for key, color, label in series:
+            pred = np.asarray(res[key], dtype=float)
+            ax.loglog(pred, obs, ".", ms=3, color=color, alpha=0.6, label=label)
+        lo = np.nanmin([obs.min(), np.nanmin(np.asarray(res["predicted_full"], dtype=float))])
+        hi = np.nanmax([obs.max(), np.nanmax(np.asarray(res["predicted_full"], dtype=float))])
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        f = res["fits"]["full_law"]
+        ax.set_title(f"{res['variant']} ({res['optimizer']})\nfull law: slope {f['slope']:.2f}, r {f['pearson_r']:.3f}",
+                     fontsize=9)
+        ax.set_xlabel("predicted R_eq")
+        ax.set_ylabel("observed stationary norm")
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_ledger(results: list[dict[str, Any]], path: Path) -> None:
+    """Per variant: the realized window-mean terms beside the engine's estimates (mean over items,
+    in units of the realized decay term), and the per-item first-order task term against its estimate."""
+    plt = _plt()
+    n = len(results)
+    fig, axes = plt.subplots(2, n, figsize=(3.6 * n, 7), squeeze=False)
+    rows = ("task1", "task2", "decay", "remainder", "total")
+    for k, res in enumerate(results):
+        ax = axes[0][k]
+        scale = abs(res["terms"]["decay"]["realized_mean"])
+        x = np.arange(len(rows))
+        real = [res["terms"][t]["realized_mean"] / scale for t in rows]
+        avg = [res["terms"][t]["checkpoint_average"]["mean"] / scale for t in rows]
+        last = [res["terms"][t]["last_checkpoint"]["mean"] / scale for t in rows]
+        ax.bar(x - 0.27, real, 0.27, label="realized", color="k")
+        ax.bar(x, avg, 0.27, label="engine, checkpoint mean", color="tab:blue")
+        ax.bar(x + 0.27, last, 0.27, label="engine, last checkpoint", color="tab:orange")
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set_xticks(x, ["task 1st", "task 2nd", "decay", "remainder", "total"], rotation=30, fontsize=8)
+        ax.set_title(f"{res['variant']}: mean term / |realized decay|", fontsize=9)
+        if k == 0:
+            ax.legend(fontsize=7)
+        ax = axes[1][k]
+        real_t1 = np.asarray(res["realized"]["task1"])
+        ax.plot(np.asarray(res["estimated_checkpoint_average"]["task1"]), real_t1, ".", ms=3, color="tab:blue",
+                label="checkpoint mean")
+        ax.plot(np.asarray(res["estimated_last_checkpoint"]["task1"]), real_t1, ".", ms=3, color="tab:orange",
+                alpha=0.5, label="last checkpoint")
+        lim = np.nanmax(np.abs(real_t1)) * 1.2
+        ax.plot([-lim, lim], [-lim, lim], "k--", lw=0.8)
+        ax.set_xlabel("engine's first-order task term")
+        ax.set_ylabel("realized (window mean)")
+        ax.set_title("first-order task term per item", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _f(x: Any, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not np.isfinite(x)):
+        return "n/a"
+    return f"{x:.{digits}f}"
+
+
+TRAJECTORY_COLUMNS = (("dense_corrected_law", "dense, corrected"), ("dense_law_without_curvature", "dense, no curv."),
+                      ("dense_heat_only_law", "dense, heat-only"), ("full_law", "checkpoints"),
+                      ("heat_only_law", "ckpt heat-only"), ("last_checkpoint_full_law", "last ckpt"))
+
+
+def _fit(f: dict[str, float]) -> str:
+    return f"{_f(f['slope'])} / {_f(f['pearson_r'])}"
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """Trajectory-average fits (slope / r) per variant, then the snapshot candidates."""
+    head = " | ".join(label for _, label in TRAJECTORY_COLUMNS)
+    rows = [f"| variant | {head} | target met |", "|---" * (len(TRAJECTORY_COLUMNS) + 2) + "|"]
+    for r in summary["results"]:
+        cells = " | ".join(_fit(r["fits"][k]) for k, _ in TRAJECTORY_COLUMNS)
+        rows.append(f"| {r['variant']} | {cells} | {'yes' if r['target']['met'] else 'no'} |")
+    if summary["results"] and "snapshot" in summary["results"][0]:
+        from normfast.apps.validate.snapshot import CANDIDATES
+
+        rows += ["", "| variant | " + " | ".join(CANDIDATES) + " | present norm |",
+                 "|---" * (len(CANDIDATES) + 2) + "|"]
+        for r in summary["results"]:
+            s = r["snapshot"]
+            rows.append(f"| {r['variant']} | " + " | ".join(_fit(s["fits"][c]) for c in CANDIDATES)
+                        + f" | {_fit(s['present_norm_fit'])} |")
+        choice = summary.get("snapshot_choice", {})
+        rows.append(f"\nsnapshot protocol's choice: {choice.get('winner')}")
+    return "\n".join(rows)
+
+
+def format_ledger(ledger: dict[str, Any]) -> str:
+    """One row per variant and term: realized mean, then ratio (realized/estimated) and r for both estimates."""
+    rows = ["| variant | term | realized mean | ckpt-mean ratio | ckpt-mean r | last-ckpt ratio | last-ckpt r |",
+            "|---|---|---|---|---|---|---|"]
+    for res in ledger["results"]:
+        for t in LEDGER_ROWS:
+            row = res["terms"][t]
+            a, b = row["checkpoint_average"], row["last_checkpoint"]
+            rows.append(f"| {res['variant']} | {t} | {row['realized_mean']:.3e} | "
+                        f"{_f(a['ratio_realized_over_estimated'])} | {_f(a['pearson_r'])} | "
+                        f"{_f(b['ratio_realized_over_estimated'])} | {_f(b['pearson_r'])} |")
+    return "\n".join(rows)
