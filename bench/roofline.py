@@ -29,6 +29,7 @@ import json
 import sys
 from pathlib import Path
 
+from normfast.engine.uncertainty import DEFAULT_GROUPS
 from normfast.kernels import costs
 from normfast.kernels.utils import accumulate_configs, head_configs
 
@@ -49,10 +50,10 @@ PEAKS = {
               "half), GPU memory bandwidth 4.8 TB/s",
 }
 #: The protocol: sizes of the prediction (the gpu_check cases use the same d, M and N).
-PROTOCOL = {"dims": (384, 768), "rows": 2**20, "m": 16, "groups": 4, "bias": True,
+PROTOCOL = {"dims": (384, 768), "rows": 2**20, "m": 16, "groups": DEFAULT_GROUPS, "bias": True,
             "accumulate_k": 8,
-            "groups_note": "K = 4 groups assumed for the grouped form (issue 13 chooses K by "
-                           "its calibration test); K1 = K2 = K + 1"}
+            "groups_note": f"K = {DEFAULT_GROUPS} groups for the grouped form (the default, chosen by "
+                           f"bench/calibration.py); K1 = K2 = K + 1"}
 # Kernel operand classes: (input dtype, product precision, products, peak key)
 CLASSES = {"fma": ("float32", "ieee", "fp32 FMA (ieee)", "fp32_fma"),
            "tf32": ("float32", "tf32", "TF32 tensor cores", "tf32_dense"),

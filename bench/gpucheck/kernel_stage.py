@@ -13,8 +13,9 @@ from .context import StageContext, bench, cuda_usable, first_calls, tf32_matmul
 def kernel_cases(gpu: bool) -> list[dict[str, Any]]:
     """The timed cases, most informative first (later ones are dropped when time runs out).
 
-    ``head_stack`` runs the grouped head statistics' stack (K = 4 groups:
-    five direction matrices, five second-moment matrices); ``head_stats``
+    ``head_stack`` runs the grouped head statistics' stack at K = 4 groups
+    (five direction matrices, five second-moment matrices; the probe's default
+    is K = 8, nine and nine: about 1.8x the products per row); ``head_stats``
     and ``project`` the S and per-batch forms through ``normfast.ops``.
     """
     if not gpu:
@@ -232,7 +233,8 @@ def head_stack_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
     cost = costs.head_stack_cost(d_in, d_out, k1, k2, dtype=c["dtype"], bias=True, n=n)
     res.update(kernel_roofline(res, cost, n, c, ceilings))
     res["note"] = ("torch path: head_stack_reference in fp32 (one GEMM per stacked matrix, the "
-                   "products in memory); K1 = K2 = 5 is the grouped form at K = 4 groups")
+                   "products in memory); K1 = K2 = 5 is the grouped form at K = 4 groups "
+                   "(the probe's default K = 8 stacks 9 and 9)")
     return res
 
 
