@@ -55,6 +55,7 @@ def demo_main(args: argparse.Namespace) -> int:
     result = probe(encoder, words, "simcse", None, config, out=out / "demo.parquet", resume=args.resume,
                    overwrite=not args.resume, progress=not args.no_progress, model_name="all-MiniLM-L6-v2")
     print(result.format_summary())
+    print("\n" + reading(result, args.lr, args.wd))
 
     # word-level view: the first word-piece of each word against its Zipf frequency
     item = result.column("item")
@@ -70,3 +71,32 @@ def demo_main(args: argparse.Namespace) -> int:
     for p in paths:
         print(f"wrote {p}")
     return 0
+
+
+def reading(result, lr: float, wd: float) -> str:
+    """The demo's law figures in plain words, from the run's regime check and statistics."""
+    from normfast.engine.summary import result_regime
+
+    regime = result_regime(result)
+    valid = result.column("valid").astype(bool)
+    D = result.column(result.drift_column)[valid]
+    kappa = result.column("kappa")[valid]
+    ratio = result.column("drift_to_heat")[valid] if "drift_to_heat" in result.column_names else None
+    lines = ["how to read R_eq here:",
+             f"  This model was pretrained with its own optimizer and data, not with the demo's virtual "
+             f"settings (SGD lr={lr}, wd={wd}, last layer only). r_eq is where each token's norm would "
+             f"settle if the last layer were trained at those settings from this snapshot's forces; it "
+             f"is not a fit to the present norms, so a low slope of present norms against r_eq says "
+             f"nothing against the law (E2 in the README tests the law after training at its settings)."]
+    if regime is not None:
+        share = regime["fractions"][regime["regime"]]
+        lines.append(f"  Regime check: {regime['regime']} for {share:.0%} of the token rows "
+                     f"(kappa median {np.median(kappa):.2f}): {regime['explanation']}.")
+    if ratio is not None and np.isfinite(ratio).any():
+        lines.append(
+            f"  The drift of this snapshot points inwards for {np.mean(D < 0):.0%} of the tokens and is "
+            f"{np.nanmedian(ratio):.0f}x the heat scale (median), so it decides the full law's r_eq. A "
+            f"single snapshot's drift fluctuates along training (the last-checkpoint rows of E1 and E2), "
+            f"so the heat-only r_eq_heat is the steadier reading, and the heat V2 itself ranks the "
+            f"tokens by how inconsistently the virtual batches push them.")
+    return "\n".join(lines)

@@ -66,7 +66,8 @@ from normfast.engine.directions import (Directions, OptimizerPreset, compute_dir
 from normfast.engine.distributed import Shard, chunks_for_rank, current_shard
 from normfast.encoders import Encoder
 from normfast.data.io import (METADATA_KEY, fingerprint)
-from normfast.engine.transmission import Tail, head_kappa, head_operands, kappa_from_jvp
+from normfast.engine.regime import REGIME_INPUTS, run_regime
+from normfast.engine.transmission import Tail, head_kappa, head_kappa_exempt, head_operands, kappa_from_jvp
 
 # ----------------------------------------------------------------------------
 # helpers
@@ -390,9 +391,11 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
     if shard is None:
         metadata["seconds"] = seconds
         if writer is not None:
+            metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
             path = writer.finalize(n_chunks, metadata)
             return ProbeResult.from_files([path], metadata, path)
         table = pa.concat_tables([tables[c] for c in range(n_chunks)])
+        metadata["regime"] = run_regime([table])
         meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
         return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
     return _finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds)
@@ -515,9 +518,10 @@ def _row_metadata(run: _Run, state: dict, items: Sequence[Any], c: int, ids: Seq
 
 
 def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mapping[str, torch.Tensor],
-                  kappa: torch.Tensor) -> pa.Table:
+                  kappa: torch.Tensor, kappa_exempt: torch.Tensor) -> pa.Table:
     from normfast.core.equilibrium import equilibrium_norm
     from normfast.engine.ops import REASONS
+    from normfast.engine.regime import classify_rows
 
     cfg = run.config
     to_np = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
@@ -556,6 +560,11 @@ def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mappi
     reason[no_root] = "no_positive_root"
     cols["valid"] = valid
     cols["reason"] = reason.tolist()
+    cols["kappa_exempt"] = to_np(kappa_exempt)
+    rows = classify_rows(cols, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
+    cols["drift_to_heat"] = rows["drift_to_heat"]
+    cols["regime"] = rows["regime"].tolist()
+    cols["regime_reason"] = rows["regime_reason"].tolist()
     return pa.table(cols)
 
 
@@ -569,14 +578,24 @@ def _jvp_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | Non
         run.jvp_update(acc, tail, front, rows, z, dirs)
     kappa = _jvp_kappa(run, tail, front, rows, z, dir_groups[0])
     meta = _row_metadata(run, state, items, c, ids, rows)
-    return _finish_table(run, meta, z, acc.finalize(), kappa)
+    return _finish_table(run, meta, z, acc.finalize(), *kappa)
 
 
-def _jvp_kappa(run: _Run, tail: Tail, front: dict, rows, z: torch.Tensor, dirs: Directions) -> torch.Tensor:
-    tangent = {n: (dirs.decayed[n] if n in dirs.decayed else torch.zeros_like(dirs.directions[0][n]))[None]
-               for n in run.names}
-    j = tail.jvp(front, tangent, rows)[0]
-    return kappa_from_jvp(z, j)
+def _jvp_kappa(run: _Run, tail: Tail, front: dict, rows, z: torch.Tensor,
+               dirs: Directions) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(κ, kappa_exempt)``: jvps along the decayed and along the exempt probed parameters.
+
+    Both tangents go through one pass when some probed parameter is exempt from decay.
+    """
+    exempt = [n for n in run.names if n not in dirs.decayed]
+    zero = lambda n: torch.zeros_like(run.encoder.get_parameter(n))  # noqa: E731
+    tangents = [{n: dirs.decayed[n] if n in dirs.decayed else zero(n) for n in run.names}]
+    if exempt:
+        tangents.append({n: run.encoder.get_parameter(n).detach() if n in exempt else zero(n)
+                         for n in run.names})
+    j = tail.jvp(front, {n: torch.stack([t[n] for t in tangents]) for n in run.names}, rows)
+    kappa = kappa_from_jvp(z, j[0])
+    return kappa, (kappa_from_jvp(z, j[1]) if exempt else torch.zeros_like(kappa))
 
 
 def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, todo: list[int],
@@ -597,7 +616,8 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
                 if c not in accs:
                     accs[c] = run.new_accumulator(z.shape[0], z.shape[-1])
                     kappa = _jvp_kappa(run, tail, front, rows, z, dirs)
-                    kept[c] = (_row_metadata(run, state, items, c, ids, rows), z.cpu(), kappa.cpu())
+                    kept[c] = (_row_metadata(run, state, items, c, ids, rows), z.cpu(),
+                               tuple(k.cpu() for k in kappa))
                 run.jvp_update(accs[c], tail, front, rows, z, dirs)
                 bar.advance(c, z.shape[0])
         except Exception as exc:  # noqa: BLE001 - sharded: the ranks agree before the next broadcast
@@ -607,7 +627,7 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
         del dirs
     for c in todo:
         meta, z, kappa = kept[c]
-        yield c, _finish_table(run, meta, z, accs[c].finalize(), kappa)
+        yield c, _finish_table(run, meta, z, accs[c].finalize(), *kappa)
 
 
 def _head_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | None, G: torch.Tensor,
@@ -627,5 +647,6 @@ def _head_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | No
             z = z + b.detach()
     stats = head_stats(a, z, G, g, branch=run.branch, radial_spread=run.config.radial_spread)
     kappa = head_kappa(run.encoder, a, z, dirs.decayed)
+    kappa_exempt = head_kappa_exempt(run.encoder, a, z, dirs.decayed, run.names)
     meta = _row_metadata(run, state, items, c, ids, rows)
-    return _finish_table(run, meta, z, stats, kappa)
+    return _finish_table(run, meta, z, stats, kappa, kappa_exempt)

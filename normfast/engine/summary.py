@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from normfast.core.stats import loglog_fit, spearman
+from normfast.engine.regime import NOT_APPLICABLE, classify_rows, describe_short, fit_context, headline, run_regime
 
 SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>", "<start_of_text>", "<end_of_text>"}
 
@@ -29,8 +30,48 @@ def _is_special(result) -> np.ndarray:
     return np.array([(p >= 0 and t in SPECIAL_TOKENS) for t, p in zip(tokens, pos)], dtype=bool)
 
 
+def result_regime(result) -> dict[str, Any] | None:
+    """The run's regime check: from the metadata, else recomputed from the rows.
+
+    Runs written before the check existed lack ``kappa_exempt``: they are
+    classified with it taken as 0 (the exempt-parameter test cannot fire), and
+    the result says so under ``"exempt_check"``. None when even that is impossible.
+    """
+    regime = result.metadata.get("regime")
+    if isinstance(regime, dict) and "regime" in regime:
+        return regime
+    names = result.column_names
+    if "kappa" not in names or not ({"D", "D_w"} & set(names)):
+        return None
+    meta = result.metadata
+    cols = {k: result.column(k) for k in ("valid", "kappa", "D", "se_D", "Q", "D_w", "se_D_w", "Q_w")
+            if k in names}
+    n = len(cols["valid"])
+    cols["kappa_exempt"] = result.column("kappa_exempt") if "kappa_exempt" in names else np.zeros(n)
+    rows = classify_rows(cols, lr=float(meta.get("lr") or 0.0),
+                         weight_decay=float(meta.get("weight_decay") or 0.0),
+                         momentum=float(meta.get("momentum") or 0.0))
+    out = run_regime([{**cols, **rows}])
+    if "kappa_exempt" not in names:
+        out["exempt_check"] = "not available (run written before the regime check)"
+    return out
+
+
+def _applicable_rows(result) -> np.ndarray:
+    """Rows whose regime lets the law predict (law applicable or heat-dominated)."""
+    valid = result.column("valid").astype(bool)
+    if "regime" not in result.column_names:
+        return valid
+    regime = result.column("regime")
+    return valid & (regime != NOT_APPLICABLE)
+
+
 def summarize(result) -> dict[str, Any]:
-    """Headline figures of a run (see :func:`format_summary` for the printed form)."""
+    """Headline figures of a run (see :func:`format_summary` for the printed form).
+
+    The fits of the observed norm against ``r_eq`` / ``r_eq_heat`` use the rows
+    where the regime check lets the law predict (``fit_rows`` of them).
+    """
     valid = result.column("valid").astype(bool)
     reasons: dict[str, int] = {}
     for r in result.column("reason"):
@@ -48,8 +89,11 @@ def summarize(result) -> dict[str, Any]:
         out["drift_significant_fraction"] = float(np.mean(np.abs(D) > 2 * se)) if np.isfinite(se).any() else math.nan
     out["sign_stability_mean"] = float(np.nanmean(ss)) if np.isfinite(ss).any() else math.nan
     out["bistable_fraction"] = float(np.mean(result.column("n_pos_roots")[valid] > 1)) if valid.any() else math.nan
-    out["norm_vs_r_eq"] = loglog_fit(result.column("r_eq")[valid], norm[valid])
-    out["norm_vs_r_eq_heat"] = loglog_fit(result.column("r_eq_heat")[valid], norm[valid])
+    fit = _applicable_rows(result)
+    out["fit_rows"] = int(fit.sum())
+    out["norm_vs_r_eq"] = loglog_fit(result.column("r_eq")[fit], norm[fit])
+    out["norm_vs_r_eq_heat"] = loglog_fit(result.column("r_eq_heat")[fit], norm[fit])
+    out["regime"] = result_regime(result)
     out["spearman_norm_heat"] = spearman(norm[valid], result.column(heat)[valid])
     return out
 
@@ -62,6 +106,13 @@ def format_summary(result, top: int = 8) -> str:
         f"normfast probe: {meta.get('model')} | objective {meta.get('objective')} | {meta.get('optimizer')} "
         f"lr={meta.get('lr')} wd={meta.get('weight_decay')} | M={meta.get('M')} x {meta.get('batch_size')} "
         f"| mode {meta.get('mode')} | {meta.get('output')}",
+    ]
+    regime = s["regime"]
+    if regime is None or "regime" not in regime:
+        lines.append("regime: not checked (the run lacks the columns the check needs)")
+    else:
+        lines += headline(regime)
+    lines += [
         f"rows: {s['rows']} ({s['valid']} with valid statistics"
         + "".join(f"; {k}: {v}" for k, v in s["reasons"].items() if k != "ok") + ")",
         "",
@@ -75,8 +126,11 @@ def format_summary(result, top: int = 8) -> str:
         "",
         f"drift |D| > 2 se: {s['drift_significant_fraction']:.1%} of rows; mean sign stability "
         f"{s['sign_stability_mean']:.3f}; bistable rows {s['bistable_fraction']:.1%}",
-        f"observed norm vs R_eq (log-log): slope {f['slope']:.3f}, Pearson r {f['pearson_r']:.3f}  |  "
-        f"heat-only R_eq: slope {fh['slope']:.3f}, r {fh['pearson_r']:.3f}",
+        fit_context(regime if regime and "regime" in regime else None, meta),
+        (f"observed norm vs R_eq (log-log, the {s['fit_rows']} rows where the law applies): slope "
+         f"{f['slope']:.3f}, Pearson r {f['pearson_r']:.3f}  |  heat-only R_eq: slope {fh['slope']:.3f}, "
+         f"r {fh['pearson_r']:.3f}") if s["fit_rows"] >= 3 else
+        f"observed norm vs R_eq: no fit (the law applies to {s['fit_rows']} rows)",
         f"Spearman(norm, {heat}) = {s['spearman_norm_heat']:.3f}",
     ]
     if "token" in result.column_names and result.column("position").max() >= 0:
@@ -111,12 +165,17 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     norm = result.column("norm")[valid]
     paths = []
 
+    regime = result_regime(result)
+    applies = _applicable_rows(result)[valid]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for ax, col, label in ((axes[0], "r_eq", "full law"), (axes[1], "r_eq_heat", "heat-only law (D = 0)")):
         x = result.column(col)[valid]
         ok = np.isfinite(x) & (x > 0) & (norm > 0)
-        ax.loglog(x[ok], norm[ok], ".", ms=3, alpha=0.5)
-        fit = loglog_fit(x, norm)
+        ax.loglog(x[ok & applies], norm[ok & applies], ".", ms=3, alpha=0.5, label="law applies")
+        if np.any(ok & ~applies):
+            ax.loglog(x[ok & ~applies], norm[ok & ~applies], ".", ms=3, alpha=0.4, color="0.6",
+                      label="law not applicable (no prediction)")
+        fit = loglog_fit(x[applies], norm[applies])
         if np.isfinite(fit["slope"]):
             xs = np.geomspace(x[ok].min(), x[ok].max(), 50)
             ax.loglog(xs, np.exp(fit["intercept"]) * xs ** fit["slope"], "k-", lw=1,
@@ -124,7 +183,9 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
             ax.legend(loc="upper left", fontsize=8)
         ax.set_xlabel(f"predicted R_eq ({label})")
         ax.set_ylabel("observed norm")
-    fig.suptitle(f"{result.metadata.get('model')}: observed norm vs equilibrium prediction", fontsize=10)
+    fig.suptitle(f"{result.metadata.get('model')}: observed norm vs equilibrium prediction\n"
+                 f"{describe_short(regime)}; R_eq = where norms settle if trained at the probe's "
+                 f"settings", fontsize=9)
     fig.tight_layout()
     p = outdir / f"{prefix}_norm_vs_req.png"
     fig.savefig(p, dpi=120)
@@ -179,7 +240,8 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
 # CLI: normfast report RUN.parquet
 # ----------------------------------------------------------------------------
 report_description = """\
-Summarize a finished probe run: quantiles of norm, drift D, heat V2, kappa and
+Summarize a finished probe run: the regime check (does the equilibrium law
+apply here, and why not where it does not), quantiles of norm, drift D, heat V2, kappa and
 R_eq; how noisy the drift is (|D| > 2 se, sign stability); the log-log slope and
 Pearson r of observed norm against the predicted equilibrium norm (full law and
 heat-only law); for token runs the hottest and coldest tokens. Writes PNG
