@@ -340,21 +340,24 @@ def _kappa_summary(kappa: np.ndarray) -> dict[str, float]:
 
 
 def run(cfg: E2Config, out: str | Path | None = None, progress: bool = True,
-        pilot_record: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run E2 with ``cfg``; write JSON + PNG to ``out`` when given; return the summary."""
+        pilot_record: dict[str, Any] | None = None, setup: Setup | None = None) -> dict[str, Any]:
+    """Run E2 with ``cfg``; write JSON + PNG to ``out`` when given; return the summary.
+
+    ``setup`` (from :func:`build_setup` with the same data settings) skips building one.
+    """
     cfg.validate()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one layer of small matmuls per call: one thread is faster here
     try:
-        return _run(cfg, out, progress, pilot_record)
+        return _run(cfg, out, progress, pilot_record, setup)
     finally:
         torch.set_num_threads(threads)
 
 
 def _run(cfg: E2Config, out: str | Path | None, progress: bool,
-         pilot_record: dict[str, Any] | None) -> dict[str, Any]:
+         pilot_record: dict[str, Any] | None, setup: Setup | None) -> dict[str, Any]:
     t_start, c_start = time.perf_counter(), time.process_time()
-    setup = build_setup(cfg, progress=progress)
+    setup = setup or build_setup(cfg, progress=progress)
     laws = {name: CheckpointLaw(_probe_fn(setup, cfg, params, mode), cfg.seed)
             for name, (params, mode) in probes_of(cfg).items()}
     settings = cfg.settings()
@@ -468,16 +471,19 @@ def _run(cfg: E2Config, out: str | Path | None, progress: bool,
     return summary
 
 
-def run_pilot(cfg: E2Config, n_probes: int = 200, progress: bool = True) -> dict[str, Any]:
-    """A's or B's pilot: :data:`PILOT_CANDIDATES` in order, health only."""
+def run_pilot(cfg: E2Config, n_probes: int = 200, progress: bool = True, setup: Setup | None = None,
+              candidates: Sequence[dict[str, Any]] = PILOT_CANDIDATES) -> dict[str, Any]:
+    """A's or B's pilot: ``candidates`` (default :data:`PILOT_CANDIDATES`) in order, health only
+    (no probe, no fit). At the quick size every candidate runs ``cfg.steps`` steps."""
+    cfg = replace(cfg, drift_batches=None)  # the pilot never runs the engine
     cfg.validate()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         t0, c0 = time.perf_counter(), time.process_time()
-        setup = build_setup(cfg, progress=progress)
+        setup = setup or build_setup(cfg, progress=progress)
         quick = cfg.steps < 1000
-        candidates = [dict(c, steps=cfg.steps) if quick else c for c in PILOT_CANDIDATES]
+        candidates = [dict(c, steps=cfg.steps) if quick else dict(c) for c in candidates]
         record = pilot(setup.encoder, setup.pair_ids, setup.probe_ids[:n_probes], cfg.settings(),
                        candidates, trained=cfg.trained, no_decay=cfg.no_decay, progress=progress,
                        desc=f"E2 {cfg.protocol} pilot")

@@ -36,12 +36,39 @@ def e2():
 
 
 @pytest.fixture(scope="module")
-def quick_b(e2, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+def quick_cfg(e2):
+    return replace(e2.E2Config.of("B").quick(), n_pairs=400, n_probes=48, steps=120, probe_every=24, seed=3)
+
+
+@pytest.fixture(scope="module")
+def setup_b(e2, quick_cfg):
     pytest.importorskip("nltk")
+    return e2.build_setup(quick_cfg, progress=False)
+
+
+@pytest.fixture(scope="module")
+def pilot_b(e2, quick_cfg, setup_b):
+    """The pilot first (it restores the parameters), then the run trains the same setup."""
+    return e2.run_pilot(quick_cfg, n_probes=16, progress=False, setup=setup_b,
+                        candidates=e2.PILOT_CANDIDATES[:1])
+
+
+@pytest.fixture(scope="module")
+def quick_b(e2, quick_cfg, setup_b, pilot_b, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("e2")
-    cfg = replace(e2.E2Config.of("B").quick(), n_pairs=400, n_probes=48, steps=120, probe_every=24, seed=3)
-    summary = e2.run(cfg, out=out, progress=False)
+    summary = e2.run(quick_cfg, out=out, progress=False, pilot_record=pilot_b, setup=setup_b)
     return summary, out
+
+
+def test_pilot_is_health_only_and_runs_before_the_engine_has_drift_batches(e2, pilot_b, quick_cfg):
+    """The first declared candidate at the quick size (the full pilot runs them all in order)."""
+    assert [r["lr"] for r in pilot_b["results"]] == [e2.PILOT_CANDIDATES[0]["lr"]]
+    assert all(r["steps"] == quick_cfg.steps for r in pilot_b["results"])
+    assert pilot_b["fixed"]["trained"] == quick_cfg.trained and pilot_b["fixed"]["no_decay"] is None
+    for r in pilot_b["results"]:
+        assert set(r["health"]) >= {"loss_below_chance", "no_collapse", "stationary", "passed"}
+    assert "fits" not in pilot_b and "regime" not in pilot_b
+    assert pilot_b["cpu_seconds"]["total"] > 0 and pilot_b["protocol"] == "B"
 
 
 def test_protocols_are_what_the_docstring_says(e2):
@@ -87,6 +114,7 @@ def test_e2_quick_structure(quick_b: tuple[dict, Path]) -> None:
     for part in ("train", "probe", "total"):
         assert summary["seconds"][part] >= 0 and summary["cpu_seconds"][part] >= 0
     assert summary["torch_threads"] == 1 and cfg["seed"] == 3
+    assert summary["pilot"]["protocol"] == "B"
 
 
 def test_e2_quick_fits_regime_and_statistics(quick_b: tuple[dict, Path]) -> None:
@@ -125,6 +153,20 @@ def test_the_readme_table_renders_every_committed_run():
     for name, label in tables.E2_RUNS:
         if (REPO / "bench" / "results" / name).exists():
             assert label in text
+
+
+def test_wordnet_pool_reproduces_the_committed_runs() -> None:
+    """The pool is drawn from the cached noun table; it must equal the walk over the synsets
+    (checked on a prefix) and give the committed v3 run's probe lemmas for seed 0."""
+    pytest.importorskip("nltk")
+    from normfast.data import datasets as ds
+
+    wn = ds.load_wordnet()
+    walked = [(lemma, ds.gloss(s)) for s in ds.noun_synsets(wn)[:3000] for lemma in ds.lemma_names(s)]
+    assert ds._lemma_gloss_pairs(wn)[:len(walked)] == walked
+    committed = json.loads((REPO / "bench" / "results" / "e2_real_encoder.json").read_text())
+    _, probes = ds.wordnet_gloss_pairs(20_000, 500, 0, wn=wn)
+    assert probes == committed["items"]["text"]
 
 
 def test_length_groups_cover_and_save_padding() -> None:

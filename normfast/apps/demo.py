@@ -75,6 +75,7 @@ def demo_main(args: argparse.Namespace) -> int:
 
 def reading(result, lr: float, wd: float) -> str:
     """The demo's law figures in plain words, from the run's regime check and statistics."""
+    from normfast.engine.regime import share_text
     from normfast.engine.summary import result_regime
 
     regime = result_regime(result)
@@ -90,7 +91,7 @@ def reading(result, lr: float, wd: float) -> str:
              f"nothing against the law (E2 in the README tests the law after training at its settings)."]
     if regime is not None:
         share = regime["fractions"][regime["regime"]]
-        lines.append(f"  Regime check: {regime['regime']} for {share:.0%} of the token rows "
+        lines.append(f"  Regime check: {regime['regime']} for {share_text(share)} of the token rows "
                      f"(kappa median {np.median(kappa):.2f}): {regime['explanation']}.")
     if ratio is not None and np.isfinite(ratio).any():
         lines.append(

@@ -304,13 +304,24 @@ def run_regime(tables: Iterable[Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------
 # words
 # ----------------------------------------------------------------------------
+def share_text(f: float) -> str:
+    """A share as a percentage that never rounds a non-empty class to 0% or a partial one to 100%."""
+    if f != f:
+        return "n/a"
+    if 0 < f < 0.005:
+        return "<1%"
+    if 0.995 <= f < 1:
+        return ">99%"
+    return f"{f:.0%}"
+
+
 def headline(regime: Mapping[str, Any]) -> list[str]:
     """Plain-words lines for the top of a summary (what the law can and cannot say here)."""
     fr = regime["fractions"]
     name = regime["regime"]
-    others = ", ".join(f"{r} {fr[r]:.0%}" for r in REGIMES if r != name and fr[r] == fr[r])
+    others = ", ".join(f"{r} {share_text(fr[r])}" for r in REGIMES if r != name and fr[r] == fr[r])
     share = fr.get(name, math.nan)
-    lines = [f"regime: {name.upper()} for {share:.0%} of rows ({others})" if share == share
+    lines = [f"regime: {name.upper()} for {share_text(share)} of rows ({others})" if share == share
              else f"regime: {name.upper()} (no valid rows)"]
     lines.append(f"  {regime['explanation']}.")
     if name == NOT_APPLICABLE:
@@ -336,4 +347,4 @@ def describe_short(regime: Mapping[str, Any] | None) -> str:
     if regime is None:
         return "regime check unavailable"
     fr = regime["fractions"][regime["regime"]]
-    return f"regime: {regime['regime']} ({fr:.0%} of rows) - {regime['reason'].replace('_', ' ')}"
+    return f"regime: {regime['regime']} ({share_text(fr)} of rows) - {regime['reason'].replace('_', ' ')}"
