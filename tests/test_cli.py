@@ -116,7 +116,15 @@ def test_demo_quick(tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "all-MiniLM-L6-v2" in out and "Spearman(Zipf, norm" in out
+    # the regime check first, and no slope of norms against R_eq without its reading
+    lines = out.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("normfast probe:"))
+    assert lines[head + 1].startswith("regime: ")
+    fit = next(i for i, ln in enumerate(lines) if "observed norm vs R_eq" in ln)
+    assert "comparison, not a test of the law" in lines[fit - 1]
+    assert "how to read R_eq here:" in out and "not a fit to the present norms" in out
     table = pq.read_table(tmp_path / "demo.parquet")
+    assert set(table.column("regime").to_pylist()) <= {"law applicable", "heat-dominated", "not applicable"}
     words = set(table.column("text").to_pylist())
     assert len(words) == 60 and "the" in words
     assert np.all(np.isfinite(table.column("V2").to_numpy()))
