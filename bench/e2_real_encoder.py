@@ -81,9 +81,10 @@ Full run of A and of B (``PROTOCOL_FULL`` below; written and committed before
 the run): the pilot's chosen η, λ and steps; 500 probe lemmas; every probe
 item's norm recorded every 20 steps over the window and averaged -> observed
 norm; 50 checkpoints evenly spread over the window, each a fresh engine run
-(seed ``7919·seed + i``) with M = 8 virtual batches of 32 pairs for the heat
-and the drift from the mean direction over ``drift_batches`` = 64 virtual
-batches (``ProbeConfig(drift_batches=...)``); D, Q, κ averaged over the
+(seed ``7919·seed + i``) drawing ``drift_batches`` = 64 virtual batches of 32
+pairs: the drift from their mean direction (``ProbeConfig(drift_batches=...)``,
+se_D from the engine's 8 groups of 8), the heat from the first M = 8 of them;
+D, Q, κ averaged over the
 checkpoints -> the trajectory-averaged full law and the heat-only law (D = 0);
 the last checkpoint alone beside them. Reported: the log-log slope and Pearson
 r of observed on predicted with 2000-resample bootstrap 95% intervals over
@@ -98,7 +99,6 @@ same code at a toy size (used by the tests); its numbers are not a result.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -202,10 +202,9 @@ class E2Config:
 
     def quick(self) -> "E2Config":
         """The same protocol at a toy size (for the tests)."""
-        drift = 8 if self.drift_batches and _has_drift_batches() else None
         return replace(self, n_pairs=600, n_probes=64, batch_size=16, steps=160, warmup=40,
                        record_every=8, probe_every=16, M=4, n_boot=500, trajectory_every=40,
-                       drift_batches=drift)
+                       drift_batches=8 if self.drift_batches else None)
 
     def settings(self) -> TrainSettings:
         return TrainSettings(lr=self.lr, weight_decay=self.weight_decay, steps=self.steps,
@@ -231,17 +230,7 @@ class E2Config:
             raise ValueError(f"{fn}: expected M >= 2, got M={self.M}")
         if self.batch_size > self.n_pairs:
             raise ValueError(f"{fn}: expected batch_size <= n_pairs, got {self.batch_size} > {self.n_pairs}")
-        if self.drift_batches is not None and not _has_drift_batches():
-            raise ValueError(f"{fn}: drift_batches={self.drift_batches} needs the engine's "
-                             "ProbeConfig(drift_batches=...), which this normfast lacks")
         self.settings().validate()
-
-
-def _has_drift_batches() -> bool:
-    """Whether the engine takes the drift from the mean direction (``ProbeConfig(drift_batches=)``)."""
-    from normfast.engine.config import ProbeConfig
-
-    return "drift_batches" in {f.name for f in dataclasses.fields(ProbeConfig)}
 
 
 # ----------------------------------------------------------------------------
@@ -300,10 +289,11 @@ def _probe_fn(setup: Setup, cfg: E2Config, params: str, mode: str):
 
     objective = InfoNCE(temperature=cfg.temperature)
     pairs = PairSource.from_iterable([(int(a), int(b)) for a, b in setup.pair_ids])
-    extra = {"drift_batches": cfg.drift_batches} if cfg.drift_batches else {}
+    # v1-v3 predate the drift from the mean direction: drift_batches=None keeps their estimator
     pcfg = ProbeConfig(params=params, mode=mode, output="pooled", optimizer="sgd", lr=cfg.lr,
                        weight_decay=cfg.weight_decay, no_decay=cfg.no_decay, batches=cfg.M,
-                       batch_size=cfg.batch_size, chunk_size=len(setup.probe_ids), **extra)
+                       drift_batches=cfg.drift_batches, batch_size=cfg.batch_size,
+                       chunk_size=len(setup.probe_ids))
     name = f"all-MiniLM-L6-v2 E2 {cfg.protocol} ({mode}, {params})"
 
     def run(seed: int):
@@ -475,8 +465,7 @@ def run_pilot(cfg: E2Config, n_probes: int = 200, progress: bool = True, setup: 
               candidates: Sequence[dict[str, Any]] = PILOT_CANDIDATES) -> dict[str, Any]:
     """A's or B's pilot: ``candidates`` (default :data:`PILOT_CANDIDATES`) in order, health only
     (no probe, no fit). At the quick size every candidate runs ``cfg.steps`` steps."""
-    cfg = replace(cfg, drift_batches=None)  # the pilot never runs the engine
-    cfg.validate()
+    cfg.validate()  # the pilot never runs the engine
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -144,7 +144,8 @@ def child(args: argparse.Namespace) -> None:
     probes = Sentences(n_items, words, SEED)
     pairs = Sentences(4096, words, SEED + 1)[0:4096]
     config = ProbeConfig(params="head", mode="head", output="tokens", batches=args.batches,
-                         batch_size=args.batch_size, seed=SEED, chunk_size=args.chunk_size)
+                         batch_size=args.batch_size, seed=SEED, chunk_size=args.chunk_size,
+                         drift_batches=None)  # the protocol predates the mean-direction drift
     out = Path(args.out)
     parts = out.with_name(out.name + ".parts")
     done_before = len(list(parts.glob("chunk-*.parquet"))) if parts.exists() else 0

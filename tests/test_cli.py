@@ -51,7 +51,8 @@ def test_probe_then_report_on_a_local_model(tmp_path, bert_folder, capsys):
     words.write_text("apple\nriver\nthe\ndemocracy\nblue\nquantum\n")
     out = tmp_path / "run.parquet"
     rc = main(["probe", str(bert_folder), "--probes", str(words), "--tokens", "--params", r"encoder\.layer\.1\.",
-               "--batches", "3", "--batch-size", "4", "--chunk-size", "4", "--out", str(out), "--no-progress"])
+               "--batches", "3", "--drift-batches", "12", "--groups", "3", "--batch-size", "4", "--chunk-size", "4",
+               "--out", str(out), "--no-progress"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "observed norm vs R_eq" in printed and "hottest tokens" in printed
@@ -61,6 +62,7 @@ def test_probe_then_report_on_a_local_model(tmp_path, bert_folder, capsys):
         table.column_names)
     meta = json.loads(table.schema.metadata[b"normfast"])
     assert meta["M"] == 3 and meta["objective"] == "simcse" and meta["output"] == "tokens"
+    assert meta["M_D"] == 12 and meta["groups"] == 3
     # rerunning onto an existing file without --overwrite is refused with a clear message
     rc = main(["probe", str(bert_folder), "--probes", str(words), "--batches", "3", "--batch-size", "4",
                "--out", str(out), "--no-progress"])

@@ -38,14 +38,17 @@ def _setup(seed: int = 0):
 
 
 CONFIGS = {
-    "jvp_tokens": dict(params="all", mode="jvp", output="tokens", batches=4, batch_size=8, chunk_size=4, seed=3),
-    "head_pooled": dict(params="head", mode="head", output="pooled", batches=5, batch_size=8, chunk_size=4, seed=4),
+    "jvp_tokens": dict(params="all", mode="jvp", output="tokens", batches=4, drift_batches=12, batch_size=8,
+                       chunk_size=4, seed=3),
+    "head_pooled": dict(params="head", mode="head", output="pooled", batches=5, drift_batches=12, batch_size=8,
+                        chunk_size=4, seed=4),
 }
 
 
 def _outer_config(enc) -> ProbeConfig:
     n_params = sum(p.numel() for p in enc.parameters())
-    return ProbeConfig(params="all", mode="jvp", output="tokens", batches=6, batch_size=8, chunk_size=4,
+    return ProbeConfig(params="all", mode="jvp", output="tokens", batches=6, drift_batches=12, batch_size=8,
+                       chunk_size=4,
                        directions_per_pass=2, memory_budget_mb=2.5 * n_params * 4 * 2 / 2**20)
 
 

@@ -119,7 +119,7 @@ def test_checkpoint_law_averages_and_solves():
     enc, pairs = toy()
     source = PairSource.from_iterable([(int(a), int(b)) for a, b in pairs])
     cfg = ProbeConfig(mode="jvp", lr=SETTINGS.lr, weight_decay=SETTINGS.weight_decay, batches=3,
-                      batch_size=16, chunk_size=N)
+                      drift_batches=8, batch_size=16, chunk_size=N)
     seeds = []
 
     def run(seed):

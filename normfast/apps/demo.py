@@ -16,13 +16,17 @@ from pathlib import Path
 import numpy as np
 
 demo_description = __doc__ + """
-The full run (2000 words, M = 16) takes about a minute on 2 CPU cores;
---quick runs 200 words with M = 8."""
+The drift comes from the mean update direction over M_D = 1024 virtual
+batches (one gradient each, once per run: about 4 minutes of one CPU thread
+for this model at batch size 32, whatever the number of words); the heat
+from M = 16 of them. --quick runs 200 words with M = 8 and M_D = 16."""
 
 
 def demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--words", type=int, default=None, help="number of words (default 2000; 200 with --quick)")
     p.add_argument("--batches", type=int, default=None, help="M virtual batches (default 16; 8 with --quick)")
+    p.add_argument("--drift-batches", type=int, default=None,
+                   help="M_D virtual batches of the drift (default 1024; 16 with --quick; 0: per batch from M)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--params", default=r"encoder\.layer\.5\.",
                    help=r"probed parameters (default: the last transformer layer, 'encoder\.layer\.5\.')")
@@ -42,6 +46,9 @@ def demo_main(args: argparse.Namespace) -> int:
 
     n_words = args.words or (200 if args.quick else 2000)
     M = args.batches or (8 if args.quick else 16)
+    from normfast.engine.config import DEFAULT_DRIFT_BATCHES
+
+    M_D = args.drift_batches if args.drift_batches is not None else (16 if args.quick else DEFAULT_DRIFT_BATCHES)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -51,7 +58,8 @@ def demo_main(args: argparse.Namespace) -> int:
         print(f"normfast demo: error: {exc}", file=sys.stderr)
         return 2
     config = ProbeConfig(params=args.params, mode="jvp", output="tokens", optimizer="sgd", lr=args.lr,
-                         weight_decay=args.wd, batches=M, batch_size=args.batch_size, seed=0, chunk_size=128)
+                         weight_decay=args.wd, batches=M, drift_batches=M_D or None, batch_size=args.batch_size,
+                         seed=0, chunk_size=128)
     result = probe(encoder, words, "simcse", None, config, out=out / "demo.parquet", resume=args.resume,
                    overwrite=not args.resume, progress=not args.no_progress, model_name="all-MiniLM-L6-v2")
     print(result.format_summary())

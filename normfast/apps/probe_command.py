@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from normfast.engine.config import MODES, ProbeConfig
+from normfast.engine.config import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODES, ProbeConfig
 from normfast.engine.probe import probe
 from normfast.engine.directions import (PRESETS)
 from normfast.engine.distributed import current_shard
@@ -96,6 +96,12 @@ def probe_arguments(p) -> None:
     p.add_argument("--params", default="all",
                    help="probed parameters: all, head, or a regex over parameter names (default: all)")
     p.add_argument("--batches", type=int, default=16, help="M, virtual batches (>= 2; default 16)")
+    p.add_argument("--drift-batches", type=int, default=DEFAULT_DRIFT_BATCHES,
+                   help=f"M_D, virtual batches of the drift, taken from their mean update direction (one more "
+                        f"directional pass per batch group; >= M; default {DEFAULT_DRIFT_BATCHES}); 0: the "
+                        f"drift from the M heat batches, per batch")
+    p.add_argument("--groups", type=int, default=DEFAULT_GROUPS,
+                   help=f"K, batch groups behind the standard errors (se_D, sign stability; default {DEFAULT_GROUPS})")
     p.add_argument("--batch-size", type=int, default=32, help="pairs per virtual batch (default 32)")
     p.add_argument("--optimizer", default="sgd", choices=list(PRESETS))
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate eta of the law (default 1e-3)")
@@ -166,7 +172,8 @@ def _probe_cli(args, device: str, root: bool) -> int:
             pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")
         config = ProbeConfig(params=args.params, mode=args.mode, output=args.output, optimizer=args.optimizer,
                              lr=args.lr, weight_decay=args.wd, momentum=args.momentum, no_decay=args.no_decay,
-                             batches=args.batches, batch_size=args.batch_size, seed=args.seed,
+                             batches=args.batches, drift_batches=args.drift_batches or None,
+                             groups=args.groups, batch_size=args.batch_size, seed=args.seed,
                              chunk_size=args.chunk_size, directions_per_pass=args.directions_per_pass,
                              memory_budget_mb=args.memory_budget_mb, radial_spread=not args.no_radial_spread)
         result = probe(encoder, items, objective, pairs, config, out=args.out, resume=args.resume,

@@ -45,6 +45,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from normfast.engine.config import DEFAULT_DRIFT_BATCHES
+
 VARIANTS = ("mlp", "mlp_bias", "table", "mlp_adamw")
 TARGET_SLOPE = (0.85, 1.15)
 TARGET_R = 0.93
@@ -70,12 +72,14 @@ class E1Config:
     record_every: int = 50
     probe_every: int = 100
     M: int = 16
+    #: M_D, the drift's own virtual batches per checkpoint (its mean direction; 0: per batch from M)
+    M_D: int = DEFAULT_DRIFT_BATCHES
     seed: int = 0
 
     @classmethod
     def quick(cls) -> "E1Config":
         return cls(concepts=16, items_per_concept=4, hidden=64, n_pairs=4000, steps=3000,
-                   probe_every=150, M=8)
+                   probe_every=150, M=8, M_D=64)
 
 
 # ----------------------------------------------------------------------------
@@ -178,7 +182,8 @@ def run_variant(variant: str, cfg: E1Config, data: SyntheticConcepts, *, progres
 
     # probe every checkpoint with the engine
     pcfg = ProbeConfig(params="all", mode="jvp", output="pooled", optimizer="adamw" if adam else "sgd",
-                       lr=lr, weight_decay=cfg.weight_decay, batches=cfg.M, batch_size=cfg.batch_size,
+                       lr=lr, weight_decay=cfg.weight_decay, batches=cfg.M, drift_batches=cfg.M_D or None,
+                       batch_size=cfg.batch_size,
                        chunk_size=n_items, radial_spread=True)
     sums: dict[str, np.ndarray] = {}
     last = None

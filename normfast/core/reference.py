@@ -225,6 +225,40 @@ def brute_force_stats(T, Z, branch: str = "u", T_w=None, *,
     return out
 
 
+def brute_force_drift(T, Z, groups: int, branch: str = "u", *, dtype: torch.dtype = torch.float64) -> dict:
+    """The drift from the mean direction, straight from its definition, in float64.
+
+    ``T`` ``[M_D, N, d]`` holds EVERY displacement ``t_i^B`` of the drift's
+    ``M_D`` batches, ``Z`` ``[N, d]`` the embeddings; batch ``B`` belongs to
+    group ``B mod groups``. With ``x = R t`` ("u") or ``t`` ("w"), the group
+    means ``x̄_g`` and their counts ``n_g``: ``D_g = ẑ·x̄_g``, ``D = ẑ·mean_B x``,
+    ``m2 = |mean_B x|²``, ``se_D = sqrt(Σ_g n_g (D_g − D)² / ((K−1) M_D))``,
+    ``sign_stability = mean_g [sign(D_g) == sign(D)]``. Keys carry ``_w`` for
+    the w branch.
+    """
+    if branch not in ("u", "w"):
+        raise ValueError(f"brute_force_drift: unknown branch {branch!r}")
+    T, Z = _as(T, dtype), _as(Z, dtype)
+    m = T.shape[0]
+    norm = torch.linalg.vector_norm(Z, dim=1)
+    zhat = Z / norm[:, None]
+    X = T * norm[None, :, None] if branch == "u" else T
+    ids = torch.arange(m) % groups
+    counts = torch.stack([(ids == g).sum() for g in range(groups)]).to(dtype)
+    means = torch.stack([X[ids == g].mean(0) for g in range(groups)])      # [K, N, d]
+    mean = X.mean(0)
+    drift = (mean * zhat).sum(1)
+    group = (means * zhat[None]).sum(2)                                   # [K, N]
+    se = torch.sqrt(((group - drift[None]) ** 2 * counts[:, None]).sum(0) / ((groups - 1) * m))
+    agree = (torch.sign(group) == torch.sign(drift)[None]).to(dtype).mean(0)
+    sfx = "" if branch == "u" else "_w"
+    stats = {"D" + sfx: drift, "se_D" + sfx: se, "sign_stability" + sfx: agree,
+             "m2" + sfx: (mean * mean).sum(1)}
+    out = _nan_where_invalid(stats, _embedding_codes(Z, ~torch.isfinite(T).all(-1).all(0)))
+    out["M"] = m
+    return out
+
+
 def accumulate_reference(state: dict, t, z, *, branch: str = "u", t_w=None) -> dict:
     """Reference for the ``accumulate`` kernel: a plain Welford loop, one direction at a time.
 

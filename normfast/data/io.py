@@ -45,6 +45,39 @@ def fingerprint(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def spec_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The settings (dotted keys, e.g. ``config.drift_batches``) whose values differ between two specs."""
+    def flat(spec: Any, prefix: str = "") -> dict[str, str]:
+        if isinstance(spec, Mapping):
+            out: dict[str, str] = {}
+            for k, v in spec.items():
+                out.update(flat(v, f"{prefix}{k}."))
+            return out
+        return {prefix[:-1]: json.dumps(spec, sort_keys=True, default=str)}
+
+    a, b = flat(json.loads(json.dumps(old, default=str))), flat(json.loads(json.dumps(new, default=str)))
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def describe_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> str:
+    """`` (changed: config.drift_batches 1024 -> 256)`` for an error message; empty when unknown."""
+    if not old:
+        return ""
+    keys = spec_changes(old, new)
+    if not keys:
+        return ""
+
+    def value(spec: Mapping[str, Any], key: str) -> Any:
+        for part in key.split("."):
+            if not isinstance(spec, Mapping) or part not in spec:
+                return "<absent>"
+            spec = spec[part]
+        return spec
+
+    shown = ", ".join(f"{k} {value(old, k)!r} -> {value(new, k)!r}" for k in keys[:6])
+    return f" (changed: {shown}{', ...' if len(keys) > 6 else ''})"
+
+
 def manifest_path(out: str | os.PathLike) -> Path:
     """``runs/x.parquet`` -> ``runs/x.manifest.json``: where a sharded run's manifest goes."""
     out = Path(out)
@@ -106,6 +139,7 @@ class ChunkedParquetWriter:
             raise ValueError(f"ChunkedParquetWriter: expected an output path ending in .parquet, got {str(self.out)!r}")
         self.parts = self.out.with_name(self.out.name + ".parts")
         self.key = fingerprint(spec)
+        self.spec = json.loads(json.dumps(spec, default=str))
         self.schema: pa.Schema | None = None
         run_file = self.parts / _RUN_FILE
         if attach:
@@ -131,7 +165,8 @@ class ChunkedParquetWriter:
         if previous.get("key") != self.key:
             raise ValueError(
                 f"cannot resume: the unfinished run in {self.parts} was made with different arguments "
-                f"(fingerprint {previous.get('key')!r} != {self.key!r}); delete the folder to start over")
+                f"(fingerprint {previous.get('key')!r} != {self.key!r})"
+                f"{describe_changes(previous.get('spec'), self.spec)}; delete the folder to start over")
 
     def _chunk_path(self, index: int) -> Path:
         return self.parts / f"chunk-{index:07d}.parquet"

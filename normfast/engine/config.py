@@ -9,6 +9,11 @@ from normfast.engine.directions import (OptimizerPreset, PRESETS)
 
 
 MODES = ("auto", "jvp", "head")
+#: Default M_D: 1024 drift batches put se_D near 0.3 |D| at a per-batch drift signal-to-noise of
+#: ~0.1 (DESIGN §1); its cost is M_D gradients once per run, whatever the number of probes.
+DEFAULT_DRIFT_BATCHES = 1024
+#: Default K, the number of batch groups behind the standard errors.
+DEFAULT_GROUPS = 8
 OUTPUTS = ("pooled", "tokens")
 
 
@@ -27,7 +32,16 @@ class ProbeConfig:
         momentum: heavy-ball SGD momentum β; the law uses the heuristic η -> η/(1-β).
         betas, eps: AdamW settings (β2 only matters through ``v̂``).
         no_decay: regex of probed parameters exempt from weight decay (e.g. ``"bias|LayerNorm"``).
-        batches: M, the number of virtual batches (≥ 2).
+        batches: M, the number of virtual batches of the heat (V2) and the second moments (≥ 2).
+        drift_batches: M_D, the virtual batches of the drift (``D``/``D_w``, ``m2``, ``se_D``,
+            ``sign_stability``), taken from the mean update direction over them (one extra
+            directional pass per group, or one GEMM in head mode, for any M_D; DESIGN §1, "drift
+            from the mean direction"). Default 1024: with the drift's per-batch signal-to-noise of
+            about 0.1, se_D ≈ 0.3 |D|. The first M of them are the heat batches. ``None`` or 0:
+            the drift from the M heat batches, per batch (the estimator before M_D existed).
+        groups: K, the groups of virtual batches behind every standard error (batch ``b`` belongs
+            to group ``b mod K``): ``se_D`` and ``sign_stability`` of the drift come from the K
+            group drifts (≥ 2, at most M_D).
         batch_size: pairs / items per virtual batch (≥ 2).
         seed: drives batch sampling and dropout; equal seeds give equal tables.
         chunk_size: probe items (inputs) per chunk, the unit of streaming and resume.
@@ -49,6 +63,8 @@ class ProbeConfig:
     eps: float = 1e-8
     no_decay: str | None = None
     batches: int = 16
+    drift_batches: int | None = DEFAULT_DRIFT_BATCHES
+    groups: int = DEFAULT_GROUPS
     batch_size: int = 32
     seed: int = 0
     chunk_size: int = 64
@@ -68,6 +84,7 @@ class ProbeConfig:
                 what = "M (virtual batches)" if name == "batches" else name
                 raise ValueError(f"{fn}: {what} must be an integer >= 2 (a variance needs two batches), "
                                  f"got {name}={v!r}")
+        self._validate_drift(fn)
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise ValueError(f"{fn}: chunk_size must be a positive integer, got {self.chunk_size!r}")
         if self.directions_per_pass is not None and (
@@ -81,6 +98,29 @@ class ProbeConfig:
             if p not in PRESETS:
                 raise ValueError(f"{fn}: optimizer presets must be in {PRESETS}, got {p!r}")
         OptimizerPreset(presets[0], self.lr, self.weight_decay, self.momentum if presets[0] == "sgd" else 0.0)
+
+    def _validate_drift(self, fn: str) -> None:
+        k = self.groups
+        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+            raise ValueError(f"{fn}: groups (K, the batch groups behind the standard errors) must be an "
+                             f"integer >= 2, got groups={k!r}")
+        md = self.drift_batches
+        if md is None or (isinstance(md, int) and not isinstance(md, bool) and md == 0):
+            return
+        if isinstance(md, bool) or not isinstance(md, int) or md < self.batches or md < k:
+            raise ValueError(f"{fn}: drift_batches (M_D, the virtual batches of the drift) must be None or 0 "
+                             f"(drift from the M heat batches) or an integer >= batches (M={self.batches}) "
+                             f"and >= groups (K={k}), got drift_batches={md!r}")
+
+    @property
+    def drift_from_mean(self) -> bool:
+        """Whether the drift comes from the mean direction over its own M_D batches."""
+        return bool(self.drift_batches)
+
+    @property
+    def total_batches(self) -> int:
+        """Virtual batches drawn: M_D with the mean-direction drift (the first M are the heat's), else M."""
+        return int(self.drift_batches) if self.drift_from_mean else self.batches
 
     def preset_for(self, name: str) -> str:
         if isinstance(self.optimizer, str):

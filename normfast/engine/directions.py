@@ -12,6 +12,16 @@ an optimizer preset maps to the update direction ``p_B`` (DESIGN §1):
 
 When the probed parameters sit in the tail of the network, the frozen front is
 run under ``no_grad`` and only the tail is differentiated.
+
+Drift from the mean direction. The drift ``D = ẑ·(−s J p̄)`` is linear in the
+update direction, so it needs only the mean ``p̄`` of the directions over its
+``M_D`` batches, never the batches one by one: the gradients are summed as
+they come (one running sum per batch group, batch ``b`` in group ``b mod K``,
+so the group means give the standard error) and only the first ``M`` -- the
+heat's batches -- are kept whole. AdamW's ``p_B = ĝ_B/(sqrt(v̂)+eps)`` is
+linear in ``ĝ_B`` for a fixed ``v̂``, hence ``p̄_g = mean_g(ĝ)/(sqrt(v̂)+eps)``;
+``v̂`` (when not given) is the mean of ``ĝ²`` over all ``M_D`` batches, and the
+same ``v̂`` maps the heat's directions.
 """
 from __future__ import annotations
 
@@ -158,14 +168,59 @@ def batch_loss(encoder: Encoder, objective: Any, pairs: Any, indices: np.ndarray
 
 
 @dataclass
+class DriftMeans:
+    """The mean update direction of each of K batch groups over the drift's M_D batches.
+
+    ``means[g]`` maps every probed parameter name to the mean of ``p_B`` over the
+    batches of group ``g`` (batch ``b`` in group ``b mod K``); ``counts[g]`` is
+    that group's number of batches (they differ by at most one when K does not
+    divide M_D). The overall mean direction is ``Σ_g counts[g] means[g] / M_D``.
+    """
+
+    means: list[dict[str, torch.Tensor]]
+    counts: list[int]
+
+    @property
+    def K(self) -> int:
+        return len(self.means)
+
+    @property
+    def M(self) -> int:
+        return int(sum(self.counts))
+
+    def stacked(self, names: Sequence[str], branch_of: Mapping[str, str], branch: str) -> dict[str, torch.Tensor]:
+        """``{name: [K, *shape]}``: the group means, zeros for parameters of the other branch."""
+        out = {}
+        for n in names:
+            stack = torch.stack([m[n] for m in self.means])
+            out[n] = stack if branch_of[n] == branch else torch.zeros_like(stack)
+        return out
+
+
+def group_counts(n_batches: int, groups: int, offset: int = 0) -> list[int]:
+    """Batches per group when batch ``offset + b`` (``b < n_batches``) belongs to group ``(offset + b) mod K``."""
+    counts = [0] * groups
+    for b in range(offset, offset + n_batches):
+        counts[b % groups] += 1
+    return counts
+
+
+@dataclass
 class Directions:
-    """The M update directions over the probed parameters, per optimizer branch."""
+    """The M update directions over the probed parameters, per optimizer branch.
+
+    ``drift`` (when the drift comes from its own M_D batches) holds the group
+    mean directions over those batches; ``second_moments`` the AdamW ``v̂`` that
+    mapped them (estimated ones only; None when given or for SGD).
+    """
 
     names: list[str]
     branch_of: dict[str, str]          # parameter name -> "u" | "w"
     directions: list[dict[str, torch.Tensor]]
     decayed: dict[str, torch.Tensor]   # θ_decayed (the κ tangent); absent names are not decayed
     losses: list[float]
+    drift: DriftMeans | None = None
+    second_moments: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def M(self) -> int:
@@ -248,41 +303,82 @@ def compute_directions(encoder: Encoder, objective: Any, pairs: Any, names: Sequ
                        cut: int = 0, pair_encoder: Encoder | None = None, no_decay: str | None = None,
                        seed: int = 0, batch_offset: int = 0, progress: bool = True,
                        check_invariance: bool = True,
-                       second_moments: Mapping[str, torch.Tensor] | None = None) -> Directions:
+                       second_moments: Mapping[str, torch.Tensor] | None = None,
+                       keep: int | None = None, drift_groups: int = 0) -> Directions:
     """Gradients of the objective on each virtual batch, mapped to update directions.
 
     ``presets`` maps each probed name to its optimizer preset (one preset for
     all in the common case). AdamW's ``v̂`` comes, in order of preference, from
     the preset's ``second_moments``, from ``second_moments`` here (e.g.
     estimated over all batches when they are processed in groups), or from the
-    batches given.
+    batches given (the mean of ``ĝ²`` over all of them).
+
+    ``keep``: how many of the batches (the first ones) are kept as directions
+    (default: all). ``drift_groups`` K > 0: also sum the directions of ALL the
+    batches per group (batch ``batch_offset + b`` in group ``(batch_offset + b)
+    mod K``) into :attr:`Directions.drift`, one running sum per group, so that
+    ``M_D`` batches cost K gradients of memory, not ``M_D``.
     """
+    keep = len(batches) if keep is None else keep
+    if drift_groups:
+        counts = group_counts(len(batches), drift_groups, batch_offset)
+        if min(counts) == 0:
+            raise ValueError(f"compute_directions: expected at least one batch per drift group, got "
+                             f"{len(batches)} batches for drift_groups={drift_groups}")
+    adam = [n for n in names if presets[n].name == "adamw"]
+    need_v = [n for n in adam if not ((presets[n].second_moments is not None and n in presets[n].second_moments)
+                                      or (second_moments is not None and n in second_moments))]
     grads: list[dict[str, torch.Tensor]] = []
     losses: list[float] = []
-    for _, g, loss in iter_gradients(encoder, objective, pairs, names, batches, cut=cut,
-                                     pair_encoder=pair_encoder, seed=seed, batch_offset=batch_offset,
-                                     progress=progress, check_invariance=check_invariance):
-        grads.append(g)
-        losses.append(loss)
+    sums: list[dict[str, torch.Tensor]] = [dict() for _ in range(drift_groups)]
+    square_sum: dict[str, torch.Tensor] = {}
+    touched: set[str] = set()
+    for gb, g, loss in iter_gradients(encoder, objective, pairs, names, batches, cut=cut,
+                                      pair_encoder=pair_encoder, seed=seed, batch_offset=batch_offset,
+                                      progress=progress, check_invariance=check_invariance):
+        b = gb - batch_offset
+        if b < keep:
+            grads.append(g)
+            losses.append(loss)
+        for n in need_v:
+            square_sum[n] = square_sum[n].addcmul_(g[n], g[n]) if n in square_sum else g[n].square()
+        if drift_groups:
+            acc = sums[gb % drift_groups]
+            for n, gi in g.items():
+                if n in acc:
+                    acc[n].add_(gi)
+                else:
+                    acc[n] = gi.clone()
+        for n, gi in g.items():
+            if n not in touched and bool(gi.any()):
+                touched.add(n)
 
-    unused = [n for n in names if all(float(g[n].abs().max()) == 0 for g in grads)]
+    unused = [n for n in names if n not in touched]
     if unused:
         warnings.warn(f"compute_directions: parameters {unused[:5]} receive no gradient from the objective; "
                       f"their displacement is zero", stacklevel=2)
 
-    for n in names:
+    estimated: dict[str, torch.Tensor] = {}
+    for n in adam:
         pre = presets[n]
-        if pre.name != "adamw":
-            continue
         if pre.second_moments is not None and n in pre.second_moments:
-            v = pre.second_moments[n].to(grads[0][n])
+            v = pre.second_moments[n]
         elif second_moments is not None and n in second_moments:
-            v = second_moments[n].to(grads[0][n])
+            v = second_moments[n]
         else:
-            v = torch.stack([g[n] for g in grads]).square().mean(0)
-        denom = v.sqrt().add_(pre.eps)
+            v = estimated[n] = square_sum[n] / len(batches)
+        ref = grads[0][n] if grads else sums[0][n]
+        denom = v.to(ref).sqrt().add_(pre.eps)
         for g in grads:
             g[n] = g[n] / denom
+        for acc in sums:
+            acc[n] = acc[n] / denom  # linear in ĝ for a fixed v̂: mean p = mean ĝ / (sqrt(v̂)+eps)
+    drift = None
+    if drift_groups:
+        for acc, c in zip(sums, counts):
+            for n in acc:
+                acc[n].div_(c)
+        drift = DriftMeans(sums, counts)
 
     decay_re = re.compile(no_decay) if no_decay else None
     decayed = {n: encoder.get_parameter(n).detach().clone() for n in names
@@ -291,7 +387,7 @@ def compute_directions(encoder: Encoder, objective: Any, pairs: Any, names: Sequ
         raise ValueError(f"compute_directions: no_decay={no_decay!r} excludes every probed parameter from weight "
                          f"decay; the equilibrium law needs decay (kappa would be 0)")
     branch_of = {n: presets[n].branch for n in names}
-    return Directions(list(names), branch_of, grads, decayed, losses)
+    return Directions(list(names), branch_of, grads, decayed, losses, drift, estimated or None)
 
 
 def _warn_if_not_scale_invariant(encoder: Encoder, objective: Any, pairs: Any, indices: np.ndarray, cut: int,

@@ -65,7 +65,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from normfast.engine.directions import Directions
+from normfast.engine.directions import Directions, DriftMeans
 
 # Exception types rebuilt under their own name on the ranks that did not raise,
 # so that every rank fails the same way (the CLI reports these as user errors).
@@ -144,14 +144,16 @@ class Shard:
         """Collective: rank 0's :class:`Directions` on every rank, bit for bit.
 
         Rank 0 passes its directions, the others ``None``. One broadcast per
-        virtual batch (tensors flattened per dtype) plus one for the decayed
-        parameters; received tensors are placed on ``device``.
+        virtual batch and per drift group mean (tensors flattened per dtype)
+        plus one for the decayed parameters; received tensors are placed on
+        ``device``. (AdamW's estimated ``v̂`` stays on rank 0, which alone
+        computes directions.)
         """
         header = None
         if self.is_root:
-            first = dirs.directions[0] if dirs.directions else {}
+            first = dirs.directions[0] if dirs.directions else (dirs.drift.means[0] if dirs.drift else {})
             header = {"names": list(dirs.names), "branch_of": dict(dirs.branch_of), "losses": list(dirs.losses),
-                      "M": dirs.M,
+                      "M": dirs.M, "drift_counts": None if dirs.drift is None else list(dirs.drift.counts),
                       "layout": [(n, tuple(first[n].shape), str(first[n].dtype)) for n in dirs.names],
                       "decayed": [(n, tuple(t.shape), str(t.dtype)) for n, t in dirs.decayed.items()]}
         header = self.broadcast_object(header)
@@ -159,10 +161,15 @@ class Shard:
         for b in range(header["M"]):
             sent = dirs.directions[b] if self.is_root else None
             directions.append(self._broadcast_tensors(sent, header["layout"], device))
+        drift = None
+        if header["drift_counts"] is not None:
+            means = [self._broadcast_tensors(dirs.drift.means[g] if self.is_root else None, header["layout"], device)
+                     for g in range(len(header["drift_counts"]))]
+            drift = DriftMeans(means, list(header["drift_counts"]))
         decayed = self._broadcast_tensors(dirs.decayed if self.is_root else None, header["decayed"], device)
         if self.is_root:
             return dirs
-        return Directions(header["names"], header["branch_of"], directions, decayed, header["losses"])
+        return Directions(header["names"], header["branch_of"], directions, decayed, header["losses"], drift)
 
     def _broadcast_tensors(self, tensors: dict[str, torch.Tensor] | None, layout: Sequence[tuple],
                            device: torch.device) -> dict[str, torch.Tensor]:

@@ -13,6 +13,8 @@ float64 and otherwise in float32 with fp32 accumulation.
 * :func:`prepare_head` -- center the head directions once, for streaming many
   probe chunks through :func:`head_stats`.
 * :func:`head_flops` -- the FLOP count of the two head-mode forms.
+* :func:`drift_from_groups` -- the drift statistics from K group-mean
+  displacements (the drift from the mean direction over its own M_D batches).
 * ``solve_quartic``, ``equilibrium_coefficients``, ``equilibrium_norm`` --
   the equilibrium law, re-exported from :mod:`normfast.core.equilibrium`.
 
@@ -48,6 +50,7 @@ __all__ = [
     "prepare_head",
     "head_stats",
     "head_flops",
+    "drift_from_groups",
     "stat_names",
     "solve_quartic",
     "equilibrium_coefficients",
@@ -98,11 +101,25 @@ class HeadDirections:
     Build with :func:`prepare_head`.
     """
 
-    def __init__(self, g_bar: torch.Tensor, g_centered: torch.Tensor, has_bias: bool) -> None:
+    def __init__(self, g_bar: torch.Tensor, g_centered: torch.Tensor, has_bias: bool,
+                 drift_stack: torch.Tensor | None = None,
+                 drift_counts: torch.Tensor | None = None) -> None:
         self.g_bar = g_bar
         self.g_centered = g_centered
         self.has_bias = has_bias
+        #: ``[K+1, d_out, da]``: the drift's overall mean direction, then each group mean minus it.
+        self.drift_stack = drift_stack
+        #: ``[K]`` float: batches per drift group.
+        self.drift_counts = drift_counts
         self._s_c: torch.Tensor | None = None
+
+    def to(self, dtype: torch.dtype) -> "HeadDirections":
+        """The same directions in another precision."""
+        if dtype == self.dtype:
+            return self
+        stack = None if self.drift_stack is None else self.drift_stack.to(dtype)
+        counts = None if self.drift_counts is None else self.drift_counts.to(dtype)
+        return HeadDirections(self.g_bar.to(dtype), self.g_centered.to(dtype), self.has_bias, stack, counts)
 
     @property
     def M(self) -> int:
@@ -131,25 +148,88 @@ class HeadDirections:
             self._s_c = (flat.T @ flat).div_(self.M - 1)
         return self._s_c
 
+    @property
+    def drift_K(self) -> int:
+        """Groups of the drift's own batches (0 when the drift comes from the M heat batches)."""
+        return 0 if self.drift_stack is None else self.drift_stack.shape[0] - 1
+
     def __repr__(self) -> str:
         return (f"HeadDirections(M={self.M}, d_out={self.d_out}, d_in={self.d_in}, "
-                f"has_bias={self.has_bias}, dtype={self.dtype}, device={self.device})")
+                f"has_bias={self.has_bias}, drift_groups={self.drift_K}, dtype={self.dtype}, "
+                f"device={self.device})")
 
 
-def prepare_head(G: Any, g_bias: Any = None, *, dtype: torch.dtype | None = None) -> HeadDirections:
+def prepare_head(G: Any, g_bias: Any = None, *, drift_means: Any = None, drift_bias: Any = None,
+                 drift_counts: Any = None, dtype: torch.dtype | None = None) -> HeadDirections:
     """Center the per-batch head directions once.
 
     ``G`` ``[M, d_out, d_in]`` holds ``∂L_B/∂W`` (or the optimizer's update
     direction) for each virtual batch, ``g_bias`` ``[M, d_out]`` the bias
     part (``None`` for a bias-free head). The result is float64 when ``G`` is
     float64 (or ``dtype=torch.float64``), else float32.
+
+    The drift from its own batches: ``drift_means`` ``[K, d_out, d_in]`` (and
+    ``drift_bias`` ``[K, d_out]`` with a bias) are the mean update directions
+    of K groups of the drift's M_D batches, ``drift_counts`` ``[K]`` their
+    batch counts (default: equal). Then ``D``, ``m2``, ``se_D`` and
+    ``sign_stability`` come from them (see :func:`head_stats`).
     """
     fn = "prepare_head"
     G = as_tensor(fn, "G", G)
     g_bias = None if g_bias is None else as_tensor(fn, "g_bias", g_bias)
     _check_directions(fn, G, g_bias)
     cd = _compute_dtype(fn, dtype, G, g_bias)
-    return _prepare(G, g_bias, cd)
+    dirs = _prepare(G, g_bias, cd)
+    if drift_means is not None or drift_bias is not None or drift_counts is not None:
+        _attach_drift(fn, dirs, drift_means, drift_bias, drift_counts)
+    return dirs
+
+
+def _counts_tensor(fn: str, name: str, counts: Any) -> torch.Tensor:
+    if isinstance(counts, (list, tuple)):
+        return torch.tensor([float(c) for c in counts])
+    return as_tensor(fn, name, counts)
+
+
+def _attach_drift(fn: str, dirs: HeadDirections, drift_means: Any, drift_bias: Any, drift_counts: Any) -> None:
+    if drift_means is None:
+        raise ValueError(f"{fn}: expected drift_means [K, d_out, d_in] with drift_bias/drift_counts, got None")
+    Gd = as_tensor(fn, "drift_means", drift_means)
+    check_float(fn, "drift_means", Gd)
+    check_ndim(fn, "drift_means", Gd, 3, "3-D [K, d_out, d_in]")
+    k = Gd.shape[0]
+    if tuple(Gd.shape[1:]) != (dirs.d_out, dirs.d_in):
+        raise ValueError(f"{fn}: expected drift_means of shape [K, d_out, d_in] with (d_out, d_in)="
+                         f"{(dirs.d_out, dirs.d_in)} from G, got {describe('drift_means', Gd)}")
+    if k < 2:
+        raise ValueError(f"{fn}: expected at least 2 drift groups (K >= 2) in drift_means [K, d_out, d_in], "
+                         f"got {describe('drift_means', Gd)}")
+    if (drift_bias is None) == dirs.has_bias:
+        raise ValueError(f"{fn}: expected drift_bias [K, d_out] exactly when g_bias is given "
+                         f"(has_bias={dirs.has_bias}), got drift_bias="
+                         f"{'None' if drift_bias is None else describe('drift_bias', drift_bias)}")
+    gd = None
+    if drift_bias is not None:
+        gd = as_tensor(fn, "drift_bias", drift_bias)
+        check_float(fn, "drift_bias", gd)
+        if tuple(gd.shape) != (k, dirs.d_out):
+            raise ValueError(f"{fn}: expected drift_bias of shape [K, d_out]={(k, dirs.d_out)}, "
+                             f"got {describe('drift_bias', gd)}")
+    if drift_counts is None:
+        counts = torch.ones(k, dtype=dirs.dtype, device=dirs.device)
+    else:
+        counts = _counts_tensor(fn, "drift_counts", drift_counts).to(dtype=dirs.dtype, device=dirs.device)
+        if tuple(counts.shape) != (k,) or not bool((counts > 0).all()):
+            raise ValueError(f"{fn}: expected drift_counts of shape [K]=({k},) with positive batch counts, "
+                             f"got {describe('drift_counts', counts)} = {counts.tolist()}")
+    check_same_device(fn, G=dirs.g_bar, drift_means=Gd)
+    aug = torch.empty((k, dirs.d_out, dirs.d_in + int(dirs.has_bias)), dtype=dirs.dtype, device=dirs.device)
+    aug[:, :, :dirs.d_in] = Gd
+    if gd is not None:
+        aug[:, :, dirs.d_in] = gd
+    mean = (aug * (counts / counts.sum())[:, None, None]).sum(0)
+    dirs.drift_stack = torch.cat([mean[None], aug - mean], 0)
+    dirs.drift_counts = counts
 
 
 def _check_directions(fn: str, G: torch.Tensor, g_bias: torch.Tensor | None) -> None:
@@ -200,6 +280,9 @@ def head_stats(
     G: Any,
     g_bias: Any = None,
     *,
+    drift_means: Any = None,
+    drift_bias: Any = None,
+    drift_counts: Any = None,
     branch: str = "u",
     form: str = "auto",
     radial_spread: bool = True,
@@ -223,6 +306,15 @@ def head_stats(
     ``s² Σ_B |G̃^c_B ã|²/(M-1)`` (``form="per_batch"``, ~``N M d_in d_out``,
     which also gives ``se_D`` and ``sign_stability`` exactly).
 
+    Drift from its own batches (``drift_means`` ``[K, d_out, d_in]``,
+    ``drift_bias`` ``[K, d_out]``, ``drift_counts`` ``[K]``: the mean update
+    directions of K groups of the drift's M_D batches, see
+    :func:`prepare_head`; or a :class:`HeadDirections` that carries them):
+    then ``D``, ``m2``, ``se_D`` and ``sign_stability`` come from the group
+    means by one GEMM with the stacked ``[Ḡ_D, Ḡ_1 − Ḡ_D, …]`` and the
+    epilogue of :func:`drift_from_groups` (the heat statistics keep the M
+    batches, and ``Q = m2 + V2``); ``radial_spread`` is then moot.
+
     ``radial_spread=True`` (default) always uses the per-batch form.
     ``radial_spread=False`` with ``form="auto"`` picks the cheaper form by
     :func:`head_flops`; the S form cannot see the per-batch radial dots, so
@@ -242,7 +334,8 @@ def head_stats(
                          f"per batch; use ProbeAccumulator for 'uw'), got branch={branch!r}")
     if form not in _FORMS:
         raise ValueError(f"{fn}: expected form to be one of {_FORMS}, got form={form!r}")
-    if form == "S" and radial_spread:
+    has_drift = drift_means is not None or (isinstance(G, HeadDirections) and G.drift_stack is not None)
+    if form == "S" and radial_spread and not has_drift:
         raise ValueError(f"{fn}: expected radial_spread=False with form='S' (the S form cannot "
                          f"give se_D or sign_stability), got radial_spread=True")
     if backend not in BACKENDS:
@@ -257,6 +350,10 @@ def head_stats(
         if g_bias is not None:
             raise ValueError(f"{fn}: expected g_bias=None when G is a HeadDirections (its bias "
                              f"is already folded in), got {describe('g_bias', g_bias)}")
+        if drift_means is not None or drift_bias is not None or drift_counts is not None:
+            raise ValueError(f"{fn}: expected drift_means/drift_bias/drift_counts=None when G is a "
+                             f"HeadDirections (attach the drift with prepare_head), got drift_means="
+                             f"{'None' if drift_means is None else describe('drift_means', drift_means)}")
         dirs: HeadDirections | None = G
         m, d_out, d_in = G.M, G.d_out, G.d_in
     else:
@@ -280,10 +377,14 @@ def head_stats(
     cd = _compute_dtype(fn, dtype, A, Z, dirs.g_bar if dirs is not None else G)
     if dirs is None:
         dirs = _prepare(G, g_bias, cd)
-    elif dirs.dtype != cd:
-        dirs = HeadDirections(dirs.g_bar.to(cd), dirs.g_centered.to(cd), dirs.has_bias)
+        if drift_means is not None or drift_bias is not None or drift_counts is not None:
+            _attach_drift(fn, dirs, drift_means, drift_bias, drift_counts)
+    else:
+        dirs = dirs.to(cd)
+    if dirs.drift_stack is not None:
+        radial_spread = False  # se_D and sign stability come from the drift groups
 
-    if radial_spread or form == "per_batch":
+    if form == "per_batch" or (radial_spread and form == "auto"):
         use_s = False
     elif form == "S":
         use_s = True
@@ -299,6 +400,25 @@ def head_stats(
         values, reason = _head_triton(A, Z, dirs, branch, use_s, allow_tf32)
     else:
         values, reason = _head_torch(A, Z, dirs, branch, use_s, cd)
+
+    if dirs.drift_stack is not None:
+        stack_backend = "torch"
+        if use_triton:
+            import normfast.kernels as kernels  # the stacked kernel, once it is there
+
+            stack_backend = "triton" if hasattr(kernels, "head_stack") else "torch"
+        prod = _head_products(A, Z, dirs.drift_stack, None, dirs.has_bias, stack_backend,
+                              dtype=cd, allow_tf32=allow_tf32)
+        drift = _drift_epilogue(prod["zdot"], prod["sq"][:, 0], prod["norm"], dirs.drift_counts, branch)
+        ok = reason == 0
+        nan = torch.tensor(float("nan"), dtype=cd, device=A.device)
+        for name, value in drift.items():
+            values[name] = torch.where(ok, value.to(cd), nan)
+        values["Q"] = values["m2"] + values["V2"]
+        bad = ok & ~(torch.isfinite(prod["zdot"]).all(1) & torch.isfinite(prod["sq"][:, 0]))
+        reason = torch.where(bad, torch.full_like(reason, NON_FINITE_DISPLACEMENT), reason)
+        for name in STAT_KEYS:
+            values[name] = torch.where(bad, nan, values[name])
 
     suffix = "" if branch == "u" else "_w"
     out: dict[str, Any] = {name + suffix: values[name] for name in STAT_KEYS}
@@ -419,3 +539,164 @@ def _head_torch(A, Z, dirs: HeadDirections, branch: str, use_s: bool, cd: torch.
             values[k][r0:r0 + c] = torch.where(ok, chunk[k], float("nan"))
         reason[r0:r0 + c] = code
     return values, reason
+
+
+# ============================================================================
+# Stacked head products and the drift from group means
+# ============================================================================
+
+
+def _head_products(A: torch.Tensor, Z: torch.Tensor, G_stack: torch.Tensor, S_stack: torch.Tensor | None,
+                   has_bias: bool, backend: str = "torch", *, dtype: torch.dtype | None = None,
+                   allow_tf32: bool = False) -> dict[str, torch.Tensor]:
+    """The stacked head products, :func:`normfast.core.reference.head_stack_reference`'s contract.
+
+    ``G_stack`` ``[K1, d_out, da]``, ``S_stack`` ``[K2, da, da]`` (or None:
+    ``K2 = 0``), ``da = d_in (+1 with a bias)``, ``ã = [a, 1]``. Returns
+    ``zdot [N, K1] = z·(G_k ã)``, ``sq [N, K1] = |G_k ã|²``,
+    ``quad [N, K2] = ãᵀS_kã`` and ``norm [N] = |z|``. Backend "torch": stacked
+    GEMMs over row chunks (scratch bounded by ``_HEAD_SCRATCH``); "triton":
+    :func:`normfast.kernels.head_stack` (one fused pass that reads ``a`` once).
+    """
+    cd = dtype or (torch.float64 if A.dtype == torch.float64 else torch.float32)
+    if S_stack is None:
+        S_stack = torch.empty((0, G_stack.shape[2], G_stack.shape[2]), dtype=cd, device=A.device)
+    if backend == "triton":
+        from normfast.kernels import KERNEL_INPUT_DTYPES, head_stack
+
+        A_k = A if A.dtype in KERNEL_INPUT_DTYPES else A.float()
+        Z_k = Z if Z.dtype in KERNEL_INPUT_DTYPES else Z.float()
+        zdot, sq, quad, norm = head_stack(A_k, Z_k, G_stack.float().contiguous(), S_stack.float().contiguous(),
+                                          has_bias=has_bias, allow_tf32=allow_tf32)
+        return {"zdot": zdot, "sq": sq, "quad": quad, "norm": norm}
+    n, d_in = A.shape
+    k1, d_out, da = G_stack.shape
+    k2 = S_stack.shape[0]
+    dev_kw = {"dtype": cd, "device": A.device}
+    # [d_in, K1*d_out] weights and [K1*d_out] bias row of the stacked directions
+    g_w = G_stack[:, :, :d_in].reshape(k1 * d_out, d_in).T.to(cd)
+    g_b = G_stack[:, :, d_in].reshape(k1 * d_out).to(cd) if has_bias else None
+    s_w = S_stack[:, :d_in, :d_in].permute(1, 0, 2).reshape(d_in, k2 * d_in).to(cd)
+    s_b = (2 * S_stack[:, d_in, :d_in]).reshape(k2 * d_in).to(cd) if has_bias else None
+    s_c = S_stack[:, d_in, d_in].to(cd) if has_bias else None
+    width = 2 * k1 * d_out + 2 * k2 * d_in + d_out
+    step = min(n, max(1, _HEAD_SCRATCH // max(width, 1)))
+    zdot = torch.empty((n, k1), **dev_kw)
+    sq = torch.empty((n, k1), **dev_kw)
+    quad = torch.empty((n, k2), **dev_kw)
+    norm = torch.empty(n, **dev_kw)
+    v_buf = torch.empty((step, k1 * d_out), **dev_kw)
+    p_buf = torch.empty((step, k2 * d_in), **dev_kw) if k2 else None
+    for r0 in range(0, n, step):
+        a = A[r0:r0 + step].to(cd)
+        z = Z[r0:r0 + step].to(cd)
+        c = a.shape[0]
+        v = v_buf[:c]
+        if g_b is None:
+            torch.mm(a, g_w, out=v)
+        else:
+            torch.addmm(g_b, a, g_w, out=v)
+        v3 = v.view(c, k1, d_out)
+        zdot[r0:r0 + c] = torch.bmm(v3, z.unsqueeze(2)).squeeze(2)
+        sq[r0:r0 + c] = torch.linalg.vector_norm(v3, dim=2).square()
+        norm[r0:r0 + c] = torch.linalg.vector_norm(z, dim=1)
+        if k2:
+            pq = p_buf[:c]
+            if s_b is None:
+                torch.mm(a, s_w, out=pq)
+            else:
+                torch.addmm(s_b, a, s_w, out=pq)
+            q = torch.bmm(pq.view(c, k2, d_in), a.unsqueeze(2)).squeeze(2)
+            quad[r0:r0 + c] = q if s_c is None else q + s_c
+    return {"zdot": zdot, "sq": sq, "quad": quad, "norm": norm}
+
+
+def _drift_epilogue(zdot: torch.Tensor, sq_mean: torch.Tensor, norm: torch.Tensor, counts: torch.Tensor,
+                    branch: str) -> dict[str, torch.Tensor]:
+    """D, se_D, sign_stability, m2 from ``zdot [N, K+1]`` (overall mean, then group deviations)."""
+    scale = norm if branch == "u" else torch.ones_like(norm)
+    drift = -(zdot[:, 0] / norm) * scale                     # ẑ·x̄, x̄ = -s Ḡ_D ã
+    group = drift[:, None] - (zdot[:, 1:] / norm[:, None]) * scale[:, None]   # D_g
+    se, agree = _group_spread(drift, group, counts.to(drift))
+    return {"D": drift, "se_D": se, "sign_stability": agree, "m2": scale.square() * sq_mean}
+
+
+def _group_spread(drift: torch.Tensor, group: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``se_D`` and the group sign stability from the group drifts ``D_g`` ``[N, K]``.
+
+    ``se_D² = Σ_g n_g (D_g − D)² / ((K−1) M_D)``: unbiased for ``Var(D)`` when
+    the batches are i.i.d., whatever the group sizes ``n_g`` (each ``D_g`` has
+    variance ``σ²/n_g``), K−1 degrees of freedom; equal groups give
+    ``sd(D_g)/√K``. ``sign_stability`` = share of groups whose ``D_g`` has
+    the sign of ``D`` (sign(0) = 0).
+    """
+    k = group.shape[1]
+    total = counts.sum()
+    dev = group - drift[:, None]
+    se = torch.sqrt((dev.square() * counts).sum(1) / ((k - 1) * total))
+    agree = (torch.sign(group) == torch.sign(drift)[:, None]).to(drift.dtype).mean(1)
+    return se, agree
+
+
+def drift_from_groups(T: Any, Z: Any, counts: Any = None, *, branch: str = "u") -> dict[str, Any]:
+    """Drift statistics from the displacements along K group-mean directions.
+
+    ``T`` ``[K, N, d]``: ``t̄_g = −J p̄_g``, the displacement of every probe
+    along the mean update direction ``p̄_g`` of batch group ``g`` (by
+    linearity, the mean of that group's per-batch displacements); ``Z``
+    ``[N, d]`` the embeddings; ``counts`` ``[K]`` the batches per group
+    (default equal); ``branch`` "u" (``x = R t``) or "w" (``x = t``). With
+    ``D_g = ẑ·x̄_g`` and ``x̄ = Σ_g n_g x̄_g / M_D`` (the mean over all M_D
+    batches): ``D = ẑ·x̄``, ``m2 = |x̄|²`` (noise bias ``V2/M_D``),
+    ``se_D² = Σ_g n_g (D_g − D)² / ((K−1) M_D)`` (K−1 degrees of freedom) and
+    ``sign_stability`` the share of groups with the sign of D. Keys carry the
+    suffix ``_w`` for the w branch; also ``valid``, ``reason`` and ``M``
+    (= M_D). Computed in float64 for float64 inputs, else float32.
+    """
+    fn = "drift_from_groups"
+    if branch not in ("u", "w"):
+        raise ValueError(f"{fn}: expected branch 'u' or 'w', got branch={branch!r}")
+    T = as_tensor(fn, "T", T)
+    Z = as_tensor(fn, "Z", Z)
+    check_float(fn, "T", T)
+    check_float(fn, "Z", Z)
+    check_ndim(fn, "T", T, 3, "3-D [K, N, d]")
+    check_ndim(fn, "Z", Z, 2, "2-D [N, d]")
+    k = T.shape[0]
+    if tuple(T.shape[1:]) != tuple(Z.shape):
+        raise ValueError(f"{fn}: expected T of shape [K, N, d] with (N, d)={tuple(Z.shape)} from Z, "
+                         f"got {describe('T', T)}")
+    if k < 2:
+        raise ValueError(f"{fn}: expected at least 2 groups (K >= 2) in T [K, N, d], got {describe('T', T)}")
+    check_same_device(fn, T=T, Z=Z)
+    cd = _compute_dtype(fn, None, T, Z)
+    if counts is None:
+        w = torch.ones(k, dtype=cd, device=T.device)
+    else:
+        w = _counts_tensor(fn, "counts", counts).to(device=T.device, dtype=cd)
+        if tuple(w.shape) != (k,) or not bool((w > 0).all()):
+            raise ValueError(f"{fn}: expected counts of shape [K]=({k},) with positive batch counts, "
+                             f"got {describe('counts', w)}")
+    T, Z = T.to(cd), Z.to(cd)
+    norm = torch.linalg.vector_norm(Z, dim=1)
+    scale = norm if branch == "u" else torch.ones_like(norm)
+    zhat = Z / norm[:, None]
+    mean_t = torch.einsum("k,knd->nd", w / w.sum(), T)
+    group = torch.einsum("knd,nd->nk", T, zhat) * scale[:, None]
+    drift = (mean_t * zhat).sum(1) * scale
+    se, agree = _group_spread(drift, group, w)
+    m2 = scale.square() * mean_t.square().sum(1)
+    bad = ~torch.isfinite(T).all(2).all(0)
+    code = torch.zeros(norm.shape, dtype=torch.int8, device=T.device)
+    code[bad] = NON_FINITE_DISPLACEMENT
+    code[~torch.isfinite(norm)] = NON_FINITE_EMBEDDING
+    code[norm == 0] = ZERO_NORM
+    ok = code == 0
+    sfx = "" if branch == "u" else "_w"
+    out: dict[str, Any] = {}
+    for name, value in (("D", drift), ("se_D", se), ("sign_stability", agree), ("m2", m2)):
+        out[name + sfx] = torch.where(ok, value, float("nan"))
+    out["valid"] = ok
+    out["reason"] = code
+    out["M"] = int(round(float(w.sum()))) if counts is not None else k
+    return out

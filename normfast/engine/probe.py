@@ -6,11 +6,22 @@ position with ``output="tokens"``) it measures drift ``D``, heat ``V²``,
 of ``D``, and solves the equilibrium law for ``R_eq`` (full law) and
 ``R_eq`` with ``D = 0`` (heat-only law) -- see DESIGN §1.
 
+The drift comes from the mean update direction over its own ``M_D =
+config.drift_batches`` virtual batches (the first ``M`` of them are the
+heat's): the gradients are summed per batch group as they are computed, and
+each chunk takes K more directional derivatives (jvp mode) or one more GEMM
+(head mode) along the K group means; ``D`` and ``m2`` are those of the
+overall mean, ``se_D`` and ``sign_stability`` come from the group drifts
+(:func:`normfast.engine.ops.drift_from_groups`). ``drift_batches=None``
+keeps the per-batch drift of the M heat batches.
+
 Loop structure
 --------------
 1. Resolve the probed parameters ``P`` and the *cut*: the first encoder stage
    that owns a parameter of ``P``. Everything before it is frozen.
 2. Virtual batches -> update directions ``p_B`` (``normfast.engine.directions``).
+   With the mean-direction drift, one pass over all ``M_D`` batches keeps the
+   first ``M`` directions and sums the rest per group.
 3. Probe items in chunks. Per chunk the frozen front runs once (``no_grad``),
    then either head mode (closed form, ``normfast.engine.ops.head_stats``) or jvp
    mode (``normfast.engine.transmission.Tail``, K directions per pass) feeds
@@ -63,11 +74,13 @@ from normfast.engine.result import ProbeResult
 from normfast.engine.runfiles import _finish_sharded, _open_output
 from normfast.engine.directions import (Directions, OptimizerPreset, compute_directions,
                                  estimate_second_moments, resolve_parameters)
+from normfast.engine.ops import drift_from_groups
 from normfast.engine.distributed import Shard, chunks_for_rank, current_shard
 from normfast.encoders import Encoder
 from normfast.data.io import (METADATA_KEY, fingerprint)
 from normfast.engine.regime import REGIME_INPUTS, run_regime
-from normfast.engine.transmission import Tail, head_kappa, head_kappa_exempt, head_operands, kappa_from_jvp
+from normfast.engine.transmission import (Tail, head_drift_operands, head_kappa, head_kappa_exempt, head_operands,
+                                          kappa_from_jvp)
 
 # ----------------------------------------------------------------------------
 # helpers
@@ -172,7 +185,9 @@ class _Run:
         rng = np.random.default_rng(config.seed)
         from normfast.data.pairs import virtual_batches
 
-        self.batches = virtual_batches(len(pairs), config.batches, config.batch_size,
+        # M_D batches with the mean-direction drift; the first M (drawn first from the same
+        # generator, so the same as without it) are the heat's
+        self.batches = virtual_batches(len(pairs), config.total_batches, config.batch_size,
                                        int(rng.integers(2**31)))
         self.acc_dtype = torch.float64 if self.device.type == "cpu" else torch.float32
         self._second_moments: dict[str, torch.Tensor] | None = None
@@ -190,17 +205,27 @@ class _Run:
         return mode
 
     # -- directions -------------------------------------------------------------
-    def directions(self, batch_ids: Sequence[int]) -> Directions:
-        """Directions for the given (consecutive) virtual batches.
+    def all_directions(self) -> Directions:
+        """The M heat directions and, with the mean-direction drift, the drift's K group means (one pass)."""
+        return self._shared(lambda: self._compute_directions(list(range(self.config.batches)),
+                                                             self.config.drift_from_mean))
 
-        Sharded: computed on rank 0 only and broadcast (a collective: every rank calls it).
-        """
+    def drift_directions(self) -> Directions:
+        """Only the drift's K group means over its M_D batches (the directions-outer order)."""
+        return self._shared(lambda: self._compute_directions([], True))
+
+    def directions(self, batch_ids: Sequence[int]) -> Directions:
+        """Directions for the given (consecutive) heat batches, without the drift."""
+        return self._shared(lambda: self._compute_directions(batch_ids, False))
+
+    def _shared(self, compute: Callable[[], Directions]) -> Directions:
+        """Sharded: computed on rank 0 only and broadcast (a collective: every rank calls it)."""
         if self.shard is None:
-            return self._compute_directions(batch_ids)
+            return compute()
         dirs, failure = None, None
         if self.shard.is_root:
             try:
-                dirs = self._compute_directions(batch_ids)
+                dirs = compute()
             except Exception as exc:  # noqa: BLE001 - re-raised on every rank
                 failure = exc
         self.shard.raise_if_root_failed(failure)
@@ -219,22 +244,33 @@ class _Run:
     def bar(self, todo: Sequence[int], desc: str) -> "_ChunkBar":
         return _ChunkBar(self, todo, desc)
 
-    def _compute_directions(self, batch_ids: Sequence[int]) -> Directions:
+    def _compute_directions(self, batch_ids: Sequence[int], with_drift: bool) -> Directions:
+        cfg = self.config
+        common = dict(cut=self.cut, pair_encoder=self.pair_encoder, no_decay=cfg.no_decay, seed=cfg.seed,
+                      progress=self.progress)
+        if with_drift:
+            # one pass over all M_D batches: the first len(batch_ids) kept, all summed per group;
+            # AdamW's v̂ (when not given) is the mean of ĝ² over all of them
+            dirs = compute_directions(self.encoder, self.objective, self.pairs, self.names, self.presets,
+                                      self.batches, keep=len(batch_ids), drift_groups=cfg.groups,
+                                      check_invariance=True, **common)
+            if dirs.second_moments:
+                self._second_moments = dirs.second_moments
+            return dirs
         second = None
-        if len(batch_ids) < len(self.batches) and "w" in self.branches:
+        if len(batch_ids) < cfg.batches and "w" in self.branches:
             if self._second_moments is None:  # AdamW's v̂ must come from all batches
                 adam = [n for n in self.names if self.presets[n].name == "adamw"
                         and self.presets[n].second_moments is None]
                 self._second_moments = estimate_second_moments(
                     self.encoder, self.objective, self.pairs, adam, self.batches, cut=self.cut,
-                    pair_encoder=self.pair_encoder, seed=self.config.seed, progress=self.progress,
+                    pair_encoder=self.pair_encoder, seed=cfg.seed, progress=self.progress,
                     check_invariance=False)
             second = self._second_moments
         return compute_directions(self.encoder, self.objective, self.pairs, self.names, self.presets,
-                                  [self.batches[b] for b in batch_ids], cut=self.cut,
-                                  pair_encoder=self.pair_encoder, no_decay=self.config.no_decay,
-                                  seed=self.config.seed, batch_offset=batch_ids[0], progress=self.progress,
-                                  check_invariance=batch_ids[0] == 0, second_moments=second)
+                                  [self.batches[b] for b in batch_ids], batch_offset=batch_ids[0],
+                                  check_invariance=batch_ids[0] == 0 and not cfg.drift_from_mean,
+                                  second_moments=second, **common)
 
     # -- one chunk -----------------------------------------------------------------
     def front(self, items: Sequence[Any]) -> tuple[dict, dict, torch.Tensor | None]:
@@ -257,6 +293,23 @@ class _Run:
         from normfast.engine.ops import ProbeAccumulator
 
         return ProbeAccumulator(n, d, branch=self.branch, device=self.device, dtype=self.acc_dtype)
+
+    def jvp_drift(self, tail: Tail, front: dict, rows, z: torch.Tensor, dirs: Directions) -> dict[str, Any]:
+        """Drift statistics along the K group-mean directions of ``dirs.drift`` (K more jvps per branch)."""
+        drift = dirs.drift
+        step = min(self.k_per_pass(z.shape[0], z.shape[-1]), drift.K)
+        out: dict[str, Any] = {}
+        for b in self.branches:
+            tangents = drift.stacked(dirs.names, dirs.branch_of, b)
+            parts = [tail.jvp(front, {n: t[lo:lo + step] for n, t in tangents.items()}, rows)
+                     for lo in range(0, drift.K, step)]
+            stats = drift_from_groups(-torch.cat(parts), z, drift.counts, branch=b)
+            reason = stats.pop("reason")
+            for key in ("valid", "M"):
+                stats.pop(key)
+            out.update(stats)
+            out["reason"] = reason if "reason" not in out else torch.where(out["reason"] != 0, out["reason"], reason)
+        return out
 
     def jvp_update(self, acc, tail: Tail, front: dict, rows, z: torch.Tensor, dirs: Directions) -> None:
         K = self.k_per_pass(z.shape[0], z.shape[-1])
@@ -342,7 +395,9 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         "model": str(model_name), "model_fingerprint": _hash_model(encoder),
         "objective": objective.name, "temperature": getattr(objective, "temperature", None),
         "optimizer": config.optimizer, "lr": config.lr, "weight_decay": config.weight_decay,
-        "momentum": config.momentum, "M": config.batches, "batch_size": config.batch_size,
+        "momentum": config.momentum, "M": config.batches,
+        "M_D": config.drift_batches if config.drift_from_mean else None, "groups": config.groups,
+        "batch_size": config.batch_size,
         "seed": config.seed, "mode": run.mode, "output": config.output, "params": config.params,
         "n_probed_parameters": len(run.names), "cut_stage": run.cut, "branch": run.branch,
         "n_items": n_items, "n_pairs": len(pairs), "chunk_size": config.chunk_size,
@@ -455,9 +510,13 @@ def _run_chunks(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, tod
         if run.mode == "head":
             from normfast.engine.ops import prepare_head
 
-            dirs = run.directions(list(range(cfg.batches)))
+            dirs = run.all_directions()
             G, g = head_operands(encoder, dirs, list(range(dirs.M)))
-            G = prepare_head(G, g, dtype=run.acc_dtype)  # centered once, shared by every chunk
+            drift = {}
+            if dirs.drift is not None:
+                Gd, gd = head_drift_operands(encoder, dirs)
+                drift = dict(drift_means=Gd, drift_bias=gd, drift_counts=dirs.drift.counts)
+            G = prepare_head(G, g, dtype=run.acc_dtype, **drift)  # centered once, shared by every chunk
             g = None
             bar = run.bar(todo, "probing (head mode)")
             for c in todo:
@@ -471,7 +530,7 @@ def _run_chunks(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, tod
         per_batch = sum(encoder.get_parameter(n).numel() for n in run.names) * 4
         group = int(max(1, min(cfg.batches, budget // max(per_batch, 1))))
         if group >= cfg.batches:
-            dirs = run.directions(list(range(cfg.batches)))
+            dirs = run.all_directions()
             bar = run.bar(todo, "probing (jvp mode)")
             for c in todo:
                 items = _chunk_items(probes, c, cfg.chunk_size)
@@ -486,7 +545,8 @@ def _run_chunks(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, tod
                       f"per-probe state of every chunk is kept in memory across the groups, and output is "
                       f"written at the end)", stacklevel=3)
         groups = [list(range(lo, min(lo + group, cfg.batches))) for lo in range(0, cfg.batches, group)]
-        emit_all = _jvp_directions_outer(run, probes, ids, todo, groups)
+        drift = run.drift_directions() if cfg.drift_from_mean else None
+        emit_all = _jvp_directions_outer(run, probes, ids, todo, groups, drift)
         for c, table in emit_all:
             emit(c, table)
     finally:
@@ -577,8 +637,28 @@ def _jvp_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | Non
     for dirs in dir_groups:
         run.jvp_update(acc, tail, front, rows, z, dirs)
     kappa = _jvp_kappa(run, tail, front, rows, z, dir_groups[0])
+    drift = run.jvp_drift(tail, front, rows, z, dir_groups[0]) if dir_groups[0].drift is not None else None
     meta = _row_metadata(run, state, items, c, ids, rows)
-    return _finish_table(run, meta, z, acc.finalize(), *kappa)
+    return _finish_table(run, meta, z, _with_drift(run, acc.finalize(), drift), *kappa)
+
+
+def _with_drift(run: _Run, stats: dict[str, Any], drift: Mapping[str, torch.Tensor] | None) -> dict[str, Any]:
+    """The heat statistics of the M batches with the drift (D, se_D, sign_stability, m2) of the M_D batches."""
+    if drift is None:
+        return stats
+    out = dict(stats)
+    reason = torch.where(stats["reason"] != 0, stats["reason"], drift["reason"].to(stats["reason"]))
+    valid = reason == 0
+    for b in run.branches:
+        sfx = "" if b == "u" else "_w"
+        for key in ("D", "se_D", "sign_stability", "m2"):
+            out[key + sfx] = drift[key + sfx].to(stats["V2" + sfx])
+        out["Q" + sfx] = out["m2" + sfx] + stats["V2" + sfx]
+    for key, value in out.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            out[key] = torch.where(valid, value, float("nan"))
+    out["valid"], out["reason"] = valid, reason
+    return out
 
 
 def _jvp_kappa(run: _Run, tail: Tail, front: dict, rows, z: torch.Tensor,
@@ -599,7 +679,7 @@ def _jvp_kappa(run: _Run, tail: Tail, front: dict, rows, z: torch.Tensor,
 
 
 def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, todo: list[int],
-                          groups: list[list[int]]):
+                          groups: list[list[int]], drift_dirs: Directions | None):
     cfg = run.config
     tail = Tail(run.encoder, run.names, run.cut, run.output)
     accs: dict[int, Any] = {}
@@ -616,8 +696,11 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
                 if c not in accs:
                     accs[c] = run.new_accumulator(z.shape[0], z.shape[-1])
                     kappa = _jvp_kappa(run, tail, front, rows, z, dirs)
+                    drift = None
+                    if drift_dirs is not None:
+                        drift = {k: v.cpu() for k, v in run.jvp_drift(tail, front, rows, z, drift_dirs).items()}
                     kept[c] = (_row_metadata(run, state, items, c, ids, rows), z.cpu(),
-                               tuple(k.cpu() for k in kappa))
+                               tuple(k.cpu() for k in kappa), drift)
                 run.jvp_update(accs[c], tail, front, rows, z, dirs)
                 bar.advance(c, z.shape[0])
         except Exception as exc:  # noqa: BLE001 - sharded: the ranks agree before the next broadcast
@@ -626,8 +709,11 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
         run.checkpoint(failure)
         del dirs
     for c in todo:
-        meta, z, kappa = kept[c]
-        yield c, _finish_table(run, meta, z, accs[c].finalize(), *kappa)
+        meta, z, kappa, drift = kept[c]
+        stats = accs[c].finalize()
+        if drift is not None:
+            drift = {k: v.to(stats["reason"].device) for k, v in drift.items()}
+        yield c, _finish_table(run, meta, z, _with_drift(run, stats, drift), *kappa)
 
 
 def _head_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | None, G: torch.Tensor,

@@ -10,7 +10,8 @@ import pyarrow as pa
 from normfast.engine.regime import REGIME_INPUTS, run_regime
 from normfast.engine.result import ProbeResult
 from normfast.engine.distributed import Shard, part_blocks
-from normfast.data.io import (METADATA_KEY, ChunkedParquetWriter, manifest_path, part_path, write_manifest)
+from normfast.data.io import (METADATA_KEY, ChunkedParquetWriter, describe_changes, manifest_path, part_path,
+                              write_manifest)
 
 
 def _open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | None, resume: bool,
@@ -23,7 +24,7 @@ def _open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | No
     done: set[int] = set()
     if shard is None or shard.is_root:
         try:
-            finished = _finished_run(out, key, resume, overwrite)
+            finished = _finished_run(out, key, resume, overwrite, spec)
             if finished is None:
                 writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite)
                 done = writer.done()
@@ -51,7 +52,8 @@ def _existing_output(out: Path) -> Path | None:
     return None
 
 
-def _finished_run(out: Path, key: str, resume: bool, overwrite: bool) -> ProbeResult | None:
+def _finished_run(out: Path, key: str, resume: bool, overwrite: bool,
+                  spec: Mapping[str, Any] | None = None) -> ProbeResult | None:
     """With ``resume``: the finished run at ``out`` if it was made with the same arguments."""
     existing = _existing_output(out)
     if not resume or existing is None or out.with_name(out.name + ".parts").exists():
@@ -61,9 +63,11 @@ def _finished_run(out: Path, key: str, resume: bool, overwrite: bool) -> ProbeRe
     if previous == key:
         return result
     if previous is not None and not overwrite:
+        old = {k: v for k, v in result.metadata.items() if spec is not None and k in spec}
+        changes = describe_changes(old, {k: v for k, v in (spec or {}).items() if k in old})
         raise ValueError(f"cannot resume: {existing} holds a finished run made with different arguments "
-                         f"(fingerprint {previous!r} != {key!r}); pass overwrite=True (CLI: --overwrite) "
-                         f"to replace it")
+                         f"(fingerprint {previous!r} != {key!r}){changes}; pass overwrite=True "
+                         f"(CLI: --overwrite) to replace it")
     return None
 
 

@@ -105,7 +105,8 @@ def format_summary(result, top: int = 8) -> str:
     lines = [
         f"normfast probe: {meta.get('model')} | objective {meta.get('objective')} | {meta.get('optimizer')} "
         f"lr={meta.get('lr')} wd={meta.get('weight_decay')} | M={meta.get('M')} x {meta.get('batch_size')} "
-        f"| mode {meta.get('mode')} | {meta.get('output')}",
+        + (f"(drift: M_D={meta['M_D']}, K={meta.get('groups')}) " if meta.get("M_D") else "")
+        + f"| mode {meta.get('mode')} | {meta.get('output')}",
     ]
     regime = s["regime"]
     if regime is None or "regime" not in regime:

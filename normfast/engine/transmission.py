@@ -114,6 +114,21 @@ def head_operands(encoder: Encoder, directions: Any, batches: list[int]) -> tupl
     return G.contiguous(), g
 
 
+def head_drift_operands(encoder: Encoder, directions: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The drift's K group-mean head directions as ``Gd [K, d_out, d_in]`` and ``gd [K, d_out]``."""
+    head = encoder.head()
+    if head is None:
+        raise ValueError("head mode needs an encoder with a linear head")
+    means = directions.drift.means
+    Gd = torch.stack([m[head.weight_name] for m in means])
+    if head.transposed:
+        Gd = Gd.transpose(1, 2)
+    gd = None
+    if head.bias_name is not None and head.bias_name in directions.names:
+        gd = torch.stack([m[head.bias_name] for m in means])
+    return Gd.contiguous(), gd
+
+
 def head_kappa(encoder: Encoder, a: torch.Tensor, z: torch.Tensor, decayed: dict[str, torch.Tensor]) -> torch.Tensor:
     """κ in head mode: ``J θ_d = W a (+ b if the bias is decayed)``."""
     return _head_radial(encoder, a, z, set(decayed))

@@ -317,7 +317,7 @@ def run_minilm(s: MiniLMSettings, progress: bool = True) -> dict[str, Any]:
     # throughput: the full engine (directions included) and the transmission alone
     config = ProbeConfig(params=MINILM_LAYER, mode="jvp", output="tokens", optimizer="sgd",
                          batches=s.m, batch_size=s.batch_size, seed=0, chunk_size=s.chunk,
-                         directions_per_pass=s.k)
+                         directions_per_pass=s.k, drift_batches=None)
     fronts = [(work.front(st), st["mask"].bool()) for st in work.engine_states]
     groups = work.groups()
 

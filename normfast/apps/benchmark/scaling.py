@@ -88,7 +88,8 @@ def scaling_child(spec: dict[str, Any]) -> dict[str, Any]:
     items = list(range(max(1, n_tokens // s.tokens_per_item)))
     pairs = [(i, i + 1_000_003) for i in range(s.pairs)]
     config = ProbeConfig(params="head", mode="head", output="tokens", batches=s.m,
-                         batch_size=s.batch_size, chunk_size=s.chunk, radial_spread=False, seed=0)
+                         batch_size=s.batch_size, chunk_size=s.chunk, radial_spread=False, seed=0,
+                         drift_batches=None)
     marks: dict[str, float] = {}
     _mark_before_finalize(marks)
     setup_mb = peak_rss_mb()
