@@ -357,12 +357,16 @@ class CheckpointLaw:
                 "last_heat": np.asarray(self.last.column("r_eq_heat"))}
 
     def regime(self, lr: float, weight_decay: float) -> dict[str, Any]:
-        """The regime check of the averaged statistics (se_D: the checkpoints' mean se / √n)."""
+        """The regime check of the averaged statistics.
+
+        The se of the averaged drift is ``sqrt(mean se_D²) / sqrt(n)``: the checkpoints draw
+        independent virtual batches (the drift's own variation along the trajectory is not in it).
+        """
         from normfast.engine.regime import classify_rows, run_regime
 
         avg = self.averages()
-        cols = {**avg, "valid": np.isfinite(avg["D"]) & np.isfinite(avg["kappa"]),
-                "se_D": avg["se_D"] / np.sqrt(self.n)}
+        se = np.sqrt(np.mean(np.square(np.stack(self.columns["se_D"])), axis=0) / self.n)
+        cols = {**avg, "valid": np.isfinite(avg["D"]) & np.isfinite(avg["kappa"]), "se_D": se}
         rows = classify_rows(cols, lr=lr, weight_decay=weight_decay)
         out = run_regime([{**cols, **rows}])
         out["rows"] = {k: rows[k].tolist() for k in ("regime", "regime_reason")}
