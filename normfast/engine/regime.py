@@ -190,7 +190,9 @@ def classify_rows(columns: Mapping[str, Any], *, lr: float, weight_decay: float,
     with np.errstate(invalid="ignore"):
         assign(ratio < thresholds.heat_dominated_below, "drift_small")
     assign(drift_resolved, "drift_resolved")
-    regime = np.array([REGIME_REASONS[r][0] for r in reason], dtype=object)
+    regime = np.empty(n, dtype=object)
+    for code in set(reason.tolist()):
+        regime[reason == code] = REGIME_REASONS[code][0]
     return {"drift_to_heat": ratio, "regime": regime, "regime_reason": reason}
 
 
