@@ -69,6 +69,10 @@ with the LayerNorm exempt and η = 1 or λ = 0.1 with everything decayed)::
     η = 0.1,  λ = 5e-3, 10 000 steps (ηλ = 5e-4, twice as long)
     η = 0.05, λ = 5e-3, 20 000 steps (ηλ = 2.5e-4)
 
+B's pilot starts at the candidate A's pilot chose (the ones before it
+collapsed or failed for A; this order was added before B's pilot ran, to save
+its time), and runs all four when A's chose none.
+
 Fixed: temperature 0.05, batches of 32 pairs, 200-step linear warm-up, window =
 the last 40% of the steps (it starts after 3 equilibration times 1/(ηλ)), 200
 probe lemmas, seed 0. Criteria (:class:`normfast.apps.finetune.HealthThresholds`):
@@ -485,6 +489,15 @@ def run_pilot(cfg: E2Config, n_probes: int = 200, progress: bool = True, setup: 
         torch.set_num_threads(threads)
 
 
+def pilot_candidates(protocol: str, out: Path) -> tuple[dict[str, Any], ...]:
+    """A: every candidate; B: from the one A's pilot (in ``out``) chose, all when it chose none."""
+    if protocol != "B":
+        return PILOT_CANDIDATES
+    chosen = (_read_json(out / f"{result_stem('A')}.json").get("pilot") or {}).get("chosen")
+    start = next((i for i, c in enumerate(PILOT_CANDIDATES) if c == chosen), 0)
+    return PILOT_CANDIDATES[start:]
+
+
 def result_stem(protocol: str) -> str:
     """File name (without suffix) of a protocol's results."""
     return "e2_real_encoder" if protocol == "v3" else f"e2_real_encoder_{protocol}"
@@ -594,7 +607,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         cfg = E2Config.of(args.protocol)
         cfg = replace(cfg.quick() if args.quick else cfg, seed=args.seed)
-        record = run_pilot(cfg, n_probes=min(200, cfg.n_probes), progress=not args.no_progress)
+        candidates = pilot_candidates(args.protocol, out)
+        record = run_pilot(cfg, n_probes=min(200, cfg.n_probes), progress=not args.no_progress,
+                           candidates=candidates)
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**existing, "pilot": record}, indent=1))
         for r in record["results"]:

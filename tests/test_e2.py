@@ -93,6 +93,14 @@ def test_full_runs_need_their_pilot_and_default_to_runs(e2, tmp_path, capsys):
     assert e2.DEFAULT_OUT == Path("runs") / "e2"
 
 
+def test_b_pilot_starts_where_a_chose(e2, tmp_path):
+    assert e2.pilot_candidates("B", tmp_path) == e2.PILOT_CANDIDATES  # no A pilot: all of them
+    chosen = dict(e2.PILOT_CANDIDATES[2])
+    (tmp_path / "e2_real_encoder_A.json").write_text(json.dumps({"pilot": {"chosen": chosen}}))
+    assert e2.pilot_candidates("B", tmp_path) == e2.PILOT_CANDIDATES[2:]
+    assert e2.pilot_candidates("A", tmp_path) == e2.PILOT_CANDIDATES
+
+
 def test_e2_quick_structure(quick_b: tuple[dict, Path]) -> None:
     summary, out = quick_b
     png = out / "e2_real_encoder_B.png"
