@@ -31,7 +31,7 @@ ext = Pybind11Extension(
 
 setup(
     packages=["normfast", "normfast.core", "normfast.engine", "normfast.encoders", "normfast.data", "normfast.apps",
-              "normfast.kernels"],
+              "normfast.apps.benchmark", "normfast.kernels"],
     package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
     package_data={"normfast": ["py.typed"], "normfast.core": ["*.pyi"]},
     ext_modules=[ext],

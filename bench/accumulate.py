@@ -16,7 +16,7 @@ probes into per-probe running statistics, repeatedly, on the same data:
 
 Accuracy is checked first (both against a float64 brute force), then each
 side is timed (p20/p50/p80 of per-update time). Writes
-bench/results/accumulate.json and prints a markdown table. Only the ratios
+runs/accumulate.json (the committed result: --out bench/results/accumulate.json) and prints a markdown table. Only the ratios
 measured in the same run are claims.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from normfast.apps.benchmark import cpu_model
 from normfast.engine.ops import ProbeAccumulator
 from normfast.core.reference import brute_force_stats, stat_errors
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RUNS = Path(__file__).resolve().parents[1] / "runs"  # default output (git-ignored)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -135,7 +135,7 @@ def run_case(n, d, k, dtype, device, updates, repeats, check_rows):
     return out
 
 
-def main():
+def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
@@ -146,8 +146,9 @@ def main():
     p.add_argument("--updates", type=int, default=5)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--check-rows", type=int, default=2000)
-    p.add_argument("--out", type=Path, default=RESULTS / "accumulate.json")
-    args = p.parse_args()
+    p.add_argument("--out", type=Path, default=RUNS / "accumulate.json",
+                   help="output JSON (default %(default)s; the committed result: --out bench/results/accumulate.json)")
+    args = p.parse_args(argv)
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     sizes = args.n or ([1_000_000] if device.type == "cuda" else [20_000])

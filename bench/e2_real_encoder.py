@@ -122,8 +122,7 @@ from normfast.apps.finetune import (CheckpointLaw, HealthThresholds, TrainSettin
 from normfast.core.stats import loglog_fit_ci  # noqa: E402
 from normfast.encoders import CachedFrontEncoder  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_OUT = Path("runs") / "e2"
+RUNS = Path(__file__).resolve().parents[1] / "runs" / "e2"  # default output (git-ignored)
 PAPER = {"model": "DistilBERT, fine-tuned", "slope": 0.88, "pearson_r": 0.97}
 TARGET = {"slope": [0.85, 1.15], "pearson_r": 0.90}
 LAYER = r"model\.encoder\.layer\.5\."
@@ -593,8 +592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pilot", action="store_true",
                    help="A/B: run the pilot (health only) and store it under 'pilot' in the JSON")
     p.add_argument("--quick", action="store_true", help="a toy size for the tests")
-    p.add_argument("--out", default=str(DEFAULT_OUT),
-                   help="output folder (default runs/e2; the committed results: bench/results)")
+    p.add_argument("--out", default=str(RUNS),
+                   help="output folder (default runs/e2, git-ignored; the committed results: --out bench/results)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)

@@ -43,7 +43,8 @@ Protocol (fixed before any run; see DESIGN §5, E3):
   mean would follow a handful of words).
 
 Writes ``e3_token_norms.json``, ``e3_zipf_bins.png`` and ``e3_depth_bins.png``
-into ``--out`` (default ``bench/results``).
+into ``--out`` (default ``runs/e3``, ignored by git; the committed results come
+from ``--out bench/results``).
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from normfast.data.io import json_ready  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RUNS = Path(__file__).resolve().parents[1] / "runs" / "e3"  # default output (git-ignored)
 PARAMS = r"encoder\.layer\.5\."
 QUANTITIES = ("norm", "V2", "D", "r_eq", "r_eq_heat", "pooled_norm")
 #: plotted and binned on a log10 scale (positive, spanning decades)
@@ -477,7 +478,8 @@ def format_table(summary: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="300 words, M = 4 (about a minute)")
-    p.add_argument("--out", default=str(RESULTS), help="output folder (default bench/results)")
+    p.add_argument("--out", default=str(RUNS),
+                   help="output folder (default runs/e3, git-ignored; the committed results: --out bench/results)")
     p.add_argument("--seed", type=int, default=0, help="probe and bootstrap seed (default 0)")
     p.add_argument("--words", type=int, default=None, help="probe words (default 10000; 300 with --quick)")
     p.add_argument("--batches", type=int, default=None, help="M virtual batches (default 16; 4 with --quick)")

@@ -31,7 +31,8 @@ Protocol (fixed before any run):
   for gains (the same resampled queries for both systems).
 
 Writes ``e4_retrieval.json`` and ``e4_ndcg_vs_alpha.png`` into ``--out``
-(default ``bench/results``); with ``--beir DIR`` the names get ``_<DIR name>``.
+(default ``runs/e4``, ignored by git; the committed results come from
+``--out bench/results``); with ``--beir DIR`` the names get ``_<DIR name>``.
 """
 from __future__ import annotations
 
@@ -54,109 +55,15 @@ from typing import Any, Sequence  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
 
+from normfast.apps.retrieval import encode_texts, wordpiece_lengths  # noqa: E402
+from normfast.core.bootstrap import paired_bootstrap_means, spearman_ci  # noqa: E402
 from normfast.data.io import json_ready  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+#: default output (git-ignored); the committed results are written with --out bench/results
+RUNS = Path(__file__).resolve().parents[1] / "runs" / "e4"
 PAPER_TEXT_ONLY_MAX_GAIN_PCT = 1.5
 METRIC_NAMES = ("ndcg@10", "recall@100", "mrr")
-
-
-# ---------------------------------------------------------------------------
-# statistics
-# ---------------------------------------------------------------------------
-
-def bootstrap_means(per_query: dict[str, np.ndarray], *, resamples: int, seed: int,
-                    baseline: str | None = None) -> dict[str, dict[str, float]]:
-    """Mean and percentile 95% CI of each system's per-query metric; paired % gain over ``baseline``.
-
-    All systems share the same resampled query sets, so the gain CI is paired.
-    """
-    names = list(per_query)
-    n = len(per_query[names[0]])
-    out: dict[str, dict[str, float]] = {}
-    if n == 0:
-        return {k: {"mean": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n": 0} for k in names}
-    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    boot = {k: per_query[k][idx].mean(axis=1) for k in names}
-    for k in names:
-        lo, hi = np.percentile(boot[k], [2.5, 97.5])
-        out[k] = {"mean": float(per_query[k].mean()), "ci_low": float(lo), "ci_high": float(hi), "n": n}
-        if baseline is not None and k != baseline:
-            base = float(per_query[baseline].mean())
-            with np.errstate(invalid="ignore", divide="ignore"):
-                g = 100.0 * (boot[k] - boot[baseline]) / boot[baseline]
-            g = g[np.isfinite(g)]
-            out[k]["gain_pct_vs_" + baseline] = (100.0 * (out[k]["mean"] - base) / base
-                                                 if base > 0 else math.nan)
-            if g.size:
-                glo, ghi = np.percentile(g, [2.5, 97.5])
-                out[k]["gain_ci_low"], out[k]["gain_ci_high"] = float(glo), float(ghi)
-    return out
-
-
-def spearman_ci(x: np.ndarray, y: np.ndarray, *, resamples: int, seed: int) -> dict[str, float]:
-    """Spearman correlation with a percentile bootstrap 95% CI (finite pairs only)."""
-    from scipy.stats import rankdata
-
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    n = int(ok.sum())
-    if n < 10:
-        return {"rho": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n": n}
-
-    def rho(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        ra, rb = rankdata(a, axis=-1), rankdata(b, axis=-1)
-        ra = ra - ra.mean(-1, keepdims=True)
-        rb = rb - rb.mean(-1, keepdims=True)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return (ra * rb).sum(-1) / np.sqrt((ra * ra).sum(-1) * (rb * rb).sum(-1))
-
-    rng = np.random.default_rng(seed)
-    boot = []
-    for lo in range(0, resamples, 100):
-        idx = rng.integers(0, n, size=(min(100, resamples - lo), n))
-        boot.append(rho(x[idx], y[idx]))
-    b = np.concatenate(boot)
-    b = b[np.isfinite(b)]
-    lo, hi = np.percentile(b, [2.5, 97.5]) if b.size else (math.nan, math.nan)
-    # a constant column (e.g. documents all of one length) has no rank correlation: NaN
-    return {"rho": float(rho(x, y)), "ci_low": float(lo), "ci_high": float(hi), "n": n}
-
-
-# ---------------------------------------------------------------------------
-# encoding
-# ---------------------------------------------------------------------------
-
-def wordpiece_lengths(tokenizer: Any, texts: Sequence[str]) -> np.ndarray:
-    """Word-pieces per text, without special tokens and without truncation."""
-    out = np.zeros(len(texts), dtype=np.int64)
-    for lo in range(0, len(texts), 4096):
-        enc = tokenizer(list(texts[lo:lo + 4096]), add_special_tokens=False, truncation=False)
-        out[lo:lo + 4096] = [len(ids) for ids in enc["input_ids"]]
-    return out
-
-
-def embed(encoder: Any, texts: Sequence[str], lengths: np.ndarray, batch_size: int, desc: str,
-          progress: bool) -> np.ndarray:
-    """Raw pooled embeddings in the input order.
-
-    Texts are encoded in order of length so that a batch carries little
-    padding (the attention mask makes padding irrelevant to the result).
-    """
-    order = np.argsort(lengths, kind="stable")
-    out = np.zeros((len(texts), 0), dtype=np.float32)
-    chunks = []
-    for lo in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch", disable=not progress):
-        batch = [texts[i] for i in order[lo:lo + batch_size]]
-        chunks.append(encoder.encode(batch, output="pooled").to("cpu", torch.float32).numpy())
-    if chunks:
-        stacked = np.concatenate(chunks)
-        out = np.empty_like(stacked)
-        out[order] = stacked
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -202,8 +109,10 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     q_len = wordpiece_lengths(encoder.tokenizer, q_texts)
     d_len = wordpiece_lengths(encoder.tokenizer, d_texts)
     t0 = time.perf_counter()
-    Q = embed(encoder, q_texts, q_len, args.batch_size, "queries", progress)
-    D = embed(encoder, d_texts, d_len, args.batch_size, "documents", progress)
+    Q = encode_texts(encoder, q_texts, batch_size=args.batch_size, lengths=q_len, desc="queries",
+                     progress=progress)
+    D = encode_texts(encoder, d_texts, batch_size=args.batch_size, lengths=d_len, desc="documents",
+                     progress=progress)
     embed_seconds = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -228,7 +137,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
               "dot": result.per_query["norm"][i_dot, mask, metric],
               "best_alpha": result.per_query["norm"][i_best, mask, metric],
               "length_control": result.per_query["length"][i_len, mask, metric]}
-        return bootstrap_means(pq, resamples=args.bootstrap, seed=seed, baseline="cosine")
+        return paired_bootstrap_means(pq, resamples=args.bootstrap, seed=seed, baseline="cosine")
 
     report: dict[str, Any] = {"overall": {}, "per_stratum": {}}
     for j, m in enumerate(METRICS):
@@ -336,7 +245,8 @@ def format_table(summary: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="300 queries, 1000 distractors (about a minute)")
-    p.add_argument("--out", default=str(RESULTS), help="output folder (default bench/results)")
+    p.add_argument("--out", default=str(RUNS),
+                   help="output folder (default runs/e4, git-ignored; the committed results: --out bench/results)")
     p.add_argument("--seed", type=int, default=0, help="collection, dev split and bootstrap seed (default 0)")
     p.add_argument("--queries", type=int, default=None, help="WordNet queries (default 3000; 300 with --quick)")
     p.add_argument("--distractors", type=int, default=None,

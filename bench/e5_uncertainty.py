@@ -1,9 +1,10 @@
 """E5: uncertainty and the projection-head regime, on a two-tower model trained here.
 
-    python bench/e5_uncertainty.py [--quick] [--out bench/results] [--seed 0]
+    python bench/e5_uncertainty.py [--quick] [--out DIR] [--seed 0]
 
 Writes ``e5_uncertainty.json``, ``e5_entropy_heat.png`` and ``e5_alpha_sweep.png``
-to ``--out`` and prints a summary. The same ``--seed`` gives the same numbers
+to ``--out`` (default ``runs/e5``, ignored by git; the committed results come from
+``--out bench/results``) and prints a summary. The same ``--seed`` gives the same numbers
 (one CPU thread; timings, recorded under ``timing``, are the only thing that
 changes between runs).
 
@@ -81,9 +82,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
-RESULTS = Path(__file__).resolve().parent / "results"
+#: default output (git-ignored); the committed results are written with --out bench/results
+RUNS = Path(__file__).resolve().parents[1] / "runs" / "e5"
 QUANTITIES = ("V2", "norm", "r_eq", "r_eq_heat")
 PAPER_V2_ENTROPY_R = 0.234  # CLIP ViT-B/32 on CIFAR-10H, as reported
 
@@ -255,47 +256,35 @@ def build_model(cfg: E5Config) -> Model:
 
 
 def train(model: Model, data: Data, cfg: E5Config, progress: bool) -> dict[str, Any]:
+    """SGD with momentum and coupled weight decay, CLIP loss on (image, class name) batches."""
+    from normfast.apps.training import train_epochs
     from normfast.engine.objectives import CLIPLoss
 
     objective = CLIPLoss(temperature=cfg.temperature)
     opt = torch.optim.SGD(list(model.parameters()), lr=cfg.lr, momentum=cfg.momentum,
                           weight_decay=cfg.weight_decay)
-    rng = np.random.default_rng(cfg.seed + 1)
-    steps_per_epoch = len(data.train_ids) // cfg.batch_size
     labels = torch.from_numpy(data.labels)
-    losses = []
-    for m in (model.trunk, model.head, model.text):
-        m.train()
-    bar = tqdm(total=cfg.epochs * steps_per_epoch, desc="E5: train", unit="step", disable=not progress)
-    for _ in range(cfg.epochs):
-        order = rng.permutation(data.train_ids)
-        for s in range(steps_per_epoch):
-            rows = torch.from_numpy(order[s * cfg.batch_size:(s + 1) * cfg.batch_size])
-            za = model.head(model.trunk(data.images[rows]))
-            zb = model.text(model.class_ids[labels[rows]])
-            loss = objective.loss(za, zb)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-            bar.update(1)
-        bar.set_postfix(loss=f"{np.mean(losses[-steps_per_epoch:]):.3f}")
-    bar.close()
-    for m in (model.trunk, model.head, model.text):
-        m.eval()
-    tail = max(1, steps_per_epoch // 4)
-    return {"steps": len(losses), "loss_first_epoch_mean": float(np.mean(losses[:steps_per_epoch])),
-            "loss_last_quarter_epoch_mean": float(np.mean(losses[-tail:])),
-            "chance_level_loss_image_to_text": math.log(cfg.batch_size)}
+
+    def loss_on(rows: torch.Tensor) -> torch.Tensor:
+        za = model.head(model.trunk(data.images[rows]))
+        zb = model.text(model.class_ids[labels[rows]])
+        return objective.loss(za, zb)
+
+    record = train_epochs((model.trunk, model.head, model.text), opt, loss_on, data.train_ids,
+                          batch_size=cfg.batch_size, epochs=cfg.epochs, seed=cfg.seed + 1, progress=progress,
+                          desc="E5: train")
+    record.pop("losses")
+    return {**record, "chance_level_loss_image_to_text": math.log(cfg.batch_size)}
 
 
 @torch.no_grad()
 def embed_images(model: Model, images: torch.Tensor, rows: np.ndarray,
                  chunk: int = 1000) -> tuple[np.ndarray, np.ndarray]:
     """Pre-head features ``a`` and projected embeddings ``z`` (float64) of the given rows."""
+    encoder = model.image_encoder(images)
     a_parts, z_parts = [], []
     for lo in range(0, len(rows), chunk):
-        a = model.trunk(images[torch.from_numpy(rows[lo:lo + chunk])])
+        a = encoder.encode(rows[lo:lo + chunk].tolist(), output="pre_head")
         a_parts.append(a)
         z_parts.append(model.head(a))
     return torch.cat(a_parts).double().numpy(), torch.cat(z_parts).double().numpy()
@@ -306,86 +295,9 @@ def class_text_embeddings(model: Model) -> np.ndarray:
     return model.text(model.class_ids).double().numpy()
 
 
-def zero_shot(z: np.ndarray, text: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
-    """Entropy (nats) of softmax(cos / T) over the class texts, and the predicted class."""
-    zn = z / np.linalg.norm(z, axis=1, keepdims=True)
-    tn = text / np.linalg.norm(text, axis=1, keepdims=True)
-    logits = zn @ tn.T / temperature
-    logits -= logits.max(axis=1, keepdims=True)
-    p = np.exp(logits)
-    p /= p.sum(axis=1, keepdims=True)
-    entropy = -(p * np.log(np.clip(p, 1e-300, None))).sum(axis=1)
-    return entropy, logits.argmax(axis=1)
-
-
 # ----------------------------------------------------------------------------
 # statistics
 # ----------------------------------------------------------------------------
-def _rowwise_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Pearson r along the last axis, ignoring positions where ``x`` or ``y`` is NaN."""
-    m = np.isfinite(x) & np.isfinite(y)
-    n = m.sum(-1)
-    x = np.where(m, x, 0.0)
-    y = np.where(m, y, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        xc = np.where(m, x - (x.sum(-1) / n)[..., None], 0.0)
-        yc = np.where(m, y - (y.sum(-1) / n)[..., None], 0.0)
-        den = np.sqrt((xc * xc).sum(-1) * (yc * yc).sum(-1))
-        return np.where((n >= 3) & (den > 0), (xc * yc).sum(-1) / den, np.nan)
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    from scipy.stats import rankdata
-
-    # average ranks for ties (Spearman's rho); NaNs stay NaN and are left out of the ranking
-    return rankdata(x, axis=-1, nan_policy="omit")
-
-
-def correlation_with_ci(x: np.ndarray, y: np.ndarray, resamples: np.ndarray) -> dict[str, Any]:
-    """Pearson r and Spearman rho of ``x`` with ``y``, with percentile bootstrap 95% intervals.
-
-    ``resamples`` is a ``[B, n]`` array of row indices, shared across calls so
-    that every quantity sees the same bootstrap samples. Rows where ``x`` or
-    ``y`` is not finite (e.g. no positive root of the law) take no part, in the
-    estimate or in any resample.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    bad = ~(np.isfinite(x) & np.isfinite(y))
-    x = np.where(bad, np.nan, x)
-    y = np.where(bad, np.nan, y)
-    out: dict[str, Any] = {"n": int((~bad).sum()), "n_bootstrap": int(resamples.shape[0])}
-    for name in ("pearson", "spearman"):
-        fx, fy = (x, y) if name == "pearson" else (_ranks(x), _ranks(y))
-        r = float(_rowwise_pearson(fx, fy))
-        bx, by = x[resamples], y[resamples]
-        if name == "spearman":
-            bx, by = _ranks(bx), _ranks(by)
-        boot = _rowwise_pearson(bx, by)
-        boot = boot[np.isfinite(boot)]
-        lo, hi = np.percentile(boot, [2.5, 97.5]) if boot.size else (math.nan, math.nan)
-        out[name] = {"r": r, "ci95": [float(lo), float(hi)]}
-    return out
-
-
-def partial_spearman_with_ci(x: np.ndarray, y: np.ndarray, control: np.ndarray,
-                             resamples: np.ndarray) -> dict[str, Any]:
-    """Spearman rho of ``x`` with ``y`` with ``control`` partialled out (on ranks), bootstrap 95% interval."""
-
-    def partial(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-        ra, rb, rc = _ranks(a), _ranks(b), _ranks(c)
-        r_ab, r_ac, r_bc = _rowwise_pearson(ra, rb), _rowwise_pearson(ra, rc), _rowwise_pearson(rb, rc)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return (r_ab - r_ac * r_bc) / np.sqrt((1 - r_ac ** 2) * (1 - r_bc ** 2))
-
-    bad = ~(np.isfinite(x) & np.isfinite(y) & np.isfinite(control))
-    x, y, control = (np.where(bad, np.nan, np.asarray(v, dtype=np.float64)) for v in (x, y, control))
-    boot = partial(x[resamples], y[resamples], control[resamples])
-    boot = boot[np.isfinite(boot)]
-    lo, hi = np.percentile(boot, [2.5, 97.5]) if boot.size else (math.nan, math.nan)
-    return {"r": float(partial(x, y, control)), "ci95": [float(lo), float(hi)], "n": int((~bad).sum())}
-
-
 def within_class_spearman(x: np.ndarray, y: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
     from normfast.data.datasets import FASHION_MNIST_CLASSES
     from normfast.core.stats import spearman
@@ -399,6 +311,8 @@ def within_class_spearman(x: np.ndarray, y: np.ndarray, labels: np.ndarray) -> d
 # the two analyses
 # ----------------------------------------------------------------------------
 def heat_vs_entropy(model: Model, data: Data, cfg: E5Config, progress: bool) -> tuple[dict[str, Any], dict]:
+    from normfast.apps.training import zero_shot_entropy
+    from normfast.core.bootstrap import correlation_with_ci, partial_spearman_with_ci
     from normfast.data.datasets import FASHION_MNIST_CLASSES
     from normfast.engine.objectives import CLIPLoss
     from normfast.data.pairs import PairSource
@@ -418,7 +332,7 @@ def heat_vs_entropy(model: Model, data: Data, cfg: E5Config, progress: bool) -> 
 
     _, z = embed_images(model, data.images, data.probe_ids)
     text = class_text_embeddings(model)
-    entropy, pred = zero_shot(z, text, cfg.temperature)
+    entropy, pred = zero_shot_entropy(z, text, cfg.temperature)
     labels = data.labels[data.probe_ids]
     cols = {q: res.column(q).astype(np.float64) for q in QUANTITIES}
     valid = res.column("valid").astype(bool)
@@ -602,7 +516,7 @@ def verdicts(heat: dict[str, Any], ret: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(cfg: E5Config, out: str | Path | None = RESULTS, progress: bool = True) -> dict[str, Any]:
+def run(cfg: E5Config, out: str | Path | None = RUNS, progress: bool = True) -> dict[str, Any]:
     cfg.validate()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small convs and matmuls: one thread is steadier and keeps runs reproducible
@@ -623,6 +537,7 @@ def run(cfg: E5Config, out: str | Path | None = RESULTS, progress: bool = True) 
     finally:
         torch.set_num_threads(threads)
     from normfast.data.datasets import FASHION_MNIST_CLASSES
+    from normfast.data.io import json_ready
     from normfast.engine.probe import _library_versions
 
     vocab, _, _ = class_tokens(FASHION_MNIST_CLASSES)
@@ -647,18 +562,10 @@ def run(cfg: E5Config, out: str | Path | None = RESULTS, progress: bool = True) 
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "e5_uncertainty.json").write_text(json.dumps(summary, indent=1, default=_json_default) + "\n")
+        (out / "e5_uncertainty.json").write_text(json.dumps(json_ready(summary), indent=1, allow_nan=False) + "\n")
         plot_entropy(plot_data, heat["correlations_with_entropy"], out / "e5_entropy_heat.png")
         plot_alpha(sweeps, out / "e5_alpha_sweep.png")
     return summary
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -692,7 +599,8 @@ def format_summary(s: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a small, fast configuration (used by the tests)")
-    p.add_argument("--out", default=str(RESULTS), help="output folder (default bench/results)")
+    p.add_argument("--out", default=str(RUNS),
+                   help="output folder (default runs/e5, git-ignored; the committed results: --out bench/results)")
     p.add_argument("--seed", type=int, default=0,
                    help="drives data subsets, initialization, batches, bootstrap")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -17,8 +17,8 @@ same process on the same data:
 
 All three are checked against a float64 brute force on a subset of probes
 before any timing. A fresh subprocess then streams 10^6 probes through head
-mode in chunks and reports its peak RSS. Writes bench/results/head_stats.json
-and prints a markdown table. CPU timings on a shared VM are noisy: only the
+mode in chunks and reports its peak RSS. Writes runs/head_stats.json
+(the committed result: --out bench/results/head_stats.json) and prints a markdown table. CPU timings on a shared VM are noisy: only the
 ratios (same run, same machine) are claims.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ from normfast.apps.benchmark import (Phases, apply_per_batch, cpu_model, head_di
 from normfast.engine.ops import head_stats, prepare_head
 from normfast.core.reference import brute_force_stats, stat_errors
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RUNS = Path(__file__).resolve().parents[1] / "runs"  # default output (git-ignored)
 KEYS = ("D", "m2", "V2", "Q")
 
 # ------------------------------------------------------------------ methods
@@ -109,7 +109,7 @@ def memory_child(n_total, chunk, d_in, d_out, m, pairs):
                       "all_valid": bool((reason == 0).all())}))
 
 
-def main():
+def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=200_000, help="probes")
     p.add_argument("--dim", type=int, default=384, help="d_in = d_out of the head")
@@ -125,8 +125,9 @@ def main():
     p.add_argument("--direction-threads", type=int, default=1,
                    help="torch threads while computing G_B in every method (0: unchanged)")
     p.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, default=RESULTS / "head_stats.json")
-    args = p.parse_args()
+    p.add_argument("--out", type=Path, default=RUNS / "head_stats.json",
+                   help="output JSON (default %(default)s; the committed result: --out bench/results/head_stats.json)")
+    args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     Phases.direction_threads = args.direction_threads

@@ -20,7 +20,7 @@ time summed over threads). normfast runs with OpenMP's default thread count and
 with one thread. On a shared machine the wall-time gain of the second thread
 depends on what else runs; the CPU-time ratio of the one-thread run is the
 load-independent figure. Writes JSON (default
-bench/results/quartic.json) and prints a markdown table.
+runs/quartic.json; the committed result: --out bench/results/quartic.json) and prints a markdown table.
 
 Only ratios measured in the same run are claims; the absolute times depend on
 the machine and, on a shared one, on its load (recorded in the JSON).
@@ -43,7 +43,7 @@ from normfast.core import _quartic
 from normfast.apps.benchmark import cpu_model
 from normfast.core.equilibrium import solve_quartic
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RUNS = Path(__file__).resolve().parents[1] / "runs"  # default output (git-ignored)
 # the baseline's test for "real": |Im| <= IMAG_RTOL |lambda|
 IMAG_RTOL = 1e-8
 
@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "quartic.json")
+    parser.add_argument("--out", type=Path, default=RUNS / "quartic.json",
+                        help="output JSON (default %(default)s; the committed result: --out bench/results/quartic.json)")
     args = parser.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)

@@ -400,6 +400,95 @@ def table_e2() -> str | None:
     return "\n".join(rows)
 
 
+def resources_table(d: dict) -> str:
+    """Worst case per kernel and operand class over every compiled variant, sm_90 | sm_80."""
+    by = {}
+    for s in d["summary"]:
+        by.setdefault((s["kernel"], s["class"]), {})[s["arch"]] = s
+    rows = ["| kernel | operand class | tile configs | variants | registers (max) | stack bytes (max) "
+            "| shared KB (max) | programs per SM (min) | products on |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for (kernel, cls), arches in by.items():
+        a, b = arches.get("sm_90"), arches.get("sm_80")
+
+        def pair(key: str, fmt=str) -> str:
+            return " / ".join(fmt(x[key]) if x else "-" for x in (a, b))
+
+        scalar = "FMA" if kernel == "_head_stack_kernel" else "-"  # accumulate has no products
+        tc = {x["arch"]: ",".join(t for t in x["tensor_cores"] if t != "None") or scalar
+              for x in (a, b) if x}
+        rows.append(f"| `{kernel}` | {cls} | {max(x['configs'] for x in arches.values())} | "
+                    f"{sum(x['variants'] for x in arches.values())} | {pair('registers_max')} | "
+                    f"{pair('stack_max')} | {pair('shared_max', lambda v: f'{v / 1024:.0f}')} | "
+                    f"{pair('programs_per_sm_min')} | "
+                    f"{' / '.join(tc.get(k, '-') for k in ('sm_90', 'sm_80'))} |")
+    rows.append("")
+    n = len(d["variants"])
+    rows.append(f"Each cell: sm_90 / sm_80. {n} distinct compiled variants (every tile "
+                f"configuration the launchers may choose on a GPU, over fp32/bf16/fp16 inputs, "
+                f"branches, bias, IEEE/TF32 and d from 1 to 2048), {d['failing']} of them spilling, "
+                f"at the register cap ({d['register_cap']}) or below two programs per SM. "
+                f"Triton {d['toolchain']['triton']}, {d['toolchain']['ptxas']}; "
+                f"`python bench/kernel_resources.py --out bench/results`, no GPU needed.")
+    return "\n".join(rows)
+
+
+def roofline_table(d: dict, dim: int = 384) -> str:
+    """Predicted H200 time per form and path at d_in = d_out = ``dim`` (default tile configs)."""
+    pk = d["peaks"]
+    proto = d["protocol"]
+    rows = [f"| form (d = {dim}) | path: products | inputs | FLOP / row | HBM bytes / row | FLOP/B "
+            f"| bound by | predicted ms, 2^20 rows | vs torch path | L2 TB/s needed |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    names = {"S": "S form", "grouped": f"grouped, K = {proto['groups']}",
+             "per_batch": f"per-batch, M = {proto['m']}"}
+    for c in d["cases"]:
+        if c["d_in"] != dim or (c["path"] == "kernel" and not c.get("default_config")):
+            continue
+        form = names.get(c["form"], c["form"])
+        if c["op"] == "accumulate":
+            form += f", K = {c['k']}"
+        path = "normfast kernel" if c["path"] == "kernel" else "torch path"
+        speed = c.get("predicted_speedup_vs_torch")
+        l2 = c.get("l2_TBps_needed")
+        rows.append(f"| {form} | {path}: {c['products']} | {c['dtype']} | "
+                    f"{c['useful_flops'] / 1e6:.2f} M | {c['hbm_bytes']:,.0f} | {c['intensity']:.0f} "
+                    f"| {c['bound_by']} | {c['predicted_ms']:.2f} | "
+                    f"{'-' if speed is None else f'{speed:.1f}x'} | "
+                    f"{'-' if l2 is None else f'{l2:.1f}'} |")
+    rows.append("")
+    rows.append(f"Peaks: FP32 {pk['fp32_fma'] / 1e12:.0f}, TF32 {pk['tf32_dense'] / 1e12:.1f} and "
+                f"BF16 {pk['bf16_dense'] / 1e12:.1f} TFLOP/s dense, HBM "
+                f"{pk['hbm_bytes_per_s'] / 1e12:.1f} TB/s ({pk['source']}). Bias on; "
+                f"{proto['groups_note']}. Prediction = max(compute floor on the padded tiles, "
+                f"HBM floor); L2 is not a ceiling here (no published figure): the last column is "
+                f"the L2 bandwidth the tiled kernel would need to hold its prediction. "
+                f"`python bench/roofline.py --out bench/results`.")
+    return "\n".join(rows)
+
+
+def roofline_check_table(d: dict) -> str:
+    """The prediction for each timed case of bench/gpu_check.py (default tile configurations)."""
+    rows = ["| gpu_check case | bound by | compute floor ms | HBM floor ms | predicted ms "
+            "| L2 TB/s needed |", "|---|---|---|---|---|---|"]
+    for c in d["gpu_check_cases"]:
+        l2 = c.get("l2_TBps_needed")
+        rows.append(f"| {c['label']} | {c['bound_by']} | {c['compute_floor_ms']:.2f} | "
+                    f"{c['hbm_floor_ms']:.2f} | {c['predicted_ms']:.2f} | "
+                    f"{'-' if l2 is None else f'{l2:.1f}'} |")
+    return "\n".join(rows)
+
+
+def table_roofline() -> str | None:
+    d = _load("roofline.json")
+    return None if d is None else roofline_table(d)
+
+
+def table_kernel_resources() -> str | None:
+    d = _load("kernel_resources.json")
+    return None if d is None else resources_table(d)
+
+
 TABLES: dict[str, Callable[[], str | None]] = {
     "e2": table_e2,
     "demo": table_demo,
@@ -411,6 +500,8 @@ TABLES: dict[str, Callable[[], str | None]] = {
     "e1": table_e1,
     "quartic": table_quartic,
     "head_stats": table_head_stats,
+    "kernel_resources": table_kernel_resources,
+    "roofline": table_roofline,
 }
 
 

@@ -13,7 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import MAX_FUSED_DIM, block_sizes, check_kernel_device, check_kernel_dtype
+from .utils import (
+    MAX_FUSED_DIM,
+    KernelLaunch,
+    accumulate_configs,
+    check_kernel_device,
+    check_kernel_dtype,
+    launch,
+)
 
 
 @triton.jit(do_not_specialize=["K", "n_old"])
@@ -40,12 +47,20 @@ def _accumulate_kernel(
     BLOCK_D: tl.constexpr,        # >= D: a whole row per block
 ):
     # Phase 1: the tile of rows, the embedding, its norm and direction.
-    pid = tl.program_id(0).to(tl.int64)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-    cols = tl.arange(0, BLOCK_D).to(tl.int64)
-    row_ok = rows < N
+    # 64-bit block origins, 32-bit offsets inside a block (the launcher checks
+    # they fit): no 64-bit offset tile stays live across the direction loop.
+    first_row = tl.program_id(0).to(tl.int64) * BLOCK_N
+    T_ptr += first_row * stride_tn
+    TW_ptr += first_row * stride_wn
+    Z_ptr += first_row * stride_zn
+    MEAN_ptr += first_row * D
+    MEANW_ptr += first_row * D
+    rloc = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_D)
+    rows = first_row + rloc  # for the per-row state, [NB, *, N]
+    row_ok = rloc < N - first_row
     tile_ok = row_ok[:, None] & (cols < D)[None, :]
-    z = tl.load(Z_ptr + rows[:, None] * stride_zn + cols[None, :] * stride_zd,
+    z = tl.load(Z_ptr + rloc[:, None] * stride_zn + cols[None, :] * stride_zd,
                 mask=tile_ok, other=0.0).to(tl.float32)
     norm = tl.sqrt(tl.sum(z * z, axis=1))
     zhat = z / norm[:, None]
@@ -57,9 +72,9 @@ def _accumulate_kernel(
     # Phase 2: shifts. An empty state is shifted by its first new direction,
     # a filled one by its current means, so every sum below is of deviations.
     first = n_old == 0
-    state_offs = rows[:, None] * D + cols[None, :]
+    state_offs = rloc[:, None] * D + cols[None, :]
     mean_u = tl.load(MEAN_ptr + state_offs, mask=tile_ok, other=0.0)
-    x0 = tl.load(T_ptr + rows[:, None] * stride_tn + cols[None, :] * stride_td,
+    x0 = tl.load(T_ptr + rloc[:, None] * stride_tn + cols[None, :] * stride_td,
                  mask=tile_ok & first, other=0.0).to(tl.float32) * scale[:, None]
     shift_u = tl.where(first, x0, mean_u)
     rshift_u = tl.where(first, tl.sum(x0 * zhat, axis=1),
@@ -68,11 +83,11 @@ def _accumulate_kernel(
     s2_u = tl.zeros((BLOCK_N,), tl.float32)
     r1_u = tl.zeros((BLOCK_N,), tl.float32)
     r2_u = tl.zeros((BLOCK_N,), tl.float32)
-    pos_u = tl.zeros((BLOCK_N,), tl.int64)
-    neg_u = tl.zeros((BLOCK_N,), tl.int64)
+    pos_u = tl.zeros((BLOCK_N,), tl.int32)
+    neg_u = tl.zeros((BLOCK_N,), tl.int32)
     if HAS_W:
         mean_w = tl.load(MEANW_ptr + state_offs, mask=tile_ok, other=0.0)
-        w0 = tl.load(TW_ptr + rows[:, None] * stride_wn + cols[None, :] * stride_wd,
+        w0 = tl.load(TW_ptr + rloc[:, None] * stride_wn + cols[None, :] * stride_wd,
                      mask=tile_ok & first, other=0.0).to(tl.float32)
         shift_w = tl.where(first, w0, mean_w)
         rshift_w = tl.where(first, tl.sum(w0 * zhat, axis=1),
@@ -83,14 +98,14 @@ def _accumulate_kernel(
         s2_w = tl.zeros((BLOCK_N,), tl.float32)
         r1_w = tl.zeros((BLOCK_N,), tl.float32)
         r2_w = tl.zeros((BLOCK_N,), tl.float32)
-        pos_w = tl.zeros((BLOCK_N,), tl.int64)
-        neg_w = tl.zeros((BLOCK_N,), tl.int64)
+        pos_w = tl.zeros((BLOCK_N,), tl.int32)
+        neg_w = tl.zeros((BLOCK_N,), tl.int32)
         c1 = tl.zeros((BLOCK_N,), tl.float32)
 
     # Phase 3: one pass over the K new directions.
     # Walk the direction axis by pointer increments (64-bit, whatever K * N * D is).
-    t_ptrs = T_ptr + rows[:, None] * stride_tn + cols[None, :] * stride_td
-    w_ptrs = TW_ptr + rows[:, None] * stride_wn + cols[None, :] * stride_wd
+    t_ptrs = T_ptr + rloc[:, None] * stride_tn + cols[None, :] * stride_td
+    w_ptrs = TW_ptr + rloc[:, None] * stride_wn + cols[None, :] * stride_wd
     for k in range(K):
         x = tl.load(t_ptrs, mask=tile_ok, other=0.0).to(tl.float32) * scale[:, None]
         t_ptrs += stride_tk
@@ -101,8 +116,8 @@ def _accumulate_kernel(
         dr = r - rshift_u
         r1_u += dr
         r2_u += dr * dr
-        pos_u += (r > 0).to(tl.int64)
-        neg_u += (r < 0).to(tl.int64)
+        pos_u += (r > 0).to(tl.int32)
+        neg_u += (r < 0).to(tl.int32)
         if HAS_W:
             xw = tl.load(w_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
             w_ptrs += stride_wk
@@ -113,8 +128,8 @@ def _accumulate_kernel(
             drw = rw - rshift_w
             r1_w += drw
             r2_w += drw * drw
-            pos_w += (rw > 0).to(tl.int64)
-            neg_w += (rw < 0).to(tl.int64)
+            pos_w += (rw > 0).to(tl.int32)
+            neg_w += (rw < 0).to(tl.int32)
             c1 += tl.sum(x * xw, axis=1) - cshift
 
     # Phase 4: merge the shifted sums into the state:
@@ -122,14 +137,15 @@ def _accumulate_kernel(
     n_new = (n_old + K).to(tl.float32)
     m2_u = tl.where(first, 0.0, tl.load(MOM_ptr + rows, mask=row_ok, other=0.0))
     rm2_u = tl.where(first, 0.0, tl.load(MOM_ptr + 2 * N + rows, mask=row_ok, other=0.0))
+    state_offs = rloc[:, None] * D + cols[None, :]  # recomputed: not live across the loop
     tl.store(MEAN_ptr + state_offs, shift_u + s1_u / n_new, mask=tile_ok)
     tl.store(MOM_ptr + rows, m2_u + s2_u - tl.sum(s1_u * s1_u, axis=1) / n_new, mask=row_ok)
     tl.store(MOM_ptr + 1 * N + rows, rshift_u + r1_u / n_new, mask=row_ok)
     tl.store(MOM_ptr + 2 * N + rows, rm2_u + r2_u - r1_u * r1_u / n_new, mask=row_ok)
     old_pos_u = tl.load(CNT_ptr + rows, mask=row_ok, other=0)
     old_neg_u = tl.load(CNT_ptr + N + rows, mask=row_ok, other=0)
-    tl.store(CNT_ptr + rows, old_pos_u + pos_u, mask=row_ok)
-    tl.store(CNT_ptr + N + rows, old_neg_u + neg_u, mask=row_ok)
+    tl.store(CNT_ptr + rows, old_pos_u + pos_u.to(tl.int64), mask=row_ok)
+    tl.store(CNT_ptr + N + rows, old_neg_u + neg_u.to(tl.int64), mask=row_ok)
     # A non-finite deviation or radial sum means a non-finite displacement.
     bad_t = ((s2_u * 0.0) != 0.0) | ((r2_u * 0.0) != 0.0)
     if HAS_W:
@@ -142,8 +158,8 @@ def _accumulate_kernel(
         tl.store(MOM_ptr + 5 * N + rows, rm2_w + r2_w - r1_w * r1_w / n_new, mask=row_ok)
         old_pos_w = tl.load(CNT_ptr + 2 * N + rows, mask=row_ok, other=0)
         old_neg_w = tl.load(CNT_ptr + 3 * N + rows, mask=row_ok, other=0)
-        tl.store(CNT_ptr + 2 * N + rows, old_pos_w + pos_w, mask=row_ok)
-        tl.store(CNT_ptr + 3 * N + rows, old_neg_w + neg_w, mask=row_ok)
+        tl.store(CNT_ptr + 2 * N + rows, old_pos_w + pos_w.to(tl.int64), mask=row_ok)
+        tl.store(CNT_ptr + 3 * N + rows, old_neg_w + neg_w.to(tl.int64), mask=row_ok)
         tl.store(CROSS_ptr + rows, cshift + c1 / n_new, mask=row_ok)
         bad_t = bad_t | ((s2_w * 0.0) != 0.0) | ((r2_w * 0.0) != 0.0) | ((c1 * 0.0) != 0.0)
 
@@ -152,6 +168,14 @@ def _accumulate_kernel(
     code = tl.where(norm == 0.0, 1, tl.where((norm * 0.0) != 0.0, 2, tl.where(bad_t, 3, 0)))
     old_code = tl.load(REASON_ptr + rows, mask=row_ok, other=0)
     tl.store(REASON_ptr + rows, tl.where(old_code != 0, old_code, code.to(tl.int8)), mask=row_ok)
+
+
+def _int32_addressable(x: torch.Tensor) -> torch.Tensor:
+    """``x`` when a block of rows spans fewer than 2**31 elements along its strides, else contiguous."""
+    row, col = x.stride(-2), x.stride(-1)
+    if 64 * abs(row) + MAX_FUSED_DIM * abs(col) < 2**31:
+        return x
+    return x.contiguous()
 
 
 def accumulate(
@@ -224,17 +248,20 @@ def accumulate(
     check_kernel_device(fn, t, z, t_w, mean)
     if K == 0:
         return
+    # 32-bit offsets inside a block of rows (the kernel adds them to a 64-bit origin)
+    t, t_w, z = (None if x is None else _int32_addressable(x) for x in (t, t_w, z))
     tw = t if t_w is None else t_w
     cross_arg = moments if cross is None else cross  # never read without HAS_W
-    cfg = block_sizes("accumulate", dim=D)
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]),)
-    _accumulate_kernel[grid](
-        t, tw, z, mean[0], mean[nb - 1], moments, counts, cross_arg, reason,
-        K, N, D, int(n_seen),
-        t.stride(0), t.stride(1), t.stride(2),
-        tw.stride(0), tw.stride(1), tw.stride(2),
-        z.stride(0), z.stride(1),
-        SCALE_BY_NORM=branch in ("u", "uw"),
-        HAS_W=branch == "uw",
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], num_warps=cfg["num_warps"],
-    )
+    launch(KernelLaunch(
+        name=fn, kernel=_accumulate_kernel,
+        grid=lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),),
+        args=(t, tw, z, mean[0], mean[nb - 1], moments, counts, cross_arg, reason,
+              K, N, D, int(n_seen),
+              t.stride(0), t.stride(1), t.stride(2),
+              tw.stride(0), tw.stride(1), tw.stride(2),
+              z.stride(0), z.stride(1)),
+        meta={"SCALE_BY_NORM": branch in ("u", "uw"), "HAS_W": branch == "uw"},
+        configs=accumulate_configs(dim=D, branch=branch), key=("D",),
+        # the autotuner's trial runs must not fold the directions in twice
+        restore=("MEAN_ptr", "MEANW_ptr", "MOM_ptr", "CNT_ptr", "CROSS_ptr", "REASON_ptr"),
+    ))

@@ -1,139 +1,28 @@
-"""Closed-form head-mode statistics, S form: tiled ``Ã·Ḡᵀ`` and ``Ã·S_c``.
+"""Closed-form head-mode statistics (S form and per-batch form) as epilogues over :func:`head_stack`.
 
 For a linear head ``z = W a + b`` the displacement of probe ``i`` along
 batch ``B`` is ``t_i^B = -G̃_B ã_i`` with ``ã = [a, 1]`` and
-``G̃_B = [G_B | g_B]``. With the mean ``Ḡ`` of the augmented directions and
-their centered covariance ``S_c = Σ_B G̃^cᵀ_B G̃^c_B / (M-1)`` every probe
-needs three row reductions: ``ẑ·Ḡã``, ``|Ḡã|²`` and ``ãᵀ S_c ã``. The kernel
-forms them tile by tile in registers; no ``N x d`` product reaches memory.
+``G̃_B = [G_B | g_B]``. Both forms need only stacked products of the probe
+rows, which :func:`normfast.kernels.head_stack` forms in one pass over the
+rows; what remains is an O(N K) elementwise epilogue, run here as torch ops
+on the kernel's outputs:
+
+* S form (:func:`head_stats`): the stack ``[Ḡ]`` and ``[S_c]``;
+* per-batch form (:func:`project`): the stack ``[Ḡ, G̃^c_1, ..., G̃^c_M]``.
+
+The fused ``_head_stats_kernel`` and ``_project_kernel`` that used to do
+this are retired: their epilogues kept up to 255 registers live and spilled
+(bench/NOTES.md, "Resources").
 """
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from .utils import block_sizes, check_kernel_device, check_kernel_dtype
+from .head_stack import head_stack
+from .utils import capturing
 
-
-@triton.jit
-def _load_augmented_rows(
-    A_ptr,          # [N, DIN] probe activations
-    rows,           # [BLOCK_N] int64 row indices
-    ks,             # [BLOCK_K] column indices into ã = [a, 1]
-    N, DIN,
-    stride_an, stride_ak,
-    HAS_BIAS: tl.constexpr,  # column DIN of ã is the constant 1
-):
-    a = tl.load(A_ptr + rows[:, None] * stride_an + ks[None, :] * stride_ak,
-                mask=(rows < N)[:, None] & (ks < DIN)[None, :], other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        a = tl.where((ks == DIN)[None, :], 1.0, a)
-    return a
-
-
-@triton.jit
-def _augmented_rows_dot(
-    A_ptr,          # [N, DIN] probe activations
-    G_ptr,          # [DOUT, DA] fp32 contiguous right factor (used transposed)
-    rows,           # [BLOCK_N] int64 row indices
-    js,             # [BLOCK_J] output columns of this tile
-    N, DIN, DA, DOUT,
-    stride_an, stride_ak,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_J: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    # One [BLOCK_N, BLOCK_J] tile of Ã·Gᵀ, reduced over DA in BLOCK_K steps.
-    acc = tl.zeros((BLOCK_N, BLOCK_J), tl.float32)
-    for k0 in range(0, DA, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        a = _load_augmented_rows(A_ptr, rows, ks, N, DIN, stride_an, stride_ak, HAS_BIAS)
-        g = tl.load(G_ptr + js[None, :] * DA + ks[:, None],
-                    mask=(ks < DA)[:, None] & (js < DOUT)[None, :], other=0.0)
-        acc += tl.dot(a, g, input_precision=DOT_PRECISION)
-    return acc
-
-
-@triton.jit
-def _mean_direction_pass(
-    A_ptr, Z_ptr, GBAR_ptr, rows, N, DIN, DA, DOUT,
-    stride_an, stride_ak, stride_zn, stride_zj,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
-    BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    # Row reductions over the tiles of v = Ḡã: z·v, |v|², |z|².
-    zv = tl.zeros((BLOCK_N,), tl.float32)
-    vv = tl.zeros((BLOCK_N,), tl.float32)
-    zz = tl.zeros((BLOCK_N,), tl.float32)
-    for j0 in range(0, DOUT, BLOCK_J):
-        js = j0 + tl.arange(0, BLOCK_J)
-        v = _augmented_rows_dot(A_ptr, GBAR_ptr, rows, js, N, DIN, DA, DOUT, stride_an, stride_ak,
-                                HAS_BIAS, BLOCK_N, BLOCK_J, BLOCK_K, DOT_PRECISION)
-        z = tl.load(Z_ptr + rows[:, None] * stride_zn + js[None, :] * stride_zj,
-                    mask=(rows < N)[:, None] & (js < DOUT)[None, :], other=0.0).to(tl.float32)
-        zv += tl.sum(z * v, axis=1)
-        vv += tl.sum(v * v, axis=1)
-        zz += tl.sum(z * z, axis=1)
-    return zv, vv, zz
-
-
-@triton.jit
-def _head_stats_kernel(
-    A_ptr,          # [N, DIN] probe activations (any strides)
-    Z_ptr,          # [N, DOUT] probe embeddings (any strides)
-    GBAR_ptr,       # [DOUT, DA] fp32 mean augmented direction Ḡ, contiguous
-    SC_ptr,         # [DA, DA] fp32 centered covariance S_c, contiguous, symmetric
-    OUT_ptr,        # [4, N] fp32 out: D, m2, V2, Q
-    REASON_ptr,     # [N] int8 out: codes of normfast.ops.REASONS (0 = ok)
-    N, DIN, DA, DOUT,
-    stride_an, stride_ak,
-    stride_zn, stride_zj,
-    SCALE_BY_NORM: tl.constexpr,  # branch u (x = R t) rather than w (x = t)
-    HAS_BIAS: tl.constexpr,       # DA = DIN + 1, the last column of Ḡ and S_c is the bias
-    BLOCK_N: tl.constexpr,
-    BLOCK_J: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" (exact fp32) or "tf32"
-):
-    pid = tl.program_id(0).to(tl.int64)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-    row_ok = rows < N
-
-    # Phase 1: mean direction, ẑ·Ḡã and |Ḡã|² (and |z|² on the way).
-    zv, vv, zz = _mean_direction_pass(A_ptr, Z_ptr, GBAR_ptr, rows, N, DIN, DA, DOUT,
-                                      stride_an, stride_ak, stride_zn, stride_zj,
-                                      HAS_BIAS, BLOCK_N, BLOCK_J, BLOCK_K, DOT_PRECISION)
-
-    # Phase 2: spread, ãᵀ S_c ã as row sums of (Ã S_c) ∘ Ã, tile by tile.
-    q = tl.zeros((BLOCK_N,), tl.float32)
-    for j0 in range(0, DA, BLOCK_K):
-        js = j0 + tl.arange(0, BLOCK_K)
-        as_tile = _augmented_rows_dot(A_ptr, SC_ptr, rows, js, N, DIN, DA, DA, stride_an, stride_ak,
-                                      HAS_BIAS, BLOCK_N, BLOCK_K, BLOCK_K, DOT_PRECISION)
-        a_j = _load_augmented_rows(A_ptr, rows, js, N, DIN, stride_an, stride_ak, HAS_BIAS)
-        q += tl.sum(as_tile * a_j, axis=1)
-
-    # Phase 3: epilogue, branch scaling x̄ = -s Ḡã (s = R for u, 1 for w).
-    norm = tl.sqrt(zz)
-    if SCALE_BY_NORM:
-        s = norm
-    else:
-        s = tl.full((BLOCK_N,), 1.0, tl.float32)
-    drift = -(zv / norm) * s
-    m2 = s * s * vv
-    v2 = s * s * tl.maximum(q, 0.0)  # S_c is PSD; clip rounding below zero
-    bad_t = ((zv * 0.0) != 0.0) | ((vv * 0.0) != 0.0) | ((q * 0.0) != 0.0)
-    code = tl.where(norm == 0.0, 1, tl.where((norm * 0.0) != 0.0, 2, tl.where(bad_t, 3, 0)))
-    ok = code == 0
-    nan = float("nan")
-    tl.store(OUT_ptr + rows, tl.where(ok, drift, nan), mask=row_ok)
-    tl.store(OUT_ptr + N + rows, tl.where(ok, m2, nan), mask=row_ok)
-    tl.store(OUT_ptr + 2 * N + rows, tl.where(ok, v2, nan), mask=row_ok)
-    tl.store(OUT_ptr + 3 * N + rows, tl.where(ok, m2 + v2, nan), mask=row_ok)
-    tl.store(REASON_ptr + rows, code.to(tl.int8), mask=row_ok)
+# Reason codes of normfast.engine.ops.REASONS (literal here: kernels import nothing from the engine).
+_ZERO_NORM, _NON_FINITE_EMBEDDING, _NON_FINITE_DISPLACEMENT = 1, 2, 3
 
 
 def _check_head_operands(fn: str, A: torch.Tensor, Z: torch.Tensor, g_bar: torch.Tensor,
@@ -148,8 +37,6 @@ def _check_head_operands(fn: str, A: torch.Tensor, Z: torch.Tensor, g_bar: torch
             or not g_bar.is_contiguous()):
         raise ValueError(f"{fn}: expected g_bar contiguous float32 of shape {(d_out, da)}, "
                          f"got g_bar.shape={tuple(g_bar.shape)}, dtype={g_bar.dtype}")
-    check_kernel_dtype(fn, "A", A)
-    check_kernel_dtype(fn, "Z", Z)
     return n, d_in, da, d_out
 
 
@@ -166,6 +53,25 @@ def _outputs(fn: str, n: int, rows: int, device: torch.device, out: torch.Tensor
         raise ValueError(f"{fn}: expected reason int8 of shape {(n,)}, got reason.shape="
                          f"{tuple(reason.shape)}, dtype={reason.dtype}")
     return out, reason
+
+
+def _check_branch(fn: str, branch: str) -> None:
+    if branch not in ("u", "w"):
+        raise ValueError(f"{fn}: expected branch 'u' or 'w', got {branch!r}")
+
+
+def _branch_scale(branch: str, norm: torch.Tensor) -> torch.Tensor:
+    return norm if branch == "u" else torch.ones_like(norm)
+
+
+def _reasons(norm: torch.Tensor, *products: torch.Tensor) -> torch.Tensor:
+    # the first failure wins: embedding problems before displacement problems
+    bad = torch.zeros(norm.shape, dtype=torch.bool, device=norm.device)
+    for p in products:
+        bad |= ~torch.isfinite(p)
+    code = torch.where(bad, _NON_FINITE_DISPLACEMENT, 0)
+    code = torch.where(torch.isfinite(norm), code, _NON_FINITE_EMBEDDING)
+    return torch.where(norm == 0, _ZERO_NORM, code).to(torch.int8)
 
 
 def head_stats(
@@ -191,31 +97,101 @@ def head_stats(
     ``s_c`` the centered covariance ``Σ_B G̃^cᵀ_B G̃^c_B / (M-1)``, both fp32
     and contiguous (formed by the caller with BLAS). ``A`` ``[N, d_in]`` and
     ``Z`` ``[N, d_out]`` may be fp16/bf16/fp32 with any strides; products
-    accumulate in fp32 (IEEE fp32 ``tl.dot`` unless ``allow_tf32``).
+    accumulate in fp32 (see :func:`head_stack` for the operand precision).
 
     Returns ``out [4, N]`` (rows D, m2, V2, Q; NaN where the row is invalid)
     and ``reason [N]`` int8. Must match
-    :func:`normfast.reference.head_stats_reference`.
+    :func:`normfast.core.reference.head_stats_reference`.
     """
     fn = "head_stats"
-    if branch not in ("u", "w"):
-        raise ValueError(f"{fn}: expected branch 'u' or 'w', got {branch!r}")
+    _check_branch(fn, branch)
     n, d_in, da, d_out = _check_head_operands(fn, A, Z, g_bar, has_bias)
     if tuple(s_c.shape) != (da, da) or s_c.dtype != torch.float32 or not s_c.is_contiguous():
         raise ValueError(f"{fn}: expected s_c contiguous float32 of shape {(da, da)}, "
                          f"got s_c.shape={tuple(s_c.shape)}, dtype={s_c.dtype}")
-    check_kernel_device(fn, A, Z, g_bar, s_c)
     out, reason = _outputs(fn, n, 4, A.device, out, reason)
-    if n == 0:
+    zdot, sq, quad, norm = head_stack(A, Z, g_bar[None], s_c[None], has_bias=has_bias,
+                                      allow_tf32=allow_tf32)
+    if n == 0 or capturing():
         return out, reason
-    cfg = block_sizes("head_stats", d_in=da, d_out=d_out)
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]),)
-    _head_stats_kernel[grid](
-        A, Z, g_bar, s_c, out, reason,
-        n, d_in, da, d_out,
-        A.stride(0), A.stride(1), Z.stride(0), Z.stride(1),
-        SCALE_BY_NORM=branch == "u", HAS_BIAS=bool(has_bias),
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_J=cfg["BLOCK_J"], BLOCK_K=cfg["BLOCK_K"],
-        DOT_PRECISION="tf32" if allow_tf32 else "ieee", num_warps=cfg["num_warps"],
-    )
+    s = _branch_scale(branch, norm)
+    zv, vv, q = zdot[:, 0], sq[:, 0], quad[:, 0]
+    code = _reasons(norm, zv, vv, q)
+    ok = code == 0
+    m2 = s * s * vv
+    v2 = s * s * q.clamp_min(0)  # S_c is PSD; clip rounding below zero
+    for row, value in enumerate((-(zv / norm) * s, m2, v2, m2 + v2)):
+        out[row].copy_(value.masked_fill(~ok, float("nan")))
+    reason.copy_(code)
+    return out, reason
+
+
+def project(
+    A: torch.Tensor,
+    Z: torch.Tensor,
+    g_bar: torch.Tensor,
+    g_centered: torch.Tensor,
+    *,
+    branch: str = "u",
+    has_bias: bool = False,
+    allow_tf32: bool = False,
+    out: torch.Tensor | None = None,
+    reason: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-batch head statistics for every probe row.
+
+    With ``ã = [a, 1]`` when ``has_bias`` (else ``a``), ``R = |z|``,
+    ``ẑ = z / R``, ``s = R`` for branch "u" and ``1`` for "w",
+    ``y_B = G̃^c_B ã`` and the radial dots ``r^B = D - s ẑ·y_B``::
+
+        D = -s ẑ·(Ḡ ã)                 m2 = s² |Ḡ ã|²
+        V2 = s² Σ_B |y_B|² / (M-1)      Q = m2 + V2
+        se_D = std_B(r^B, ddof=1) / sqrt(M)
+        sign_stability = #{B : sign(r^B) = sign(D)} / M    (sign(0) = 0)
+
+    ``g_bar`` ``[d_out, d_in (+1)]`` is the mean augmented direction and
+    ``g_centered`` ``[M, d_out, d_in (+1)]`` the centered ones, fp32 and
+    contiguous. ``A``/``Z`` may be fp16/bf16/fp32 with any strides; fp32
+    accumulation (see :func:`head_stack` for the operand precision).
+
+    Returns ``out [6, N]`` (rows D, se_D, sign_stability, m2, V2, Q; NaN where
+    invalid) and ``reason [N]`` int8. Must match
+    :func:`normfast.core.reference.project_reference`.
+    """
+    fn = "project"
+    _check_branch(fn, branch)
+    n, d_in, da, d_out = _check_head_operands(fn, A, Z, g_bar, has_bias)
+    if (g_centered.dim() != 3 or tuple(g_centered.shape[1:]) != (d_out, da)
+            or g_centered.dtype != torch.float32 or not g_centered.is_contiguous()):
+        raise ValueError(f"{fn}: expected g_centered contiguous float32 of shape "
+                         f"[M, {d_out}, {da}], got g_centered.shape={tuple(g_centered.shape)}, "
+                         f"dtype={g_centered.dtype}")
+    m = g_centered.shape[0]
+    if m < 2:
+        raise ValueError(f"{fn}: expected at least 2 virtual batches, "
+                         f"got g_centered.shape={tuple(g_centered.shape)}")
+    out, reason = _outputs(fn, n, 6, A.device, out, reason)
+    stack = torch.cat([g_bar[None], g_centered])
+    zdot, sq, _, norm = head_stack(A, Z, stack, None, has_bias=has_bias, allow_tf32=allow_tf32)
+    if n == 0 or capturing():
+        return out, reason
+    s = _branch_scale(branch, norm)
+    drift = -(zdot[:, 0] / norm) * s
+    dev = -(zdot[:, 1:] / norm[:, None]) * s[:, None]          # r^B - D, [N, M]
+    radial = drift[:, None] + dev
+    n_pos = (radial > 0).sum(1)
+    n_neg = (radial < 0).sum(1)
+    agree = torch.where(drift > 0, n_pos, torch.where(drift < 0, n_neg, m - n_pos - n_neg))
+    # deviations re-centered by their (rounding-size) mean: the ddof=1 spread of the r^B
+    dev_sum, dev_sq = dev.sum(1), dev.square().sum(1)
+    var_r = (dev_sq - dev_sum.square() / m).clamp_min(0) / (m - 1)
+    spread = sq[:, 1:].sum(1)
+    m2 = s * s * sq[:, 0]
+    v2 = s * s * spread / (m - 1)
+    code = _reasons(norm, zdot[:, 0], sq[:, 0], spread, dev_sq)
+    ok = code == 0
+    values = (drift, torch.sqrt(var_r / m), agree.to(torch.float32) / m, m2, v2, m2 + v2)
+    for row, value in enumerate(values):
+        out[row].copy_(value.masked_fill(~ok, float("nan")))
+    reason.copy_(code)
     return out, reason

@@ -5,11 +5,13 @@ every name is imported lazily, on first use, so ``import normfast`` stays light:
 
 * probing: :func:`probe`, :class:`ProbeConfig`, :class:`ProbeResult`;
 * models: :func:`load_encoder`, :class:`Encoder`, :class:`ModuleEncoder`;
-* virtual batches: :class:`PairSource` and the objectives :class:`InfoNCE`,
-  :class:`CLIPLoss`, :class:`SupCon`, :class:`SimCSE` (:func:`get_objective` by name);
+* virtual batches: :class:`PairSource` (:func:`virtual_batches`, the default draw) and the
+  objectives :class:`InfoNCE`, :class:`CLIPLoss`, :class:`SupCon`, :class:`SimCSE`
+  (:func:`get_objective` by name; :class:`Objective` and :func:`check_scale_invariance` for your own);
 * the law: :func:`solve_quartic`, :func:`equilibrium_coefficients`, :func:`equilibrium_norm`;
-* output: :func:`read_metadata` (a run's settings);
-* retrieval: :func:`rescale_documents`, :func:`alpha_sweep`, :func:`export_faiss`;
+* output: :func:`read_metadata` (a run's settings), :data:`SCHEMA_VERSION` (the Parquet format,
+  documented column by column in :mod:`normfast.data.schema`);
+* retrieval: :func:`rescale_documents`, :func:`alpha_sweep`, :func:`export_faiss`, :func:`load_beir`;
 * :mod:`ops` -- the array backend for other frontends (accumulators, head statistics, solver).
 
 Layers (each a sub-package; imports flow one way, checked by the tests):
@@ -38,6 +40,9 @@ _LAZY = {
     "Encoder": "normfast.encoders",
     "ModuleEncoder": "normfast.encoders",
     "PairSource": "normfast.data.pairs",
+    "virtual_batches": "normfast.data.pairs",
+    "Objective": "normfast.engine.objectives",
+    "check_scale_invariance": "normfast.engine.objectives",
     "InfoNCE": "normfast.engine.objectives",
     "CLIPLoss": "normfast.engine.objectives",
     "SupCon": "normfast.engine.objectives",
@@ -47,6 +52,8 @@ _LAZY = {
     "equilibrium_coefficients": "normfast.core.equilibrium",
     "equilibrium_norm": "normfast.core.equilibrium",
     "read_metadata": "normfast.data.io",
+    "SCHEMA_VERSION": "normfast.data.schema",
+    "load_beir": "normfast.data.beir",
     "rescale_documents": "normfast.apps.scoring",
     "alpha_sweep": "normfast.apps.retrieval",
     "export_faiss": "normfast.apps.scoring",

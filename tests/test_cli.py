@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from _models import tiny_bert
 from normfast import __version__
 from normfast.cli import COMMANDS, main
 
@@ -37,13 +36,9 @@ def test_probe_help_teaches(capsys):
     assert "--tokens" in out and "--resume" in out and "R_eq" in out
 
 
-@pytest.fixture(scope="module")
-def bert_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    tok = transformers.AutoTokenizer.from_pretrained(str(minilm.get_model_path()))
-    tiny_bert(tok).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+@pytest.fixture
+def bert_folder(tiny_bert_folder):
+    return tiny_bert_folder  # one per session (conftest)
 
 
 def test_probe_then_report_on_a_local_model(tmp_path, bert_folder, capsys):
@@ -111,23 +106,3 @@ def test_validate_quick(tmp_path, capsys):
         assert np.all(np.asarray(res["observed"]) > 0)
     assert (tmp_path / "equilibrium.png").stat().st_size > 0
     assert main(["validate", "--variants", "bogus", "--out", str(tmp_path)]) == 2
-
-
-def test_demo_quick(tmp_path, capsys):
-    rc = main(["demo", "--quick", "--words", "60", "--batches", "4", "--out", str(tmp_path), "--no-progress"])
-    assert rc == 0
-    out = capsys.readouterr().out
-    assert "all-MiniLM-L6-v2" in out and "Spearman(Zipf, norm" in out
-    # the regime check first, and no slope of norms against R_eq without its reading
-    lines = out.splitlines()
-    head = next(i for i, ln in enumerate(lines) if ln.startswith("normfast probe:"))
-    assert lines[head + 1].startswith("regime: ")
-    fit = next(i for i, ln in enumerate(lines) if "observed norm vs R_eq" in ln)
-    assert "comparison, not a test of the law" in lines[fit - 1]
-    assert "how to read R_eq here:" in out and "not a fit to the present norms" in out
-    table = pq.read_table(tmp_path / "demo.parquet")
-    assert set(table.column("regime").to_pylist()) <= {"law applicable", "heat-dominated", "not applicable"}
-    words = set(table.column("text").to_pylist())
-    assert len(words) == 60 and "the" in words
-    assert np.all(np.isfinite(table.column("V2").to_numpy()))
-    assert (tmp_path / "demo_norm_vs_req.png").exists()

@@ -13,12 +13,8 @@ import pytest
 from normfast.data import datasets as ds
 from normfast.apps import retrieval as R
 
-needs_wordnet = pytest.mark.skipif(
-    not (ds.WORDNET_DIR / "index.sense").is_file() or not ds.LEXNAMES_MAN.is_file(),
-    reason="WordNet 3.0 not installed (apt-get install wordnet-base wordnet-sense-index)")
-needs_fashion = pytest.mark.skipif(
-    not (ds.FASHION_MNIST_DIR / "t10k-labels-idx1-ubyte.gz").is_file(),
-    reason="apt-get install dataset-fashion-mnist")
+needs_wordnet = pytest.mark.needs_data("wordnet")
+needs_fashion = pytest.mark.needs_data("fashion-mnist")
 
 
 @pytest.fixture(scope="module")

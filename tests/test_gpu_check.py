@@ -74,8 +74,9 @@ def test_ceilings_and_kernel_cases_are_measured_and_checked(dry):
     stages = dry[2]["stages"]
     ceilings = stages["ceilings"]["result"]
     assert ceilings["copy"]["GBps"] > 0 and ceilings["gemm"]["fp32"]["TFLOPs"] > 0
+    assert ceilings["l2_copy"]["GBps"] > 0
     cases = stages["kernels"]["result"]["cases"]
-    assert {c["op"] for c in cases} == {"head_stats", "project", "accumulate"}
+    assert {c["op"] for c in cases} == {"head_stack", "head_stats", "project", "accumulate"}
     for c in cases:
         assert c["check"]["passed"] and 0 <= c["check"]["max_error"] <= c["check"]["tolerance"]
         for timing in (c["kernel"], c["torch_path"]):
@@ -89,6 +90,9 @@ def test_ceilings_and_kernel_cases_are_measured_and_checked(dry):
         assert (c["op"] == "accumulate") == (c["compute_ceiling"] is None)
         assert c["speedup_vs_torch_path"] == pytest.approx(
             c["torch_path"]["p50_ms"] / c["kernel"]["p50_ms"])
+        assert c["config"]["BLOCK_N"] >= 1  # the tile configuration the launch ran with
+        if c["op"] != "accumulate":
+            assert c["l2_bytes"] > 0 and c["fraction_of_l2_bandwidth"] > 0
     used = stages["kernels"]["result"]["ceilings_used"]
     assert used["copy_GBps"] == pytest.approx(ceilings["copy"]["GBps"])
 
@@ -142,7 +146,8 @@ def test_budget_arithmetic_and_roofline():
 def test_gpu_plan_fills_the_chip_and_meets_the_issue():
     gc = _load_script()
     cases = gc.kernel_cases(gpu=True)
-    assert {c["op"] for c in cases} == {"head_stats", "project", "accumulate"}
+    assert {c["op"] for c in cases} == {"head_stack", "head_stats", "project", "accumulate"}
+    assert cases[0]["op"] == "head_stack" and cases[0]["dtype"] == "bfloat16"  # the new default
     assert {c["dtype"] for c in cases} == {"float32", "bfloat16"}
     assert any(c.get("precision") == "tf32" for c in cases)
     for c in cases:

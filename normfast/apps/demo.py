@@ -69,7 +69,7 @@ def demo_main(args: argparse.Namespace) -> int:
     item = result.column("item")
     pos = result.column("position")
     valid = result.column("valid").astype(bool)
-    first = (pos == 1) & valid  # position 0 is [CLS]
+    first = (pos == 1) & valid & ~result.column("is_special")  # position 0 is [CLS]
     zipf = np.asarray(zipf_frequency([words[i] for i in item[first]]))
     print("\nword frequency (Zipf) vs the first word-piece of each word:")
     for col in ("norm", result.heat_column, result.drift_column, "r_eq", "r_eq_heat"):

@@ -84,7 +84,12 @@ def probe_arguments(p) -> None:
     p.add_argument("--positive-key", default="positive")
     p.add_argument("--label-key", default=None, help="jsonl key of class labels (supcon)")
     p.add_argument("--objective", default="simcse", choices=["simcse", "infonce", "clip", "supcon"])
-    p.add_argument("--temperature", type=float, default=None, help="objective temperature (default: its own)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="objective temperature (default: the objective's own: infonce/simcse 0.05, clip 0.07, "
+                        "supcon 0.1)")
+    p.add_argument("--symmetric", action="store_true",
+                   help="infonce: average the anchor->positive and positive->anchor losses (clip is always "
+                        "symmetric)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--tokens", dest="output", action="store_const", const="tokens",
                    help="one row per token position")
@@ -158,6 +163,11 @@ def _probe_cli(args, device: str, root: bool) -> int:
         if encoder.modality == "image":
             items = _load_images(items)
         obj_kw = {} if args.temperature is None else {"temperature": args.temperature}
+        if args.symmetric:
+            if args.objective != "infonce":
+                raise ValueError(f"--symmetric applies to --objective infonce, got --objective {args.objective}"
+                                 + (" (clip is symmetric already)" if args.objective == "clip" else ""))
+            obj_kw["symmetric"] = True
         objective = get_objective(args.objective, **obj_kw)
         pairs = None
         pair_encoder = None

@@ -414,6 +414,40 @@ def head_stack_reference(A, Z, G, S, *, has_bias: bool = False) -> dict:
             "norm": torch.linalg.vector_norm(Z, dim=1)}
 
 
+def head_stack_errors(got, want: dict, A, Z, G, S, *, has_bias: bool = False) -> dict[str, float]:
+    """Max error of each stacked product relative to its natural size, over all rows.
+
+    ``got`` is ``(zdot, sq, quad, norm)`` (or a dict of them), ``want`` the
+    truth (e.g. :func:`head_stack_reference` in float64). The size of each
+    entry is the same product with absolute values, ``|z|·(|G_k||ã|)``,
+    ``|(|G_k||ã|)|²``, ``|ã|ᵀ|S_k||ã|`` and ``|z|``: it bounds the rounding
+    error of any summation order, so the ratio is comparable to the
+    tolerances of :data:`TOLERANCES`. A shape mismatch or a NaN where the
+    truth is finite counts as ``inf``.
+    """
+    keys = ("zdot", "sq", "quad", "norm")
+    got = got if isinstance(got, dict) else dict(zip(keys, got))
+    A, Z, G, S = (torch.as_tensor(x).detach().cpu().to(torch.float64) for x in (A, Z, G, S))
+    if has_bias:
+        A = torch.cat([A, torch.ones(A.shape[0], 1, dtype=A.dtype)], 1)
+    v_abs = torch.einsum("kjd,nd->nkj", G.abs(), A.abs())
+    scale = {"zdot": torch.einsum("nj,nkj->nk", Z.abs(), v_abs), "sq": v_abs.square().sum(-1),
+             "quad": torch.einsum("nd,kde,ne->nk", A.abs(), S.abs(), A.abs()),
+             "norm": torch.linalg.vector_norm(Z, dim=1)}
+    errors = {}
+    for key in keys:
+        g = torch.as_tensor(got[key]).detach().cpu().to(torch.float64)
+        w = torch.as_tensor(want[key]).detach().cpu().to(torch.float64).reshape(scale[key].shape)
+        if tuple(g.shape) != tuple(w.shape):
+            errors[key] = float("inf")
+        elif w.numel() == 0:
+            errors[key] = 0.0
+        else:
+            diff = (g - w).abs().nan_to_num(nan=float("inf"))
+            errors[key] = float((diff / scale[key].clamp_min(torch.finfo(torch.float64).tiny)).max())
+    return errors
+
+
 def _scale_of(key: str, want: dict) -> torch.Tensor:
     """Natural size of a statistic: |D|, se_D <= sqrt(Q); m2, V2 <= Q; |C_uw| <= sqrt(Q Q_w)."""
     suffix = "_w" if key.endswith("_w") else ""

@@ -12,6 +12,10 @@ Sources, each from a system or PyPI package installed beforehand:
 and one collection derived from them, WordNet definition -> term retrieval in
 BEIR format (:func:`build_wordnet_collection`). Data is cached under
 ``$NORMFAST_CACHE`` (default ``~/.cache/normfast``), never inside the repo.
+
+The Debian data is looked up under ``$NORMFAST_SYSTEM_ROOT`` (default ``/``):
+pointing it at an empty folder simulates a machine without the packages.
+:func:`missing_system_data` says which data set is absent and how to install it.
 """
 from __future__ import annotations
 
@@ -29,9 +33,11 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-WORDNET_DIR = Path("/usr/share/wordnet")
-LEXNAMES_MAN = Path("/usr/share/man/man5/lexnames.5WN.gz")
-FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+#: prefix of the Debian data paths ($NORMFAST_SYSTEM_ROOT, default "/"), read once at import
+SYSTEM_ROOT = Path(os.environ.get("NORMFAST_SYSTEM_ROOT") or "/")
+WORDNET_DIR = SYSTEM_ROOT / "usr/share/wordnet"
+LEXNAMES_MAN = SYSTEM_ROOT / "usr/share/man/man5/lexnames.5WN.gz"
+FASHION_MNIST_DIR = SYSTEM_ROOT / "usr/share/datasets/fashion-mnist"
 
 _WORDNET_APT = "apt-get install wordnet-base wordnet-sense-index"
 _FASHION_APT = "apt-get install dataset-fashion-mnist"
@@ -45,6 +51,25 @@ _WORDNET_FILES = (
     "adj.exc", "adv.exc", "noun.exc", "verb.exc",
 )
 _SYNTACTIC_CATEGORY = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
+
+
+def missing_system_data(name: str) -> str | None:
+    """None when the Debian data set ``name`` (``"wordnet"`` or ``"fashion-mnist"``) is installed,
+    else a one-line reason that names the packages to install."""
+    if name == "wordnet":
+        missing = [n for n in _WORDNET_FILES if not (WORDNET_DIR / n).is_file()]
+        if not LEXNAMES_MAN.is_file():
+            missing.append(LEXNAMES_MAN.name)
+        if missing:
+            return f"WordNet 3.0 not installed (missing {missing[0]} under {SYSTEM_ROOT}): {_WORDNET_APT}"
+        return None
+    if name == "fashion-mnist":
+        missing = [f for files in _FASHION_FILES.values() for f in files[:2]
+                   if not (FASHION_MNIST_DIR / f).is_file()]
+        if missing:
+            return f"Fashion-MNIST not installed (missing {missing[0]} under {SYSTEM_ROOT}): {_FASHION_APT}"
+        return None
+    raise ValueError(f"missing_system_data: expected 'wordnet' or 'fashion-mnist', got {name!r}")
 
 
 def cache_dir() -> Path:
@@ -337,12 +362,25 @@ def load_fashion_mnist(split: str = "train", root: str | os.PathLike = FASHION_M
                        ) -> tuple[np.ndarray, np.ndarray]:
     """``(images uint8 [N, 28, 28], labels int64 [N])`` of Fashion-MNIST (N = 60000 / 10000).
 
-    Class names are in :data:`FASHION_MNIST_CLASSES`.
+    Class names are in :data:`FASHION_MNIST_CLASSES`. The arrays are read once per
+    process and folder and returned read-only (copy them to modify).
     """
     if split not in _FASHION_FILES:
         raise ValueError(f"load_fashion_mnist: split must be 'train' or 'test', got {split!r}")
-    img_name, lab_name, n = _FASHION_FILES[split]
     folder = Path(root)
+    key = (split, str(folder.resolve()))
+    with _FASHION_LOCK:
+        if key not in _FASHION_CACHE:
+            _FASHION_CACHE[key] = _read_fashion_mnist(split, folder)
+        return _FASHION_CACHE[key]
+
+
+_FASHION_CACHE: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+_FASHION_LOCK = threading.Lock()
+
+
+def _read_fashion_mnist(split: str, folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    img_name, lab_name, n = _FASHION_FILES[split]
     for name in (img_name, lab_name):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"load_fashion_mnist: {folder / name} is missing; "
@@ -355,6 +393,8 @@ def load_fashion_mnist(split: str = "train", root: str | os.PathLike = FASHION_M
                          f"labels.shape={labels.shape}")
     if labels.min() < 0 or labels.max() >= len(FASHION_MNIST_CLASSES):
         raise ValueError(f"load_fashion_mnist: labels outside 0..9 in {folder / lab_name}")
+    images.flags.writeable = False
+    labels.flags.writeable = False
     return images, labels
 
 

@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -43,39 +44,6 @@ def fingerprint(spec: Mapping[str, Any]) -> str:
     """Stable hash of the arguments that determine a run's rows."""
     blob = json.dumps(spec, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def spec_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """The settings (dotted keys, e.g. ``config.drift_batches``) whose values differ between two specs."""
-    def flat(spec: Any, prefix: str = "") -> dict[str, str]:
-        if isinstance(spec, Mapping):
-            out: dict[str, str] = {}
-            for k, v in spec.items():
-                out.update(flat(v, f"{prefix}{k}."))
-            return out
-        return {prefix[:-1]: json.dumps(spec, sort_keys=True, default=str)}
-
-    a, b = flat(json.loads(json.dumps(old, default=str))), flat(json.loads(json.dumps(new, default=str)))
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-
-
-def describe_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> str:
-    """`` (changed: config.drift_batches 1024 -> 256)`` for an error message; empty when unknown."""
-    if not old:
-        return ""
-    keys = spec_changes(old, new)
-    if not keys:
-        return ""
-
-    def value(spec: Mapping[str, Any], key: str) -> Any:
-        for part in key.split("."):
-            if not isinstance(spec, Mapping) or part not in spec:
-                return "<absent>"
-            spec = spec[part]
-        return spec
-
-    shown = ", ".join(f"{k} {value(old, k)!r} -> {value(new, k)!r}" for k in keys[:6])
-    return f" (changed: {shown}{', ...' if len(keys) > 6 else ''})"
 
 
 def manifest_path(out: str | os.PathLike) -> Path:
@@ -138,8 +106,8 @@ class ChunkedParquetWriter:
         if self.out.suffix != ".parquet":
             raise ValueError(f"ChunkedParquetWriter: expected an output path ending in .parquet, got {str(self.out)!r}")
         self.parts = self.out.with_name(self.out.name + ".parts")
+        self.spec = json.loads(json.dumps(dict(spec), default=str))
         self.key = fingerprint(spec)
-        self.spec = json.loads(json.dumps(spec, default=str))
         self.schema: pa.Schema | None = None
         run_file = self.parts / _RUN_FILE
         if attach:
@@ -153,6 +121,7 @@ class ChunkedParquetWriter:
                 raise FileExistsError(
                     f"{self.parts} holds an unfinished run; resume it (CLI: --resume) or delete the folder")
             self._check_key(run_file)
+            self._drop_unreadable_chunks()
         else:
             self.parts.mkdir(parents=True)
             _atomic_write_text(json.dumps({"key": self.key, "spec": spec}, default=str, indent=1), run_file)
@@ -163,10 +132,29 @@ class ChunkedParquetWriter:
         except (OSError, ValueError):
             previous = {}
         if previous.get("key") != self.key:
+            changed = describe_spec_change(previous.get("spec") or {}, self.spec)
             raise ValueError(
-                f"cannot resume: the unfinished run in {self.parts} was made with different arguments "
-                f"(fingerprint {previous.get('key')!r} != {self.key!r})"
-                f"{describe_changes(previous.get('spec'), self.spec)}; delete the folder to start over")
+                f"cannot resume: the unfinished run in {self.parts} was made with different arguments; "
+                f"changed: {changed}. Run again with the same arguments, or delete the folder to start over")
+
+    def _drop_unreadable_chunks(self) -> None:
+        """Resume: delete chunk files whose Parquet footer cannot be read (a truncated write, a disk
+        fault) so that they are computed again, and say which; leftover temporary files go too."""
+        for tmp in self.parts.glob(".chunk-*.tmp"):
+            tmp.unlink(missing_ok=True)
+        bad = []
+        for path in sorted(self.parts.glob("chunk-*.parquet")):
+            try:
+                pq.ParquetFile(path).close()
+            except (OSError, pa.ArrowException) as exc:
+                bad.append((path, exc))
+        for path, _ in bad:
+            path.unlink(missing_ok=True)
+        if bad:
+            names = ", ".join(p.name for p, _ in bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+            first = str(bad[0][1]).splitlines()[0] if str(bad[0][1]) else type(bad[0][1]).__name__
+            warnings.warn(f"resume: {len(bad)} chunk file(s) in {self.parts} could not be read ({first}): "
+                          f"{names}; computing them again", RuntimeWarning, stacklevel=4)
 
     def _chunk_path(self, index: int) -> Path:
         return self.parts / f"chunk-{index:07d}.parquet"
@@ -247,6 +235,64 @@ class ChunkedParquetWriter:
     def cleanup(self) -> None:
         """Remove the work folder (after every part of the run has been written)."""
         shutil.rmtree(self.parts, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------
+# naming what changed between two runs
+# ----------------------------------------------------------------------------
+#: flattened spec key -> how a refusal names it
+_SPEC_LABELS = {
+    "input_fingerprints.probes": "the probe items (probes)",
+    "input_fingerprints.pairs": "the virtual-batch source (pairs)",
+    "input_fingerprints.ids": "the item ids (ids)",
+    "input_fingerprints.second_moments": "the given second moments (second_moments)",
+    "model_fingerprint": "the model's weights",
+    "model": "the model",
+    "n_items": "the number of probe items",
+    "n_pairs": "the size of the pair source",
+}
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v and key != "optimizer":
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def describe_spec_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """The arguments that differ between two run specs, in words (for a refused resume).
+
+    Settings are named as the user sets them, with their old and new values
+    (``config.lr 0.001 -> 0.01``, ``objective_settings.temperature 0.05 -> 0.2``);
+    inputs stored as hashes are named (``the probe items (probes)``). A top-level
+    copy of a setting that changed the same way (``lr``, ``M``) is not repeated.
+    """
+    a = _flatten(json.loads(json.dumps(dict(old), default=str)))
+    b = _flatten(json.loads(json.dumps(dict(new), default=str)))
+    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k != "spec_fingerprint"]
+    nested = {(json.dumps(a.get(k)), json.dumps(b.get(k))) for k in changed if "." in k}
+    out = []
+    for k in changed:
+        if "." not in k and (json.dumps(a.get(k)), json.dumps(b.get(k))) in nested:
+            continue  # the same change is named under config. / objective_settings.
+        label = _SPEC_LABELS.get(k)
+        if k not in a:
+            out.append(f"{label or k} (not recorded by the earlier run)")
+        elif label is not None and (k.startswith("input_fingerprints") or k == "model_fingerprint"):
+            out.append(label)
+        else:
+            out.append(f"{label or k} {_short(a.get(k))} -> {_short(b.get(k))}")
+    return ", ".join(out) if out else "nothing that can be named (the run file is unreadable or from another version)"
 
 
 # ----------------------------------------------------------------------------

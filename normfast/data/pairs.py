@@ -15,14 +15,55 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from normfast.core.checks import check_positive_int
+from normfast.core.checks import as_tensor, check_positive_int
 
 KINDS = ("pairs", "labels", "items")
+
+
+def check_batch_indices(fn: str, name: str, batches: Any, *, n: int | None = None, M: int | None = None,
+                        batch_size: int | None = None, M_name: str = "batches") -> list[list[int]]:
+    """Validate explicit virtual batches; returns them as lists of Python ints.
+
+    ``batches`` is a sequence of batches (lists, tuples, 1-D arrays or tensors, or
+    one 2-D array), each a set of distinct integer indices into the pair source.
+    Checked: at least two batches, ``M`` of them when ``M`` is given; every batch
+    ``batch_size`` long when given (at least two indices in any case); indices are
+    integers, distinct within a batch, and lie in ``[0, n)`` when ``n`` is given.
+    Errors name ``fn``, ``name``, the offending batch and what was expected.
+    """
+    if isinstance(batches, (str, bytes)) or not hasattr(batches, "__len__"):
+        raise TypeError(f"{fn}: expected {name} to be a sequence of batches (each a sequence of "
+                        f"integer indices), got {type(batches).__name__}")
+    if len(batches) < 2:
+        raise ValueError(f"{fn}: expected {name} to hold at least 2 batches (a variance needs two), "
+                         f"got {len(batches)}")
+    if M is not None and len(batches) != M:
+        raise ValueError(f"{fn}: {name} holds {len(batches)} batches but {M_name}={M}; pass "
+                         f"{M_name}={len(batches)} (M is the number of virtual batches)")
+    out = []
+    for b, batch in enumerate(batches):
+        idx = np.asarray(batch.detach().cpu() if isinstance(batch, torch.Tensor) else batch)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu") or idx.dtype == bool:
+            raise TypeError(f"{fn}: expected {name}[{b}] to be a 1-D sequence of integer indices, got "
+                            f"shape={idx.shape}, dtype={idx.dtype}")
+        if batch_size is not None and idx.size != batch_size:
+            raise ValueError(f"{fn}: {name}[{b}] has {idx.size} indices but batch_size={batch_size}; "
+                             f"every virtual batch must hold batch_size indices")
+        if idx.size < 2:
+            raise ValueError(f"{fn}: {name}[{b}] has {idx.size} indices; a contrastive batch needs at least 2")
+        if n is not None and (idx.min() < 0 or idx.max() >= n):
+            raise IndexError(f"{fn}: {name}[{b}] has indices outside [0, {n}) (the pair source holds {n}): "
+                             f"min={idx.min()}, max={idx.max()}")
+        if np.unique(idx).size != idx.size:
+            dup = int(next(v for v, c in zip(*np.unique(idx, return_counts=True)) if c > 1))
+            raise ValueError(f"{fn}: {name}[{b}] repeats index {dup}; the indices of one batch must be distinct")
+        out.append([int(i) for i in idx])
+    return out
 
 
 def virtual_batches(n: int, M: int, batch_size: int, seed: int = 0) -> list[np.ndarray]:
@@ -210,6 +251,42 @@ class PairSource:
             raise ValueError(f"{fn}: {os.fspath(path)!r} holds no rows")
         return cls(kind, first, second if len(index) == 2 else None)
 
+    @classmethod
+    def from_tensors(cls, anchors: Any, positives: Any = None, labels: Any = None) -> "PairSource":
+        """From arrays whose first dimension indexes the items (torch tensors, numpy or DLPack arrays).
+
+        * ``positives`` given -> ``"pairs"``: ``batch(idx) -> (anchors[idx], positives[idx])``;
+        * ``labels`` given -> ``"labels"``: ``batch(idx) -> (anchors[idx], class codes)``, with the
+          sorted distinct labels in :attr:`classes`;
+        * neither -> ``"items"``: ``batch(idx) -> anchors[idx]``.
+
+        Batches are tensor slices (no per-item Python objects), which any encoder whose
+        ``prepare`` takes a tensor accepts (:class:`~normfast.encoders.ModuleEncoder` passes
+        them through its ``collate`` when it has one). Nothing is copied up front.
+        """
+        return _TensorSource(anchors, positives, labels)
+
+    @classmethod
+    def from_dataset(cls, dataset: Any, kind: str | None = None,
+                     collate: Callable[[list[Any]], Any] | None = None) -> "PairSource":
+        """Index-backed source over any map-style dataset (``len`` and ``dataset[i]``), e.g. a
+        ``torch.utils.data.Dataset``; items are read only when a virtual batch needs them.
+
+        ``dataset[i]`` is an ``(anchor, positive)`` pair (``kind="pairs"``), an ``(item, label)``
+        pair (``"labels"``) or an item (``"items"``). ``kind=None`` looks at ``dataset[0]``: a
+        2-tuple whose second element is an integer is ``"labels"``, any other 2-tuple ``"pairs"``,
+        anything else ``"items"``.
+
+        A ``torch.utils.data.DataLoader`` is accepted too: its ``dataset`` is indexed and its
+        ``collate_fn`` is applied to every virtual batch (never skipped); its sampler, batch size
+        and shuffling are not used -- normfast draws the virtual batches itself. ``collate``, when
+        given, replaces the loader's. A collated ``"pairs"`` batch must come out as
+        ``(anchors, positives)``, a ``"labels"`` batch as ``(items, labels)``; a ``ValueError``
+        says so otherwise. Without a collate function a batch is a list of items (as for
+        :meth:`from_iterable`), and labels become an int64 tensor.
+        """
+        return _DatasetSource(dataset, kind, collate)
+
     # -- access -----------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._first)
@@ -218,8 +295,7 @@ class PairSource:
         extra = f", {len(self.classes)} classes" if self.classes is not None else ""
         return f"PairSource(kind={self.kind!r}, n={len(self)}{extra})"
 
-    def batch(self, indices: Sequence[int] | np.ndarray) -> Any:
-        """The batch at ``indices`` (see the module docstring for its form)."""
+    def _indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         idx = np.asarray(indices)
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
             raise ValueError(f"PairSource.batch: expected a 1-D sequence of integer indices, got "
@@ -227,6 +303,11 @@ class PairSource:
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"PairSource.batch: indices must lie in [0, {len(self)}), "
                              f"got min={idx.min()}, max={idx.max()}")
+        return idx
+
+    def batch(self, indices: Sequence[int] | np.ndarray) -> Any:
+        """The batch at ``indices`` (see the module docstring for its form)."""
+        idx = self._indices(indices)
         first = [self._first[i] for i in idx.tolist()]
         if self.kind == "items":
             return first
@@ -242,6 +323,145 @@ class PairSource:
     def labels(self) -> torch.Tensor | None:
         """Class codes of all items (``kind="labels"``), else None."""
         return self._labels
+
+
+class _TensorSource(PairSource):
+    """:meth:`PairSource.from_tensors`: items are rows of arrays."""
+
+    def __init__(self, anchors: Any, positives: Any = None, labels: Any = None):
+        fn = "PairSource.from_tensors"
+        if positives is not None and labels is not None:
+            raise ValueError(f"{fn}: pass positives= (pairs) or labels= (labelled items), not both")
+        first = as_tensor(fn, "anchors", anchors)
+        if first.dim() < 1 or first.shape[0] == 0:
+            raise ValueError(f"{fn}: expected anchors with at least one row, got anchors.shape={tuple(first.shape)}")
+        self.kind = "items"
+        self.classes = None
+        self._labels = None
+        self._first, self._second = first, None
+        if positives is not None:
+            second = as_tensor(fn, "positives", positives)
+            if second.dim() < 1 or second.shape[0] != first.shape[0]:
+                raise ValueError(f"{fn}: expected as many positives as anchors, got anchors.shape="
+                                 f"{tuple(first.shape)}, positives.shape={tuple(second.shape)}")
+            self.kind, self._second = "pairs", second
+        elif labels is not None:
+            lab = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
+            if lab.ndim != 1 or lab.shape[0] != first.shape[0]:
+                raise ValueError(f"{fn}: expected one label per anchor (1-D, {first.shape[0]} entries), "
+                                 f"got labels.shape={lab.shape}")
+            if lab.dtype.kind == "f" or lab.dtype.kind == "c":
+                raise TypeError(f"{fn}: expected integer or string class labels, got dtype={lab.dtype}")
+            classes, codes = np.unique(lab, return_inverse=True)
+            self.kind = "labels"
+            self.classes = classes.tolist()
+            self._labels = torch.as_tensor(codes.reshape(-1), dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return int(self._first.shape[0])
+
+    def batch(self, indices: Sequence[int] | np.ndarray) -> Any:
+        idx = torch.as_tensor(self._indices(indices), dtype=torch.int64)
+        first = self._first[idx.to(self._first.device)]
+        if self.kind == "items":
+            return first
+        if self.kind == "labels":
+            return first, self._labels[idx]
+        return first, self._second[idx.to(self._second.device)]
+
+
+class _DatasetSource(PairSource):
+    """:meth:`PairSource.from_dataset`: items are read from a map-style dataset on demand."""
+
+    def __init__(self, dataset: Any, kind: str | None, collate: Callable[[list[Any]], Any] | None):
+        fn = "PairSource.from_dataset"
+        loader_collate = None
+        if _is_data_loader(dataset):
+            loader_collate = dataset.collate_fn
+            dataset = dataset.dataset
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise TypeError(f"{fn}: expected a map-style dataset (with __len__ and __getitem__) or a "
+                            f"DataLoader over one, got {type(dataset).__name__}; for an iterable-style "
+                            f"dataset use PairSource.from_iterable")
+        if len(dataset) == 0:
+            raise ValueError(f"{fn}: the dataset is empty")
+        if kind is None:
+            kind = _infer_kind(dataset[0])
+        if kind not in KINDS:
+            raise ValueError(f"{fn}: kind must be one of {KINDS} or None, got {kind!r}")
+        self.kind = kind
+        self.dataset = dataset
+        self.collate = collate if collate is not None else loader_collate
+        self.classes = None
+        self._labels = None
+        self._codes: dict[Any, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __repr__(self) -> str:
+        via = f", collate={getattr(self.collate, '__name__', type(self.collate).__name__)}" if self.collate else ""
+        return f"PairSource(kind={self.kind!r}, n={len(self)}, dataset={type(self.dataset).__name__}{via})"
+
+    def _label_codes(self, labels: Any) -> torch.Tensor:
+        if isinstance(labels, torch.Tensor) and not labels.is_floating_point():
+            return labels.to(torch.int64).reshape(-1)
+        codes = []
+        for label in labels:
+            label = label.item() if isinstance(label, (torch.Tensor, np.generic)) else label
+            if isinstance(label, (int, np.integer)) and not isinstance(label, bool):
+                codes.append(int(label))
+                continue
+            try:  # other hashable labels: a code per distinct value, in the order first seen
+                codes.append(self._codes.setdefault(label, -1 - len(self._codes)))
+            except TypeError:
+                raise TypeError(f"PairSource.from_dataset: labels must be integers or hashable, got "
+                                f"{type(label).__name__}") from None
+        return torch.as_tensor(codes, dtype=torch.int64)
+
+    def batch(self, indices: Sequence[int] | np.ndarray) -> Any:
+        fn = "PairSource.from_dataset"
+        rows = [self.dataset[i] for i in self._indices(indices).tolist()]
+        if self.kind != "items":
+            for i, row in zip(indices, rows):
+                if not _is_pair(row):
+                    raise ValueError(f"{fn}: kind={self.kind!r} needs dataset[i] to be a 2-tuple, got "
+                                     f"{type(row).__name__} at index {int(i)}")
+        if self.collate is not None:
+            out = self.collate(rows)
+            if self.kind == "items":
+                return out
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                raise ValueError(f"{fn}: the collate function must return (anchors, positives) for pairs or "
+                                 f"(items, labels) for labels, got {type(out).__name__}"
+                                 + (f" of length {len(out)}" if hasattr(out, '__len__') else ""))
+            first, second = out
+        else:
+            if self.kind == "items":
+                return rows
+            first, second = [r[0] for r in rows], [r[1] for r in rows]
+        if self.kind == "labels":
+            return first, self._label_codes(second)
+        return first, second
+
+
+def _is_data_loader(obj: Any) -> bool:
+    try:
+        from torch.utils.data import DataLoader
+    except ImportError:  # pragma: no cover - torch always has it
+        return False
+    return isinstance(obj, DataLoader)
+
+
+def _infer_kind(row: Any) -> str:
+    if not _is_pair(row):
+        return "items"
+    label = row[1]
+    if isinstance(label, torch.Tensor) and label.dim() == 0 and not label.is_floating_point():
+        return "labels"
+    if isinstance(label, (int, np.integer)) and not isinstance(label, bool):
+        return "labels"
+    return "pairs"
 
 
 def _is_pair(row: Any) -> bool:

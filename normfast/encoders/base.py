@@ -40,11 +40,32 @@ class LinearHead:
         return (self.weight_name,) if self.bias_name is None else (self.weight_name, self.bias_name)
 
 
+#: token texts that are never content (a fallback when the tokenizer's special ids are unknown)
+SPECIAL_TOKEN_TEXTS = frozenset({"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>", "<cls>", "<sep>",
+                                 "<start_of_text>", "<end_of_text>", "<|startoftext|>", "<|endoftext|>"})
+
+
+def special_token_ids(tokenizer: Any) -> set[int]:
+    """Ids of the tokens a tokenizer adds around a text (not [UNK] / [MASK], which stand for content)."""
+    out: set[int] = set()
+    for tok in (tokenizer, getattr(tokenizer, "tokenizer", None)):
+        if tok is None:
+            continue
+        for attr in ("cls_token_id", "sep_token_id", "bos_token_id", "eos_token_id", "pad_token_id",
+                     "sot_token_id", "eot_token_id"):
+            value = getattr(tok, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                out.add(value)
+    return out
+
+
 class Encoder(nn.Module):
     """Base class of all adapters (see the module docstring for the contract)."""
 
     #: "text", "image" or "generic": what :meth:`prepare` accepts.
     modality: str = "generic"
+    #: what the adapter decided for the user when wrapping the model (run metadata, summary), or None
+    note: str | None = None
     #: whether ``output="tokens"`` is meaningful (sequence models).
     has_tokens: bool = False
 
@@ -68,9 +89,31 @@ class Encoder(nn.Module):
         """The final linear map ``z = W a + b`` (projection / Dense head), if the encoder ends in one."""
         return None
 
+    def head_hint(self) -> str:
+        """Why :meth:`head` is None and what to pass instead (error messages); empty when unknown."""
+        return ""
+
     def token_info(self, state: State) -> tuple[torch.Tensor, list[list[str]]] | None:
         """``(token_ids [B, T], token_texts)`` for the initial state of a text batch, else None."""
         return None
+
+    def special_token_mask(self, state: State) -> torch.Tensor | None:
+        """Bool ``[B, T]``: positions holding a token the tokenizer added around the text ([CLS],
+        [SEP], <s>, </s>, padding, open_clip's start/end of text); None without :meth:`token_info`.
+
+        By the tokenizer's own ids (``cls/sep/bos/eos/pad_token_id``, ``sot/eot_token_id``) and,
+        for adapters without a tokenizer attribute, by the token texts in :data:`SPECIAL_TOKEN_TEXTS`.
+        """
+        info = self.token_info(state)
+        if info is None:
+            return None
+        ids, texts = info
+        special = torch.tensor([[t in SPECIAL_TOKEN_TEXTS for t in row] for row in texts], dtype=torch.bool,
+                               device=ids.device).reshape(ids.shape)
+        known = special_token_ids(getattr(self, "tokenizer", None))
+        if known:
+            special |= torch.isin(ids, torch.tensor(sorted(known), dtype=ids.dtype, device=ids.device))
+        return special
 
     # -- provided -------------------------------------------------------------
     @property

@@ -12,6 +12,27 @@ from torch import nn
 # forward-mode AD and stage views
 
 
+_FORWARD_AD_READY = False
+
+
+def _load_forward_ad_quietly() -> None:
+    """Load torch's forward-AD decompositions once, without the deprecation warning they raise.
+
+    On first use forward-mode AD registers decompositions through ``torch.jit.script``, which
+    torch 2.9+ deprecates with a ``FutureWarning`` that users cannot act on. One tiny JVP under a
+    filter for exactly that message loads them; every later JVP runs with the user's filters.
+    """
+    global _FORWARD_AD_READY
+    if _FORWARD_AD_READY:
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+        torch.func.jvp(torch.sin, (torch.zeros(1),), (torch.ones(1),))
+    _FORWARD_AD_READY = True
+
+
 @contextlib.contextmanager
 def forward_ad_safe() -> Iterator[None]:
     """Context in which forward-mode AD (``torch.func.jvp``) works through attention.
@@ -23,6 +44,7 @@ def forward_ad_safe() -> Iterator[None]:
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    _load_forward_ad_quietly()
     previous = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:

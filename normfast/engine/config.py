@@ -44,6 +44,15 @@ class ProbeConfig:
             group drifts (≥ 2, at most M_D).
         batch_size: pairs / items per virtual batch (≥ 2).
         seed: drives batch sampling and dropout; equal seeds give equal tables.
+        batch_indices: the virtual batches themselves instead of a random draw (e.g. a training
+            run's batches, or the batches of a brute-force check): sequences of ``batch_size``
+            distinct indices into the pair source, in the layout of the draw they replace -- one
+            list for both estimates. With the drift from the mean direction (``drift_batches`` =
+            M_D) it holds the M_D drift batches, of which the first M (``batches``) are also the
+            heat's; with ``drift_batches=None`` it holds the M heat batches, which give the drift
+            too. So an explicit run never mixes in randomly drawn batches. The count and the sizes
+            are checked here (the error says which setting to change), the indices against the
+            pair source when the probe starts; the seed still drives dropout.
         chunk_size: probe items (inputs) per chunk, the unit of streaming and resume.
         directions_per_pass: K directions per forward-mode pass (None: from the memory budget).
         memory_budget_mb: working-memory budget that sets K and the loop order.
@@ -67,6 +76,7 @@ class ProbeConfig:
     groups: int = DEFAULT_GROUPS
     batch_size: int = 32
     seed: int = 0
+    batch_indices: list[list[int]] | None = None
     chunk_size: int = 64
     directions_per_pass: int | None = None
     memory_budget_mb: float = 2048
@@ -85,6 +95,8 @@ class ProbeConfig:
                 raise ValueError(f"{fn}: {what} must be an integer >= 2 (a variance needs two batches), "
                                  f"got {name}={v!r}")
         self._validate_drift(fn)
+        if self.batch_indices is not None:
+            self._validate_batch_indices(fn)
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise ValueError(f"{fn}: chunk_size must be a positive integer, got {self.chunk_size!r}")
         if self.directions_per_pass is not None and (
@@ -111,6 +123,23 @@ class ProbeConfig:
             raise ValueError(f"{fn}: drift_batches (M_D, the virtual batches of the drift) must be None or 0 "
                              f"(drift from the M heat batches) or an integer >= batches (M={self.batches}) "
                              f"and >= groups (K={k}), got drift_batches={md!r}")
+
+    def _validate_batch_indices(self, fn: str) -> None:
+        from normfast.data.pairs import check_batch_indices
+
+        n = len(self.batch_indices) if hasattr(self.batch_indices, "__len__") else None
+        if self.drift_from_mean and n is not None and n != self.total_batches:
+            options = [f"pass {self.drift_batches} batches"]
+            if n >= max(self.batches, self.groups):
+                options.append(f"drift_batches={n} to take the drift from these {n}")
+            if n == self.batches:
+                options.append(f"drift_batches=None for the per-batch drift of the {n} heat batches")
+            raise ValueError(
+                f"{fn}: batch_indices holds {n} batches but the drift comes from drift_batches="
+                f"{self.drift_batches} batches (the first batches={self.batches} of them are also the heat's): "
+                + ", or ".join(options))
+        self.batch_indices = check_batch_indices(fn, "batch_indices", self.batch_indices, M=self.total_batches,
+                                                 batch_size=self.batch_size)
 
     @property
     def drift_from_mean(self) -> bool:

@@ -62,8 +62,10 @@ def resolve_parameters(encoder: Encoder, selector: str | Sequence[str] = "all") 
         if selector == "head":
             head = encoder.head()
             if head is None:
+                hint = encoder.head_hint() if hasattr(encoder, "head_hint") else ""
                 raise ValueError(f"{fn}: params='head' but {type(encoder).__name__} does not end in a linear "
-                                 f"head (e.g. no projection / Dense layer); use a regex or 'all'")
+                                 f"head (e.g. no projection / Dense layer); use a regex or 'all'"
+                                 + (f". {hint}" if hint else ""))
             return list(head.parameter_names)
         try:
             pattern = re.compile(selector)

@@ -97,6 +97,10 @@ class Objective:
                  labels: torch.Tensor | None = None) -> torch.Tensor:
         return self.loss(za, zb, labels)
 
+    def settings(self) -> dict[str, Any]:
+        """Every setting that changes the loss (run metadata, summary header); extend in subclasses."""
+        return {"temperature": self.temperature}
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(temperature={self.temperature})"
 
@@ -136,6 +140,9 @@ class InfoNCE(Objective):
         _check_embeddings("InfoNCE.loss", za, zb, need_zb=True)
         return _info_nce(za, zb, self.temperature, self.symmetric)
 
+    def settings(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "symmetric": self.symmetric}
+
     def __repr__(self) -> str:
         return f"InfoNCE(temperature={self.temperature}, symmetric={self.symmetric})"
 
@@ -153,6 +160,9 @@ class CLIPLoss(Objective):
 
     def __init__(self, temperature: float = 0.07):
         self.temperature = _temperature("CLIPLoss", temperature)
+
+    def settings(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "symmetric": True}
 
     def loss(self, za, zb=None, labels=None):
         _check_embeddings("CLIPLoss.loss", za, zb, need_zb=True)
@@ -252,6 +262,14 @@ def get_objective(name: str | Objective, **kwargs: Any) -> Objective:
         raise ValueError(f"get_objective: unknown objective {name!r}; "
                          f"expected one of {sorted(_REGISTRY)}")
     return _REGISTRY[key](**kwargs)
+
+
+def objective_settings(objective: Any) -> dict[str, Any]:
+    """The settings of any objective: :meth:`Objective.settings`, else its temperature if it has one."""
+    if isinstance(objective, Objective):
+        return dict(objective.settings())
+    t = getattr(objective, "temperature", None)
+    return {} if t is None else {"temperature": t}
 
 
 def check_scale_invariance(objective: Objective | Callable[..., torch.Tensor], za: torch.Tensor,

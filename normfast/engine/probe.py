@@ -78,6 +78,8 @@ from normfast.engine.ops import drift_from_groups
 from normfast.engine.distributed import Shard, chunks_for_rank, current_shard
 from normfast.encoders import Encoder
 from normfast.data.io import (METADATA_KEY, fingerprint)
+from normfast.data.schema import SCHEMA_VERSION
+from normfast.engine.objectives import objective_settings
 from normfast.engine.regime import REGIME_INPUTS, run_regime
 from normfast.engine.transmission import (Tail, head_drift_operands, head_kappa, head_kappa_exempt, head_operands,
                                           kappa_from_jvp)
@@ -93,16 +95,27 @@ def _iter_items(items: Sequence[Any]):
         yield from items[lo:lo + 4096]
 
 
+def _hash_feed(h: Any, it: Any) -> None:
+    if isinstance(it, torch.Tensor):
+        h.update(repr((tuple(it.shape), str(it.dtype))).encode())
+        h.update(it.detach().cpu().contiguous().numpy().tobytes())
+    elif isinstance(it, np.ndarray):
+        h.update(repr((it.shape, str(it.dtype))).encode())
+        h.update(np.ascontiguousarray(it).tobytes())
+    elif isinstance(it, (list, tuple)) and any(isinstance(x, (torch.Tensor, np.ndarray, list, tuple)) for x in it):
+        h.update(b"[")  # containers of arrays: by content (a repr abbreviates large arrays)
+        for x in it:
+            _hash_feed(h, x)
+        h.update(b"]")
+    else:
+        h.update(repr(it).encode())
+    h.update(b"\x00")
+
+
 def _hash_items(items: Sequence[Any]) -> str:
     h = hashlib.sha256()
     for it in _iter_items(items):
-        if isinstance(it, torch.Tensor):
-            h.update(it.detach().cpu().contiguous().numpy().tobytes())
-        elif isinstance(it, np.ndarray):
-            h.update(np.ascontiguousarray(it).tobytes())
-        else:
-            h.update(repr(it).encode())
-        h.update(b"\x00")
+        _hash_feed(h, it)
     return h.hexdigest()[:16]
 
 
@@ -142,6 +155,8 @@ def _as_pair_source(pairs: Any, objective: Any, probes: Sequence[Any]):
 
     if isinstance(pairs, PairSource):
         return pairs
+    if isinstance(pairs, (torch.utils.data.Dataset, torch.utils.data.DataLoader)):  # read on demand
+        return PairSource.from_dataset(pairs, kind=objective.needs)
     if pairs is None:
         if objective.needs == "items":
             return PairSource.from_iterable(list(probes), kind="items")
@@ -183,12 +198,16 @@ class _Run:
             raise ValueError(f"probe: output='tokens' needs a sequence model; {type(encoder).__name__} has no "
                              f"token positions")
         rng = np.random.default_rng(config.seed)
-        from normfast.data.pairs import virtual_batches
+        from normfast.data.pairs import check_batch_indices, virtual_batches
 
-        # M_D batches with the mean-direction drift; the first M (drawn first from the same
-        # generator, so the same as without it) are the heat's
-        self.batches = virtual_batches(len(pairs), config.total_batches, config.batch_size,
-                                       int(rng.integers(2**31)))
+        batch_seed = int(rng.integers(2**31))
+        if config.batch_indices is None:
+            # M_D batches with the mean-direction drift; the first M (drawn first from the same
+            # generator, so the same as without it) are the heat's
+            self.batches = virtual_batches(len(pairs), config.total_batches, config.batch_size, batch_seed)
+        else:  # explicit batches replace the draw, in the same layout (checked against the source here)
+            self.batches = [np.asarray(b, dtype=np.int64) for b in check_batch_indices(
+                "probe", "config.batch_indices", config.batch_indices, n=len(pairs))]
         self.acc_dtype = torch.float64 if self.device.type == "cpu" else torch.float32
         self._second_moments: dict[str, torch.Tensor] | None = None
 
@@ -198,8 +217,10 @@ class _Run:
         head_ok = head is not None and set(self.names) <= set(head.parameter_names) \
             and head.weight_name in self.names and self.branch != "uw"
         if mode == "head" and not head_ok:
+            hint = self.encoder.head_hint() if head is None and hasattr(self.encoder, "head_hint") else ""
             raise ValueError("probe: mode='head' needs the probed parameters to be exactly the final linear "
-                             "head's weight (and bias) with one optimizer preset; use mode='jvp' or params='head'")
+                             "head's weight (and bias) with one optimizer preset; use mode='jvp' or params='head'"
+                             + (f". {type(self.encoder).__name__} has no head: {hint}" if hint else ""))
         if mode == "auto":
             return "head" if head_ok else "jvp"
         return mode
@@ -391,9 +412,18 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
     run = _Run(encoder, objective, pairs, config, pair_encoder, progress and (shard is None or shard.is_root),
                second_moments, shard=shard, n_items=n_items)
     n_chunks = math.ceil(n_items / config.chunk_size)
+    inputs = {  # what the rows depend on besides the settings; named when a resume is refused
+        "probes": _hash_items(probes),
+        "pairs": _hash_items([pairs.batch(np.array([i])) for i in range(min(len(pairs), 4096))]),
+        "ids": _hash_items(ids) if ids is not None else None,
+        "second_moments": _hash_items(list(second_moments.values())) if second_moments else None,
+    }
     metadata = {
+        "schema_version": SCHEMA_VERSION,
         "model": str(model_name), "model_fingerprint": _hash_model(encoder),
+        "encoder_note": getattr(encoder, "note", None),
         "objective": objective.name, "temperature": getattr(objective, "temperature", None),
+        "objective_settings": objective_settings(objective),
         "optimizer": config.optimizer, "lr": config.lr, "weight_decay": config.weight_decay,
         "momentum": config.momentum, "M": config.batches,
         "M_D": config.drift_batches if config.drift_from_mean else None, "groups": config.groups,
@@ -402,13 +432,9 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         "n_probed_parameters": len(run.names), "cut_stage": run.cut, "branch": run.branch,
         "n_items": n_items, "n_pairs": len(pairs), "chunk_size": config.chunk_size,
         "versions": _library_versions(), "device": _device_name(run.device),
-        "config": asdict(config),
+        "config": asdict(config), "input_fingerprints": inputs,
     }
     spec = {k: metadata[k] for k in metadata if k not in ("versions", "device")}
-    spec["probes"] = _hash_items(probes)
-    spec["pairs"] = _hash_items([pairs.batch(np.array([i])) for i in range(min(len(pairs), 4096))])
-    spec["ids"] = _hash_items(ids) if ids is not None else None
-    spec["second_moments"] = _hash_items(list(second_moments.values())) if second_moments else None
     # the world size is not part of the spec: a run may be resumed with any number of ranks
     key = fingerprint(spec)
     metadata["spec_fingerprint"] = key
@@ -562,19 +588,22 @@ def _row_metadata(run: _Run, state: dict, items: Sequence[Any], c: int, ids: Seq
     if rows is None:
         return {"item": item_index, "id": item_ids, "text": texts,
                 "position": np.full(len(items), -1, np.int32),
-                "token_id": np.full(len(items), -1, np.int64), "token": [""] * len(items)}
+                "token_id": np.full(len(items), -1, np.int64), "token": [""] * len(items),
+                "is_special": np.zeros(len(items), bool)}
     mask = rows.cpu().numpy()
     b_idx, t_idx = np.nonzero(mask)
     info = run.encoder.token_info(state)
+    special = np.zeros(len(b_idx), bool)
     if info is not None:
         tok_ids, tok_texts = info
         tok_ids = tok_ids.cpu().numpy()[b_idx, t_idx].astype(np.int64)
         tokens = [tok_texts[b][t] for b, t in zip(b_idx, t_idx)]
+        special = run.encoder.special_token_mask(state).cpu().numpy()[b_idx, t_idx]
     else:
         tok_ids = np.full(len(b_idx), -1, np.int64)
         tokens = [""] * len(b_idx)
     return {"item": item_index[b_idx], "id": [item_ids[b] for b in b_idx], "text": [texts[b] for b in b_idx],
-            "position": t_idx.astype(np.int32), "token_id": tok_ids, "token": tokens}
+            "position": t_idx.astype(np.int32), "token_id": tok_ids, "token": tokens, "is_special": special}
 
 
 def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mapping[str, torch.Tensor],
@@ -605,9 +634,12 @@ def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mappi
     extra = {}
     if "w" in run.branches:
         extra = dict(D_w=cols["D_w"], Q_w=cols["Q_w"], C_uw=cols.get("C_uw", zero))
-    r_eq, n_pos = equilibrium_norm(D, Q, kap, return_count=True, **law, **extra)
-    heat_extra = dict(extra, D_w=zero) if extra else {}
-    r_heat = equilibrium_norm(zero, Q, kap, **law, **heat_extra)
+    with warnings.catch_warnings():
+        # kappa <= 0 (no stable equilibrium) is a per-row fact: counted into the summary, not warned per chunk
+        warnings.filterwarnings("ignore", message=r"equilibrium_coefficients: ", category=RuntimeWarning)
+        r_eq, n_pos = equilibrium_norm(D, Q, kap, return_count=True, **law, **extra)
+        heat_extra = dict(extra, D_w=zero) if extra else {}
+        r_heat = equilibrium_norm(zero, Q, kap, **law, **heat_extra)
     cols["r_eq"] = r_eq
     cols["r_eq_heat"] = r_heat
     cols["n_pos_roots"] = np.asarray(n_pos, dtype=np.int8)

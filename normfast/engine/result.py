@@ -100,7 +100,14 @@ class ProbeResult:
 
         yield from iter_batches(self._files, columns=columns, batch_size=batch_size)
 
-    def to_pandas(self):  # pragma: no cover - thin wrapper
+    def to_pandas(self):
+        """The table as a ``pandas.DataFrame`` (needs pandas: ``pip install "normfast[pandas]"``)."""
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            raise ImportError('ProbeResult.to_pandas needs pandas, which normfast does not install by default: '
+                              'pip install "normfast[pandas]" (or pip install pandas). The same data is '
+                              'available without it as result.table (a pyarrow.Table).') from None
         return self.table.to_pandas()
 
     @property

@@ -10,7 +10,7 @@ import pyarrow as pa
 from normfast.engine.regime import REGIME_INPUTS, run_regime
 from normfast.engine.result import ProbeResult
 from normfast.engine.distributed import Shard, part_blocks
-from normfast.data.io import (METADATA_KEY, ChunkedParquetWriter, describe_changes, manifest_path, part_path,
+from normfast.data.io import (METADATA_KEY, ChunkedParquetWriter, manifest_path, part_path,
                               write_manifest)
 
 
@@ -63,11 +63,12 @@ def _finished_run(out: Path, key: str, resume: bool, overwrite: bool,
     if previous == key:
         return result
     if previous is not None and not overwrite:
+        from normfast.data.io import describe_spec_change
+
         old = {k: v for k, v in result.metadata.items() if spec is not None and k in spec}
-        changes = describe_changes(old, {k: v for k, v in (spec or {}).items() if k in old})
-        raise ValueError(f"cannot resume: {existing} holds a finished run made with different arguments "
-                         f"(fingerprint {previous!r} != {key!r}){changes}; pass overwrite=True "
-                         f"(CLI: --overwrite) to replace it")
+        changed = describe_spec_change(old, spec or {})
+        raise ValueError(f"cannot resume: {existing} holds a finished run made with different arguments; "
+                         f"changed: {changed}. Pass overwrite=True (CLI: --overwrite) to replace it")
     return None
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from normfast.core.stats import loglog_fit, spearman
 from normfast.engine.regime import NOT_APPLICABLE, classify_rows, describe_short, fit_context, headline, run_regime
 
+#: special-token texts, for runs written before the ``is_special`` column existed
 SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>", "<start_of_text>", "<end_of_text>"}
 
 
@@ -22,7 +23,10 @@ def _quantiles(v: np.ndarray) -> dict[str, float]:
 
 
 def _is_special(result) -> np.ndarray:
+    """Rows of tokens the tokenizer added (the ``is_special`` column; by token text for older runs)."""
     names = result.column_names
+    if "is_special" in names:
+        return result.column("is_special").astype(bool)
     if "token" not in names:
         return np.zeros(len(result), bool)
     tokens = result.column("token")
@@ -57,13 +61,17 @@ def result_regime(result) -> dict[str, Any] | None:
     return out
 
 
+def _used_rows(result) -> np.ndarray:
+    """The rows summaries and figures describe: valid, and not a special token."""
+    return result.column("valid").astype(bool) & ~_is_special(result)
+
+
 def _applicable_rows(result) -> np.ndarray:
-    """Rows whose regime lets the law predict (law applicable or heat-dominated)."""
-    valid = result.column("valid").astype(bool)
+    """Used rows whose regime lets the law predict (law applicable or heat-dominated)."""
+    used = _used_rows(result)
     if "regime" not in result.column_names:
-        return valid
-    regime = result.column("regime")
-    return valid & (regime != NOT_APPLICABLE)
+        return used
+    return used & (result.column("regime") != NOT_APPLICABLE)
 
 
 def summarize(result) -> dict[str, Any]:
@@ -71,14 +79,17 @@ def summarize(result) -> dict[str, Any]:
 
     The fits of the observed norm against ``r_eq`` / ``r_eq_heat`` use the rows
     where the regime check lets the law predict (``fit_rows`` of them).
+    Special-token rows (``is_special``) are counted but left out of every statistic.
     """
-    valid = result.column("valid").astype(bool)
+    special = _is_special(result)
+    valid = result.column("valid").astype(bool) & ~special
     reasons: dict[str, int] = {}
     for r in result.column("reason"):
         reasons[r] = reasons.get(r, 0) + 1
     heat, drift = result.heat_column, result.drift_column
     norm = result.column("norm")
-    out: dict[str, Any] = {"rows": len(result), "valid": int(valid.sum()), "reasons": reasons}
+    out: dict[str, Any] = {"rows": len(result), "valid": int(result.column("valid").astype(bool).sum()),
+                           "special_rows": int(special.sum()), "reasons": reasons}
     for col in ("norm", drift, heat, "kappa", "r_eq", "r_eq_heat"):
         out[col] = _quantiles(result.column(col)[valid])
     D = result.column(drift)[valid]
@@ -89,13 +100,61 @@ def summarize(result) -> dict[str, Any]:
         out["drift_significant_fraction"] = float(np.mean(np.abs(D) > 2 * se)) if np.isfinite(se).any() else math.nan
     out["sign_stability_mean"] = float(np.nanmean(ss)) if np.isfinite(ss).any() else math.nan
     out["bistable_fraction"] = float(np.mean(result.column("n_pos_roots")[valid] > 1)) if valid.any() else math.nan
+    # numerical conditions, counted here instead of warned chunk by chunk
+    kappa = result.column("kappa")
+    r_eq = result.column("r_eq")
+    described = ~special & np.isfinite(kappa)
+    with np.errstate(invalid="ignore"):
+        nonpos = described & (kappa <= 0)
+    n_described = int(described.sum())
+    out["kappa_rows"] = n_described
+    out["kappa_nonpositive_rows"] = int(nonpos.sum())
+    out["kappa_nonpositive_no_root_rows"] = int((nonpos & ~np.isfinite(r_eq)).sum())
+    out["kappa_nonpositive_fraction"] = float(nonpos.sum() / n_described) if n_described else math.nan
     fit = _applicable_rows(result)
     out["fit_rows"] = int(fit.sum())
-    out["norm_vs_r_eq"] = loglog_fit(result.column("r_eq")[fit], norm[fit])
+    out["norm_vs_r_eq"] = loglog_fit(r_eq[fit], norm[fit])
     out["norm_vs_r_eq_heat"] = loglog_fit(result.column("r_eq_heat")[fit], norm[fit])
     out["regime"] = result_regime(result)
     out["spearman_norm_heat"] = spearman(norm[valid], result.column(heat)[valid])
     return out
+
+
+def _objective_label(meta: dict[str, Any]) -> str:
+    settings = meta.get("objective_settings")
+    if not settings:
+        t = meta.get("temperature")
+        settings = {} if t is None else {"temperature": t}
+    inner = ", ".join(f"{k}={v}" for k, v in settings.items())
+    return f"{meta.get('objective')}" + (f" ({inner})" if inner else "")
+
+
+def token_ranking(result, column: str | None = None) -> list[tuple[str, float, int, str]]:
+    """Distinct tokens of a token run ranked by their mean ``column`` (default: the heat), hottest first.
+
+    Valid rows of non-special tokens only, grouped by the token text. Each entry is
+    ``(token, mean value, rows averaged, an example input text)``.
+    """
+    column = column or result.heat_column
+    use = _used_rows(result)
+    tok = result.column("token")[use]
+    val = result.column(column)[use].astype(float)
+    txt = result.column("text")[use]
+    ok = np.isfinite(val)
+    tok, val, txt = tok[ok], val[ok], txt[ok]
+    if tok.size == 0:
+        return []
+    keys, first, inverse, counts = np.unique(tok.astype(str), return_index=True, return_inverse=True,
+                                             return_counts=True)
+    means = np.bincount(inverse.reshape(-1), weights=val, minlength=len(keys)) / counts
+    order = np.lexsort((keys, -means))  # hottest first; ties by token text, so the order is stable
+    return [(str(keys[i]), float(means[i]), int(counts[i]), str(txt[first[i]])) for i in order]
+
+
+def _token_label(token: str, count: int, example: str) -> str:
+    if count > 1:
+        return f"{token} ×{count}"
+    return token + (f" ({example})" if example and example != token else "")
 
 
 def format_summary(result, top: int = 8) -> str:
@@ -103,7 +162,7 @@ def format_summary(result, top: int = 8) -> str:
     meta = result.metadata
     heat, drift = result.heat_column, result.drift_column
     lines = [
-        f"normfast probe: {meta.get('model')} | objective {meta.get('objective')} | {meta.get('optimizer')} "
+        f"normfast probe: {meta.get('model')} | objective {_objective_label(meta)} | {meta.get('optimizer')} "
         f"lr={meta.get('lr')} wd={meta.get('weight_decay')} | M={meta.get('M')} x {meta.get('batch_size')} "
         + (f"(drift: M_D={meta['M_D']}, K={meta.get('groups')}) " if meta.get("M_D") else "")
         + f"| mode {meta.get('mode')} | {meta.get('output')}",
@@ -113,12 +172,14 @@ def format_summary(result, top: int = 8) -> str:
         lines.append("regime: not checked (the run lacks the columns the check needs)")
     else:
         lines += headline(regime)
-    lines += [
+    if meta.get("encoder_note"):
+        lines.append(f"encoder: {meta['encoder_note']}")
+    lines.append(
         f"rows: {s['rows']} ({s['valid']} with valid statistics"
-        + "".join(f"; {k}: {v}" for k, v in s["reasons"].items() if k != "ok") + ")",
-        "",
-        f"{'quantity':<12}{'p10':>12}{'median':>12}{'p90':>12}",
-    ]
+        + "".join(f"; {k}: {v}" for k, v in s["reasons"].items() if k != "ok") + ")"
+        + (f"; {s['special_rows']} special-token rows ([CLS], [SEP], ...) left out below"
+           if s["special_rows"] else ""))
+    lines += ["", f"{'quantity':<12}{'p10':>12}{'median':>12}{'p90':>12}"]
     for col in ("norm", drift, heat, "kappa", "r_eq", "r_eq_heat"):
         q = s[col]
         lines.append(f"{col:<12}{q['p10']:>12.4g}{q['median']:>12.4g}{q['p90']:>12.4g}")
@@ -127,6 +188,15 @@ def format_summary(result, top: int = 8) -> str:
         "",
         f"drift |D| > 2 se: {s['drift_significant_fraction']:.1%} of rows; mean sign stability "
         f"{s['sign_stability_mean']:.3f}; bistable rows {s['bistable_fraction']:.1%}",
+    ]
+    n_bad, n_nan = s["kappa_nonpositive_rows"], s["kappa_nonpositive_no_root_rows"]
+    if n_bad:
+        parts = [f"R_eq is NaN for {n_nan}"] if n_nan else []
+        if n_bad - n_nan:
+            parts.append(f"an unstable root for {n_bad - n_nan}")
+        lines.append(f"kappa <= 0 for {n_bad} of {s['kappa_rows']} rows ({s['kappa_nonpositive_fraction']:.1%}): "
+                     f"no stable equilibrium there ({', '.join(parts)})")
+    lines += [
         fit_context(regime if regime and "regime" in regime else None, meta),
         (f"observed norm vs R_eq (log-log, the {s['fit_rows']} rows where the law applies): slope "
          f"{f['slope']:.3f}, Pearson r {f['pearson_r']:.3f}  |  heat-only R_eq: slope {fh['slope']:.3f}, "
@@ -135,15 +205,11 @@ def format_summary(result, top: int = 8) -> str:
         f"Spearman(norm, {heat}) = {s['spearman_norm_heat']:.3f}",
     ]
     if "token" in result.column_names and result.column("position").max() >= 0:
-        valid = result.column("valid").astype(bool) & ~_is_special(result)
-        tok = result.column("token")
-        txt = result.column("text")
-        h = result.column(heat)
-        idx = np.nonzero(valid)[0]
-        order = idx[np.argsort(h[idx])]
-        fmt = lambda i: f"{tok[i]!s}" + (f" ({txt[i]})" if txt[i] and txt[i] != tok[i] else "")  # noqa: E731
-        lines += ["", f"hottest tokens ({heat}): " + ", ".join(fmt(i) for i in order[::-1][:top]),
-                  f"coldest tokens ({heat}): " + ", ".join(fmt(i) for i in order[:top])]
+        ranking = token_ranking(result, heat)
+        hottest = [_token_label(t, n, x) for t, _, n, x in ranking[:top]]
+        coldest = [_token_label(t, n, x) for t, _, n, x in ranking[::-1][:top]]
+        lines += ["", f"hottest tokens (mean {heat}; ×n: rows averaged): " + ", ".join(hottest),
+                  f"coldest tokens (mean {heat}): " + ", ".join(coldest)]
     return "\n".join(lines)
 
 
@@ -162,7 +228,7 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     heat, drift = result.heat_column, result.drift_column
-    valid = result.column("valid").astype(bool)
+    valid = _used_rows(result)
     norm = result.column("norm")[valid]
     paths = []
 
@@ -213,22 +279,18 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     paths.append(p)
 
     if "token" in result.column_names and result.column("position").max() >= 0:
-        ok = result.column("valid").astype(bool) & ~_is_special(result)
-        idx = np.nonzero(ok)[0]
-        hv = result.column(heat)
-        tok = result.column("token")
-        order = idx[np.argsort(hv[idx])]
-        k = min(15, len(order) // 2)
+        ranking = token_ranking(result, heat)
+        k = min(15, len(ranking) // 2)
         if k > 0:
-            pick = np.concatenate([order[:k], order[-k:]])
+            pick = ranking[::-1][:k] + ranking[:k][::-1]  # bottom to top: coldest ..., then ... hottest
             fig, ax = plt.subplots(figsize=(7, 0.25 * len(pick) + 1))
             colors = ["tab:blue"] * k + ["tab:red"] * k
-            ax.barh(range(len(pick)), hv[pick], color=colors)
+            ax.barh(range(len(pick)), [v for _, v, _, _ in pick], color=colors)
             ax.set_yticks(range(len(pick)))
-            ax.set_yticklabels([str(tok[i]) for i in pick], fontsize=7)
+            ax.set_yticklabels([_token_label(t, n, "") for t, _, n, _ in pick], fontsize=7)
             ax.set_xscale("log")
-            ax.set_xlabel(f"{heat}")
-            ax.set_title("coldest (blue) and hottest (red) tokens", fontsize=9)
+            ax.set_xlabel(f"mean {heat} per distinct token")
+            ax.set_title("coldest (blue) and hottest (red) tokens; special tokens left out", fontsize=9)
             fig.tight_layout()
             p = outdir / f"{prefix}_tokens.png"
             fig.savefig(p, dpi=120)

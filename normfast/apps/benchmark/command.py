@@ -48,7 +48,8 @@ def bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes (seconds; used by the tests)")
     p.add_argument("--only", default=None, metavar="NAME[,NAME]",
                    help=f"sections to run: {', '.join(SECTIONS)} (or jvp); default all")
-    p.add_argument("--out", default="bench/results", help="output folder (default bench/results)")
+    p.add_argument("--out", default="runs/bench",
+                   help="output folder (default runs/bench, git-ignored; the committed results: --out bench/results)")
     p.add_argument("--repeats", type=int, default=None, help="timing rounds per section (default 3; quick 1-2)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0: torch's default); the jacrev section always uses 1")

@@ -1,0 +1,1 @@
+"""The stages of bench/gpu_check.py, one module per responsibility (see that script)."""

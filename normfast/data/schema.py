@@ -1,0 +1,265 @@
+"""The Parquet output contract: every column and metadata key of a probe run, in one registry.
+
+Other frontends read normfast's output, so its shape is versioned. This module
+is the single place that lists it: :data:`COLUMNS` (name, Arrow type, when the
+column is present, meaning) and :data:`METADATA_KEYS` (the keys of the JSON
+object stored under the schema metadata key ``normfast``). The README's
+"Output format" section is rendered from it (``python -m normfast.data.schema
+README.md`` rewrites the block; the tests check that it is up to date), and
+the tests check that what the engine writes is exactly what is registered.
+
+Adding, removing, renaming or retyping a column or a metadata key:
+
+1. change the registry below (keep related entries together);
+2. bump :data:`SCHEMA_VERSION` and add the new version with its
+   :func:`schema_fingerprint` to :data:`RELEASED` (``python -m
+   normfast.data.schema --fingerprint`` prints it), with one line in
+   :data:`CHANGES`;
+3. regenerate the README block: ``python -m normfast.data.schema README.md``.
+
+``tests/test_schema.py`` fails, with these steps in its message, when any of
+this is forgotten.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+#: version of the output format written by this normfast (``metadata["schema_version"]``).
+#: Files without the key predate versioning (version 1).
+SCHEMA_VERSION = 3
+
+#: version -> what changed (one line each)
+CHANGES = {
+    1: "unversioned output (normfast <= 0.1.0 before the key existed)",
+    2: "schema_version and objective_settings in the metadata; is_special column; encoder_note, "
+       "input_fingerprints metadata",
+    3: "the regime check: kappa_exempt, drift_to_heat, regime, regime_reason columns; regime metadata",
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One output column: its name, Arrow type, when it is present, and what it holds."""
+
+    name: str
+    type: str  # an Arrow type name as ``str(pa.<type>())`` prints it
+    when: str  # "always", or the condition under which the engine writes it
+    meaning: str
+
+
+@dataclass(frozen=True)
+class MetadataKey:
+    name: str
+    meaning: str
+
+
+_U = "SGD-like parameters (a `u` branch)"
+_W = "AdamW parameters (a `w` branch)"
+
+#: every column of a probe table, in the order the engine writes them
+COLUMNS: tuple[Column, ...] = (
+    # -- identity of the row
+    Column("item", "int64", "always", "index of the probe input (0-based, in the order given)"),
+    Column("id", "string", "always", "the input's id (from `ids=` / the probes file's `id`; else the item index)"),
+    Column("text", "string", "always", "the input text (empty for non-text inputs)"),
+    Column("position", "int32", "always", "token position inside the input; -1 for pooled rows"),
+    Column("token_id", "int64", "always", "vocabulary id of the token; -1 for pooled rows and untokenized inputs"),
+    Column("token", "string", "always", "the token's text as the tokenizer writes it (e.g. `##ing`); empty for pooled rows"),
+    Column("is_special", "bool", "always",
+           "the token was added by the tokenizer (`[CLS]`, `[SEP]`, `<s>`, padding, ...); False for pooled rows. "
+           "Summaries and figures leave these rows out"),
+    # -- the embedding and the statistics of the scale-invariant (u) branch
+    Column("norm", "double", "always", "observed norm R = ‖z‖ of the raw embedding"),
+    Column("D", "double", _U, "radial drift, mean over batches of ẑ·u^B"),
+    Column("se_D", "double", _U, "standard error of D"),
+    Column("sign_stability", "double", _U, "share of batches whose radial displacement has the sign of D"),
+    Column("V2", "double", _U, "stochastic heat, Σ_B ‖u^B − ū‖² / (M − 1)"),
+    Column("m2", "double", _U, "‖ū‖², the squared mean displacement"),
+    Column("Q", "double", _U, "second moment m2 + V2"),
+    # -- the scale-free (w) branch and the cross term
+    Column("D_w", "double", _W, "radial drift of the scale-free branch"),
+    Column("se_D_w", "double", _W, "standard error of D_w"),
+    Column("sign_stability_w", "double", _W, "sign stability of D_w"),
+    Column("V2_w", "double", _W, "heat of the scale-free branch"),
+    Column("m2_w", "double", _W, "‖w̄‖²"),
+    Column("Q_w", "double", _W, "second moment of the scale-free branch"),
+    Column("C_uw", "double", "both branches (parameter groups with different optimizers)",
+           "cross term, mean over batches of u·w"),
+    # -- the law
+    Column("kappa", "double", "always", "radial damping ẑ·(J θ_decayed)/R"),
+    Column("r_eq", "double", "always", "equilibrium norm: the largest positive root of the law's quartic (NaN: none)"),
+    Column("r_eq_heat", "double", "always", "the same with the drift set to zero (heat-only law)"),
+    Column("n_pos_roots", "int8", "always", "number of positive roots (> 1: bistable)"),
+    # -- status
+    Column("valid", "bool", "always", "the row's statistics are finite and usable"),
+    Column("reason", "string", "always",
+           "`ok`, or why the row is not valid: `zero_norm`, `non_finite_embedding`, "
+           "`non_finite_displacement`, `non_finite_kappa`, `no_positive_root`"),
+    # -- the regime check (normfast.engine.regime): does the law apply to this row?
+    Column("kappa_exempt", "double", "always",
+           "radial grip of the probed parameters exempt from decay, ẑ·(J θ_exempt)/R (0 when none is exempt); "
+           "when it outweighs kappa, the exempt parameters set the scale and the law has no equilibrium"),
+    Column("drift_to_heat", "double", "always",
+           "|D| / sqrt(2λκηQ): the drift against the heat (below 0.3: r_eq within about 15% of r_eq_heat)"),
+    Column("regime", "string", "always",
+           "`law applicable`, `heat-dominated` (r_eq_heat is the prediction) or `not applicable` "
+           "(r_eq is no prediction; V2 and D are still measured)"),
+    Column("regime_reason", "string", "always",
+           "the check that decided the row: `invalid`, `no_decay`, `undecayed_sets_scale`, "
+           "`kappa_nonpositive`, `kappa_small`, `drift_small`, `drift_resolved`, `drift_unresolved`"),
+)
+
+#: every key of the run metadata (``normfast.read_metadata(path)``)
+METADATA_KEYS: tuple[MetadataKey, ...] = (
+    MetadataKey("schema_version", "version of this format (an int; absent: 1)"),
+    MetadataKey("model", "the model as given (spec string or class name)"),
+    MetadataKey("model_fingerprint", "hash of the model's parameter names, shapes and values (sampled)"),
+    MetadataKey("encoder_note", "how the model was wrapped, when normfast decided something for the user "
+                                "(e.g. an `nn.Sequential` split into stages with its last Linear as the head); "
+                                "null otherwise"),
+    MetadataKey("objective", "objective name (`infonce`, `clip`, `supcon`, `simcse`, or a user objective's name)"),
+    MetadataKey("temperature", "the objective's temperature"),
+    MetadataKey("objective_settings", "every setting of the objective, e.g. "
+                                      "`{\"temperature\": 0.05, \"symmetric\": false}`"),
+    MetadataKey("optimizer", "`sgd`, `adamw`, or `{regex: preset}` for parameter groups"),
+    MetadataKey("lr", "η of the law"),
+    MetadataKey("weight_decay", "λ of the law (decoupled)"),
+    MetadataKey("momentum", "heavy-ball momentum β (the law uses η/(1−β))"),
+    MetadataKey("M", "number of virtual batches of the heat"),
+    MetadataKey("M_D", "number of virtual batches of the drift (its mean direction); null: the drift of the M "
+                       "heat batches, per batch"),
+    MetadataKey("groups", "K, the groups of batches behind the standard errors"),
+    MetadataKey("batch_size", "pairs / items per virtual batch"),
+    MetadataKey("seed", "seed of the batch draw and dropout"),
+    MetadataKey("mode", "`head` or `jvp`, as run"),
+    MetadataKey("output", "`pooled` or `tokens`"),
+    MetadataKey("params", "the probed-parameter selector as given"),
+    MetadataKey("n_probed_parameters", "number of parameter tensors probed"),
+    MetadataKey("cut_stage", "first encoder stage that owns a probed parameter (the stages before it are frozen)"),
+    MetadataKey("branch", "`u`, `w` or `uw`: which statistics columns are present"),
+    MetadataKey("n_items", "number of probe inputs"),
+    MetadataKey("n_pairs", "size of the virtual-batch source"),
+    MetadataKey("chunk_size", "probe inputs per streamed chunk"),
+    MetadataKey("config", "the whole `ProbeConfig` as a JSON object (see its docstring)"),
+    MetadataKey("input_fingerprints", "hashes of the probes, the pair source, the ids and given second moments "
+                                      "(used to name what changed when a resume is refused)"),
+    MetadataKey("spec_fingerprint", "hash of everything that determines the rows (resume checks it)"),
+    MetadataKey("versions", "library versions (normfast, torch, numpy, pyarrow, python, ...)"),
+    MetadataKey("device", "where the model ran"),
+    MetadataKey("world_size", "number of processes of a sharded run (1: not sharded)"),
+    MetadataKey("seconds", "wall time of the probe loop"),
+    MetadataKey("regime", "the run's regime check: `regime` (the class of most valid rows), `reason`, the "
+                          "share of rows in each class (`fractions`), the thresholds, and a sentence in plain "
+                          "words (see `normfast.engine.regime`)"),
+)
+
+#: schema version -> fingerprint of the registry it was released with
+RELEASED = {
+    2: "b949604baf9dad23",
+    3: "c191056aedaf7f05",
+}
+
+COLUMN_NAMES = tuple(c.name for c in COLUMNS)
+_BY_NAME = {c.name: c for c in COLUMNS}
+
+
+def schema_fingerprint(columns: Iterable[Column] = COLUMNS,
+                       metadata_keys: Iterable[MetadataKey] = METADATA_KEYS) -> str:
+    """Hash of the column names and types (in order) and of the metadata key names."""
+    blob = json.dumps({"columns": [[c.name, c.type] for c in columns],
+                       "metadata": [k.name for k in metadata_keys]}).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def column(name: str) -> Column:
+    """The registered column ``name`` (KeyError naming the registry when it is not registered)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"column {name!r} is not in the output registry normfast.data.schema.COLUMNS") from None
+
+
+def check_table(schema: pa.Schema) -> list[str]:
+    """Problems with a probe table's columns against the registry (empty: it conforms)."""
+    problems = []
+    for field in schema:
+        if field.name not in _BY_NAME:
+            problems.append(f"column {field.name!r} ({field.type}) is not registered in "
+                            f"normfast/data/schema.py COLUMNS")
+        elif str(field.type) != _BY_NAME[field.name].type:
+            problems.append(f"column {field.name!r} is {field.type}, registered as {_BY_NAME[field.name].type}")
+    order = [n for n in COLUMN_NAMES if n in schema.names]
+    if not problems and list(schema.names) != order:
+        problems.append(f"columns out of the registered order: {list(schema.names)} (registered: {order})")
+    return problems
+
+
+def check_metadata(metadata: dict[str, Any]) -> list[str]:
+    """Problems with a run's metadata keys against the registry (empty: it conforms)."""
+    known = {k.name for k in METADATA_KEYS}
+    return [f"metadata key {k!r} is not registered in normfast/data/schema.py METADATA_KEYS"
+            for k in metadata if k not in known]
+
+
+# ----------------------------------------------------------------------------
+# the README block
+# ----------------------------------------------------------------------------
+BEGIN, END = "<!-- schema:output -->", "<!-- /schema:output -->"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown() -> str:
+    """The README's "Output format" tables (columns, then metadata keys)."""
+    lines = [f"Schema version {SCHEMA_VERSION} (`normfast.data.schema.SCHEMA_VERSION`).", "",
+             "| column | type | present | meaning |", "|---|---|---|---|"]
+    lines += [f"| `{c.name}` | {c.type} | {_cell(c.when)} | {_cell(c.meaning)} |" for c in COLUMNS]
+    lines += ["", "| metadata key | meaning |", "|---|---|"]
+    lines += [f"| `{k.name}` | {_cell(k.meaning)} |" for k in METADATA_KEYS]
+    return "\n".join(lines)
+
+
+def readme_block(text: str) -> str:
+    """The current content between the README's schema markers."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"no {BEGIN} ... {END} block in the README")
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+
+def update_readme(path: str | Path) -> bool:
+    """Rewrite the README's schema block from the registry; True when it changed."""
+    path = Path(path)
+    text = path.read_text()
+    old = readme_block(text)
+    new = render_markdown()
+    if old == new:
+        return False
+    head, rest = text.split(BEGIN, 1)
+    path.write_text(head + BEGIN + "\n" + new + "\n" + END + rest.split(END, 1)[1])
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--fingerprint"]:
+        print(schema_fingerprint())
+        return 0
+    if len(argv) != 1:
+        print("usage: python -m normfast.data.schema README.md | --fingerprint", file=sys.stderr)
+        return 2
+    changed = update_readme(argv[0])
+    print(f"{argv[0]}: schema block {'rewritten' if changed else 'already up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
