@@ -117,8 +117,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from normfast.apps.finetune import (CheckpointLaw, HealthThresholds, TrainSettings, health,  # noqa: E402
-                                    pilot, split_decay, train)
+from normfast.apps.finetune import (CheckpointLaw, HealthThresholds, Resume, TrainSettings,  # noqa: E402
+                                    health, pilot, split_decay, train)
 from normfast.core.stats import loglog_fit_ci  # noqa: E402
 from normfast.encoders import CachedFrontEncoder  # noqa: E402
 
@@ -332,32 +332,63 @@ def _kappa_summary(kappa: np.ndarray) -> dict[str, float]:
             "max": float(np.max(kappa)), "negative_fraction": float(np.mean(kappa <= 0))}
 
 
+class SegmentLog:
+    """The setup time of every process that ran part of a resumed run (a :class:`Resume` part)."""
+
+    def __init__(self) -> None:
+        self.segments: list[dict[str, Any]] = []
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return list(self.segments)
+
+    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+        self.segments = list(state) + self.segments[-1:]  # the earlier ones, then this process's
+
+
+def state_path(cfg: E2Config) -> Path:
+    """Where a full run keeps its resume state (git-ignored, whatever ``--out`` is)."""
+    return RUNS / "state" / f"{result_stem(cfg.protocol)}_seed{cfg.seed}.pt"
+
+
 def run(cfg: E2Config, out: str | Path | None = None, progress: bool = True,
-        pilot_record: dict[str, Any] | None = None, setup: Setup | None = None) -> dict[str, Any]:
+        pilot_record: dict[str, Any] | None = None, setup: Setup | None = None,
+        resume: str | Path | None = None) -> dict[str, Any]:
     """Run E2 with ``cfg``; write JSON + PNG to ``out`` when given; return the summary.
 
     ``setup`` (from :func:`build_setup` with the same data settings) skips building one.
+    ``resume``: a state file; the run saves its state there as it goes and, when the
+    file exists, continues from it (an interrupted run loses at most one checkpoint).
     """
     cfg.validate()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one layer of small matmuls per call: one thread is faster here
     try:
-        return _run(cfg, out, progress, pilot_record, setup)
+        return _run(cfg, out, progress, pilot_record, setup, resume)
     finally:
         torch.set_num_threads(threads)
 
 
 def _run(cfg: E2Config, out: str | Path | None, progress: bool,
-         pilot_record: dict[str, Any] | None, setup: Setup | None) -> dict[str, Any]:
+         pilot_record: dict[str, Any] | None, setup: Setup | None,
+         resume_path: str | Path | None = None) -> dict[str, Any]:
     t_start, c_start = time.perf_counter(), time.process_time()
     setup = setup or build_setup(cfg, progress=progress)
     laws = {name: CheckpointLaw(_probe_fn(setup, cfg, params, mode), cfg.seed)
             for name, (params, mode) in probes_of(cfg).items()}
     settings = cfg.settings()
     groups = split_decay(setup.encoder, cfg.trained, cfg.no_decay)
+    log = SegmentLog()
+    log.segments.append({"setup_seconds": round(time.perf_counter() - t_start, 1),
+                         "setup_cpu_seconds": round(time.process_time() - c_start, 1)})
+    resume = None if resume_path is None else Resume(
+        Path(resume_path), parts={**{f"law_{k}": v for k, v in laws.items()}, "segments": log},
+        identity={"config": asdict(cfg), "n_texts": len(setup.texts)})
+    t_loop, c_loop = time.perf_counter(), time.process_time()
     rec = train(setup.encoder, setup.pair_ids, setup.probe_ids, settings, groups,
                 on_checkpoint=lambda i: [law(i) for law in laws.values()], progress=progress,
-                desc=f"E2 {cfg.protocol}: train")
+                desc=f"E2 {cfg.protocol}: train", resume=resume)
+    # the loop's time in earlier processes of a resumed run (0 for a run in one go)
+    earlier = (rec.loop_seconds - (time.perf_counter() - t_loop), rec.loop_cpu_seconds - (time.process_time() - c_loop))
     checks = health(rec, settings)
     observed = np.stack(rec.window_norms).mean(0)
     fits, items, kappas, regimes, drift = {}, {"text": setup.probe_texts, "observed": observed.tolist(),
@@ -438,10 +469,13 @@ def _run(cfg: E2Config, out: str | Path | None, progress: bool,
         "trajectory": rec.trajectory,
         "seconds": {**setup.seconds, "train": round(rec.seconds, 1),
                     "probe": round(sum(law.seconds for law in laws.values()), 1),
-                    "total": round(time.perf_counter() - t_start, 1)},
+                    "total": round(time.perf_counter() - t_start + earlier[0]
+                                   + sum(g["setup_seconds"] for g in log.segments[:-1]), 1)},
         "cpu_seconds": {"train": round(rec.cpu_seconds, 1),
                         "probe": round(sum(law.cpu_seconds for law in laws.values()), 1),
-                        "total": round(time.process_time() - c_start, 1)},
+                        "total": round(time.process_time() - c_start + earlier[1]
+                                       + sum(g["setup_cpu_seconds"] for g in log.segments[:-1]), 1)},
+        "segments": [{**g, **t} for g, t in zip(log.segments, rec.segments)],
         "load_average_at_end": list(os.getloadavg()),
         "torch_threads": torch.get_num_threads(),
         "items": items,
@@ -595,6 +629,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=str(RUNS),
                    help="output folder (default runs/e2, git-ignored; the committed results: --out bench/results)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fresh", action="store_true",
+                   help="a full run keeps its state in runs/e2/state/ and an interrupted one resumes from "
+                        "it; --fresh deletes that state first")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -623,7 +660,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cfg = E2Config.of(args.protocol, (record or {}).get("chosen"))
     cfg = replace(cfg.quick() if args.quick else cfg, seed=args.seed)
-    summary = run(cfg, out=out, progress=not args.no_progress, pilot_record=record)
+    resume = None if args.quick else state_path(cfg)
+    if resume is not None and args.fresh:
+        resume.unlink(missing_ok=True)
+    if resume is not None and resume.exists():
+        print(f"e2_real_encoder: resuming from {resume} (--fresh starts afresh)", file=sys.stderr)
+    summary = run(cfg, out=out, progress=not args.no_progress, pilot_record=record, resume=resume)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from tables import e2_fits_table  # bench/tables.py: the README's renderer
 

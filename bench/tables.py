@@ -375,8 +375,36 @@ def _e2_note(d: dict, run: str) -> str:
             f"median |D| / heat scale {d['drift_over_heat_median']:.2f}; {times}.")
 
 
+def _e2_pilot_note(pilot: dict) -> str:
+    """Every candidate of a pilot with its health outcome, and the choice."""
+    parts = []
+    for r in pilot["results"]:
+        h = r["health"]
+        if h.get("passed"):
+            outcome = "passed"
+        elif not h.get("no_collapse", True):
+            outcome = f"collapsed (stopped at step {h.get('stopped_at_step', '?')})"
+        else:
+            failed = [name for key, name in (("loss_below_chance", "loss"), ("stationary", "stationarity"))
+                      if not h.get(key, True)]
+            outcome = "failed " + " and ".join(failed)
+            if "norm_change_between_window_halves_median" in h:
+                outcome += (f" (norm change {h['norm_change_between_window_halves_median']:.1%}, weight change "
+                            f"{h.get('decayed_weight_norm_change_between_window_halves', float('nan')):.1%})")
+        parts.append(f"η = {r['lr']}, λ = {r['weight_decay']}, {r['steps']} steps: {outcome}")
+    chosen = pilot.get("chosen")
+    choice = (f"η = {chosen['lr']}, λ = {chosen['weight_decay']}, {chosen['steps']} steps" if chosen
+              else "none passed")
+    times = ""
+    if pilot.get("seconds"):
+        times = f"; {pilot['seconds']['total'] / 60:.0f} min wall" + (
+            f", {pilot['cpu_seconds']['total'] / 60:.0f} min process CPU" if pilot.get("cpu_seconds") else "")
+    return "; ".join(parts) + f" → chosen: {choice}{times}"
+
+
 def table_e2() -> str | None:
-    runs = [(d, label) for name, label in E2_RUNS if (d := _load(name)) is not None and "fits" in d]
+    loaded = [(name, label, _load(name)) for name, label in E2_RUNS]
+    runs = [(d, label) for _, label, d in loaded if d is not None and "fits" in d]
     if not runs:
         return None
     rows = ["| run | predictor | slope [95% CI] | Pearson r [95% CI] | regime check (share of items) |",
@@ -397,6 +425,15 @@ def table_e2() -> str | None:
                 f"law): slope in [0.85, 1.15], r ≥ 0.90.")
     for d, label in runs:
         rows += ["", _e2_note(d, label.split(":")[0])]
+    for name, label, d in loaded:  # the settings whose full run is not (yet) in the table
+        if d is not None and "fits" in d:
+            continue
+        pilot = (d or {}).get("pilot")
+        if pilot:
+            rows += ["", f"**{label.split(':')[0]} (pilot only, no full run recorded).** Pilot: "
+                         f"{_e2_pilot_note(pilot)}."]
+        else:
+            rows += ["", f"**{label.split(':')[0]}: not run** (no `bench/results/{name}`)."]
     return "\n".join(rows)
 
 

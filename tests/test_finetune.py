@@ -2,13 +2,15 @@
 checkpoint-averaged law, on small models (fast); and the bootstrap fit of normfast.core.stats."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from normfast.apps.finetune import (CheckpointLaw, HealthThresholds, TrainSettings, health, mean_cosine, pilot,
-                                    split_decay, train)
+from normfast.apps.finetune import (CheckpointLaw, HealthThresholds, Resume, TrainSettings, health, mean_cosine,
+                                    pilot, split_decay, train)
 from normfast.core.equilibrium import equilibrium_norm
 from normfast.core.stats import loglog_fit, loglog_fit_ci
 from normfast.data.pairs import PairSource
@@ -138,11 +140,75 @@ def test_checkpoint_law_averages_and_solves():
     pred = law.predictions(SETTINGS.lr, SETTINGS.weight_decay)
     np.testing.assert_allclose(pred["full"], equilibrium_norm(avg["D"], avg["Q"], avg["kappa"], lr=SETTINGS.lr,
                                                              weight_decay=SETTINGS.weight_decay))
-    np.testing.assert_allclose(pred["last_full"], law.last.column("r_eq"))
+    np.testing.assert_allclose(pred["last_full"], law.last["r_eq"])
     regime = law.regime(SETTINGS.lr, SETTINGS.weight_decay)
     assert regime["fractions"]["not applicable"] == 0.0  # a bias-free MLP: κ = 2
     assert len(regime["rows"]["regime"]) == N and regime["last_checkpoint"]["regime"] in (
         "law applicable", "heat-dominated")
+
+
+class _Stop(Exception):
+    pass
+
+
+def _resumable_run(tmp_path, stop_at: int | None) -> tuple:
+    """SETTINGS on the toy model with a checkpoint law; ``stop_at``: the checkpoint index at which
+    the first process dies (then a second one resumes from the state file)."""
+    def attempt(stop):
+        enc, pairs = toy()
+        source = PairSource.from_iterable([(int(a), int(b)) for a, b in pairs])
+        cfg = ProbeConfig(mode="jvp", lr=SETTINGS.lr, weight_decay=SETTINGS.weight_decay, batches=3,
+                          batch_size=16, chunk_size=N)
+        law = CheckpointLaw(lambda seed: probe(enc, list(range(N)), InfoNCE(temperature=0.2), source,
+                                               ProbeConfig(**{**cfg.__dict__, "seed": seed}), progress=False), 1)
+
+        def checkpoint(i):
+            if i == stop:
+                raise _Stop
+            law(i)
+
+        resume = Resume(tmp_path / "state.pt", every=60, parts={"law": law}, identity={"toy": 0})
+        groups = split_decay(enc, r"blocks\.[02]\.", None)
+        rec = train(enc, pairs, list(range(N)), SETTINGS, groups, on_checkpoint=checkpoint, progress=False,
+                    resume=resume)
+        return rec, law, enc
+
+    if stop_at is not None:
+        with pytest.raises(_Stop):
+            attempt(stop_at)
+        assert (tmp_path / "state.pt").exists()
+    return attempt(None)
+
+
+def test_an_interrupted_run_resumes_to_the_same_result(tmp_path):
+    rec, law, enc = _resumable_run(tmp_path / "once", None)
+    rec2, law2, enc2 = _resumable_run(tmp_path / "twice", stop_at=2)
+    assert not (tmp_path / "twice" / "state.pt").exists()  # removed once the run completed
+    assert rec2.losses == rec.losses and rec2.trajectory == rec.trajectory
+    np.testing.assert_array_equal(np.stack(rec2.window_norms), np.stack(rec.window_norms))
+    assert law2.n == law.n == 4
+    for col in ("D", "Q", "kappa"):
+        np.testing.assert_array_equal(np.stack(law2.columns[col]), np.stack(law.columns[col]))
+    for (n, p), (_, p2) in zip(enc.named_parameters(), enc2.named_parameters()):
+        assert torch.equal(p, p2), n
+    # the last save before the failed checkpoint 2: right after checkpoint 1
+    assert [s["first_step"] for s in rec2.segments] == [0, SETTINGS.window_start + SETTINGS.probe_every + 1]
+    assert rec2.loop_seconds >= rec2.seconds > 0
+
+
+def test_resume_refuses_a_state_of_other_settings(tmp_path):
+    enc, pairs = toy()
+    groups = split_decay(enc, r"blocks\.2\.", None)
+    resume = Resume(tmp_path / "s.pt", every=50, keep=True)
+    train(enc, pairs, list(range(N)), SETTINGS, groups, progress=False, resume=resume)
+    assert resume.path.exists()
+    with pytest.raises(ValueError, match="settings"):
+        train(enc, pairs, list(range(N)), replace(SETTINGS, lr=0.2), groups, progress=False, resume=resume)
+    with pytest.raises(ValueError, match="identity"):
+        train(enc, pairs, list(range(N)), SETTINGS, groups, progress=False,
+              resume=Resume(tmp_path / "s.pt", identity={"data": 1}))
+    with pytest.raises(ValueError, match="every"):
+        Resume(tmp_path / "x.pt", every=0)
 
 
 def test_bootstrap_fit_brackets_the_estimate(rng):

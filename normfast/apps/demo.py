@@ -84,10 +84,10 @@ def demo_main(args: argparse.Namespace) -> int:
 def reading(result, lr: float, wd: float) -> str:
     """The demo's law figures in plain words, from the run's regime check and statistics."""
     from normfast.engine.regime import share_text
-    from normfast.engine.summary import result_regime
+    from normfast.engine.summary import used_rows, result_regime
 
     regime = result_regime(result)
-    valid = result.column("valid").astype(bool)
+    valid = used_rows(result)  # valid word-piece rows: the special tokens are left out, as in the summary
     D = result.column(result.drift_column)[valid]
     kappa = result.column("kappa")[valid]
     ratio = result.column("drift_to_heat")[valid] if "drift_to_heat" in result.column_names else None
@@ -103,8 +103,9 @@ def reading(result, lr: float, wd: float) -> str:
                      f"(kappa median {np.median(kappa):.2f}): {regime['explanation']}.")
     if ratio is not None and np.isfinite(ratio).any():
         lines.append(
-            f"  The drift of this snapshot points inwards for {np.mean(D < 0):.0%} of the tokens and is "
-            f"{np.nanmedian(ratio):.0f}x the heat scale (median), so it decides the full law's r_eq. A "
+            f"  The drift of this snapshot points outwards for {np.mean(D > 0):.0%} of the tokens (inwards "
+            f"for {np.mean(D < 0):.0%}) and is {np.nanmedian(ratio):.0f}x the heat scale (median), so it "
+            f"decides the full law's r_eq. A "
             f"single snapshot's drift fluctuates along training (the last-checkpoint rows of E1 and E2), "
             f"so the heat-only r_eq_heat is the steadier reading, and the heat V2 itself ranks the "
             f"tokens by how inconsistently the virtual batches push them.")

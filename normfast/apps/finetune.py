@@ -19,7 +19,9 @@ and a pool of (anchor, positive) pairs of its items (E2 on the real MiniLM uses 
   computes the law's inputs or a fit); the first that passes is chosen;
 * :class:`CheckpointLaw` -- the engine at every checkpoint, the statistics
   averaged over the checkpoints, the law solved on the averages (full and
-  heat-only), the regime check of the averages, and the last checkpoint alone.
+  heat-only), the regime check of the averages, and the last checkpoint alone;
+* :class:`Resume` -- a state file that lets an interrupted :func:`train` (with
+  its checkpoints' statistics) go on where it stopped, with the same result.
 
 Plain SGD + weight decay is what the law describes (DESIGN §1); the dropout of
 the encoder is off in training, as in the engine's virtual batches, so the
@@ -27,9 +29,11 @@ only noise is the minibatch noise.
 """
 from __future__ import annotations
 
+import os
 import re
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -135,6 +139,58 @@ class Records:
     stopped_at: int | None               # step at which a collapsed run was stopped
     seconds: float                       # training only (checkpoints excluded)
     cpu_seconds: float = 0.0             # process CPU time of the training only
+    loop_seconds: float = 0.0            # the whole loop (training + checkpoints), every segment
+    loop_cpu_seconds: float = 0.0
+    segments: list[dict[str, Any]] = field(default_factory=list)  # each process that ran part of the loop
+
+
+@dataclass
+class Resume:
+    """Where :func:`train` keeps its state, so that an interrupted run goes on where it stopped.
+
+    The state (trained parameters, the batch generator, the records, the times, and each
+    ``parts`` object's ``state_dict()``) is written atomically to ``path`` every ``every``
+    steps before the window and after every checkpoint in it; a run started with the same
+    settings and an existing ``path`` loads it and continues, drawing the same batches, so
+    the result is the one an uninterrupted run gives. A state written with other settings
+    or another ``identity`` (whatever else determines the result: the data, the probe's
+    settings) is refused (ValueError naming them). ``path`` is removed when the run
+    completes unless ``keep``.
+    """
+
+    path: Path
+    every: int = 500
+    parts: dict[str, Any] = field(default_factory=dict)
+    keep: bool = False
+    identity: dict[str, Any] = field(default_factory=dict)  # what else must match (data, probe settings)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ValueError(f"Resume: expected every to be a positive int, got {self.every!r}")
+
+    def save(self, payload: dict[str, Any]) -> None:
+        payload = {**payload, "parts": {k: v.state_dict() for k, v in self.parts.items()}}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, self.path)
+
+    def load(self, settings: "TrainSettings", params: Sequence[torch.Tensor]) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        payload = torch.load(self.path, weights_only=False)
+        for key, mine in (("settings", asdict(settings)), ("identity", self.identity)):
+            if payload.get(key) != mine:
+                raise ValueError(f"Resume: {self.path} was written with {key} {payload.get(key)}, this run "
+                                 f"has {mine}; remove the file to start afresh")
+        shapes = [tuple(p.shape) for p in params]
+        if [tuple(t.shape) for t in payload["params"]] != shapes:
+            raise ValueError(f"Resume: {self.path} holds parameters of shapes "
+                             f"{[tuple(t.shape) for t in payload['params']]}, this run trains {shapes}")
+        for name, part in self.parts.items():
+            part.load_state_dict(payload["parts"][name])
+        return payload
 
 
 def mean_cosine(z: torch.Tensor) -> float:
@@ -154,12 +210,14 @@ def train(encoder: Any, pair_ids: np.ndarray, probe_items: Sequence[Any], settin
           groups: tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]], *,
           on_checkpoint: Callable[[int], None] | None = None, stop_on_collapse: bool = False,
           collapse_cosine: float = HealthThresholds.collapse_cosine, progress: bool = True,
-          desc: str = "train") -> Records:
+          desc: str = "train", resume: Resume | None = None) -> Records:
     """SGD + decay on ``groups = (decayed, exempt)`` with InfoNCE on pairs of ``pair_ids`` rows.
 
     Each step draws ``batch_size`` distinct rows of ``pair_ids`` (``[n, 2]`` items that
     ``encoder.prepare`` accepts) and runs both sides in one call. ``on_checkpoint(i)``
     runs at every ``probe_every``-th step of the window; its time is not training time.
+    With ``resume``, the state is saved along the way and an interrupted run continues
+    from its last save (see :class:`Resume`).
     """
     from normfast.engine.objectives import InfoNCE
 
@@ -176,8 +234,35 @@ def train(encoder: Any, pair_ids: np.ndarray, probe_items: Sequence[Any], settin
     bs = settings.batch_size
     rec = Records([], [], [], [], [], window_start, None, 0.0)
     checkpoint_seconds = checkpoint_cpu = 0.0
+    before = {"train": 0.0, "train_cpu": 0.0, "loop": 0.0, "loop_cpu": 0.0}  # earlier segments
+    first = 0
+    params = [*decayed, *exempt]
+    saved = resume.load(settings, params) if resume is not None else None
+    if saved is not None:
+        with torch.no_grad():
+            for p, t in zip(params, saved["params"]):
+                p.copy_(t)
+        rng.bit_generator.state = saved["rng"]
+        rec = Records(**saved["records"])
+        before = saved["seconds"]
+        first = saved["step"]
     t0, c0 = time.perf_counter(), time.process_time()
-    bar = tqdm(range(settings.steps), desc=desc, unit="step", disable=not progress)
+    rec.segments.append({"first_step": first, "pid": os.getpid()})
+
+    def times() -> dict[str, float]:
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return {"train": before["train"] + wall - checkpoint_seconds,
+                "train_cpu": before["train_cpu"] + cpu - checkpoint_cpu,
+                "loop": before["loop"] + wall, "loop_cpu": before["loop_cpu"] + cpu}
+
+    def save(done: int) -> None:
+        rec.segments[-1]["last_step"] = done
+        resume.save({"settings": asdict(settings), "identity": resume.identity, "step": done, "rng": rng.bit_generator.state,
+                     "params": [p.detach().clone() for p in params], "records": asdict(rec),
+                     "seconds": times()})
+
+    bar = tqdm(range(first, settings.steps), desc=desc, unit="step", disable=not progress,
+               initial=first, total=settings.steps)
     for step in bar:
         if step <= settings.warmup:
             for group in opt.param_groups:
@@ -214,13 +299,20 @@ def train(encoder: Any, pair_ids: np.ndarray, probe_items: Sequence[Any], settin
             if stop_on_collapse and cosine >= collapse_cosine:
                 rec.stopped_at = done
                 break
-        if in_window and on_checkpoint is not None and k % settings.probe_every == 0:
+        checkpoint = in_window and k % settings.probe_every == 0
+        if checkpoint and on_checkpoint is not None:
             tp, cp = time.perf_counter(), time.process_time()
             on_checkpoint(k // settings.probe_every)
             checkpoint_seconds += time.perf_counter() - tp
             checkpoint_cpu += time.process_time() - cp
-    rec.seconds = time.perf_counter() - t0 - checkpoint_seconds
-    rec.cpu_seconds = time.process_time() - c0 - checkpoint_cpu
+        if resume is not None and done < settings.steps and (checkpoint if in_window else done % resume.every == 0):
+            save(done)
+    t = times()
+    rec.seconds, rec.cpu_seconds, rec.loop_seconds, rec.loop_cpu_seconds = (
+        t["train"], t["train_cpu"], t["loop"], t["loop_cpu"])
+    rec.segments[-1]["last_step"] = rec.stopped_at or settings.steps
+    if resume is not None and not resume.keep:
+        resume.path.unlink(missing_ok=True)
     return rec
 
 
@@ -322,7 +414,7 @@ class CheckpointLaw:
         self.probe_fn = probe_fn
         self.seed = seed
         self.columns: dict[str, list[np.ndarray]] = {k: [] for k in self.COLUMNS}
-        self.last = None
+        self.last: dict[str, Any] | None = None  # the last checkpoint's r_eq, r_eq_heat and regime
         self.seconds = 0.0
         self.cpu_seconds = 0.0
 
@@ -331,9 +423,22 @@ class CheckpointLaw:
         res = self.probe_fn(self.seed * 7919 + i)
         for col in self.COLUMNS:
             self.columns[col].append(res.column(col))
-        self.last = res
+        self.last = {"r_eq": np.asarray(res.column("r_eq")), "r_eq_heat": np.asarray(res.column("r_eq_heat")),
+                     "regime": res.metadata.get("regime")}
         self.seconds += time.perf_counter() - t0
         self.cpu_seconds += time.process_time() - c0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything gathered so far (for :class:`Resume`)."""
+        return {"columns": self.columns, "last": self.last, "seconds": self.seconds,
+                "cpu_seconds": self.cpu_seconds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = set(self.COLUMNS) - set(state["columns"])
+        if missing:
+            raise ValueError(f"CheckpointLaw.load_state_dict: the state lacks the columns {sorted(missing)}")
+        self.columns = {k: list(state["columns"][k]) for k in self.COLUMNS}
+        self.last, self.seconds, self.cpu_seconds = state["last"], state["seconds"], state["cpu_seconds"]
 
     @property
     def n(self) -> int:
@@ -353,8 +458,8 @@ class CheckpointLaw:
         law = dict(lr=lr, weight_decay=weight_decay)
         return {"full": np.asarray(equilibrium_norm(avg["D"], avg["Q"], avg["kappa"], **law)),
                 "heat": np.asarray(equilibrium_norm(zero, avg["Q"], avg["kappa"], **law)),
-                "last_full": np.asarray(self.last.column("r_eq")),
-                "last_heat": np.asarray(self.last.column("r_eq_heat"))}
+                "last_full": np.asarray(self.last["r_eq"]),
+                "last_heat": np.asarray(self.last["r_eq_heat"])}
 
     def regime(self, lr: float, weight_decay: float) -> dict[str, Any]:
         """The regime check of the averaged statistics.
@@ -370,5 +475,5 @@ class CheckpointLaw:
         rows = classify_rows(cols, lr=lr, weight_decay=weight_decay)
         out = run_regime([{**cols, **rows}])
         out["rows"] = {k: rows[k].tolist() for k in ("regime", "regime_reason")}
-        out["last_checkpoint"] = self.last.metadata.get("regime")
+        out["last_checkpoint"] = self.last["regime"]
         return out

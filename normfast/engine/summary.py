@@ -61,14 +61,14 @@ def result_regime(result) -> dict[str, Any] | None:
     return out
 
 
-def _used_rows(result) -> np.ndarray:
+def used_rows(result) -> np.ndarray:
     """The rows summaries and figures describe: valid, and not a special token."""
     return result.column("valid").astype(bool) & ~_is_special(result)
 
 
 def _applicable_rows(result) -> np.ndarray:
     """Used rows whose regime lets the law predict (law applicable or heat-dominated)."""
-    used = _used_rows(result)
+    used = used_rows(result)
     if "regime" not in result.column_names:
         return used
     return used & (result.column("regime") != NOT_APPLICABLE)
@@ -136,7 +136,7 @@ def token_ranking(result, column: str | None = None) -> list[tuple[str, float, i
     ``(token, mean value, rows averaged, an example input text)``.
     """
     column = column or result.heat_column
-    use = _used_rows(result)
+    use = used_rows(result)
     tok = result.column("token")[use]
     val = result.column(column)[use].astype(float)
     txt = result.column("text")[use]
@@ -228,7 +228,7 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     heat, drift = result.heat_column, result.drift_column
-    valid = _used_rows(result)
+    valid = used_rows(result)
     norm = result.column("norm")[valid]
     paths = []
 
