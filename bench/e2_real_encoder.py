@@ -7,6 +7,10 @@
 
 Output goes to ``runs/e2`` unless ``--out`` says otherwise; the committed
 results in ``bench/results`` change only with an explicit ``--out bench/results``.
+A full run keeps its state in ``runs/e2/state/`` (:class:`normfast.apps.finetune.Resume`):
+started again with the same settings after an interruption, it goes on from its
+last checkpoint and gives the result an uninterrupted run gives (``--fresh``
+deletes the state first).
 
 The pretrained sentence encoder (real weights, loaded offline) is fine-tuned
 with plain SGD + weight decay on real text pairs until its embedding norms are

@@ -391,6 +391,8 @@ def _e2_pilot_note(pilot: dict) -> str:
             if "norm_change_between_window_halves_median" in h:
                 outcome += (f" (norm change {h['norm_change_between_window_halves_median']:.1%}, weight change "
                             f"{h.get('decayed_weight_norm_change_between_window_halves', float('nan')):.1%})")
+        if r.get("train_cpu_seconds") is not None:
+            outcome += f" [{r['train_seconds'] / 60:.0f} min wall, {r['train_cpu_seconds'] / 60:.0f} min CPU]"
         parts.append(f"η = {r['lr']}, λ = {r['weight_decay']}, {r['steps']} steps: {outcome}")
     chosen = pilot.get("chosen")
     choice = (f"η = {chosen['lr']}, λ = {chosen['weight_decay']}, {chosen['steps']} steps" if chosen
