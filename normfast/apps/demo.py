@@ -39,10 +39,10 @@ def demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def demo_main(args: argparse.Namespace) -> int:
+    from normfast.core.stats import spearman
     from normfast.data.datasets import top_words, zipf_frequency
     from normfast.encoders import load_encoder
     from normfast.engine.probe import ProbeConfig, probe
-    from normfast.core.stats import spearman
 
     n_words = args.words or (200 if args.quick else 2000)
     M = args.batches or (8 if args.quick else 16)
@@ -84,7 +84,7 @@ def demo_main(args: argparse.Namespace) -> int:
 def reading(result, lr: float, wd: float) -> str:
     """The demo's law figures in plain words, from the run's regime check and statistics."""
     from normfast.engine.regime import share_text
-    from normfast.engine.summary import used_rows, result_regime
+    from normfast.engine.summary import result_regime, used_rows
 
     regime = result_regime(result)
     valid = used_rows(result)  # valid word-piece rows: the special tokens are left out, as in the summary

@@ -176,7 +176,7 @@ class Resume:
         torch.save(payload, tmp)
         os.replace(tmp, self.path)
 
-    def load(self, settings: "TrainSettings", params: Sequence[torch.Tensor]) -> dict[str, Any] | None:
+    def load(self, settings: TrainSettings, params: Sequence[torch.Tensor]) -> dict[str, Any] | None:
         if not self.path.exists():
             return None
         payload = torch.load(self.path, weights_only=False)
