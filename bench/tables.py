@@ -528,6 +528,73 @@ def table_kernel_resources() -> str | None:
     return None if d is None else resources_table(d)
 
 
+def _vci(block: dict, digits: int = 3) -> str:
+    return f"{block['value']:+.{digits}f} [{block['ci_low']:+.{digits}f}, {block['ci_high']:+.{digits}f}]"
+
+
+def table_corpus() -> str | None:
+    d = _load("corpus_job.json")
+    if d is None:
+        return None
+    models = list(d["models"])
+    rs = [d["models"][m] for m in models]
+    rows = ["| Lee background corpus | " + " | ".join(models) + " |", "|---|" + "---|" * len(models),
+            "| documents (of 300) / windows / token rows probed | " + " | ".join(
+                f"{r['documents']} / {r['windows']['windows']} / {r['token_rows']:,}" for r in rs) + " |",
+            "| probe throughput, token rows/s (wall) | " + " | ".join(
+                "n/a (resumed run)" if r["speed"]["resumed"] else f"{r['speed']['tokens_per_s']:.1f}"
+                for r in rs) + " |",
+            "| probe time / plain forward over the same windows (wall; CPU) | " + " | ".join(
+                "n/a (resumed run)" if r["speed"]["resumed"] else
+                f"{r['speed']['ratio_wall']:.1f}x; {r['speed']['ratio_cpu']:.1f}x" for r in rs) + " |"]
+    labels = {"corpus_frequency": "log corpus frequency", "zipf": "wordfreq Zipf"}
+    for level in ("token", "word"):
+        for target in ("corpus_frequency", "zipf"):
+            for q, name in (("heat", "type heat (mean V²)"), ("norm", "type norm (mean norm)")):
+                cells = []
+                for r in rs:
+                    c = r["by"][level]["correlations"]["min_count_5"][target][q]
+                    cells.append(f"{_vci(c)} (n = {c['n']:,})")
+                rows.append(f"| Spearman: {name} vs {labels[target]}, by {level} | " + " | ".join(cells) + " |")
+    rows.append("")
+    for m, r in zip(models, rs):
+        for level in ("token", "word"):
+            e = r["by"][level]["extremes"]
+            for k in ("hottest", "coldest"):
+                rows.append(f"{m}, {k} {level}s (mean V², occurrences): " + ", ".join(
+                    f"{x['type']} ({x['count']})" for x in e[k]) + "  ")
+    rows += ["", f"jvp over the last transformer layer, SimCSE on the documents' own sentences, "
+                 f"M = {rs[0]['M']} x 32, sgd lr 1e-3 / wd 1e-2; windows at the model's maximum length, no overlap. "
+                 f"Types with >= 5 valid occurrences: "
+                 f"{' / '.join(str(r['by']['token']['types_min_count']) for r in rs)} token types, "
+                 f"{' / '.join(str(r['by']['word']['types_min_count']) for r in rs)} word types. "
+                 f"Speed: {d['protocol']['speed']}."]
+    return "\n".join(rows)
+
+
+def table_judgments() -> str | None:
+    d = _load("human_judgments.json")
+    if d is None:
+        return None
+    names = {"wordsim353": "WordSim353 (ρ)", "simlex999": "SimLex999 (ρ)", "lee": "Lee 50 docs (r)"}
+    rows = ["| model | data | held-out half | α chosen on the other half | cosine [95% CI] | "
+            "cos·(‖a‖‖b‖)^α [95% CI] | gain [95% CI] |", "|---|---|---|---|---|---|---|"]
+    for m, r in d["models"].items():
+        for s in ("wordsim353", "simlex999", "lee"):
+            for k, f in enumerate(r[s]["folds"]):
+                t = f["test"]
+                rows.append(f"| {m} | {names[s]} | {'BA'[k]} ({f['test_pairs']} pairs) | {f['best_alpha']:+.2f} | "
+                            f"{_vci(t['cosine'])} | {_vci(t['best_alpha'])} | {_vci(t['gain'])} |")
+    rows.append("")
+    verdicts = []
+    for m, r in d["models"].items():
+        verdicts.append(f"{m}: " + "; ".join(f"{names[s].split(' (')[0]} {r[s]['verdict']} (norm product alone "
+                                             f"{r[s]['all_pairs']['norm_product_only']['value']:+.3f})"
+                                             for s in ("wordsim353", "simlex999", "lee")))
+    rows.append(". ".join(verdicts) + ".")
+    return "\n".join(rows)
+
+
 TABLES: dict[str, Callable[[], str | None]] = {
     "e2": table_e2,
     "demo": table_demo,
@@ -541,6 +608,8 @@ TABLES: dict[str, Callable[[], str | None]] = {
     "head_stats": table_head_stats,
     "kernel_resources": table_kernel_resources,
     "roofline": table_roofline,
+    "corpus": table_corpus,
+    "judgments": table_judgments,
 }
 
 

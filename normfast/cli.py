@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("normfast.apps.validate", "E1: train small encoders to equilibrium and test the law's predictions"),
     "bench": ("normfast.apps.benchmark", "throughput suite: head/jvp modes against per-sample-gradient tools"),
     "report": ("normfast.apps.report", "summarize a probe run (.parquet) and draw its figures"),
+    "aggregate": ("normfast.apps.aggregate",
+                  "per-type statistics of a token-level run: by vocabulary entry or by whole word"),
     "retrieval": ("normfast.apps.retrieval",
                   "norm-discounted retrieval: alpha sweep with baselines on a BEIR collection"),
 }

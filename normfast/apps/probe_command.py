@@ -28,11 +28,23 @@ examples:
       --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
   normfast probe open_clip:ViT-B-32 --tower image --probes imgs.txt \\
       --pairs pairs.tsv --objective clip --params head --out runs/clip.parquet
+  normfast probe mpnet --corpus news.txt --params 'encoder\\.layer\\.11\\.' \\
+      --out runs/news.parquet
   torchrun --nproc-per-node 4 -m normfast probe minilm --probes words.txt \\
       --tokens --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
 
 probes file: .txt (one item per line), .jsonl (--text-key, default "text";
-optional "id"), or .tsv (first column). For image towers each item is an
+optional "id"), or .tsv (first column).
+
+corpus file (--corpus, token rows): .jsonl (--text-key, --id-key) or plain
+text, one document per line (--doc-layout lines, default) or blank-line
+separated (--doc-layout blank). Each document is tokenized whole and cut into
+windows of at most --window tokens that end at word boundaries; with --stride
+< --window the windows overlap and each token is owned by the window where it
+is nearer the middle (column `primary`). Token rows add doc_id, window,
+doc_position, is_special, word_id, word and primary. Without --pairs, simcse
+uses the corpus's sentences (NLTK Punkt, trained on the corpus itself) as its
+virtual-batch items. Then: normfast aggregate RUN.parquet --by token|word. For image towers each item is an
 image path. pairs file: .jsonl with --anchor-key/--positive-key (or
 --label-key for supcon), or .tsv with two columns. SimCSE needs no pairs
 file: it uses the probes themselves (or --pairs as plain items)."""
@@ -77,8 +89,18 @@ def _load_images(paths: list[str]):
 
 def probe_arguments(p) -> None:
     p.add_argument("model", help="hub id, local folder (HF or sentence-transformers), 'minilm', or open_clip:ARCH[@WEIGHTS]")
-    p.add_argument("--probes", required=True, help="probe items file (.txt / .jsonl / .tsv)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--probes", help="probe items file (.txt / .jsonl / .tsv)")
+    src.add_argument("--corpus", help="a corpus to probe token by token, in context (.txt or .jsonl; see below)")
     p.add_argument("--text-key", default="text", help="jsonl key of the probe text (default: text)")
+    p.add_argument("--id-key", default="id", help="--corpus .jsonl: key of the document id (default: id)")
+    p.add_argument("--doc-layout", default="lines", choices=["lines", "blank"],
+                   help="--corpus plain text: one document per line (default) or blank-line separated")
+    p.add_argument("--window", type=int, default=None,
+                   help="--corpus: content tokens per window (default: the model's maximum length "
+                        "less its special tokens)")
+    p.add_argument("--stride", type=int, default=None,
+                   help="--corpus: tokens between window starts (default: --window, no overlap)")
     p.add_argument("--pairs", help="virtual-batch source (.jsonl / .tsv); optional for simcse")
     p.add_argument("--anchor-key", default="anchor")
     p.add_argument("--positive-key", default="positive")
@@ -94,8 +116,8 @@ def probe_arguments(p) -> None:
     g.add_argument("--tokens", dest="output", action="store_const", const="tokens",
                    help="one row per token position")
     g.add_argument("--pooled", dest="output", action="store_const", const="pooled",
-                   help="one row per input (default)")
-    p.set_defaults(output="pooled")
+                   help="one row per input (default, except with --corpus)")
+    p.set_defaults(output=None)
     p.add_argument("--mode", default="auto", choices=list(MODES),
                    help="head: closed form for a final linear head; jvp: general; auto (default)")
     p.add_argument("--params", default="all",
@@ -114,7 +136,8 @@ def probe_arguments(p) -> None:
     p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (heuristic eta/(1-beta))")
     p.add_argument("--no-decay", default=None, help="regex of probed parameters without weight decay")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--chunk-size", type=int, default=64, help="probe items per streamed chunk (default 64)")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="probe items per streamed chunk (default 64; with --corpus 8 windows)")
     p.add_argument("--directions-per-pass", type=int, default=None, help="K directions per JVP pass")
     p.add_argument("--memory-budget-mb", type=float, default=2048)
     p.add_argument("--no-radial-spread", action="store_true", help="skip se_D / sign stability (faster head mode)")
@@ -153,13 +176,32 @@ def _probe_cli(args, device: str, root: bool) -> int:
     from normfast.data.pairs import PairSource
 
     try:
-        items, ids = _read_probe_file(Path(args.probes), args.text_key)
+        output = args.output or ("tokens" if args.corpus else "pooled")
+        if args.corpus and output != "tokens":
+            raise ValueError("--corpus probes every token in context; --pooled does not apply")
+        if not args.corpus and (args.window is not None or args.stride is not None):
+            raise ValueError("--window and --stride apply to --corpus only")
+        if args.corpus:
+            from normfast.data.corpus import read_documents
+
+            documents = read_documents(args.corpus, layout=args.doc_layout, text_key=args.text_key,
+                                       id_key=args.id_key)
+        else:
+            items, ids = _read_probe_file(Path(args.probes), args.text_key)
         kw = {}
         if args.tower:
             kw["tower"] = args.tower
         if args.pooling:
             kw["pooling"] = args.pooling
         encoder = load_encoder(args.model, projection=not args.no_projection, device=device, **kw)
+        corpus_pairs = None
+        if args.corpus:
+            from normfast.data.corpus import CorpusWindows, split_sentences
+
+            items = CorpusWindows.from_encoder(documents, encoder, window=args.window, stride=args.stride,
+                                               progress=root and not args.no_progress)
+            ids = items.ids()
+            corpus_pairs = split_sentences([d.text for d in documents])
         if encoder.modality == "image":
             items = _load_images(items)
         obj_kw = {} if args.temperature is None else {"temperature": args.temperature}
@@ -178,18 +220,24 @@ def _probe_cli(args, device: str, root: bool) -> int:
                                               label_key=args.label_key, kind=objective.needs)
             else:
                 pairs = PairSource.from_tsv(path, kind=objective.needs)
+        elif corpus_pairs is not None:
+            if objective.needs != "items":
+                raise ValueError(f"--objective {objective.name} needs --pairs; with --corpus only simcse "
+                                 f"can use the corpus's own sentences")
+            pairs = PairSource.from_iterable(corpus_pairs, kind="items")
         if objective.name == "clip" and hasattr(encoder, "with_tower"):
             pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")
-        config = ProbeConfig(params=args.params, mode=args.mode, output=args.output, optimizer=args.optimizer,
+        chunk_size = args.chunk_size or (8 if args.corpus else 64)
+        config = ProbeConfig(params=args.params, mode=args.mode, output=output, optimizer=args.optimizer,
                              lr=args.lr, weight_decay=args.wd, momentum=args.momentum, no_decay=args.no_decay,
                              batches=args.batches, drift_batches=args.drift_batches or None,
                              groups=args.groups, batch_size=args.batch_size, seed=args.seed,
-                             chunk_size=args.chunk_size, directions_per_pass=args.directions_per_pass,
+                             chunk_size=chunk_size, directions_per_pass=args.directions_per_pass,
                              memory_budget_mb=args.memory_budget_mb, radial_spread=not args.no_radial_spread)
         result = probe(encoder, items, objective, pairs, config, out=args.out, resume=args.resume,
                        overwrite=args.overwrite, pair_encoder=pair_encoder, ids=ids,
                        progress=not args.no_progress, model_name=args.model)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError) as exc:
         if root:
             print(f"normfast probe: error: {exc}", file=sys.stderr)
         return 2

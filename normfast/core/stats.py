@@ -62,3 +62,75 @@ def loglog_fit_ci(x: np.ndarray, y: np.ndarray, n_boot: int = 2000, seed: int = 
     fit["pearson_r_ci95"] = [float(v) for v in np.percentile(r, [2.5, 97.5])]
     fit["n_boot"] = int(keep.sum())
     return fit
+
+
+def correlation(x: np.ndarray, y: np.ndarray, method: str = "spearman") -> float:
+    """Spearman or Pearson correlation over the pairs where both are finite (NaN below 3 pairs)."""
+    if method not in ("spearman", "pearson"):
+        raise ValueError(f"correlation: method must be 'spearman' or 'pearson', got {method!r}")
+    if method == "spearman":
+        return spearman(x, y)
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3 or np.std(x[ok]) == 0 or np.std(y[ok]) == 0:
+        return math.nan
+    return float(np.corrcoef(x[ok], y[ok])[0, 1])
+
+
+def _row_corr(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    xc = x - x.mean(axis=-1, keepdims=True)
+    yc = y - y.mean(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (xc * yc).sum(-1) / np.sqrt((xc * xc).sum(-1) * (yc * yc).sum(-1))
+
+
+def paired_bootstrap(scores: dict[str, np.ndarray], target: np.ndarray, *, method: str = "spearman",
+                     baseline: str | None = None, resamples: int = 1000, seed: int = 0,
+                     level: float = 0.95) -> dict[str, dict[str, float]]:
+    """Correlation of each ``scores[name]`` with ``target``, and percentile bootstrap CIs.
+
+    Every score is evaluated on the same resamples of the items (drawn with replacement
+    from ``numpy.random.default_rng(seed)``), so with ``baseline`` the difference
+    ``corr(name) - corr(baseline)`` gets a paired CI as well (key ``"{name} - {baseline}"``).
+    Items with a non-finite target or score are dropped first (from all scores alike).
+    """
+    from scipy.stats import rankdata
+
+    if method not in ("spearman", "pearson"):
+        raise ValueError(f"paired_bootstrap: method must be 'spearman' or 'pearson', got {method!r}")
+    target = np.asarray(target, dtype=float)
+    cols = {k: np.asarray(v, dtype=float) for k, v in scores.items()}
+    for k, v in cols.items():
+        if v.shape != target.shape:
+            raise ValueError(f"paired_bootstrap: scores[{k!r}].shape={v.shape} differs from target.shape="
+                             f"{target.shape}")
+    if baseline is not None and baseline not in cols:
+        raise ValueError(f"paired_bootstrap: baseline {baseline!r} is not one of {sorted(cols)}")
+    ok = np.isfinite(target) & np.logical_and.reduce([np.isfinite(v) for v in cols.values()])
+    target, cols = target[ok], {k: v[ok] for k, v in cols.items()}
+    n = int(ok.sum())
+    rank = (lambda a: rankdata(a, axis=-1)) if method == "spearman" else (lambda a: a)
+    point = {k: float(_row_corr(rank(v), rank(target))) for k, v in cols.items()}
+    rng = np.random.default_rng(seed)
+    boot: dict[str, list[np.ndarray]] = {k: [] for k in cols}
+    for lo in range(0, resamples, 200):
+        idx = rng.integers(0, n, size=(min(200, resamples - lo), n))
+        t = rank(target[idx])
+        for k, v in cols.items():
+            boot[k].append(_row_corr(rank(v[idx]), t))
+    q = [50 * (1 - level), 50 * (1 + level)]
+    out = {}
+    draws = {k: np.concatenate(b) for k, b in boot.items()}
+    for k in cols:
+        lo_, hi_ = np.nanpercentile(draws[k], q)
+        out[k] = {"value": point[k], "ci_low": float(lo_), "ci_high": float(hi_), "n": n}
+    if baseline is not None:
+        for k in cols:
+            if k == baseline:
+                continue
+            d = draws[k] - draws[baseline]
+            lo_, hi_ = np.nanpercentile(d, q)
+            out[f"{k} - {baseline}"] = {"value": point[k] - point[baseline], "ci_low": float(lo_),
+                                        "ci_high": float(hi_), "n": n}
+    return out

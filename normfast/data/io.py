@@ -414,13 +414,35 @@ def count_rows(paths: Iterable[str | os.PathLike]) -> int:
 
 def iter_batches(paths: Iterable[str | os.PathLike], *, columns: Sequence[str] | None = None,
                  batch_size: int = 65536) -> Iterator[pa.RecordBatch]:
-    """Stream the rows of the given Parquet files, in order, ``batch_size`` rows at a time."""
+    """Stream the rows of the given Parquet files, in order, at most ``batch_size`` rows at a time.
+
+    Reads row group by row group (small consecutive row groups are joined up to
+    ``batch_size`` rows): memory stays at one batch plus one row group whatever the
+    file's size (``ParquetFile.iter_batches`` lets the resident memory grow with the
+    size of the file it reads, pyarrow 26; reading by row groups keeps it flat).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"iter_batches: expected batch_size to be a positive int, got {batch_size!r}")
+    pending: list[pa.Table] = []
+    rows = 0
     for p in paths:
-        pf = pq.ParquetFile(p, memory_map=True)
+        pf = pq.ParquetFile(p)
         try:
-            yield from pf.iter_batches(batch_size=batch_size, columns=columns)
+            for g in range(pf.metadata.num_row_groups):
+                table = pf.read_row_group(g, columns=columns)
+                pending.append(table)
+                rows += table.num_rows
+                if rows < batch_size:
+                    continue
+                joined = pa.concat_tables(pending, promote_options="default").combine_chunks()
+                for batch in joined.to_batches(max_chunksize=batch_size):
+                    yield batch
+                pending, rows = [], 0
         finally:
             pf.close()
+    if rows:
+        yield from pa.concat_tables(pending, promote_options="default").combine_chunks().to_batches(
+            max_chunksize=batch_size)
 
 
 def json_ready(o: Any) -> Any:

@@ -33,14 +33,15 @@ import pyarrow as pa
 
 #: version of the output format written by this normfast (``metadata["schema_version"]``).
 #: Files without the key predate versioning (version 1).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: version -> what changed (one line each)
 CHANGES = {
     1: "unversioned output (normfast <= 0.1.0 before the key existed)",
     2: "schema_version and objective_settings in the metadata; is_special column; encoder_note, "
        "input_fingerprints metadata",
-    3: "the regime check: kappa_exempt, drift_to_heat, regime, regime_reason columns; regime metadata",
+    3: "corpus runs: doc_id, window, doc_position, word_id, word, primary columns; corpus metadata",
+    4: "the regime check: kappa_exempt, drift_to_heat, regime, regime_reason columns; regime metadata",
 }
 
 
@@ -75,6 +76,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("is_special", "bool", "always",
            "the token was added by the tokenizer (`[CLS]`, `[SEP]`, `<s>`, padding, ...); False for pooled rows. "
            "Summaries and figures leave these rows out"),
+    # -- corpus runs (probe items that are windows of documents: `normfast probe --corpus`)
+    Column("doc_id", "string", "corpus runs", "the document's id"),
+    Column("window", "int32", "corpus runs", "index of the window in its document"),
+    Column("doc_position", "int32", "corpus runs", "the token's index among the document's tokens; -1 for special tokens"),
+    Column("word_id", "int32", "corpus runs", "index of the word (the tokenizer's pre-tokenized word) the piece belongs to"),
+    Column("word", "string", "corpus runs", "that word, as written in the document"),
+    Column("primary", "bool", "corpus runs", "False only for the second occurrence of a token in overlapping windows"),
     # -- the embedding and the statistics of the scale-invariant (u) branch
     Column("norm", "double", "always", "observed norm R = ‖z‖ of the raw embedding"),
     Column("D", "double", _U, "radial drift, mean over batches of ẑ·u^B"),
@@ -155,6 +163,7 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("device", "where the model ran"),
     MetadataKey("world_size", "number of processes of a sharded run (1: not sharded)"),
     MetadataKey("seconds", "wall time of the probe loop"),
+    MetadataKey("corpus", "corpus runs: the windowing and its counts (documents, windows, content tokens, token rows, max_length, window, stride, lowercase, special tokens added)"),
     MetadataKey("regime", "the run's regime check: `regime` (the class of most valid rows), `reason`, the "
                           "share of rows in each class (`fractions`), the thresholds, and a sentence in plain "
                           "words (see `normfast.engine.regime`)"),
@@ -163,7 +172,8 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
 #: schema version -> fingerprint of the registry it was released with
 RELEASED = {
     2: "b949604baf9dad23",
-    3: "c191056aedaf7f05",
+    3: "9f7abe74fd67ec08",
+    4: "f5dcfc552538218d",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

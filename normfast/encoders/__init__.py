@@ -37,7 +37,8 @@ engine relies on three things only:
 
 One module per adapter family: :mod:`.hf` (Hugging Face), :mod:`.sentence_transformers`,
 :mod:`.openclip`, :mod:`.module` (any ``nn.Module``), with the shared pieces in
-:mod:`.base`, :mod:`.staging`, :mod:`.pooling` and :mod:`.cached`; :class:`ModuleEncoder` wraps any ``nn.Module`` plus a
+:mod:`.base`, :mod:`.staging`, :mod:`.pooling` and :mod:`.cached`, and the models shipped as
+PyPI packages (MiniLM, MPNet) in :mod:`.packaged`; :class:`ModuleEncoder` wraps any ``nn.Module`` plus a
 pooling function. :func:`load_encoder` builds the right one from a model
 object, a local folder, a hub id or an ``"open_clip:ARCH[@PRETRAINED]"``
 string.
@@ -61,6 +62,7 @@ from .cached import CachedFrontEncoder, length_groups
 from .hf import HFEncoder
 from .load import MINILM_ALIASES, MINILM_HUB_ID, load_encoder
 from .module import ModuleEncoder
+from .packaged import MPNET_ALIASES, mpnet_path
 from .openclip import OpenCLIPEncoder
 from .pooling import HF_POOLINGS, DenseLayer, L2Normalize, pool_tokens
 from .sentence_transformers import SentenceTransformerEncoder
@@ -70,4 +72,5 @@ __all__ = [
     "OUTPUTS", "State", "Encoder", "LinearHead", "ModuleEncoder", "HFEncoder", "SentenceTransformerEncoder",
     "OpenCLIPEncoder", "CachedFrontEncoder", "load_encoder", "length_groups", "forward_ad_safe", "pool_tokens",
     "HF_POOLINGS", "DenseLayer", "L2Normalize", "MINILM_ALIASES", "MINILM_HUB_ID",
+    "MPNET_ALIASES", "mpnet_path",
 ]

@@ -46,6 +46,13 @@ def _additive_attention_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Te
     return torch.where(mask[:, None, None, :], zero, torch.finfo(dtype).min)
 
 
+def _is_pretokenized(items: Any) -> bool:
+    """A non-empty sequence of objects with an ``input_ids`` attribute (corpus token windows)."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence) or not len(items):
+        return False
+    return all(hasattr(it, "input_ids") and not isinstance(it, (str, Mapping)) for it in items)
+
+
 class HFEncoder(Encoder):
     """A Hugging Face ``transformers`` encoder (BERT family and alike), staged layer by layer.
 
@@ -56,7 +63,9 @@ class HFEncoder(Encoder):
             the same computation as the fused kernels, in plain torch ops.
         tokenizer: the matching tokenizer; needed to prepare raw strings and for
             :meth:`token_info`. :meth:`prepare` also accepts an already tokenized
-            mapping with ``input_ids`` (and ``attention_mask``).
+            mapping with ``input_ids`` (and ``attention_mask``), or a sequence of
+            objects that carry their own ``input_ids`` (special tokens included; e.g.
+            :class:`normfast.data.corpus.TokenWindow`), which it right-pads.
         pooling: ``"mean"`` (over the mask), ``"cls"`` (first real token), ``"max"``,
             ``"mean_sqrt_len_tokens"``, ``"weightedmean"``, ``"lasttoken"`` (computed
             as sentence-transformers does, see :func:`pool_tokens`), ``"pooler"``
@@ -153,12 +162,28 @@ class HFEncoder(Encoder):
         if getattr(model.config, "is_decoder", False):
             return "it is configured as a decoder (causal attention)"
         covered = set()
-        for part in (embeddings, layers, getattr(model, "pooler", None)):
+        for part in (embeddings, layers, getattr(model, "pooler", None), self._position_bias_module()):
             if part is not None:
                 covered.update(id(p) for p in part.parameters())
         outside = [n for n, p in model.named_parameters() if id(p) not in covered]
         if outside:
             return f"it has parameters outside the embeddings and layers ({', '.join(outside[:3])})"
+        return None
+
+    def _position_bias_module(self) -> nn.Module | None:
+        """The table of a relative position bias shared by all layers (MPNet), if the model has one.
+
+        MPNet's encoder computes one attention bias from the relative positions
+        (``encoder.compute_position_bias``, a lookup in ``encoder.relative_attention_bias``)
+        and adds it to the scores of every layer. Staged, each layer recomputes it from
+        the table (a ``[B, heads, T, T]`` gather, small beside the attention itself), so a
+        tangent on the table reaches every layer of the tail; the table belongs to the
+        stage of the first layer.
+        """
+        encoder = getattr(self.model, "encoder", None)
+        table = getattr(encoder, "relative_attention_bias", None)
+        if isinstance(table, nn.Module) and callable(getattr(encoder, "compute_position_bias", None)):
+            return table
         return None
 
     def _staging_mismatch(self) -> str | None:
@@ -210,6 +235,8 @@ class HFEncoder(Encoder):
         def assign(name: str) -> int:
             if name.startswith("model.embeddings."):
                 return 0
+            if name.startswith("model.encoder.relative_attention_bias."):
+                return 1  # shared by every layer: it enters at the first one
             k = _block_index(name, "model.encoder.layer.")
             return n_layers + 1 if k is None else k + 1
 
@@ -222,6 +249,8 @@ class HFEncoder(Encoder):
                 raise ValueError(f"{fn}: a tokenized batch needs 'input_ids', "
                                  f"got keys {sorted(items)}")
             batch = dict(items)
+        elif _is_pretokenized(items):
+            batch = self._pad_pretokenized(fn, items)
         else:
             texts = _check_texts(fn, items)
             if self.tokenizer is None:
@@ -245,6 +274,25 @@ class HFEncoder(Encoder):
         if token_types is not None:
             state["token_type_ids"] = torch.as_tensor(token_types).to(device)
         return state
+
+    def _pad_pretokenized(self, fn: str, items: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """Right-pad items that carry their own ``input_ids`` (e.g. corpus token windows)."""
+        rows = [list(getattr(it, "input_ids")) for it in items]
+        longest = max(len(r) for r in rows)
+        if longest == 0:
+            raise ValueError(f"{fn}: expected token windows with at least one token, got only empty ones")
+        if self.max_length is not None and longest > self.max_length:
+            raise ValueError(f"{fn}: a token window holds {longest} tokens, more than the model's maximum "
+                             f"length {self.max_length}")
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(self.model.config, "pad_token_id", None) or 0
+        ids = torch.full((len(rows), longest), int(pad), dtype=torch.long)
+        mask = torch.zeros((len(rows), longest), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = torch.as_tensor(r, dtype=torch.long)
+            mask[i, :len(r)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
 
     def run_stage(self, k: int, state: State) -> State:
         out = dict(state)
@@ -309,7 +357,10 @@ class HFEncoder(Encoder):
             raise RuntimeError("HFEncoder: the model's attention implementation was changed "
                                "from 'eager'; forward-mode AD needs eager attention")
         bias = _additive_attention_mask(mask, hidden.dtype)
-        out = self.model.encoder.layer[i](hidden, attention_mask=bias)
+        kwargs = {}
+        if self._position_bias_module() is not None:
+            kwargs["position_bias"] = self.model.encoder.compute_position_bias(hidden)
+        out = self.model.encoder.layer[i](hidden, attention_mask=bias, **kwargs)
         return out[0] if isinstance(out, (tuple, list)) else out
 
     def _whole_model(self, state: State) -> torch.Tensor:

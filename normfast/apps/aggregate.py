@@ -1,0 +1,87 @@
+"""``normfast aggregate``: per-type statistics of a token-level run (driver over
+:func:`normfast.engine.aggregate.aggregate`)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+aggregate_description = """\
+Group the token rows of a probe run by vocabulary entry (--by token) or by whole
+word (--by word, corpus runs) and report, per type, how many occurrences back
+it and the mean, standard deviation and standard error of norm, V2, D, kappa,
+r_eq and r_eq_heat over them. Special tokens and overlap duplicates (corpus
+runs with --stride) are left out; only rows with valid statistics count. A
+word's value is the mean over its word pieces. The run is streamed batch by
+batch (pyarrow group-by per batch, exact merge), so it may be larger than
+memory.
+
+examples:
+  normfast aggregate runs/news.parquet --by token --min-count 5
+  normfast aggregate runs/news.parquet --by word --casefold --out runs/news.words.csv --plot
+  normfast aggregate runs/run.manifest.json --by token       # a sharded run"""
+
+
+def aggregate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="a token-level run: .parquet written by `normfast probe` or a manifest .json")
+    p.add_argument("--by", default="token", choices=["token", "word"],
+                   help="token: vocabulary entries; word: whole words (corpus runs)")
+    p.add_argument("--min-count", type=int, default=1, help="keep types with at least this many valid "
+                                                             "occurrences (default 1)")
+    p.add_argument("--casefold", action="store_true", help="--by word: group words case-insensitively")
+    p.add_argument("--out", default=None,
+                   help="output table .parquet or .csv (default: next to the run, RUN.by-token.parquet)")
+    p.add_argument("--top", type=int, default=10, help="hottest/coldest types printed (default 10)")
+    p.add_argument("--plot", action="store_true", help="also draw type heat against corpus frequency (PNG)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def aggregate_main(args: argparse.Namespace) -> int:
+    from normfast.engine.aggregate import aggregate, plot_type_heat, write_table
+
+    run = Path(args.run)
+    try:
+        table = aggregate(run, by=args.by, min_count=args.min_count, casefold=args.casefold,
+                          progress=not args.no_progress)
+        stem = run.name[:-len(".manifest.json")] if run.name.endswith(".manifest.json") else run.stem
+        out = Path(args.out) if args.out else run.with_name(f"{stem}.by-{args.by}.parquet")
+        write_table(table, out)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
+        print(f"normfast aggregate: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_types(table, args.by, args.top))
+    print(f"\nwrote {out} ({table.num_rows} types)")
+    if args.plot:
+        png = plot_type_heat(table, out.with_suffix(".png"), title=f"{run.name}: type heat vs frequency "
+                                                                    f"(by {args.by})")
+        print(f"wrote {png}")
+    return 0
+
+
+def format_types(table, by: str, top: int = 10, quantity: str = "V2") -> str:
+    """The hottest and coldest types by mean ``quantity`` (types seen at least twice), with counts."""
+    import numpy as np
+
+    label = table.column("token" if by == "token" else "word").to_pylist()
+    count = table.column("count").to_numpy()
+    mean = table.column(f"{quantity}_mean").to_numpy(zero_copy_only=False)
+    se = table.column(f"{quantity}_se").to_numpy(zero_copy_only=False)
+    norm = table.column("norm_mean").to_numpy(zero_copy_only=False)
+    ok = np.flatnonzero((count >= 2) & np.isfinite(mean))
+    order = ok[np.argsort(mean[ok], kind="stable")]
+    lines = [f"{table.num_rows} types; {int(count.sum())} valid occurrences; "
+             f"{len(ok)} types seen at least twice"]
+
+    def rows(idx) -> list[str]:
+        return [f"  {label[i]!s:<18} n={int(count[i]):>6}  {quantity} {mean[i]:.4g} ± {se[i]:.2g}  "
+                f"norm {norm[i]:.3f}" for i in idx]
+
+    if len(order):
+        lines.append(f"hottest (mean {quantity} ± SE):")
+        lines += rows(order[::-1][:top])
+        lines.append(f"coldest (mean {quantity} ± SE):")
+        lines += rows(order[:top])
+    finite = count[np.isfinite(mean)]
+    if finite.size:
+        lines.append(f"occurrences per type: median {np.median(finite):g}, max {finite.max():g}")
+    return "\n".join(lines)
