@@ -502,45 +502,149 @@ E2_PREDICTORS = {"full_law": "full law, trajectory average",
                  "heat_only_law": "heat-only law, trajectory average",
                  "last_checkpoint_full_law": "full law, last checkpoint",
                  "last_checkpoint_heat_only_law": "heat-only law, last checkpoint"}
+E2_RUNS = (("e2_real_encoder_A.json", "A: everything decayed"),
+           ("e2_real_encoder_B.json", "B: projection head"),
+           ("e2_real_encoder.json", "v3 (negative control): LayerNorm exempt"))
+E2_PROBES = {"jvp": "jvp over the trained layer", "head": "head mode (head only)"}
+
+
+def _e2_probes(d: dict) -> list[tuple[str, str]]:
+    """``(fit-key prefix, label)`` for each probe of a run (v3 has one, unprefixed)."""
+    probes = (d.get("protocol") or {}).get("probes")
+    if not probes or len(probes) == 1:
+        return [("", "")]
+    labels = {"jvp": "jvp over head + last layer", "head": "head mode, head only"}
+    return [(f"{name}_", labels.get(name, name)) for name in probes]
+
+
+def e2_regime(d: dict, probe: str = "jvp") -> dict | None:
+    """The regime check of a run: stored by the run, else recomputed from its averaged items
+    (runs made before the check: κ only, the exempt-parameter test not available)."""
+    stored = (d.get("regime") or {}).get(probe)
+    if stored:
+        return stored
+    import numpy as np
+
+    from normfast.engine.regime import classify_rows, run_regime
+
+    it, c = d["items"], d["config"]
+    n = len(it["D"])
+    cols = {"D": it["D"], "Q": it["Q"], "kappa": it["kappa"], "kappa_exempt": np.zeros(n),
+            "se_D": np.full(n, np.nan), "valid": np.isfinite(it["kappa"])}
+    out = run_regime([{**cols, **classify_rows(cols, lr=c["lr"], weight_decay=c["weight_decay"])}])
+    out["exempt_check"] = "not available (run made before the regime check)"
+    return out
+
+
+def _regime_cell(rg: dict | None) -> str:
+    if rg is None:
+        return "n/a"
+    fr = rg["fractions"]
+    return f"{rg['regime']} ({fr[rg['regime']]:.0%}; {rg['reason'].replace('_', ' ')})"
 
 
 def e2_fits_table(d: dict, predictor: str = "predictor") -> str:
-    """E2's slope / r table (with the paper's figures), as the README and the E2 script print it."""
+    """One run's slope / r table (with the paper's figures), as the E2 script prints it."""
     rows = [f"| {predictor} | slope [95% CI] | Pearson r [95% CI] |", "|---|---|---|"]
-    for key, label in E2_PREDICTORS.items():
-        f = d["fits"][key]
-        (slo, shi), (rlo, rhi) = f["slope_ci95"], f["pearson_r_ci95"]
-        rows.append(f"| {label} | {f['slope']:.3f} [{slo:.3f}, {shi:.3f}] | "
-                    f"{f['pearson_r']:.3f} [{rlo:.3f}, {rhi:.3f}] |")
+    for prefix, label in _e2_probes(d):
+        for key, name in E2_PREDICTORS.items():
+            f = d["fits"][prefix + key]
+            (slo, shi), (rlo, rhi) = f["slope_ci95"], f["pearson_r_ci95"]
+            rows.append(f"| {label + ': ' if label else ''}{name} | {f['slope']:.3f} [{slo:.3f}, {shi:.3f}] | "
+                        f"{f['pearson_r']:.3f} [{rlo:.3f}, {rhi:.3f}] |")
     p = d["paper"]
     rows.append(f"| paper ({p['model']}) | {p['slope']:.2f} | {p['pearson_r']:.2f} |")
     return "\n".join(rows)
 
 
-def table_e2() -> str | None:
-    d = _load("e2_real_encoder.json")
-    if d is None or "fits" not in d:
-        return None
+def _e2_note(d: dict, run: str) -> str:
     c, h, pr = d["config"], d["health"], d["protocol"]
-    rows = [e2_fits_table(d, f"predictor ({d['n_probe_items']} WordNet lemmas, "
-                                f"{pr['checkpoints']} checkpoints × M = {c['M']})")]
     chosen = (d.get("pilot") or {}).get("chosen")
-    choice = f"η = {chosen['lr']}, λ = {chosen['weight_decay']}" if chosen else "none passed"
-    rows += ["", f"Protocol {c['protocol']}: SGD η = {c['lr']}, λ = {c['weight_decay']} (decay exempt: "
-                 f"`{c['no_decay']}`), {c['steps']} steps of {c['batch_size']} pairs, window = last "
-                 f"{c['window']:.0%} ({pr['equilibration_times_before_window']:.1f} equilibration times "
-                 f"in). Settings chosen by the pilot: {choice}. Training health "
-                 f"in the window: loss {h.get('loss_window_mean', float('nan')):.2f} (chance "
-                 f"{h['loss_chance']:.2f}), max mean pairwise cosine {h['max_mean_cosine']:.3f}, median "
-                 f"norm change between the window halves "
-                 f"{h.get('norm_change_between_window_halves_median', float('nan')):.1%}, decayed-weight "
-                 f"norm change {h.get('decayed_weight_norm_change_between_window_halves', float('nan')):.1%}"
-                 f" — criteria {'met' if h['passed'] else 'NOT met'}. κ (window average) median "
-                 f"{d['kappa']['median']:.2f}, range {d['kappa']['min']:.2f} … {d['kappa']['max']:.2f}, "
-                 f"≤ 0 for {d['kappa']['negative_fraction']:.0%} of the items; median |D| / heat scale "
-                 f"{d['drift_over_heat_median']:.2f}. Run time {d['seconds']['total'] / 60:.0f} min"
-                 + (f" (the pilot: {d['pilot']['seconds']['total'] / 60:.0f} min)"
-                    if (d.get('pilot') or {}).get('seconds') else "") + "."]
+    choice = (f"η = {chosen['lr']}, λ = {chosen['weight_decay']}" + (f", {chosen['steps']} steps"
+              if "steps" in chosen else "")) if chosen else "none passed"
+    k = d["kappa"]
+    cpu = d.get("cpu_seconds")
+    times = f"run time {d['seconds']['total'] / 60:.0f} min wall" + (
+        f", {cpu['total'] / 60:.0f} min process CPU" if cpu else "")
+    pilot = d.get("pilot") or {}
+    if pilot.get("seconds"):
+        times += f" (the pilot: {pilot['seconds']['total'] / 60:.0f} min wall" + (
+            f", {pilot['cpu_seconds']['total'] / 60:.0f} min CPU)" if pilot.get("cpu_seconds") else ")")
+    drift = "" if not c.get("drift_batches") else f", drift from the mean direction over {c['drift_batches']} batches"
+    return (f"**{run}.** SGD η = {c['lr']}, λ = {c['weight_decay']} (decay exempt: `{c['no_decay']}`), "
+            f"{c['steps']} steps of {c['batch_size']} pairs, window = last {c['window']:.0%} "
+            f"({pr['equilibration_times_before_window']:.1f} equilibration times in), {pr['checkpoints']} "
+            f"checkpoints × M = {c['M']}{drift}. Pilot's choice: {choice}. Training health in the window: "
+            f"loss {h.get('loss_window_mean', float('nan')):.2f} (chance {h['loss_chance']:.2f}), max mean "
+            f"pairwise cosine {h['max_mean_cosine']:.3f}, median norm change between the window halves "
+            f"{h.get('norm_change_between_window_halves_median', float('nan')):.1%}, decayed-weight norm "
+            f"change {h.get('decayed_weight_norm_change_between_window_halves', float('nan')):.1%} — "
+            f"criteria {'met' if h['passed'] else 'NOT met'}. κ (window average) median {k['median']:.2f}, "
+            f"range {k['min']:.2f} … {k['max']:.2f}, ≤ 0 for {k['negative_fraction']:.0%} of the items; "
+            f"median |D| / heat scale {d['drift_over_heat_median']:.2f}; {times}.")
+
+
+def _e2_pilot_note(pilot: dict) -> str:
+    """Every candidate of a pilot with its health outcome, and the choice."""
+    parts = []
+    for r in pilot["results"]:
+        h = r["health"]
+        if h.get("passed"):
+            outcome = "passed"
+        elif not h.get("no_collapse", True):
+            outcome = f"collapsed (stopped at step {h.get('stopped_at_step', '?')})"
+        else:
+            failed = [name for key, name in (("loss_below_chance", "loss"), ("stationary", "stationarity"))
+                      if not h.get(key, True)]
+            outcome = "failed " + " and ".join(failed)
+            if "norm_change_between_window_halves_median" in h:
+                outcome += (f" (norm change {h['norm_change_between_window_halves_median']:.1%}, weight change "
+                            f"{h.get('decayed_weight_norm_change_between_window_halves', float('nan')):.1%})")
+        if r.get("train_cpu_seconds") is not None:
+            outcome += f" [{r['train_seconds'] / 60:.0f} min wall, {r['train_cpu_seconds'] / 60:.0f} min CPU]"
+        parts.append(f"η = {r['lr']}, λ = {r['weight_decay']}, {r['steps']} steps: {outcome}")
+    chosen = pilot.get("chosen")
+    choice = (f"η = {chosen['lr']}, λ = {chosen['weight_decay']}, {chosen['steps']} steps" if chosen
+              else "none passed")
+    times = ""
+    if pilot.get("seconds"):
+        times = f"; {pilot['seconds']['total'] / 60:.0f} min wall" + (
+            f", {pilot['cpu_seconds']['total'] / 60:.0f} min process CPU" if pilot.get("cpu_seconds") else "")
+    return "; ".join(parts) + f" → chosen: {choice}{times}"
+
+
+def table_e2() -> str | None:
+    loaded = [(name, label, _load(name)) for name, label in E2_RUNS]
+    runs = [(d, label) for _, label, d in loaded if d is not None and "fits" in d]
+    if not runs:
+        return None
+    rows = ["| run | predictor | slope [95% CI] | Pearson r [95% CI] | regime check (share of items) |",
+            "|---|---|---|---|---|"]
+    for d, label in runs:
+        for prefix, probe_label in _e2_probes(d):
+            rg = _regime_cell(e2_regime(d, prefix.rstrip("_") or "jvp"))
+            for key, name in E2_PREDICTORS.items():
+                f = d["fits"][prefix + key]
+                (slo, shi), (rlo, rhi) = f["slope_ci95"], f["pearson_r_ci95"]
+                run = label + (f", {probe_label}" if probe_label else "")
+                rows.append(f"| {run} | {name} | {f['slope']:.3f} [{slo:.3f}, {shi:.3f}] | "
+                            f"{f['pearson_r']:.3f} [{rlo:.3f}, {rhi:.3f}] | {rg} |")
+    p = runs[0][0]["paper"]
+    rows.append(f"| paper ({p['model']}) | full law | {p['slope']:.2f} | {p['pearson_r']:.2f} | |")
+    rows.append("")
+    rows.append(f"{runs[0][0]['n_probe_items']} WordNet lemmas per run; target (trajectory-averaged full "
+                f"law): slope in [0.85, 1.15], r ≥ 0.90.")
+    for d, label in runs:
+        rows += ["", _e2_note(d, label.split(":")[0])]
+    for name, label, d in loaded:  # the settings whose full run is not (yet) in the table
+        if d is not None and "fits" in d:
+            continue
+        pilot = (d or {}).get("pilot")
+        if pilot:
+            rows += ["", f"**{label.split(':')[0]} (pilot only, no full run recorded).** Pilot: "
+                         f"{_e2_pilot_note(pilot)}."]
+        else:
+            rows += ["", f"**{label.split(':')[0]}: not run** (no `bench/results/{name}`)."]
     return "\n".join(rows)
 
 

@@ -188,9 +188,11 @@ def e5_quick(repo_copy, tmp_path_factory) -> tuple[dict, dict, Path]:
 
 @pytest.fixture(scope="session")
 def e2_quick(repo_copy) -> tuple[dict, Path, str]:
-    printed = run_script(repo_copy, "e2_real_encoder.py", "--quick", "--seed", "3", "--no-progress")
+    # protocol B: both probes (head mode and jvp over head + last layer), the trained head and layer
+    printed = run_script(repo_copy, "e2_real_encoder.py", "--quick", "--protocol", "B", "--seed", "3",
+                         "--no-progress")
     out = repo_copy / "runs" / "e2"
-    return json.loads((out / "e2_real_encoder.json").read_text()), out, printed
+    return json.loads((out / "e2_real_encoder_B.json").read_text()), out, printed
 
 
 @pytest.fixture(scope="session")

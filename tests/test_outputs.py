@@ -158,6 +158,19 @@ def test_demo_prints_no_warnings_and_clean_token_lists(demo_run, repo_copy):
     assert (repo_copy / "runs" / "demo" / "demo_norm_vs_req.png").exists()
 
 
+def test_demo_reads_the_regime_first_and_never_shows_a_bare_slope(demo_run, repo_copy):
+    """The regime check right under the header, and the fit of norms against R_eq only with its reading."""
+    assert demo_run.returncode == 0, demo_run.stderr[-3000:]
+    lines = demo_run.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("normfast probe:"))
+    assert lines[head + 1].startswith("regime: ")
+    fit = next(i for i, ln in enumerate(lines) if "observed norm vs R_eq" in ln)
+    assert "comparison, not a test of the law" in lines[fit - 1]
+    assert "how to read R_eq here:" in demo_run.stdout and "not a fit to the present norms" in demo_run.stdout
+    table = pq.read_table(repo_copy / "runs" / "demo" / "demo.parquet")
+    assert set(table.column("regime").to_pylist()) <= {"law applicable", "heat-dominated", "not applicable"}
+
+
 def test_cli_quick_paths_print_what_they_wrote(cli_runs):
     assert "hottest tokens" in cli_runs["probe"] and "wrote runs/cli/run.parquet" in cli_runs["probe"]
     assert "wrote runs/cli/run_tokens.png" in cli_runs["report"]

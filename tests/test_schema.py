@@ -41,7 +41,7 @@ def test_the_fingerprint_sees_a_changed_column():
     assert schema.schema_fingerprint(renamed) != base
     assert schema.schema_fingerprint(retyped) != base
     assert schema.schema_fingerprint(cols + [schema.Column("heat_rank", "double", "always", "")]) != base
-    extra_key = list(schema.METADATA_KEYS) + [schema.MetadataKey("regime", "")]
+    extra_key = list(schema.METADATA_KEYS) + [schema.MetadataKey("colour", "")]
     assert schema.schema_fingerprint(cols, extra_key) != base
 
 
@@ -90,8 +90,8 @@ def test_check_table_names_an_unregistered_or_retyped_column():
     problems = schema.check_table(bad)
     assert any("'norm' is float" in p for p in problems)
     assert any("'heat_rank'" in p and "not registered" in p for p in problems)
-    assert schema.check_metadata({"model": "x", "regime": "A"}) == [
-        "metadata key 'regime' is not registered in normfast/data/schema.py METADATA_KEYS"]
+    assert schema.check_metadata({"model": "x", "colour": "A"}) == [
+        "metadata key 'colour' is not registered in normfast/data/schema.py METADATA_KEYS"]
 
 
 def test_readme_output_format_is_rendered_from_the_registry():

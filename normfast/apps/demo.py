@@ -39,10 +39,10 @@ def demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def demo_main(args: argparse.Namespace) -> int:
+    from normfast.core.stats import spearman
     from normfast.data.datasets import top_words, zipf_frequency
     from normfast.encoders import load_encoder
     from normfast.engine.probe import ProbeConfig, probe
-    from normfast.core.stats import spearman
 
     n_words = args.words or (200 if args.quick else 2000)
     M = args.batches or (8 if args.quick else 16)
@@ -63,6 +63,7 @@ def demo_main(args: argparse.Namespace) -> int:
     result = probe(encoder, words, "simcse", None, config, out=out / "demo.parquet", resume=args.resume,
                    overwrite=not args.resume, progress=not args.no_progress, model_name="all-MiniLM-L6-v2")
     print(result.format_summary())
+    print("\n" + reading(result, args.lr, args.wd))
 
     # word-level view: the first word-piece of each word against its Zipf frequency
     item = result.column("item")
@@ -78,3 +79,34 @@ def demo_main(args: argparse.Namespace) -> int:
     for p in paths:
         print(f"wrote {p}")
     return 0
+
+
+def reading(result, lr: float, wd: float) -> str:
+    """The demo's law figures in plain words, from the run's regime check and statistics."""
+    from normfast.engine.regime import share_text
+    from normfast.engine.summary import result_regime, used_rows
+
+    regime = result_regime(result)
+    valid = used_rows(result)  # valid word-piece rows: the special tokens are left out, as in the summary
+    D = result.column(result.drift_column)[valid]
+    kappa = result.column("kappa")[valid]
+    ratio = result.column("drift_to_heat")[valid] if "drift_to_heat" in result.column_names else None
+    lines = ["how to read R_eq here:",
+             f"  This model was pretrained with its own optimizer and data, not with the demo's virtual "
+             f"settings (SGD lr={lr}, wd={wd}, last layer only). r_eq is where each token's norm would "
+             f"settle if the last layer were trained at those settings from this snapshot's forces; it "
+             f"is not a fit to the present norms, so a low slope of present norms against r_eq says "
+             f"nothing against the law (E2 in the README tests the law after training at its settings)."]
+    if regime is not None:
+        share = regime["fractions"][regime["regime"]]
+        lines.append(f"  Regime check: {regime['regime']} for {share_text(share)} of the token rows "
+                     f"(kappa median {np.median(kappa):.2f}): {regime['explanation']}.")
+    if ratio is not None and np.isfinite(ratio).any():
+        lines.append(
+            f"  The drift of this snapshot points outwards for {np.mean(D > 0):.0%} of the tokens (inwards "
+            f"for {np.mean(D < 0):.0%}) and is {np.nanmedian(ratio):.0f}x the heat scale (median), so it "
+            f"decides the full law's r_eq. A "
+            f"single snapshot's drift fluctuates along training (the last-checkpoint rows of E1 and E2), "
+            f"so the heat-only r_eq_heat is the steadier reading, and the heat V2 itself ranks the "
+            f"tokens by how inconsistently the virtual batches push them.")
+    return "\n".join(lines)

@@ -240,6 +240,33 @@ def lemma_names(synset: Any) -> list[str]:
     return [name.replace("_", " ") for name in synset.lemma_names()]
 
 
+def wordnet_gloss_pairs(n_pairs: int, n_probes: int, seed: int = 0, wn: Any = None
+                        ) -> tuple[list[tuple[str, str]], list[str]]:
+    """A pool of WordNet noun (lemma, gloss) pairs and probe lemmas, both drawn with ``seed``.
+
+    Every lemma of every noun synset is paired with the synset's definition;
+    ``n_pairs`` distinct pairs are drawn from all of them, and ``n_probes``
+    distinct lemma strings from the pool's anchors.
+    """
+    fn = "wordnet_gloss_pairs"
+    wn = load_wordnet() if wn is None else wn
+    every = _lemma_gloss_pairs(wn)
+    for name, value in (("n_pairs", n_pairs), ("n_probes", n_probes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{fn}: expected {name} to be a positive int, got {value!r}")
+    if n_pairs > len(every):
+        raise ValueError(f"{fn}: expected n_pairs <= {len(every)} (all noun lemma-gloss pairs), "
+                         f"got {n_pairs}")
+    rng = np.random.default_rng(seed)
+    pool = [every[i] for i in rng.choice(len(every), size=n_pairs, replace=False)]
+    lemmas = sorted({lemma for lemma, _ in pool})
+    if n_probes > len(lemmas):
+        raise ValueError(f"{fn}: expected n_probes <= {len(lemmas)} (distinct lemmas in the pool), "
+                         f"got {n_probes}")
+    probes = [lemmas[i] for i in rng.choice(len(lemmas), size=n_probes, replace=False)]
+    return pool, probes
+
+
 # ---------------------------------------------------------------------------
 # Word frequencies
 # ---------------------------------------------------------------------------
@@ -444,6 +471,16 @@ def _noun_table(wn: Any) -> list[tuple[str, str, int, str]]:
                 pass
     _NOUN_TABLES[id(wn)] = (wn, table)
     return table
+
+
+def _lemma_gloss_pairs(wn: Any) -> list[tuple[str, str]]:
+    """``(lemma, gloss)`` for every lemma of every noun synset, in synset then lemma order.
+
+    Read from the cached noun table (seconds faster than walking the synsets);
+    its lemma field joins the lemma names with ", ", which no WordNet 3.0 noun
+    lemma contains (``tests/test_datasets.py`` checks the two agree).
+    """
+    return [(lemma, row[3]) for row in _noun_table(wn) for lemma in row[1].split(", ")]
 
 
 def _bucket(depth: int, buckets: Sequence[tuple[str, int, int | None]]) -> str | None:

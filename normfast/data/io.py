@@ -176,8 +176,8 @@ class ChunkedParquetWriter:
             table = table.cast(self.schema)
         _atomic_write_table(table, self._chunk_path(index))
 
-    def read_chunk(self, index: int) -> pa.Table:
-        return pq.read_table(self._chunk_path(index))
+    def read_chunk(self, index: int, columns: Sequence[str] | None = None) -> pa.Table:
+        return pq.read_table(self._chunk_path(index), columns=None if columns is None else list(columns))
 
     def write_part(self, chunks: Sequence[int], path: str | os.PathLike, metadata: Mapping[str, Any]) -> int:
         """Concatenate the given finished chunks, in order, into ``path`` (one row group per

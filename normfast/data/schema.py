@@ -42,7 +42,8 @@ CHANGES = {
        "input_fingerprints metadata",
     3: "corpus runs: doc_id, window, doc_position, word_id, word, primary columns; corpus metadata",
     4: "error bars: se_V2, se_Q (and _w), r_eq_lo/hi, r_eq_heat_lo/hi columns; uncertainty, M_initial, "
-       "adaptive metadata (M is the heat's batches as run)",
+       "adaptive metadata (M is the heat's batches as run); the regime check: kappa_exempt, drift_to_heat, "
+       "regime, regime_reason columns; regime metadata",
 }
 
 
@@ -121,6 +122,18 @@ COLUMNS: tuple[Column, ...] = (
     Column("reason", "string", "always",
            "`ok`, or why the row is not valid: `zero_norm`, `non_finite_embedding`, "
            "`non_finite_displacement`, `non_finite_kappa`, `no_positive_root`"),
+    # -- the regime check (normfast.engine.regime): does the law apply to this row?
+    Column("kappa_exempt", "double", "always",
+           "radial grip of the probed parameters exempt from decay, ẑ·(J θ_exempt)/R (0 when none is exempt); "
+           "when it outweighs kappa, the exempt parameters set the scale and the law has no equilibrium"),
+    Column("drift_to_heat", "double", "always",
+           "|D| / sqrt(2λκηQ): the drift against the heat (below 0.3: r_eq within about 15% of r_eq_heat)"),
+    Column("regime", "string", "always",
+           "`law applicable`, `heat-dominated` (r_eq_heat is the prediction) or `not applicable` "
+           "(r_eq is no prediction; V2 and D are still measured)"),
+    Column("regime_reason", "string", "always",
+           "the check that decided the row: `invalid`, `no_decay`, `undecayed_sets_scale`, "
+           "`kappa_nonpositive`, `kappa_small`, `drift_small`, `drift_resolved`, `drift_unresolved`"),
 )
 
 #: every key of the run metadata (``normfast.read_metadata(path)``)
@@ -167,13 +180,16 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("corpus", "corpus runs: the windowing and its counts (documents, windows, content tokens, token rows, max_length, window, stride, lowercase, special tokens added)"),
     MetadataKey("adaptive", "adaptive M only (`target_rse`): the target, the quantile, and every round's M and "
                             "quantile of se(V2)/V2"),
+    MetadataKey("regime", "the run's regime check: `regime` (the class of most valid rows), `reason`, the "
+                          "share of rows in each class (`fractions`), the thresholds, and a sentence in plain "
+                          "words (see `normfast.engine.regime`)"),
 )
 
 #: schema version -> fingerprint of the registry it was released with
 RELEASED = {
     2: "b949604baf9dad23",
     3: "9f7abe74fd67ec08",
-    4: "7949c733d218abd5",
+    4: "14ef24a437463f94",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

@@ -82,7 +82,9 @@ from normfast.data.io import (METADATA_KEY, fingerprint)
 from normfast.data.schema import SCHEMA_VERSION
 from normfast.engine.adaptive import adaptive_plan
 from normfast.engine.objectives import objective_settings
-from normfast.engine.transmission import (Tail, head_inputs, head_kappa, kappa_from_jvp, prepared_head)
+from normfast.engine.regime import REGIME_INPUTS, run_regime
+from normfast.engine.transmission import (Tail, head_inputs, head_kappa, head_kappa_exempt, kappa_from_jvp,
+                                          prepared_head)
 
 # ----------------------------------------------------------------------------
 # helpers
@@ -507,9 +509,11 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
     if shard is None:
         metadata["seconds"] = seconds
         if writer is not None:
+            metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
             path = writer.finalize(n_chunks, metadata)
             return ProbeResult.from_files([path], metadata, path)
         table = pa.concat_tables([tables[c] for c in range(n_chunks)])
+        metadata["regime"] = run_regime([table])
         meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
         return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
     return _finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds)
@@ -659,9 +663,10 @@ def _item_token_columns(items: Sequence[Any], b_idx: np.ndarray, t_idx: np.ndarr
 
 
 def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mapping[str, torch.Tensor],
-                  kappa: torch.Tensor) -> pa.Table:
+                  kappa: torch.Tensor, kappa_exempt: torch.Tensor) -> pa.Table:
     from normfast.core.equilibrium import equilibrium_norm
     from normfast.engine.ops import REASONS
+    from normfast.engine.regime import classify_rows
 
     cfg = run.config
     to_np = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
@@ -710,6 +715,11 @@ def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mappi
     reason[no_root] = "no_positive_root"
     cols["valid"] = valid
     cols["reason"] = reason.tolist()
+    cols["kappa_exempt"] = to_np(kappa_exempt)
+    rows = classify_rows(cols, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
+    cols["drift_to_heat"] = rows["drift_to_heat"]
+    cols["regime"] = rows["regime"].tolist()
+    cols["regime_reason"] = rows["regime_reason"].tolist()
     return pa.table(cols)
 
 
@@ -724,7 +734,7 @@ def _jvp_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | Non
     kappa = _jvp_kappa(run, tail, front, rows, z, dir_groups[0])
     drift = run.jvp_drift(tail, front, rows, z, dir_groups[0]) if dir_groups[0].drift is not None else None
     meta = _row_metadata(run, state, items, c, ids, rows)
-    return _finish_table(run, meta, z, _with_drift(run, acc.finalize(), drift), kappa)
+    return _finish_table(run, meta, z, _with_drift(run, acc.finalize(), drift), *kappa)
 
 
 def _moved(obj: Any, device: Any) -> Any:
@@ -761,11 +771,21 @@ def _with_drift(run: _Run, stats: dict[str, Any], drift: Mapping[str, torch.Tens
     return out
 
 
-def _jvp_kappa(run: _Run, tail: Tail, front: dict, rows, z: torch.Tensor, dirs: Directions) -> torch.Tensor:
-    tangent = {n: (dirs.decayed[n] if n in dirs.decayed else torch.zeros_like(dirs.directions[0][n]))[None]
-               for n in run.names}
-    j = tail.jvp(front, tangent, rows)[0]
-    return kappa_from_jvp(z, j)
+def _jvp_kappa(run: _Run, tail: Tail, front: dict, rows, z: torch.Tensor,
+               dirs: Directions) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(κ, kappa_exempt)``: jvps along the decayed and along the exempt probed parameters.
+
+    Both tangents go through one pass when some probed parameter is exempt from decay.
+    """
+    exempt = [n for n in run.names if n not in dirs.decayed]
+    zero = lambda n: torch.zeros_like(run.encoder.get_parameter(n))  # noqa: E731
+    tangents = [{n: dirs.decayed[n] if n in dirs.decayed else zero(n) for n in run.names}]
+    if exempt:
+        tangents.append({n: run.encoder.get_parameter(n).detach() if n in exempt else zero(n)
+                         for n in run.names})
+    j = tail.jvp(front, {n: torch.stack([t[n] for t in tangents]) for n in run.names}, rows)
+    kappa = kappa_from_jvp(z, j[0])
+    return kappa, (kappa_from_jvp(z, j[1]) if exempt else torch.zeros_like(kappa))
 
 
 def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] | None, todo: list[int],
@@ -789,7 +809,8 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
                     drift = None
                     if drift_dirs is not None:
                         drift = _moved(run.jvp_drift(tail, front, rows, z, drift_dirs), "cpu")
-                    kept[c] = (_row_metadata(run, state, items, c, ids, rows), z.cpu(), kappa.cpu(), drift)
+                    kept[c] = (_row_metadata(run, state, items, c, ids, rows), z.cpu(),
+                               tuple(k.cpu() for k in kappa), drift)
                 run.jvp_update(accs[c], tail, front, rows, z, dirs)
                 bar.advance(c, z.shape[0])
         except Exception as exc:  # noqa: BLE001 - sharded: the ranks agree before the next broadcast
@@ -802,7 +823,7 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
         stats = accs[c].finalize()
         if drift is not None:
             drift = _moved(drift, stats["reason"].device)
-        yield c, _finish_table(run, meta, z, _with_drift(run, stats, drift), kappa)
+        yield c, _finish_table(run, meta, z, _with_drift(run, stats, drift), *kappa)
 
 
 def _head_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | None, G: torch.Tensor,
@@ -814,5 +835,6 @@ def _head_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | No
     stats = head_stats(a, z, G, g, branch=run.branch, uncertainty=run.config.uncertainty,
                        radial_spread=run.config.radial_spread)
     kappa = head_kappa(run.encoder, a, z, dirs.decayed)
+    kappa_exempt = head_kappa_exempt(run.encoder, a, z, dirs.decayed, run.names)
     meta = _row_metadata(run, state, items, c, ids, rows)
-    return _finish_table(run, meta, z, stats, kappa)
+    return _finish_table(run, meta, z, stats, kappa, kappa_exempt)

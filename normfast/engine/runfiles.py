@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
+from normfast.engine.regime import REGIME_INPUTS, run_regime
 from normfast.engine.result import ProbeResult
 from normfast.engine.distributed import Shard, part_blocks
 from normfast.data.io import (METADATA_KEY, ChunkedParquetWriter, manifest_path, part_path,
@@ -83,9 +84,15 @@ def _finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path
         for _, part in gathered:
             merged.update(part)
         table = pa.concat_tables([merged[c] for c in range(n_chunks)])
+        metadata["regime"] = run_regime([table])
         meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
         return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
     metadata["seconds"] = max(shard.exchange(failure, seconds))
+    if shard.is_root:  # every chunk is written once the exchange returns
+        try:
+            metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
+        except Exception as exc:  # noqa: BLE001 - a missing summary must not hang the other ranks
+            metadata["regime"] = {"error": f"{type(exc).__name__}: {exc}"}
     metadata = shard.broadcast_object(metadata)  # rank 0's device string etc. on every part
     block = part_blocks(n_chunks, shard.world_size)[shard.rank]
     path = part_path(out, shard.rank, shard.world_size)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from normfast.core.stats import loglog_fit, spearman
+from normfast.engine.regime import NOT_APPLICABLE, classify_rows, describe_short, fit_context, headline, run_regime
 
 #: special-token texts, for runs written before the ``is_special`` column existed
 SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>", "<start_of_text>", "<end_of_text>"}
@@ -33,14 +34,51 @@ def _is_special(result) -> np.ndarray:
     return np.array([(p >= 0 and t in SPECIAL_TOKENS) for t, p in zip(tokens, pos)], dtype=bool)
 
 
-def _used_rows(result) -> np.ndarray:
+def result_regime(result) -> dict[str, Any] | None:
+    """The run's regime check: from the metadata, else recomputed from the rows.
+
+    Runs written before the check existed lack ``kappa_exempt``: they are
+    classified with it taken as 0 (the exempt-parameter test cannot fire), and
+    the result says so under ``"exempt_check"``. None when even that is impossible.
+    """
+    regime = result.metadata.get("regime")
+    if isinstance(regime, dict) and "regime" in regime:
+        return regime
+    names = result.column_names
+    if "kappa" not in names or not ({"D", "D_w"} & set(names)):
+        return None
+    meta = result.metadata
+    cols = {k: result.column(k) for k in ("valid", "kappa", "D", "se_D", "Q", "D_w", "se_D_w", "Q_w")
+            if k in names}
+    n = len(cols["valid"])
+    cols["kappa_exempt"] = result.column("kappa_exempt") if "kappa_exempt" in names else np.zeros(n)
+    rows = classify_rows(cols, lr=float(meta.get("lr") or 0.0),
+                         weight_decay=float(meta.get("weight_decay") or 0.0),
+                         momentum=float(meta.get("momentum") or 0.0))
+    out = run_regime([{**cols, **rows}])
+    if "kappa_exempt" not in names:
+        out["exempt_check"] = "not available (run written before the regime check)"
+    return out
+
+
+def used_rows(result) -> np.ndarray:
     """The rows summaries and figures describe: valid, and not a special token."""
     return result.column("valid").astype(bool) & ~_is_special(result)
+
+
+def _applicable_rows(result) -> np.ndarray:
+    """Used rows whose regime lets the law predict (law applicable or heat-dominated)."""
+    used = used_rows(result)
+    if "regime" not in result.column_names:
+        return used
+    return used & (result.column("regime") != NOT_APPLICABLE)
 
 
 def summarize(result) -> dict[str, Any]:
     """Headline figures of a run (see :func:`format_summary` for the printed form).
 
+    The fits of the observed norm against ``r_eq`` / ``r_eq_heat`` use the rows
+    where the regime check lets the law predict (``fit_rows`` of them).
     Special-token rows (``is_special``) are counted but left out of every statistic.
     """
     special = _is_special(result)
@@ -74,8 +112,11 @@ def summarize(result) -> dict[str, Any]:
     out["kappa_nonpositive_rows"] = int(nonpos.sum())
     out["kappa_nonpositive_no_root_rows"] = int((nonpos & ~np.isfinite(r_eq)).sum())
     out["kappa_nonpositive_fraction"] = float(nonpos.sum() / n_described) if n_described else math.nan
-    out["norm_vs_r_eq"] = loglog_fit(r_eq[valid], norm[valid])
-    out["norm_vs_r_eq_heat"] = loglog_fit(result.column("r_eq_heat")[valid], norm[valid])
+    fit = _applicable_rows(result)
+    out["fit_rows"] = int(fit.sum())
+    out["norm_vs_r_eq"] = loglog_fit(r_eq[fit], norm[fit])
+    out["norm_vs_r_eq_heat"] = loglog_fit(result.column("r_eq_heat")[fit], norm[fit])
+    out["regime"] = result_regime(result)
     out["spearman_norm_heat"] = spearman(norm[valid], result.column(heat)[valid])
     return out
 
@@ -126,7 +167,7 @@ def token_ranking(result, column: str | None = None) -> list[tuple[str, float, i
     ``(token, mean value, rows averaged, an example input text)``.
     """
     column = column or result.heat_column
-    use = _used_rows(result)
+    use = used_rows(result)
     tok = result.column("token")[use]
     val = result.column(column)[use].astype(float)
     txt = result.column("text")[use]
@@ -157,6 +198,11 @@ def format_summary(result, top: int = 8) -> str:
         + (f"(drift: M_D={meta['M_D']}, K={meta.get('groups')}) " if meta.get("M_D") else "")
         + f"| mode {meta.get('mode')} | {meta.get('output')}",
     ]
+    regime = s["regime"]
+    if regime is None or "regime" not in regime:
+        lines.append("regime: not checked (the run lacks the columns the check needs)")
+    else:
+        lines += headline(regime)
     if meta.get("encoder_note"):
         lines.append(f"encoder: {meta['encoder_note']}")
     lines.append(
@@ -191,8 +237,11 @@ def format_summary(result, top: int = 8) -> str:
         lines.append(f"kappa <= 0 for {n_bad} of {s['kappa_rows']} rows ({s['kappa_nonpositive_fraction']:.1%}): "
                      f"no stable equilibrium there ({', '.join(parts)})")
     lines += [
-        f"observed norm vs R_eq (log-log): slope {f['slope']:.3f}, Pearson r {f['pearson_r']:.3f}  |  "
-        f"heat-only R_eq: slope {fh['slope']:.3f}, r {fh['pearson_r']:.3f}",
+        fit_context(regime if regime and "regime" in regime else None, meta),
+        (f"observed norm vs R_eq (log-log, the {s['fit_rows']} rows where the law applies): slope "
+         f"{f['slope']:.3f}, Pearson r {f['pearson_r']:.3f}  |  heat-only R_eq: slope {fh['slope']:.3f}, "
+         f"r {fh['pearson_r']:.3f}") if s["fit_rows"] >= 3 else
+        f"observed norm vs R_eq: no fit (the law applies to {s['fit_rows']} rows)",
         f"Spearman(norm, {heat}) = {s['spearman_norm_heat']:.3f}",
     ]
     if "token" in result.column_names and result.column("position").max() >= 0:
@@ -221,19 +270,24 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     heat, drift = result.heat_column, result.drift_column
-    valid = _used_rows(result)
+    valid = used_rows(result)
     norm = result.column("norm")[valid]
     paths = []
 
+    regime = result_regime(result)
+    applies = _applicable_rows(result)[valid]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     names = result.column_names
     for ax, col, label in ((axes[0], "r_eq", "full law"), (axes[1], "r_eq_heat", "heat-only law (D = 0)")):
         x = result.column(col)[valid]
         ok = np.isfinite(x) & (x > 0) & (norm > 0)
-        ax.loglog(x[ok], norm[ok], ".", ms=3, alpha=0.5)
+        ax.loglog(x[ok & applies], norm[ok & applies], ".", ms=3, alpha=0.5, label="law applies")
+        if np.any(ok & ~applies):
+            ax.loglog(x[ok & ~applies], norm[ok & ~applies], ".", ms=3, alpha=0.4, color="0.6",
+                      label="law not applicable (no prediction)")
         if f"{col}_lo" in names:
             lo, hi = result.column(f"{col}_lo")[valid], result.column(f"{col}_hi")[valid]
-            bar = ok & np.isfinite(lo) & np.isfinite(hi)
+            bar = ok & applies & np.isfinite(lo) & np.isfinite(hi)
             idx = np.nonzero(bar)[0]
             idx = idx[:: max(1, len(idx) // 300)]  # at most ~300 bars stay readable
             if len(idx):
@@ -241,7 +295,7 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
                                                      hi[idx] - x[idx]],
                             fmt="none", ecolor="tab:gray", elinewidth=0.5, alpha=0.5,
                             label="95% interval (jackknife over batch groups)")
-        fit = loglog_fit(x, norm)
+        fit = loglog_fit(x[applies], norm[applies])
         if np.isfinite(fit["slope"]):
             xs = np.geomspace(x[ok].min(), x[ok].max(), 50)
             ax.loglog(xs, np.exp(fit["intercept"]) * xs ** fit["slope"], "k-", lw=1,
@@ -249,7 +303,9 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
             ax.legend(loc="upper left", fontsize=8)
         ax.set_xlabel(f"predicted R_eq ({label})")
         ax.set_ylabel("observed norm")
-    fig.suptitle(f"{result.metadata.get('model')}: observed norm vs equilibrium prediction", fontsize=10)
+    fig.suptitle(f"{result.metadata.get('model')}: observed norm vs equilibrium prediction\n"
+                 f"{describe_short(regime)}; R_eq = where norms settle if trained at the probe's "
+                 f"settings", fontsize=9)
     fig.tight_layout()
     p = outdir / f"{prefix}_norm_vs_req.png"
     fig.savefig(p, dpi=120)
@@ -317,7 +373,8 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
 # CLI: normfast report RUN.parquet
 # ----------------------------------------------------------------------------
 report_description = """\
-Summarize a finished probe run: quantiles of norm, drift D, heat V2, kappa and
+Summarize a finished probe run: the regime check (does the equilibrium law
+apply here, and why not where it does not), quantiles of norm, drift D, heat V2, kappa and
 R_eq; how noisy the drift is (|D| > 2 se, sign stability); the log-log slope and
 Pearson r of observed norm against the predicted equilibrium norm (full law and
 heat-only law); for token runs the hottest and coldest tokens. Writes PNG

@@ -15,7 +15,9 @@ Per probe item ``i`` the first-order displacement per unit learning rate is
   (``normfast.engine.ops.head_stats``).
 
 κ, the effective radial damping, is one more JVP along the decayed parameters
-themselves: ``κ_i = ẑ_i · (J_i θ_decayed) / R_i``.
+themselves: ``κ_i = ẑ_i · (J_i θ_decayed) / R_i``; ``kappa_exempt`` is the same
+along the probed parameters exempt from decay (the regime check,
+:mod:`normfast.engine.regime`, compares the two).
 """
 from __future__ import annotations
 
@@ -156,9 +158,20 @@ def head_inputs(encoder: Encoder, front: dict, cut: int, rows: torch.Tensor | No
 
 def head_kappa(encoder: Encoder, a: torch.Tensor, z: torch.Tensor, decayed: dict[str, torch.Tensor]) -> torch.Tensor:
     """κ in head mode: ``J θ_d = W a (+ b if the bias is decayed)``."""
+    return _head_radial(encoder, a, z, set(decayed))
+
+
+def head_kappa_exempt(encoder: Encoder, a: torch.Tensor, z: torch.Tensor, decayed: dict[str, torch.Tensor],
+                      names: list[str]) -> torch.Tensor:
+    """``ẑ·(J θ_exempt)/R`` in head mode, over the probed head parameters exempt from decay."""
+    return _head_radial(encoder, a, z, {n for n in names if n not in decayed})
+
+
+def _head_radial(encoder: Encoder, a: torch.Tensor, z: torch.Tensor, subset: set[str]) -> torch.Tensor:
+    """``ẑ·(J θ_S)/R`` for a subset ``S`` of the head's parameters (``J θ_W = W a``, ``J θ_b = b``)."""
     head = encoder.head()
     W = head.weight(encoder).detach()
-    j = a.to(W.dtype) @ W.t() if head.weight_name in decayed else torch.zeros_like(z)
-    if head.bias_name is not None and head.bias_name in decayed:
+    j = a.to(W.dtype) @ W.t() if head.weight_name in subset else torch.zeros_like(z)
+    if head.bias_name is not None and head.bias_name in subset:
         j = j + encoder.get_parameter(head.bias_name).detach()
     return kappa_from_jvp(z, j)
