@@ -267,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ModuleNotFoundError as exc:
             print(f"corpus_job: error: {exc}", file=sys.stderr)
             return 2
-    from normfast.engine.probe import _library_versions
+    from normfast.engine.provenance import library_versions as _library_versions
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -53,10 +53,8 @@ part per rank -- see ``normfast.engine.distributed``.
 from __future__ import annotations
 
 import collections.abc
-import hashlib
 import json
 import math
-import platform
 import time
 import warnings
 from dataclasses import asdict
@@ -68,7 +66,6 @@ import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
-from normfast import __version__
 from normfast.engine.config import ProbeConfig
 from normfast.engine.result import ProbeResult
 from normfast.engine.runfiles import _finish_sharded, _open_output
@@ -82,78 +79,17 @@ from normfast.data.io import (METADATA_KEY, fingerprint)
 from normfast.data.schema import SCHEMA_VERSION
 from normfast.engine.adaptive import adaptive_plan
 from normfast.engine.objectives import objective_settings
+from normfast.engine.provenance import device_name as _device_name
+from normfast.engine.provenance import hash_items as _hash_items
+from normfast.engine.provenance import hash_model as _hash_model
+from normfast.engine.provenance import library_versions as _library_versions  # noqa: F401 (bench scripts)
 from normfast.engine.regime import REGIME_INPUTS, run_regime
 from normfast.engine.transmission import (Tail, head_inputs, head_kappa, head_kappa_exempt, kappa_from_jvp,
                                           prepared_head)
 
 # ----------------------------------------------------------------------------
-# helpers
+# helpers (the identity of a run's inputs, model and environment: normfast.engine.provenance)
 # ----------------------------------------------------------------------------
-def _iter_items(items: Sequence[Any]):
-    if isinstance(items, (list, tuple, torch.Tensor, np.ndarray)):
-        yield from items
-        return
-    for lo in range(0, len(items), 4096):  # on-demand sequences: by slices, as the engine reads them
-        yield from items[lo:lo + 4096]
-
-
-def _hash_feed(h: Any, it: Any) -> None:
-    if isinstance(it, torch.Tensor):
-        h.update(repr((tuple(it.shape), str(it.dtype))).encode())
-        h.update(it.detach().cpu().contiguous().numpy().tobytes())
-    elif isinstance(it, np.ndarray):
-        h.update(repr((it.shape, str(it.dtype))).encode())
-        h.update(np.ascontiguousarray(it).tobytes())
-    elif isinstance(it, (list, tuple)) and any(isinstance(x, (torch.Tensor, np.ndarray, list, tuple)) for x in it):
-        h.update(b"[")  # containers of arrays: by content (a repr abbreviates large arrays)
-        for x in it:
-            _hash_feed(h, x)
-        h.update(b"]")
-    else:
-        h.update(repr(it).encode())
-    h.update(b"\x00")
-
-
-def _hash_items(items: Sequence[Any]) -> str:
-    if callable(getattr(items, "fingerprint", None)):  # e.g. corpus windows: hashed from their arrays
-        return str(items.fingerprint())
-    h = hashlib.sha256()
-    for it in _iter_items(items):
-        _hash_feed(h, it)
-    return h.hexdigest()[:16]
-
-
-def _hash_model(encoder: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    with torch.no_grad():
-        for n, p in encoder.named_parameters():
-            h.update(n.encode())
-            h.update(repr(tuple(p.shape)).encode())
-            flat = p.detach().reshape(-1)
-            h.update(repr(float(flat.double().sum())).encode())
-            h.update(repr(float(flat[:: max(1, flat.numel() // 97)].double().square().sum())).encode())
-    return h.hexdigest()[:16]
-
-
-def _library_versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"normfast": __version__, "torch": torch.__version__, "numpy": np.__version__,
-           "pyarrow": pa.__version__, "python": platform.python_version()}
-    for pkg in ("transformers", "open_clip_torch", "triton"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return out
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
 def _as_pair_source(pairs: Any, objective: Any, probes: Sequence[Any]):
     from normfast.data.pairs import PairSource
 

@@ -228,7 +228,7 @@ def run(cfg: E1Config, variants: tuple[str, ...] = VARIANTS, out: str | Path | N
         progress: bool = True, ledger: bool = False, snapshot: bool = True) -> dict[str, Any]:
     """Every variant in turn; writes ``equilibrium.json``/``.png`` (and ``ledger.json``/``.png``) to ``out``."""
     from normfast.apps.validate.report import plot, plot_ledger
-    from normfast.engine.probe import _library_versions
+    from normfast.engine.provenance import library_versions as _library_versions
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is faster and the timings steadier
