@@ -57,7 +57,8 @@ from tqdm.auto import tqdm
 from normfast.data.pairs import PairSource
 from normfast.encoders import ModuleEncoder
 from normfast.engine.objectives import InfoNCE
-from normfast.engine.probe import ProbeConfig, _library_versions, probe
+from normfast.engine.probe import ProbeConfig, probe
+from normfast.engine.provenance import library_versions as _library_versions
 from normfast.engine.uncertainty import t_quantile
 
 MODELS = ("mlp", "mlp_bias", "minilm_head")

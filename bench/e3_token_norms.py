@@ -249,7 +249,8 @@ def pooled_norms(encoder: Any, words: Sequence[str], batch_size: int, progress: 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from normfast.data.datasets import load_wordnet, top_words, zipf_frequency
     from normfast.encoders import load_encoder
-    from normfast.engine.probe import ProbeConfig, _library_versions, probe
+    from normfast.engine.probe import ProbeConfig, probe
+    from normfast.engine.provenance import library_versions as _library_versions
     from normfast.core.stats import loglog_fit
 
     t_start = time.perf_counter()

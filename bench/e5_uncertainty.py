@@ -538,7 +538,7 @@ def run(cfg: E5Config, out: str | Path | None = RUNS, progress: bool = True) -> 
         torch.set_num_threads(threads)
     from normfast.data.datasets import FASHION_MNIST_CLASSES
     from normfast.data.io import json_ready
-    from normfast.engine.probe import _library_versions
+    from normfast.engine.provenance import library_versions as _library_versions
 
     vocab, _, _ = class_tokens(FASHION_MNIST_CLASSES)
     n_params = {name: sum(p.numel() for p in m.parameters())

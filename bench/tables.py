@@ -17,9 +17,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from tables_common import RESULTS, _ci, _f, _load  # noqa: E402,F401 (re-exported: scripts import them from here)
-from tables_e1 import (E1_NAMES, LEDGER_TERMS, table_e1, table_e1_drift, table_e1_ledger,  # noqa: E402,F401
-                       table_e1_resists, table_e1_snapshot)
+from tables_common import RESULTS, _load
+from tables_e1 import table_e1, table_e1_drift, table_e1_ledger, table_e1_resists, table_e1_snapshot
 
 
 def table_quartic() -> str | None:

@@ -16,8 +16,3 @@ def _f(x: float | None, digits: int = 3) -> str:
     if x is None:
         return "n/a"
     return f"{x:.{digits}f}"
-
-
-def _ci(block: dict, digits: int = 3) -> str:
-    lo, hi = block.get("ci95", [None, None])
-    return f"{_f(block.get('value', block.get('estimate')), digits)} [{_f(lo, digits)}, {_f(hi, digits)}]"

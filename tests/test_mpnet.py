@@ -16,7 +16,7 @@ from normfast.encoders import HFEncoder, forward_ad_safe, load_encoder
 from normfast.encoders import packaged
 from normfast.encoders.packaged import ConcatenatedFiles, mpnet_path
 
-from test_encoders import check_cuts, check_stage_cover, check_tail_jvp
+from _encoder_checks import check_cuts, check_stage_cover, check_tail_jvp
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

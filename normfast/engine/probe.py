@@ -82,7 +82,7 @@ from normfast.engine.objectives import objective_settings
 from normfast.engine.provenance import device_name as _device_name
 from normfast.engine.provenance import hash_items as _hash_items
 from normfast.engine.provenance import hash_model as _hash_model
-from normfast.engine.provenance import library_versions as _library_versions  # noqa: F401 (bench scripts)
+from normfast.engine.provenance import library_versions as _library_versions
 from normfast.engine.regime import REGIME_INPUTS, run_regime
 from normfast.engine.transmission import (Tail, head_inputs, head_kappa, head_kappa_exempt, kappa_from_jvp,
                                           prepared_head)
