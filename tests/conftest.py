@@ -38,8 +38,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "repo_copy" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("quick_runs"))
-        elif item.path.name == "test_gpu_check.py":  # its module-scoped dry run: once, on one worker
-            item.add_marker(pytest.mark.xdist_group("gpu_check"))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
