@@ -30,14 +30,85 @@ from normfast.data.datasets import missing_system_data  # noqa: E402
 REQUIRE_DATA = os.environ.get("NORMFAST_REQUIRE_DATA", "") not in ("", "0")
 
 
-@pytest.hookimpl(tryfirst=True)
+# ---------------------------------------------------------------------------
+# pytest -n (pytest-xdist): work units
+#
+# A work unit runs whole on one worker: the tests that read one quick run (a session fixture,
+# so built once per worker that asks for it) or share a module fixture that is slow to build.
+# xdist's own `--dist loadgroup` finds a test's `xdist_group` in a suffix it appends to the node
+# id, which pytest's structured node ids no longer carry (pytest-xdist issue 1386): its groups
+# are then silently ignored and every worker repeats every quick run. The scheduler below takes
+# the unit from the node id itself, and hands the units out first, in the order listed (the
+# slowest first), so that the small tests fill in behind them and both workers end together.
+
+#: unit -> node-id prefixes of its tests; a unit of one test only moves that test to the front
+WORK_UNITS: dict[str, tuple[str, ...]] = {
+    "e2": ("tests/test_e2.py::", "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e2_quick]"),
+    "gpu_check": ("tests/test_gpu_check.py::test_dry_run", "tests/test_gpu_check.py::test_tests_stage",
+                  "tests/test_gpu_check.py::test_ceilings", "tests/test_gpu_check.py::test_e2e"),
+    "demo": ("tests/test_outputs.py::test_demo_",
+             "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[demo_run]"),
+    "e5": ("tests/test_e5.py::", "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e5_quick]"),
+    "datasets": ("tests/test_datasets.py::",),
+    "bench": ("tests/test_benchmark.py::",
+              "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[bench_quick]"),
+    "e4": ("tests/test_e3_e4.py::test_e4_",
+           "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e4_quick]"),
+    "e3": ("tests/test_e3_e4.py::test_e3_",
+           "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e3_quick]"),
+    "kernel_resources": ("tests/test_kernel_resources.py::",),
+    "validate": ("tests/test_validate.py::",),
+    "cli": ("tests/test_outputs.py::test_cli_quick_paths",
+            "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[cli_runs]"),
+    # slow single tests, handed out before the small ones
+    "corpus_ranks": ("tests/test_corpus.py::test_corpus_run_shards_over_ranks",),
+    "killed_rank": ("tests/test_distributed.py::test_killed_rank",),
+    "sharded_runs": ("tests/test_distributed.py::test_sharded_runs",),
+    "validate_cli": ("tests/test_cli.py::test_validate_quick",),
+    "finetune_resume": ("tests/test_finetune.py::test_an_interrupted_run_resumes",),
+    "stage_failures": ("tests/test_gpu_check.py::test_a_hung_and_a_failing_stage",),
+}
+#: quick-run fixture -> the unit of every test that reads it (checked at collection)
+QUICK_RUN_UNITS = {"e2_quick": "e2", "e3_quick": "e3", "e4_quick": "e4", "e5_quick": "e5",
+                   "bench_quick": "bench", "demo_run": "demo", "cli_runs": "cli"}
+_UNIT_ORDER = {name: i for i, name in enumerate(WORK_UNITS)}
+
+
+def work_unit(nodeid: str) -> str | None:
+    """The work unit of a test (None: a unit of its own, handed out after the listed ones)."""
+    for name, prefixes in WORK_UNITS.items():
+        if nodeid.startswith(prefixes):
+            return name
+    return None
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` (pyproject's default): the work units above, listed ones first."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid) or nodeid
+
+        def _assign_work_unit(self, node) -> None:
+            first = min(self.workqueue, key=lambda unit: _UNIT_ORDER.get(unit, len(_UNIT_ORDER)))
+            self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
+
+    return WorkUnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``pytest -n N`` (pytest-xdist, ``--dist loadgroup``): every test that reads a quick run
-    from the shared scratch copy goes to one worker, so each quick run still happens once per
-    session (a session fixture is per worker); the other tests balance over the other workers."""
+    """A test that reads a quick run must be in that run's work unit, or a second worker repeats the run."""
+    wrong = []
     for item in items:
-        if "repo_copy" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("quick_runs"))
+        for fixture, unit in QUICK_RUN_UNITS.items():
+            if fixture in getattr(item, "fixturenames", ()) and work_unit(item.nodeid) != unit:
+                wrong.append(f"{item.nodeid} reads {fixture}: add it to WORK_UNITS[{unit!r}] in tests/conftest.py")
+    if wrong:
+        raise pytest.UsageError("\n".join(wrong))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -78,12 +149,13 @@ def single_thread():
 
 
 # ---------------------------------------------------------------------------
-# quick runs of the commands and bench scripts, in one scratch copy of the repository
+# quick runs of the commands and bench scripts, each in its own scratch copy of the repository
 #
 # Each quick path runs once per session, in a copy of the working tree that is its own git
 # repository, with the default output location: the tests read the results from there, and
-# tests/test_outputs.py checks that `git status` of the copy stays clean (every default output
-# lands in the ignored runs/, never in bench/results/).
+# tests/test_outputs.py checks that `git status` of each copy stays clean (every default output
+# lands in the ignored runs/, never in bench/results/). A copy per quick path (a fraction of a
+# second each) lets the quick runs spread over the workers, and a dirty copy names its path.
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,10 +166,8 @@ def _git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
 
 
-@pytest.fixture(scope="session")
-def repo_copy(tmp_path_factory) -> Path:
+def _copy_repo(dest: Path) -> Path:
     """The working tree (tracked and untracked-but-not-ignored files) copied into a fresh git repository."""
-    dest = tmp_path_factory.mktemp("repo") / "normfast"
     listed = _git(ROOT, "ls-files", "--cached", "--others", "--exclude-standard", "-z").split("\0")
     # plus the compiled extension (git-ignored): a `python -m normfast` started in the copy imports the copy
     built = [str(p.relative_to(ROOT)) for p in (ROOT / "normfast").rglob("*.so")]
@@ -110,6 +180,19 @@ def repo_copy(tmp_path_factory) -> Path:
     _git(dest, "add", "-A")
     _git(dest, "commit", "-q", "-m", "base")
     return dest
+
+
+@pytest.fixture(scope="session")
+def repo_copies(tmp_path_factory):
+    """``copy(name)``: the scratch copy of the repository for quick path ``name``, made on first use."""
+    made: dict[str, Path] = {}
+
+    def copy(name: str) -> Path:
+        if name not in made:
+            made[name] = _copy_repo(tmp_path_factory.mktemp(f"repo-{name}") / "normfast")
+        return made[name]
+
+    return copy
 
 
 @contextlib.contextmanager
@@ -162,53 +245,61 @@ def run_cli(copy: Path, *args: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def e3_quick(repo_copy) -> tuple[dict, Path]:
-    run_script(repo_copy, "e3_token_norms.py", "--quick", "--no-progress", "--seed", "3")
-    out = repo_copy / "runs" / "e3"
+def e3_quick(repo_copies) -> tuple[dict, Path]:
+    copy = repo_copies("e3_quick")
+    run_script(copy, "e3_token_norms.py", "--quick", "--no-progress", "--seed", "3")
+    out = copy / "runs" / "e3"
     return json.loads((out / "e3_token_norms.json").read_text()), out
 
 
 @pytest.fixture(scope="session")
-def e4_quick(repo_copy) -> tuple[dict, Path]:
-    run_script(repo_copy, "e4_retrieval.py", "--quick", "--no-progress", "--seed", "2")
-    out = repo_copy / "runs" / "e4"
+def e4_quick(repo_copies) -> tuple[dict, Path]:
+    copy = repo_copies("e4_quick")
+    run_script(copy, "e4_retrieval.py", "--quick", "--no-progress", "--seed", "2")
+    out = copy / "runs" / "e4"
     return json.loads((out / "e4_retrieval.json").read_text()), out
 
 
 @pytest.fixture(scope="session")
-def e5_quick(repo_copy, tmp_path_factory) -> tuple[dict, dict, Path]:
+def e5_quick(repo_copies, tmp_path_factory) -> tuple[dict, dict, Path]:
     """Two quick runs with the same seed: the default output, and a second folder (determinism)."""
-    run_script(repo_copy, "e5_uncertainty.py", "--quick", "--no-progress")
+    copy = repo_copies("e5_quick")
+    run_script(copy, "e5_uncertainty.py", "--quick", "--no-progress")
     again = tmp_path_factory.mktemp("e5b")
-    run_script(repo_copy, "e5_uncertainty.py", "--quick", "--no-progress", "--out", str(again))
-    out = repo_copy / "runs" / "e5"
+    run_script(copy, "e5_uncertainty.py", "--quick", "--no-progress", "--out", str(again))
+    out = copy / "runs" / "e5"
     first = json.loads((out / "e5_uncertainty.json").read_text())
     return first, json.loads((again / "e5_uncertainty.json").read_text()), out
 
 
 @pytest.fixture(scope="session")
-def e2_quick(repo_copy) -> tuple[dict, Path, str]:
+def e2_quick(repo_copies) -> tuple[dict, Path, str]:
     # protocol B: both probes (head mode and jvp over head + last layer), the trained head and layer
-    printed = run_script(repo_copy, "e2_real_encoder.py", "--quick", "--protocol", "B", "--seed", "3",
-                         "--no-progress")
-    out = repo_copy / "runs" / "e2"
+    copy = repo_copies("e2_quick")
+    printed = run_script(copy, "e2_real_encoder.py", "--quick", "--protocol", "B", "--seed", "3", "--no-progress")
+    out = copy / "runs" / "e2"
     return json.loads((out / "e2_real_encoder_B.json").read_text()), out, printed
 
 
 @pytest.fixture(scope="session")
-def bench_quick(repo_copy) -> tuple[int, Path, dict]:
-    run_cli(repo_copy, "bench", "--quick", "--no-progress", "--threads", "1")
-    out = repo_copy / "runs" / "bench"
+def bench_quick(repo_copies) -> tuple[int, Path, dict]:
+    copy = repo_copies("bench_quick")
+    run_cli(copy, "bench", "--quick", "--no-progress", "--threads", "1")
+    out = copy / "runs" / "bench"
     return 0, out, json.loads((out / "bench.json").read_text())
 
 
 @pytest.fixture(scope="session")
-def demo_run(repo_copy) -> subprocess.CompletedProcess:
-    """``normfast demo --quick`` (60 words, M = 4) as a user runs it: a fresh interpreter in the copy,
-    progress bars on, default output folder; stdout and stderr captured."""
+def demo_run(repo_copies) -> tuple[subprocess.CompletedProcess, Path]:
+    """``normfast demo --quick`` as a user runs it: a fresh interpreter in the copy, progress bars on,
+    default output folder; stdout and stderr captured. Smaller than --quick's 200 words, M = 8 and
+    M_D = 16 (60 words, M = 4, M_D = 4 batches of 16 pairs): the tests read its output's form."""
+    copy = repo_copies("demo_run")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    return subprocess.run([sys.executable, "-m", "normfast", "demo", "--quick", "--words", "60", "--batches", "4"],
-                          cwd=repo_copy, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "normfast", "demo", "--quick", "--words", "60", "--batches", "4",
+                           "--drift-batches", "4", "--batch-size", "16"],
+                          cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+    return done, copy / "runs" / "demo"
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,6 @@ from pathlib import Path
 
 import pytest
 
-# the module-scoped dry run runs once: every test of this module on one worker under pytest -n
-pytestmark = pytest.mark.xdist_group("gpu_check")
-
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "bench" / "gpu_check.py"
 STAGES = ("build", "tests", "env", "ceilings", "kernels", "e2e")

@@ -1,8 +1,8 @@
 """Where output goes, and what a first run prints.
 
 Every command and bench script writes to runs/ (ignored by git) unless told otherwise: the quick
-path of each, run with its defaults in a scratch copy of the repository (conftest.py), must leave
-`git status` of the copy clean. ``normfast demo`` as a user runs it prints no raw warnings, no
+path of each, run with its defaults in a scratch copy of the repository (conftest.py, one copy per
+quick path), must leave `git status` of its copy clean. ``normfast demo`` as a user runs it prints no raw warnings, no
 special tokens in its token lists, and no token twice.
 """
 from __future__ import annotations
@@ -16,21 +16,22 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import run_cli
-from normfast.data.datasets import missing_system_data
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-# quick path -> the Debian data it needs
-QUICK_PATHS = {"e2_quick": "wordnet", "e3_quick": "wordnet", "e4_quick": "wordnet", "e5_quick": "fashion-mnist",
-               "bench_quick": None, "demo_run": None, "cli_runs": None}
+# quick path -> (the Debian data it needs, the folder under runs/ it writes by default)
+QUICK_PATHS = {"e2_quick": ("wordnet", "e2"), "e3_quick": ("wordnet", "e3"), "e4_quick": ("wordnet", "e4"),
+               "e5_quick": ("fashion-mnist", "e5"), "bench_quick": (None, "bench"), "demo_run": (None, "demo"),
+               "cli_runs": (None, "cli")}
 
 
 @pytest.fixture(scope="session")
-def cli_runs(repo_copy, tiny_bert_folder) -> dict[str, str]:
+def cli_runs(repo_copies, tiny_bert_folder) -> dict[str, str]:
     """probe -> report, solve and retrieval on toy inputs, every output under runs/ (relative paths)."""
     import json
     import shutil
 
+    repo_copy = repo_copies("cli_runs")
     work = repo_copy / "runs" / "cli"
     work.mkdir(parents=True)
     shutil.copytree(tiny_bert_folder, work / "bert")
@@ -57,23 +58,19 @@ def cli_runs(repo_copy, tiny_bert_folder) -> dict[str, str]:
     }
 
 
-def test_every_quick_path_leaves_the_repository_clean(request, repo_copy):
-    ran, skipped = [], []
-    for fixture, data in QUICK_PATHS.items():
-        reason = missing_system_data(data) if data else None
-        if reason is not None:
-            skipped.append(f"{fixture} ({reason})")
-            continue
-        request.getfixturevalue(fixture)
-        ran.append(fixture)
+@pytest.mark.parametrize("fixture", [
+    pytest.param(name, marks=[pytest.mark.needs_data(data)] if data else []) for name, (data, _) in QUICK_PATHS.items()
+])
+def test_quick_path_leaves_the_repository_clean(request, repo_copies, fixture):
+    """Each quick path in its own copy (conftest.py), with its default output location."""
+    request.getfixturevalue(fixture)
+    repo_copy = repo_copies(fixture)
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo_copy,
                             capture_output=True, text=True, check=True).stdout
-    assert status == "", f"quick runs ({', '.join(ran)}) changed the repository:\n{status}"
+    assert status == "", f"the quick run {fixture} changed the repository:\n{status}"
     written = sorted(p.name for p in (repo_copy / "runs").iterdir())
-    for name in ("demo", "bench", "cli"):
-        assert name in written, written
-    if skipped:
-        pytest.skip("ran " + ", ".join(ran) + "; not run, data missing: " + "; ".join(skipped))
+    assert written == [QUICK_PATHS[fixture][1]], written
+    assert any((repo_copy / "runs" / written[0]).iterdir())
 
 
 @pytest.mark.parametrize("command", [
@@ -136,7 +133,8 @@ def _token_list(printed: str, which: str) -> list[str]:
     return line.split(": ", 1)[1].split(", ")
 
 
-def test_demo_prints_no_warnings_and_clean_token_lists(demo_run, repo_copy):
+def test_demo_prints_no_warnings_and_clean_token_lists(demo_run):
+    demo_run, folder = demo_run
     assert demo_run.returncode == 0, demo_run.stderr[-3000:]
     out, err = demo_run.stdout, demo_run.stderr
     for stream in (out, err):
@@ -148,18 +146,19 @@ def test_demo_prints_no_warnings_and_clean_token_lists(demo_run, repo_copy):
         tokens = [e.split(" ")[0] for e in entries]
         assert len(entries) == 8 and len(set(tokens)) == len(tokens), entries
         assert not {"[CLS]", "[SEP]", "[PAD]"} & set(tokens), entries
-    table = pq.read_table(repo_copy / "runs" / "demo" / "demo.parquet")
+    table = pq.read_table(folder / "demo.parquet")
     words = set(table.column("text").to_pylist())
     assert len(words) == 60 and "the" in words
     assert np.all(np.isfinite(table.column("V2").to_numpy()))
     special = table.column("is_special").to_numpy()
     assert set(np.asarray(table.column("token"))[special]) == {"[CLS]", "[SEP]"}
     assert special.sum() == 2 * 60
-    assert (repo_copy / "runs" / "demo" / "demo_norm_vs_req.png").exists()
+    assert (folder / "demo_norm_vs_req.png").exists()
 
 
-def test_demo_reads_the_regime_first_and_never_shows_a_bare_slope(demo_run, repo_copy):
+def test_demo_reads_the_regime_first_and_never_shows_a_bare_slope(demo_run):
     """The regime check right under the header, and the fit of norms against R_eq only with its reading."""
+    demo_run, folder = demo_run
     assert demo_run.returncode == 0, demo_run.stderr[-3000:]
     lines = demo_run.stdout.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("normfast probe:"))
@@ -167,7 +166,7 @@ def test_demo_reads_the_regime_first_and_never_shows_a_bare_slope(demo_run, repo
     fit = next(i for i, ln in enumerate(lines) if "observed norm vs R_eq" in ln)
     assert "comparison, not a test of the law" in lines[fit - 1]
     assert "how to read R_eq here:" in demo_run.stdout and "not a fit to the present norms" in demo_run.stdout
-    table = pq.read_table(repo_copy / "runs" / "demo" / "demo.parquet")
+    table = pq.read_table(folder / "demo.parquet")
     assert set(table.column("regime").to_pylist()) <= {"law applicable", "heat-dominated", "not applicable"}
 
 
