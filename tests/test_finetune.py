@@ -157,8 +157,9 @@ def _resumable_run(tmp_path, stop_at: int | None) -> tuple:
     def attempt(stop):
         enc, pairs = toy()
         source = PairSource.from_iterable([(int(a), int(b)) for a, b in pairs])
+        # M_D = 8 drift batches, not the default 1024: the law runs at every checkpoint of both runs
         cfg = ProbeConfig(mode="jvp", lr=SETTINGS.lr, weight_decay=SETTINGS.weight_decay, batches=3,
-                          batch_size=16, chunk_size=N)
+                          drift_batches=8, batch_size=16, chunk_size=N)
         law = CheckpointLaw(lambda seed: probe(enc, list(range(N)), InfoNCE(temperature=0.2), source,
                                                ProbeConfig(**{**cfg.__dict__, "seed": seed}), progress=False), 1)
 
