@@ -324,3 +324,13 @@ def test_summary_reports_the_resolution():
     assert np.isfinite(res.column("se_V2")).all() and np.isfinite(res.column("r_eq_hi")).any()
     half = student_t.ppf(0.975, k - 1) * res.column("se_V2") / res.column("V2")
     assert s["heat_resolved_fraction"] == pytest.approx(np.mean(half <= 0.2))
+
+
+def test_t_quantile_is_scipy_stats_t():
+    from normfast.engine.uncertainty import t_quantile
+
+    for dof in (1, 2, 3, 7, 15, 63, 1023):
+        assert t_quantile(dof) == student_t.ppf(0.975, dof)
+        assert t_quantile(dof, 0.9) == student_t.ppf(0.95, dof)
+    assert t_quantile(3) == pytest.approx(3.182, abs=5e-4)
+    assert np.isnan(t_quantile(0))

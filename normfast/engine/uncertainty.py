@@ -64,11 +64,13 @@ def effective_groups(groups: int, n_batches: int) -> int:
 @lru_cache(maxsize=64)
 def t_quantile(dof: int, confidence: float = CONFIDENCE) -> float:
     """Two-sided Student t quantile, e.g. ``t_quantile(3) = 3.182`` for 95%."""
-    from scipy.stats import t
+    # the function scipy.stats.t.ppf evaluates, without importing all of scipy.stats (most of a
+    # second, on every probe's first chunk)
+    from scipy.special import stdtrit
 
     if dof < 1:
         return float("nan")
-    return float(t.ppf(0.5 + confidence / 2, dof))
+    return float(stdtrit(dof, 0.5 + confidence / 2))
 
 
 def group_spread(drift: torch.Tensor, group: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
