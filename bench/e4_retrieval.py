@@ -1,7 +1,7 @@
 """E4: norm-discounted retrieval with the real all-MiniLM-L6-v2.
 
     python bench/e4_retrieval.py               # WordNet definition -> term, 3000 queries
-    python bench/e4_retrieval.py --quick       # 300 queries, 1000 distractors (used by the tests)
+    python bench/e4_retrieval.py --quick       # 150 queries, 500 distractors (used by the tests)
     python bench/e4_retrieval.py --beir DIR    # the same sweep on a BEIR collection of yours
 
 Score ``cos(q, d) * ||d||**alpha`` over alpha in [-1, 1], step 0.1
@@ -76,8 +76,8 @@ def _collection(args: argparse.Namespace, tmp: str) -> tuple[Path, dict[str, Any
                                  "split": args.split}
     from normfast.data.datasets import DEPTH_BUCKETS, build_wordnet_collection
 
-    n_q = args.queries or (300 if args.quick else 3000)
-    n_d = args.distractors if args.distractors is not None else (1000 if args.quick else 20_000)
+    n_q = args.queries or (150 if args.quick else 3000)
+    n_d = args.distractors if args.distractors is not None else (500 if args.quick else 20_000)
     path = build_wordnet_collection(Path(tmp) / "wordnet", n_queries=n_q, n_distractors=n_d,
                                     seed=args.seed)
     return path, {"source": "WordNet 3.0 noun synsets: gloss -> lemma names "
@@ -244,13 +244,13 @@ def format_table(summary: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="300 queries, 1000 distractors (about a minute)")
+    p.add_argument("--quick", action="store_true", help="150 queries, 500 distractors (seconds)")
     p.add_argument("--out", default=str(RUNS),
                    help="output folder (default runs/e4, git-ignored; the committed results: --out bench/results)")
     p.add_argument("--seed", type=int, default=0, help="collection, dev split and bootstrap seed (default 0)")
-    p.add_argument("--queries", type=int, default=None, help="WordNet queries (default 3000; 300 with --quick)")
+    p.add_argument("--queries", type=int, default=None, help="WordNet queries (default 3000; 150 with --quick)")
     p.add_argument("--distractors", type=int, default=None,
-                   help="WordNet distractor documents (default 20000; 1000 with --quick)")
+                   help="WordNet distractor documents (default 20000; 500 with --quick)")
     p.add_argument("--beir", metavar="DIR", default=None,
                    help="run on this BEIR collection (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) instead")
     p.add_argument("--split", default="test", help="qrels split (default test)")

@@ -116,8 +116,10 @@ class E5Config:
 
     @classmethod
     def quick(cls) -> "E5Config":
+        # the sweep on a coarser grid over the same range (-2 .. 2, step 0.25, and ±0.05)
         return cls(train_size=6000, epochs=2, channels=(8, 16, 32), embed_dim=32, token_dim=32,
-                   n_probe=300, probe_batches=16, n_queries=200, n_docs=1000, bootstrap=1000)
+                   n_probe=300, probe_batches=16, n_queries=200, n_docs=1000, bootstrap=1000,
+                   alphas=tuple(sorted({i / 4 for i in range(-8, 9)} | {-0.05, 0.05})))
 
     def validate(self) -> None:
         fn = "E5Config"

@@ -20,11 +20,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# `pytest -n N` on C cores: C // N intra-op threads per worker (at least one), for the worker and
+# every process it starts (the demo, the gloo ranks, the GPU-check dry run). N workers that each
+# use every core oversubscribe the machine, and the many small ops of these tests then wait on
+# each other's threads: the demo's quick run took twice as long. An explicit setting is kept.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if WORKERS:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(max(1, _cores // WORKERS)))
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from normfast.data.datasets import missing_system_data  # noqa: E402
+
+if WORKERS:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 #: NORMFAST_REQUIRE_DATA=1 (set by .ci/run): a test whose Debian data is absent fails instead of skipping
 REQUIRE_DATA = os.environ.get("NORMFAST_REQUIRE_DATA", "") not in ("", "0")

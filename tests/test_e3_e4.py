@@ -151,7 +151,7 @@ def test_e4_sweep_holds_cosine_and_dot_equal_to_the_reported_baselines(e4):
 def test_e4_protocol_selection_and_cis(e4):
     proto = e4["protocol"]
     assert proto["select_on"] == "dev" and proto["reported_on"] == "test split"
-    assert e4["sweep"]["n_dev"] + e4["sweep"]["n_eval"] == e4["collection"]["n_queries"] == 300
+    assert e4["sweep"]["n_dev"] + e4["sweep"]["n_eval"] == e4["collection"]["n_queries"] == 150
     for metric, systems in e4["results"]["overall"].items():
         assert set(systems) == {"cosine", "dot", "best_alpha", "length_control"}
         for name, s in systems.items():
