@@ -54,32 +54,32 @@ REQUIRE_DATA = os.environ.get("NORMFAST_REQUIRE_DATA", "") not in ("", "0")
 # the unit from the node id itself, and hands the units out first, in the order listed (the
 # slowest first), so that the small tests fill in behind them and both workers end together.
 
-#: unit -> node-id prefixes of its tests; a unit of one test only moves that test to the front
+#: unit -> node-id prefixes of its tests, slowest first (the order they are handed out in); a unit
+#: of one test only moves that test to the front
 WORK_UNITS: dict[str, tuple[str, ...]] = {
     "e2": ("tests/test_e2.py::", "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e2_quick]"),
     "gpu_check": ("tests/test_gpu_check.py::test_dry_run", "tests/test_gpu_check.py::test_tests_stage",
                   "tests/test_gpu_check.py::test_ceilings", "tests/test_gpu_check.py::test_e2e"),
+    "datasets": ("tests/test_datasets.py::",),
+    # the tests that start gloo ranks: one fork server (tests/test_distributed.py) for all of them
+    "gloo_ranks": ("tests/test_distributed.py::test_sharded_runs", "tests/test_distributed.py::test_killed_rank",
+                   "tests/test_corpus.py::test_corpus_run_shards_over_ranks"),
+    "e5": ("tests/test_e5.py::", "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e5_quick]"),
     "demo": ("tests/test_outputs.py::test_demo_",
              "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[demo_run]"),
-    "e5": ("tests/test_e5.py::", "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e5_quick]"),
-    "datasets": ("tests/test_datasets.py::",),
     "bench": ("tests/test_benchmark.py::",
               "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[bench_quick]"),
     "e4": ("tests/test_e3_e4.py::test_e4_",
            "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e4_quick]"),
+    "validate_cli": ("tests/test_cli.py::test_validate_quick",),
+    "validate": ("tests/test_validate.py::",),
+    "kernel_resources": ("tests/test_kernel_resources.py::",),
     "e3": ("tests/test_e3_e4.py::test_e3_",
            "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e3_quick]"),
-    "kernel_resources": ("tests/test_kernel_resources.py::",),
-    "validate": ("tests/test_validate.py::",),
+    "stage_failures": ("tests/test_gpu_check.py::test_a_hung_and_a_failing_stage",),
     "cli": ("tests/test_outputs.py::test_cli_quick_paths",
             "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[cli_runs]"),
-    # slow single tests, handed out before the small ones
-    "corpus_ranks": ("tests/test_corpus.py::test_corpus_run_shards_over_ranks",),
-    "killed_rank": ("tests/test_distributed.py::test_killed_rank",),
-    "sharded_runs": ("tests/test_distributed.py::test_sharded_runs",),
-    "validate_cli": ("tests/test_cli.py::test_validate_quick",),
     "finetune_resume": ("tests/test_finetune.py::test_an_interrupted_run_resumes",),
-    "stage_failures": ("tests/test_gpu_check.py::test_a_hung_and_a_failing_stage",),
 }
 #: quick-run fixture -> the unit of every test that reads it (checked at collection)
 QUICK_RUN_UNITS = {"e2_quick": "e2", "e3_quick": "e3", "e4_quick": "e4", "e5_quick": "e5",
