@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from normfast.apps.validate.data import E1Config, SyntheticConcepts, Variant
-from normfast.apps.validate.data import probe_config
+from normfast.apps.validate.data import E1Config, SyntheticConcepts, probe_config
 from normfast.apps.validate.laws import law_norms
 from normfast.apps.validate.training import TrainingRun, load_checkpoint
 
@@ -56,11 +55,6 @@ CANDIDATES = ("heat_only", "heat_only_curvature", "snapshot_full", "trajectory",
 CHOICE_VARIANTS = ("mlp", "mlp_bias", "table", "mlp_adamw")
 
 
-def relaxation_steps(variant: Variant, cfg: E1Config, kappa: np.ndarray) -> float:
-    eta = variant.lr(cfg) / (1.0 - variant.momentum)
-    return 1.0 / (2 * eta * cfg.weight_decay * float(np.median(kappa)))
-
-
 def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts, *,
                         progress: bool = True) -> dict[str, Any]:
     """Every candidate's predicted stationary norms from the last checkpoint alone."""
@@ -68,7 +62,7 @@ def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts
     from normfast.engine.curvature import curvature_heat
     from normfast.engine.objectives import InfoNCE
     from normfast.engine.probe import probe
-    from normfast.engine.snapshot import shrink, snapshot_prediction, step_terms
+    from normfast.engine.snapshot import relaxation_steps, shrink, snapshot_prediction, step_terms
 
     variant = run.variant
     adam = variant.optimizer == "adamw"
@@ -90,8 +84,8 @@ def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts
                                                                 drift_batches=cfg.snapshot_curvature_batches),
                           second_moments=snap.second_moments)[ccol]
     t_snapshot = time.perf_counter() - t0
-    steps = max(cfg.snapshot_min_steps,
-                int(round(cfg.snapshot_relaxations * relaxation_steps(variant, cfg, at["kappa"]))))
+    # E1's rule: the engine's relaxation time, no upper cap (the engine's default caps at 20 000)
+    steps = max(cfg.snapshot_min_steps, int(round(cfg.snapshot_relaxations * relaxation_steps(pcfg, at["kappa"]))))
     t0 = time.perf_counter()
     tcfg = replace(probe_config(variant, cfg, n, batches=cfg.M, drift_batches=cfg.drift_batches), seed=seed + 1)
     # the chosen candidate is the engine's own predictor (the `r_eq_snapshot` column); the other
