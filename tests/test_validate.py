@@ -145,7 +145,16 @@ def test_virtual_trajectory_is_torch_training_on_a_copy(tiny_data):
     objective = InfoNCE(temperature=TINY.temperature)
     cfg = probe_config(VARIANT_SPECS["mlp"], TINY, n, batches=4, drift_batches=8)
     before = {k: p.detach().clone() for k, p in enc.named_parameters()}
-    traj = virtual_trajectory(enc, list(range(n)), objective, pairs, cfg, steps=30, points=3, progress=False)
+    from dataclasses import replace
+
+    from normfast.engine.probe import probe
+
+    def measure(model, step, second_moments):
+        return probe(model, list(range(n)), objective, pairs, replace(cfg, seed=step), progress=False,
+                     second_moments=second_moments)
+
+    traj = virtual_trajectory(enc, list(range(n)), objective, pairs, cfg, steps=30, points=3, measure=measure,
+                              progress=False)
     for k, p in enc.named_parameters():
         assert torch.equal(p, before[k])
     assert traj.steps == [10, 20, 30] and traj.columns["D"].shape == (3, n) and len(traj.losses) == 30
@@ -165,7 +174,10 @@ def test_virtual_trajectory_is_torch_training_on_a_copy(tiny_data):
         norms = ref(ref.prepare(list(range(n)))).norm(dim=-1).double().numpy()
     np.testing.assert_allclose(traj.columns["norm"][-1], norms, rtol=1e-5)
     with pytest.raises(ValueError, match="points"):
-        virtual_trajectory(enc, list(range(n)), objective, pairs, cfg, steps=5, points=6, progress=False)
+        virtual_trajectory(enc, list(range(n)), objective, pairs, cfg, steps=5, points=6, measure=measure,
+                           progress=False)
+    with pytest.raises(ValueError, match="needs measure="):
+        virtual_trajectory(enc, list(range(n)), objective, pairs, cfg, steps=5, points=2, progress=False)
 
 
 @pytest.mark.parametrize("variant", ["mlp_bias", "mlp_adamw"])

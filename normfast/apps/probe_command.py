@@ -152,6 +152,13 @@ def probe_arguments(p) -> None:
     p.add_argument("--max-batches", type=int, default=256, help="cap of the adaptive M (default 256)")
     p.add_argument("--target-quantile", type=float, default=0.9,
                    help="quantile of se(V2)/V2 that --target-rse applies to (default 0.9)")
+    p.add_argument("--snapshot", action="store_true",
+                   help="add the single-snapshot predictor r_eq_snapshot: continue the model virtually from this "
+                        "snapshot on the pairs for a few relaxation times and solve the law with the trajectory's "
+                        "shrunk drift and heat (pooled output; costly: see normfast.engine.snapshot)")
+    p.add_argument("--snapshot-steps", type=int, default=None,
+                   help="with --snapshot: the virtual trajectory's steps (default: 4 relaxation times of R², "
+                        "500 to 20000 steps)")
     p.add_argument("--tower", choices=["image", "text"], help="open_clip tower to probe")
     p.add_argument("--no-projection", action="store_true", help="open_clip / sentence-transformers without the head")
     p.add_argument("--pooling", default=None, help="HF pooling (mean, cls, ...)")
@@ -246,7 +253,9 @@ def _probe_cli(args, device: str, root: bool) -> int:
                              chunk_size=chunk_size, directions_per_pass=args.directions_per_pass,
                              memory_budget_mb=args.memory_budget_mb, uncertainty=not args.no_uncertainty,
                              radial_spread=args.per_batch, target_rse=args.target_rse,
-                             max_batches=args.max_batches, target_quantile=args.target_quantile)
+                             max_batches=args.max_batches, target_quantile=args.target_quantile,
+                             snapshot=args.snapshot or args.snapshot_steps is not None,
+                             snapshot_steps=args.snapshot_steps)
         result = probe(encoder, items, objective, pairs, config, out=args.out, resume=args.resume,
                        overwrite=args.overwrite, pair_encoder=pair_encoder, ids=ids,
                        progress=not args.no_progress, model_name=args.model)

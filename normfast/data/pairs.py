@@ -445,6 +445,21 @@ class _DatasetSource(PairSource):
         return first, second
 
 
+def as_pair_source(pairs: Any, objective: Any, probes: Sequence[Any]) -> "PairSource":
+    """The virtual-batch source a probe run reads: ``pairs`` as given when it is a :class:`PairSource`,
+    read on demand from a torch ``Dataset``/``DataLoader``, collected from any other iterable, or
+    (``pairs=None``, objectives that need only items, e.g. SimCSE) the probes themselves."""
+    if isinstance(pairs, PairSource):
+        return pairs
+    if isinstance(pairs, (torch.utils.data.Dataset, torch.utils.data.DataLoader)):  # read on demand
+        return PairSource.from_dataset(pairs, kind=objective.needs)
+    if pairs is None:
+        if objective.needs == "items":
+            return PairSource.from_iterable(list(probes), kind="items")
+        raise ValueError(f"probe: objective {objective.name!r} needs {objective.needs}; pass pairs=")
+    return PairSource.from_iterable(pairs, kind=objective.needs)
+
+
 def _is_data_loader(obj: Any) -> bool:
     try:
         from torch.utils.data import DataLoader

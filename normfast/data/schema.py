@@ -33,7 +33,7 @@ import pyarrow as pa
 
 #: version of the output format written by this normfast (``metadata["schema_version"]``).
 #: Files without the key predate versioning (version 1).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: version -> what changed (one line each)
 CHANGES = {
@@ -44,6 +44,8 @@ CHANGES = {
     4: "error bars: se_V2, se_Q (and _w), r_eq_lo/hi, r_eq_heat_lo/hi columns; uncertainty, M_initial, "
        "adaptive metadata (M is the heat's batches as run); the regime check: kappa_exempt, drift_to_heat, "
        "regime, regime_reason columns; regime metadata",
+    5: "the single-snapshot predictor: r_eq_snapshot, D_snapshot, Q_snapshot columns and snapshot metadata "
+       "(snapshot=True); ProbeConfig's snapshot settings in the config metadata",
 }
 
 
@@ -116,6 +118,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("r_eq_hi", "double", "always", "upper end of the 95% interval of r_eq"),
     Column("r_eq_heat_lo", "double", "always", "lower end of the 95% interval of r_eq_heat"),
     Column("r_eq_heat_hi", "double", "always", "upper end of the 95% interval of r_eq_heat"),
+    Column("r_eq_snapshot", "double", "`snapshot=True` (`--snapshot`)",
+           "single-snapshot predictor: the stationary norm from a virtual continuation of the model from this "
+           "snapshot (shrunk trajectory drift, heat + curvature heat); scope in `normfast.engine.snapshot`"),
+    Column("D_snapshot", "double", "`snapshot=True`", "the drift it used (D; AdamW: D_w), averaged along the "
+                                                      "virtual trajectory and shrunk by empirical Bayes"),
+    Column("Q_snapshot", "double", "`snapshot=True`", "the heat it used (Q; AdamW: Q_w), trajectory mean plus "
+                                                      "the curvature heat"),
     Column("n_pos_roots", "int8", "always", "number of positive roots (> 1: bistable)"),
     # -- status
     Column("valid", "bool", "always", "the row's statistics are finite and usable"),
@@ -180,6 +189,9 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("corpus", "corpus runs: the windowing and its counts (documents, windows, content tokens, token rows, max_length, window, stride, lowercase, special tokens added)"),
     MetadataKey("adaptive", "adaptive M only (`target_rse`): the target, the quantile, and every round's M and "
                             "quantile of se(V2)/V2"),
+    MetadataKey("snapshot", "`snapshot=True` only: the virtual trajectory's steps, the relaxation times asked "
+                            "and covered, the median κ at the snapshot, the shrinkage (weight, error and signal "
+                            "variance, the regression of drift on heat), seconds, and the predictor's scope"),
     MetadataKey("regime", "the run's regime check: `regime` (the class of most valid rows), `reason`, the "
                           "share of rows in each class (`fractions`), the thresholds, and a sentence in plain "
                           "words (see `normfast.engine.regime`)"),
@@ -190,6 +202,7 @@ RELEASED = {
     2: "b949604baf9dad23",
     3: "9f7abe74fd67ec08",
     4: "14ef24a437463f94",
+    5: "40fdbeae6940ccae",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

@@ -70,6 +70,16 @@ class ProbeConfig:
             resumed or sharded. None (default): M = ``batches``.
         max_batches, target_quantile: the cap on the adaptive M, and the quantile of se(V2)/V2
             over the first chunk's rows that must reach ``target_rse``.
+        snapshot: add the single-snapshot predictor ``r_eq_snapshot`` (with ``D_snapshot``,
+            ``Q_snapshot``): a virtual continuation of the model from this snapshot on the pair
+            source, the law solved with its shrunk drift and its heat plus curvature heat
+            (:mod:`normfast.engine.snapshot`, which states its validated scope). Pooled output, one
+            optimizer preset. Costly: ``T`` virtual steps, each one backward over a batch and two
+            jvps over every probe item.
+        snapshot_relaxations, snapshot_min_steps, snapshot_max_steps: ``T`` = this many relaxation
+            times of R² (``1/(2η'λκ̃)``, κ̃ the median κ at the snapshot), clipped to
+            [min, max] steps; E1 validated 4 relaxations, at least 500 steps.
+        snapshot_steps: ``T`` exactly (overrides the rule).
         device: where the model runs (default: the encoder's device).
     """
 
@@ -97,6 +107,11 @@ class ProbeConfig:
     target_rse: float | None = None
     max_batches: int = 256
     target_quantile: float = 0.9
+    snapshot: bool = False
+    snapshot_relaxations: float = 4.0
+    snapshot_min_steps: int = 500
+    snapshot_max_steps: int = 20000
+    snapshot_steps: int | None = None
 
     def validate(self) -> None:
         fn = "ProbeConfig"
@@ -112,6 +127,7 @@ class ProbeConfig:
                                  f"got {name}={v!r}")
         self._validate_drift(fn)
         self._validate_adaptive(fn)
+        self._validate_snapshot(fn)
         if self.batch_indices is not None:
             self._validate_batch_indices(fn)
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
@@ -161,6 +177,31 @@ class ProbeConfig:
             raise ValueError(f"{fn}: target_rse needs the grouped error bars (uncertainty=True, "
                              f"radial_spread=False), got uncertainty={self.uncertainty!r}, "
                              f"radial_spread={self.radial_spread!r}")
+
+    def _validate_snapshot(self, fn: str) -> None:
+        for name in ("snapshot_min_steps", "snapshot_max_steps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 50:
+                raise ValueError(f"{fn}: {name} must be an integer >= 50 (two blocks of 25 virtual steps), "
+                                 f"got {name}={v!r}")
+        if self.snapshot_max_steps < self.snapshot_min_steps:
+            raise ValueError(f"{fn}: snapshot_max_steps ({self.snapshot_max_steps}) must be >= "
+                             f"snapshot_min_steps ({self.snapshot_min_steps})")
+        t = self.snapshot_steps
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 50):
+            raise ValueError(f"{fn}: snapshot_steps must be None (the relaxation rule) or an integer >= 50, "
+                             f"got snapshot_steps={t!r}")
+        r = self.snapshot_relaxations
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
+            raise ValueError(f"{fn}: snapshot_relaxations must be a number > 0, got {r!r}")
+        if not self.snapshot:
+            return
+        if self.output != "pooled":
+            raise ValueError(f"{fn}: snapshot=True needs output='pooled' (the virtual trajectory samples every "
+                             f"probe item at every step), got output={self.output!r}")
+        if not isinstance(self.optimizer, str):
+            raise ValueError(f"{fn}: snapshot=True needs one optimizer preset for every probed parameter "
+                             f"(the virtual trajectory runs one optimizer), got optimizer={self.optimizer!r}")
 
     def _validate_batch_indices(self, fn: str) -> None:
         from normfast.data.pairs import check_batch_indices

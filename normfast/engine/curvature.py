@@ -51,7 +51,7 @@ def curvature_heat(encoder: Any, probes: Sequence[Any], objective: Any, pairs: A
     from normfast.data.pairs import virtual_batches
     from normfast.engine.directions import OptimizerPreset, compute_directions, resolve_parameters
     from normfast.engine.objectives import get_objective
-    from normfast.engine.probe import _as_pair_source
+    from normfast.data.pairs import as_pair_source as _as_pair_source
     from normfast.encoders import forward_ad_safe
 
     fn = "curvature_heat"

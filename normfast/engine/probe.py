@@ -77,6 +77,7 @@ from normfast.engine.distributed import Shard, chunks_for_rank, current_shard
 from normfast.encoders import Encoder
 from normfast.data.io import (METADATA_KEY, fingerprint)
 from normfast.data.schema import SCHEMA_VERSION
+from normfast.data.pairs import as_pair_source as _as_pair_source
 from normfast.engine.adaptive import adaptive_plan
 from normfast.engine.objectives import objective_settings
 from normfast.engine.provenance import device_name as _device_name
@@ -86,23 +87,6 @@ from normfast.engine.provenance import library_versions as _library_versions
 from normfast.engine.regime import REGIME_INPUTS, run_regime
 from normfast.engine.transmission import (Tail, head_inputs, head_kappa, head_kappa_exempt, kappa_from_jvp,
                                           prepared_head)
-
-# ----------------------------------------------------------------------------
-# helpers (the identity of a run's inputs, model and environment: normfast.engine.provenance)
-# ----------------------------------------------------------------------------
-def _as_pair_source(pairs: Any, objective: Any, probes: Sequence[Any]):
-    from normfast.data.pairs import PairSource
-
-    if isinstance(pairs, PairSource):
-        return pairs
-    if isinstance(pairs, (torch.utils.data.Dataset, torch.utils.data.DataLoader)):  # read on demand
-        return PairSource.from_dataset(pairs, kind=objective.needs)
-    if pairs is None:
-        if objective.needs == "items":
-            return PairSource.from_iterable(list(probes), kind="items")
-        raise ValueError(f"probe: objective {objective.name!r} needs {objective.needs}; pass pairs=")
-    return PairSource.from_iterable(pairs, kind=objective.needs)
-
 
 # ----------------------------------------------------------------------------
 # the engine
@@ -153,6 +137,7 @@ class _Run:
         self.M = config.batches                # the heat's M (adaptive M may raise it)
         self.adaptive: dict[str, Any] | None = None
         self._second_moments: dict[str, torch.Tensor] | None = None
+        self.snapshot = None  # the single-snapshot predictor (config.snapshot), for every item at once
 
     def _choose_mode(self) -> str:
         mode = self.config.mode
@@ -427,6 +412,12 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         else:
             tables[c] = table
 
+    if config.snapshot:  # before the chunks: every chunk's rows take their slice of it
+        from normfast.engine.snapshot import snapshot_prediction
+
+        run.snapshot = snapshot_prediction(encoder, probes, objective, pairs, config, second_moments=second_moments,
+                                           progress=run.progress)
+        metadata["snapshot"] = run.snapshot.info
     todo = [c for c in range(n_chunks) if c not in done]
     mine = todo if shard is None else chunks_for_rank(todo, shard.rank, shard.world_size)
     t0 = time.perf_counter()
@@ -641,6 +632,10 @@ def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mappi
     cols["r_eq_heat"] = r_heat
     for k in ("r_eq_lo", "r_eq_hi", "r_eq_heat_lo", "r_eq_heat_hi"):
         cols[k] = bars.get(k, np.full(len(norm), np.nan))
+    if run.snapshot is not None:
+        item = np.asarray(meta["item"], dtype=np.int64)
+        for k in ("r_eq", "D", "Q"):
+            cols[f"{k}_snapshot"] = getattr(run.snapshot, k)[item]
     cols["n_pos_roots"] = np.asarray(n_pos, dtype=np.int8)
     valid = stats["valid"].cpu().numpy().astype(bool)
     reason = np.array([REASONS[int(r)] for r in stats["reason"].cpu().numpy()], dtype=object)

@@ -116,6 +116,10 @@ def summarize(result) -> dict[str, Any]:
     out["fit_rows"] = int(fit.sum())
     out["norm_vs_r_eq"] = loglog_fit(r_eq[fit], norm[fit])
     out["norm_vs_r_eq_heat"] = loglog_fit(result.column("r_eq_heat")[fit], norm[fit])
+    if "r_eq_snapshot" in result.column_names:
+        snap = result.column("r_eq_snapshot")
+        out["r_eq_snapshot"] = _quantiles(snap[valid])
+        out["norm_vs_r_eq_snapshot"] = loglog_fit(snap[fit], norm[fit])
     out["regime"] = result_regime(result)
     out["spearman_norm_heat"] = spearman(norm[valid], result.column(heat)[valid])
     return out
@@ -244,6 +248,8 @@ def format_summary(result, top: int = 8) -> str:
         f"observed norm vs R_eq: no fit (the law applies to {s['fit_rows']} rows)",
         f"Spearman(norm, {heat}) = {s['spearman_norm_heat']:.3f}",
     ]
+    if "norm_vs_r_eq_snapshot" in s:
+        lines += _snapshot_lines(s, meta.get("snapshot") or {})
     if "token" in result.column_names and result.column("position").max() >= 0:
         ranking = token_ranking(result, heat)
         hottest = [_token_label(t, n, x) for t, _, n, x in ranking[:top]]
@@ -251,6 +257,30 @@ def format_summary(result, top: int = 8) -> str:
         lines += ["", f"hottest tokens (mean {heat}; ×n: rows averaged): " + ", ".join(hottest),
                   f"coldest tokens (mean {heat}): " + ", ".join(coldest)]
     return "\n".join(lines)
+
+
+def _snapshot_lines(s: dict[str, Any], info: dict[str, Any]) -> list[str]:
+    """The single-snapshot predictor in words: what it predicts, how far its trajectory went, the fit."""
+    q, f = s["r_eq_snapshot"], s["norm_vs_r_eq_snapshot"]
+    covered = info.get("relaxations_covered")
+    asked = info.get("relaxations_asked")
+    span = f"{info.get('steps', '?')} virtual steps"
+    if covered is not None and math.isfinite(covered):
+        span += f", {covered:.2g} relaxation times"
+    lines = ["", f"single-snapshot predictor r_eq_snapshot ({span}): median {q['median']:.4g} "
+                 f"(p10 {q['p10']:.4g}, p90 {q['p90']:.4g}) -- the norm each item keeps on average under "
+                 f"continued training like the virtual one, not a reading of its present norm"]
+    if asked is not None and covered is not None and math.isfinite(covered) and covered < asked:
+        lines.append(f"  the trajectory covered fewer relaxation times than asked ({covered:.2g} < {asked:g}; "
+                     f"capped at snapshot_max_steps): outside the validated scope, treat it as indicative")
+    if info.get("rows_no_root"):
+        lines.append(f"  no prediction for {info['rows_no_root']} rows (heat + curvature heat < 0 for "
+                     f"{info.get('rows_heat_negative', 0)}, κ <= 0 for {info.get('rows_kappa_nonpositive', 0)}): "
+                     f"r_eq_snapshot is NaN there")
+    if math.isfinite(f.get("slope", math.nan)):
+        lines.append(f"  present norm vs r_eq_snapshot (log-log): slope {f['slope']:.3f}, Pearson r "
+                     f"{f['pearson_r']:.3f} (near 1 when the snapshot already sits at its stationary norms)")
+    return lines
 
 
 def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:

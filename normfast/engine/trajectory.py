@@ -20,8 +20,8 @@ moment starts at zero.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -167,9 +167,7 @@ class TrajectoryMeter:
                 moved = self._f({n: params[n] - self.step * p[n] for n in self.names})
                 self.sums["c"] += (moved.square().sum(-1) - lin.square().sum(-1)).double()
             if kappa:
-                tangent = {n: (params[n] if n in self.decayed else torch.zeros_like(params[n])) for n in self.names}
-                _, jd = jvp(self._f, (params,), (tangent,))
-                self.kappa_sum += ((z * jd).sum(-1) / r2).double()
+                self.kappa_sum += self._kappa(params, z, r2)
                 self.n_kappa += 1
         self.n += 1
         self._block_sum += d
@@ -178,6 +176,24 @@ class TrajectoryMeter:
             self.blocks.append(self._block_sum / self.block)
             self._block_sum = torch.zeros_like(self._block_sum)
             self._block_n = 0
+
+    def _kappa(self, params: dict[str, torch.Tensor], z: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+        """κ = ẑ·(J θ_decayed)/R per row at ``params`` (one jvp along the decayed probed parameters)."""
+        from torch.func import jvp
+
+        tangent = {n: (params[n] if n in self.decayed else torch.zeros_like(params[n])) for n in self.names}
+        _, jd = jvp(self._f, (params,), (tangent,))
+        return ((z * jd).sum(-1) / r2).double()
+
+    @torch.no_grad()
+    def kappa(self) -> np.ndarray:
+        """κ per row at the encoder's present parameters (recorded nowhere: a reading, not a sample)."""
+        from normfast.encoders import forward_ad_safe
+
+        params = {n: self.encoder.get_parameter(n).detach().to(self.dtype) for n in self.names}
+        with forward_ad_safe():
+            z = self._f(params)
+            return self._kappa(params, z, z.square().sum(-1)).numpy()
 
     def statistics(self) -> dict[str, np.ndarray]:
         """Means over the samples: ``D``/``Q`` (SGD) or ``D_w``/``Q_w`` (AdamW), ``kappa``, ``norm``,
@@ -204,6 +220,7 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
                        config: ProbeConfig, *, steps: int, points: int = 0, meter: bool = True,
                        curvature: bool = False, kappa_every: int = 10,
                        second_moments: Mapping[str, torch.Tensor] | None = None,
+                       measure: Callable[[Any, int, Mapping[str, torch.Tensor] | None], Any] | None = None,
                        columns: Sequence[str] = AVERAGED, progress: bool = True) -> Trajectory:
     """Train a copy of ``encoder`` for ``steps`` virtual steps; measure the law's statistics along it.
 
@@ -211,8 +228,12 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
     with its own batch's direction, taken at the state the gradient was computed
     at (pooled output; ``curvature`` adds the curvature heat; κ every
     ``kappa_every`` steps). With ``points > 0`` the engine's full probe also runs
-    at ``points`` evenly spaced steps (the last at ``steps``; its seed offset per
-    point, so each sees fresh virtual batches).
+    at ``points`` evenly spaced steps (the last at ``steps``): ``measure(model, step,
+    second_moments)`` runs there and returns a probe result (``column_names``,
+    ``column(name)``), e.g. ``lambda m, step, v: normfast.probe(m, probes, objective,
+    pairs, replace(config, seed=step), second_moments=v, progress=False)`` -- fresh
+    virtual batches at every point. (A callback, not a call of the probe loop here: the
+    probe loop sits above this module, and its snapshot predictor uses it.)
 
     ``config`` is the probe configuration and also sets the virtual optimizer:
     ``optimizer`` (one preset for all probed parameters), ``lr``,
@@ -225,13 +246,15 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
     from normfast.engine.directions import adam_second_moments, batch_loss, estimate_second_moments, \
         resolve_parameters
     from normfast.engine.objectives import get_objective
-    from normfast.engine.probe import _as_pair_source, probe
+    from normfast.data.pairs import as_pair_source
 
     fn = "virtual_trajectory"
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"{fn}: expected steps to be a positive integer, got steps={steps!r}")
     if isinstance(points, bool) or not isinstance(points, int) or not 0 <= points <= steps:
         raise ValueError(f"{fn}: expected points to be an integer in [0, steps={steps}], got points={points!r}")
+    if points and measure is None:
+        raise ValueError(f"{fn}: points={points} needs measure= (the probe to run at each point)")
     if not meter and points == 0:
         raise ValueError(f"{fn}: nothing to measure: meter=False and points=0")
     if isinstance(kappa_every, bool) or not isinstance(kappa_every, int) or kappa_every < 1:
@@ -242,7 +265,7 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
     config.validate()
     if isinstance(objective, str):
         objective = get_objective(objective)
-    pairs = _as_pair_source(pairs, objective, probes)
+    pairs = as_pair_source(pairs, objective, probes)
     model = copy.deepcopy(encoder)
     names = resolve_parameters(model, config.params)
     chosen = set(names)
@@ -282,8 +305,7 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
         if step in at:
             model.train(was_training)
             sm = adam_second_moments(opt, model) if config.optimizer == "adamw" else None
-            res = probe(model, probes, objective, pairs, replace(config, seed=config.seed * 7919 + step),
-                        progress=False, second_moments=sm, distributed=False)
+            res = measure(model, step, sm)
             for c in columns:
                 if c in res.column_names:
                     cols.setdefault(c, []).append(res.column(c))

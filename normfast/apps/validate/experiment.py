@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from normfast.apps.validate.data import E1Config, SyntheticConcepts, VARIANT_SPECS, VARIANTS, Variant, make_concepts
-from normfast.apps.validate.laws import (TARGET_R, TARGET_SLOPE, ProbedRun, drift_estimator_name, law_norms,
-                                         probe_checkpoints, realized_law)
+from normfast.apps.validate.data import (E1Config, SyntheticConcepts, VARIANT_SPECS, VARIANTS, Variant,
+                                         drift_estimator_name, make_concepts)
+from normfast.apps.validate.laws import (TARGET_R, TARGET_SLOPE, ProbedRun, law_norms, probe_checkpoints,
+                                         realized_law)
 from normfast.apps.validate.training import TrainingRun, train
 from normfast.data.io import json_ready
 

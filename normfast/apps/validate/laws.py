@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from normfast.apps.validate.data import E1Config, SyntheticConcepts, Variant, drift_estimator_name, probe_config
+from normfast.apps.validate.data import E1Config, SyntheticConcepts, Variant, probe_config
 from normfast.apps.validate.training import TrainingRun, load_checkpoint
 
 #: the E1 target for every variant: log-log slope of observed on predicted, and Pearson r

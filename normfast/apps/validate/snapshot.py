@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from normfast.apps.validate.data import E1Config, SyntheticConcepts, Variant
-from normfast.apps.validate.data import probe_config
+from normfast.apps.validate.data import E1Config, SyntheticConcepts, probe_config
 from normfast.apps.validate.laws import law_norms
 from normfast.apps.validate.training import TrainingRun, load_checkpoint
 
@@ -56,41 +55,6 @@ CANDIDATES = ("heat_only", "heat_only_curvature", "snapshot_full", "trajectory",
 CHOICE_VARIANTS = ("mlp", "mlp_bias", "table", "mlp_adamw")
 
 
-def shrink(per_block: np.ndarray, prior: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
-    """Empirical-Bayes shrinkage of the per-item mean of ``per_block`` ``[blocks, items]`` toward ``prior``.
-
-    The error variance of an item's mean is estimated from the split halves of
-    the blocks (``((h1 − h2)/2)²``, pooled over items); the spread of the true
-    means around the prior is the spread of the observed means minus that
-    error. Every item's mean moves toward its prior by the same factor
-    ``w = τ² / (τ² + σ²)``.
-    """
-    mean = per_block.mean(0)
-    h = per_block.shape[0] // 2
-    if h == 0:
-        return prior.copy(), {"weight": 0.0, "error_var": float("nan"), "signal_var": float("nan")}
-    h1, h2 = per_block[:h].mean(0), per_block[per_block.shape[0] - h:].mean(0)
-    err = float(np.mean((h1 - h2) ** 2 / 4))
-    spread = float(np.mean((mean - prior) ** 2))
-    signal = max(spread - err, 0.0)
-    w = signal / (signal + err) if signal + err > 0 else 0.0
-    return prior + w * (mean - prior), {"weight": w, "error_var": err, "signal_var": signal}
-
-
-def _per_step(variant: Variant, cfg: E1Config, drift: np.ndarray, heat: np.ndarray, norm: np.ndarray):
-    """(first-order, second-order) task terms per step, long-run units (the ledger's)."""
-    eta = variant.lr(cfg)
-    if variant.optimizer == "adamw":
-        return 2 * eta * norm * drift, eta ** 2 * heat
-    s = 1.0 / (1.0 - variant.momentum)
-    return 2 * eta * s * drift, (eta * s) ** 2 * heat / norm ** 2
-
-
-def relaxation_steps(variant: Variant, cfg: E1Config, kappa: np.ndarray) -> float:
-    eta = variant.lr(cfg) / (1.0 - variant.momentum)
-    return 1.0 / (2 * eta * cfg.weight_decay * float(np.median(kappa)))
-
-
 def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts, *,
                         progress: bool = True) -> dict[str, Any]:
     """Every candidate's predicted stationary norms from the last checkpoint alone."""
@@ -98,7 +62,7 @@ def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts
     from normfast.engine.curvature import curvature_heat
     from normfast.engine.objectives import InfoNCE
     from normfast.engine.probe import probe
-    from normfast.engine.trajectory import virtual_trajectory
+    from normfast.engine.snapshot import relaxation_steps, shrink, snapshot_prediction, step_terms
 
     variant = run.variant
     adam = variant.optimizer == "adamw"
@@ -120,14 +84,16 @@ def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts
                                                                 drift_batches=cfg.snapshot_curvature_batches),
                           second_moments=snap.second_moments)[ccol]
     t_snapshot = time.perf_counter() - t0
-    steps = max(cfg.snapshot_min_steps,
-                int(round(cfg.snapshot_relaxations * relaxation_steps(variant, cfg, at["kappa"]))))
+    # E1's rule: the engine's relaxation time, no upper cap (the engine's default caps at 20 000)
+    steps = max(cfg.snapshot_min_steps, int(round(cfg.snapshot_relaxations * relaxation_steps(pcfg, at["kappa"]))))
     t0 = time.perf_counter()
     tcfg = replace(probe_config(variant, cfg, n, batches=cfg.M, drift_batches=cfg.drift_batches), seed=seed + 1)
-    traj = virtual_trajectory(enc, items, objective, pairs, tcfg, steps=steps, curvature=True,
-                              second_moments=snap.second_moments, progress=progress)
+    # the chosen candidate is the engine's own predictor (the `r_eq_snapshot` column); the other
+    # candidates are read off the same virtual trajectory
+    chosen = snapshot_prediction(enc, items, objective, pairs, tcfg, steps=steps,
+                                 second_moments=snap.second_moments, progress=progress)
     t_traj = time.perf_counter() - t0
-    m = traj.meter
+    m = chosen.trajectory.meter
 
     def law(stats: dict[str, np.ndarray], *, heat_only: bool = False, curvature: np.ndarray | None = None):
         s = dict(stats)
@@ -137,11 +103,9 @@ def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts
 
     traj_stats = {dcol: m[dcol], qcol: m[qcol], "kappa": m["kappa"]}
     blocks = m[f"{dcol}_blocks"]
-    t1_blocks = np.stack([_per_step(variant, cfg, b, m[qcol], m["norm"])[0] for b in blocks])
-    t1_mean, t2_mean = _per_step(variant, cfg, m[dcol], m[qcol], m["norm"])
+    t1_blocks = np.stack([step_terms(tcfg, b, m[qcol], m["norm"])[0] for b in blocks])
+    t1_mean, _ = step_terms(tcfg, m[dcol], m[qcol], m["norm"])
     shrunk_mean, info_mean = shrink(t1_blocks, np.full(n, t1_mean.mean()))
-    slope, intercept = np.polyfit(t2_mean, t1_mean, 1)
-    shrunk_reg, info_reg = shrink(t1_blocks, intercept + slope * t2_mean)
     scale = t1_mean / np.where(m[dcol] != 0, m[dcol], 1.0)   # per-step term per unit drift
     predicted = {
         "heat_only": law(at, heat_only=True),
@@ -150,13 +114,12 @@ def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts
         "trajectory": law(traj_stats),
         "trajectory_curvature": law(traj_stats, curvature=m[ccol]),
         "trajectory_shrunk": law(dict(traj_stats, **{dcol: shrunk_mean / scale}), curvature=m[ccol]),
-        "trajectory_shrunk_regression": law(dict(traj_stats, **{dcol: shrunk_reg / scale}), curvature=m[ccol]),
+        "trajectory_shrunk_regression": chosen.r_eq,
     }
     return {
         "predicted": {k: np.asarray(v) for k, v in predicted.items()},
         "present_norm": at["norm"],
-        "shrinkage": {"toward_mean": info_mean, "toward_regression_on_heat": dict(
-            info_reg, regression_slope=float(slope), regression_intercept=float(intercept))},
+        "shrinkage": {"toward_mean": info_mean, "toward_regression_on_heat": chosen.info["shrinkage"]},
         "trajectory_steps": steps,
         "seconds": {"snapshot_probe_and_curvature": round(t_snapshot, 1), "trajectory": round(t_traj, 1)},
     }

@@ -1,0 +1,165 @@
+"""The single-snapshot predictor as a probe output (``ProbeConfig(snapshot=True)``, ``--snapshot``):
+its shrinkage and step rule, its columns and metadata, its independence of chunking, the caller's
+model untouched, and its prediction on a small model trained to stationary norms."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from normfast.core.stats import loglog_fit
+from normfast.data.schema import check_metadata, check_table
+from normfast.engine.config import ProbeConfig
+from normfast.engine.snapshot import shrink, snapshot_prediction, trajectory_steps
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+# ---------------------------------------------------------------------------
+# the pieces
+
+
+def test_shrink_keeps_resolved_means_and_drops_noise(rng):
+    """Blocks that agree (no error between the halves) keep their means; blocks that are pure noise
+    around the prior go to the prior; in between, the weight is τ²/(τ²+σ²)."""
+    prior = np.zeros(200)
+    signal = rng.normal(size=200)
+    same, info = shrink(np.tile(signal, (4, 1)), prior)
+    np.testing.assert_allclose(same, signal)
+    assert info["weight"] == pytest.approx(1.0)
+    # first half +e, second half -e: the means equal the prior, the halves differ by 2e
+    e = rng.normal(size=200)
+    noise, info = shrink(np.stack([e, e, -e, -e]), prior)
+    np.testing.assert_allclose(noise, prior)
+    assert info["weight"] == 0.0
+    mixed, info = shrink(np.stack([signal + e, signal + e, signal - e, signal - e]), prior)
+    w = np.mean(signal ** 2 - 0) - np.mean(e ** 2)   # signal variance estimate: spread - error
+    assert info["weight"] == pytest.approx(max(w, 0) / (max(w, 0) + np.mean(e ** 2)))
+    np.testing.assert_allclose(mixed, info["weight"] * signal)
+
+
+def test_trajectory_steps_follow_the_relaxation_rule():
+    """T = 4 relaxation times 1/(2η'λκ̃), clipped to [min, max]; heavy-ball shortens it by (1−β)."""
+    kappa = np.array([0.5, 1.0, 1.5])            # median 1
+    cfg = ProbeConfig(lr=0.1, weight_decay=0.01)  # τ = 1/(2·0.1·0.01) = 500 steps
+    assert trajectory_steps(cfg, kappa) == (2000, pytest.approx(4.0))
+    assert trajectory_steps(replace(cfg, momentum=0.5), kappa)[0] == 1000
+    assert trajectory_steps(replace(cfg, snapshot_max_steps=800), kappa) == (800, pytest.approx(1.6))
+    assert trajectory_steps(replace(cfg, lr=10.0), kappa)[0] == 500     # the floor
+    assert trajectory_steps(replace(cfg, snapshot_steps=100), kappa) == (100, pytest.approx(0.2))
+    with pytest.raises(ValueError, match="no radial grip"):
+        trajectory_steps(cfg, np.array([-0.1, 0.0, 0.05]) - 0.1)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(snapshot=True, output="tokens"), "output='pooled'"),
+    (dict(snapshot=True, optimizer={"a": "sgd", "b": "adamw"}), "one optimizer preset"),
+    (dict(snapshot_steps=10), "snapshot_steps must be"),
+    (dict(snapshot_min_steps=600, snapshot_max_steps=500), "snapshot_max_steps"),
+    (dict(snapshot_relaxations=0), "snapshot_relaxations"),
+])
+def test_snapshot_settings_are_validated(kw, match):
+    with pytest.raises(ValueError, match=match):
+        ProbeConfig(**kw).validate()
+
+
+# ---------------------------------------------------------------------------
+# on a model trained to stationary norms (E1's MLP at a toy size)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    from normfast.apps.validate.data import E1Config, VARIANT_SPECS, make_concepts
+    from normfast.apps.validate.training import train
+
+    cfg = E1Config(concepts=8, items_per_concept=4, d_in=8, hidden=16, d_out=8, n_pairs=800, batch_size=16,
+                   lr=0.05, weight_decay=0.1, steps=1500, window=0.4, record_every=10, probe_every=250)
+    data = make_concepts(cfg)
+    torch.manual_seed(0)
+    return cfg, data, train(VARIANT_SPECS["mlp"], cfg, data, progress=False)
+
+
+def _setup(trained, **kw):
+    from normfast.apps.validate.data import VARIANT_SPECS, probe_config
+    from normfast.apps.validate.training import load_checkpoint
+    from normfast.data.pairs import PairSource
+    from normfast.engine.objectives import InfoNCE
+
+    cfg, data, run = trained
+    load_checkpoint(run.encoder, run.checkpoints[-1])
+    n = data.x.shape[0]
+    pairs = PairSource.from_iterable([(int(a), int(b)) for a, b in data.pairs])
+    pcfg = replace(probe_config(VARIANT_SPECS["mlp"], cfg, n, batches=4, drift_batches=8),
+                   radial_spread=False, snapshot=True, seed=3, **kw)
+    return run.encoder, list(range(n)), InfoNCE(temperature=cfg.temperature), pairs, pcfg
+
+
+def _probe(*args, **kw):
+    from normfast.engine.probe import probe
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return probe(*args, progress=False, **kw)
+
+
+def test_probe_writes_the_snapshot_columns_and_leaves_the_model_alone(trained, tmp_path):
+    enc, items, objective, pairs, pcfg = _setup(trained)
+    before = {k: p.detach().clone() for k, p in enc.named_parameters()}
+    res = _probe(enc, items, objective, pairs, pcfg, out=tmp_path / "run.parquet")
+    for k, p in enc.named_parameters():
+        assert torch.equal(p, before[k]), k
+    assert check_table(res.table.schema) == [] and check_metadata(res.metadata) == []
+    snap = res.metadata["snapshot"]
+    # T by the rule: 4 relaxation times of R² at the median κ, at least 500 steps
+    tau = 1 / (2 * pcfg.lr * pcfg.weight_decay * snap["kappa_median_at_snapshot"])
+    assert snap["steps"] == max(500, round(4 * tau)) and snap["relaxations_covered"] >= 4 - 1e-9
+    direct = snapshot_prediction(enc, items, objective, pairs, pcfg, progress=False)
+    np.testing.assert_array_equal(res.column("r_eq_snapshot"), direct.r_eq)
+    np.testing.assert_array_equal(res.column("D_snapshot"), direct.D)
+    np.testing.assert_array_equal(res.column("Q_snapshot"), direct.Q)
+    # the plain-SGD law solved with the columns it reports (κ from the trajectory) gives the column
+    d, q, k, lam, eta = direct.D, direct.Q, direct.kappa, pcfg.weight_decay, pcfg.lr
+    r2 = (d + np.sqrt(d ** 2 + 2 * lam * k * eta * q)) / (2 * lam * k)
+    np.testing.assert_allclose(direct.r_eq, np.sqrt(r2), rtol=1e-9)
+    # it predicts the window-mean norm the items kept during training, to E1's target, at a toy size
+    fit = loglog_fit(direct.r_eq, trained[2].observed)
+    assert 0.85 <= fit["slope"] <= 1.15 and fit["pearson_r"] >= 0.93, fit   # E1's target (measured 0.98 / 0.99)
+    # and the summary says what it is
+    text = res.format_summary()
+    assert "single-snapshot predictor r_eq_snapshot" in text and "not a reading of its present norm" in text
+
+
+def test_snapshot_column_does_not_depend_on_chunking(trained):
+    enc, items, objective, pairs, pcfg = _setup(trained, snapshot_steps=60)
+    whole = _probe(enc, items, objective, pairs, pcfg)
+    chunked = _probe(enc, items, objective, pairs, replace(pcfg, chunk_size=5))
+    np.testing.assert_array_equal(whole.column("r_eq_snapshot"), chunked.column("r_eq_snapshot"))
+    assert whole.metadata["snapshot"]["steps"] == 60
+    plain = _probe(enc, items, objective, pairs, replace(pcfg, snapshot=False))
+    assert "r_eq_snapshot" not in plain.column_names and "snapshot" not in plain.metadata
+    np.testing.assert_array_equal(plain.column("r_eq"), whole.column("r_eq"))
+
+
+def test_cli_snapshot_flag(tmp_path, tiny_bert_folder, capsys):
+    """``normfast probe --snapshot-steps T`` on a local BERT: the column, the summary's paragraph; with
+    --tokens the flag is refused with the reason."""
+    import pyarrow.parquet as pq
+
+    from normfast.cli import main
+
+    words = tmp_path / "words.txt"
+    words.write_text("apple\nriver\nthe\ndemocracy\nblue\nquantum\n")
+    out = tmp_path / "run.parquet"
+    args = ["probe", str(tiny_bert_folder), "--probes", str(words), "--params", r"encoder\.layer\.1\.",
+            "--batches", "3", "--drift-batches", "6", "--groups", "3", "--batch-size", "3", "--lr", "0.05",
+            "--wd", "0.1", "--snapshot-steps", "50", "--no-progress"]
+    rc = main([*args, "--out", str(out)])
+    text = capsys.readouterr()
+    assert rc == 0, text.err
+    assert "single-snapshot predictor r_eq_snapshot (50 virtual steps" in text.out
+    assert "r_eq_snapshot" in pq.read_schema(out).names
+    assert main([*args, "--tokens", "--out", str(tmp_path / "tokens.parquet")]) == 2
+    assert "snapshot=True needs output='pooled'" in capsys.readouterr().err
