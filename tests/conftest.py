@@ -95,6 +95,7 @@ def work_unit(nodeid: str) -> str | None:
     return None
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: known only where pytest-xdist is installed
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadgroup`` (pyproject's default): the work units above, listed ones first."""
     if config.getvalue("dist") != "loadgroup":
