@@ -209,8 +209,8 @@ class E2Config:
 
     def quick(self) -> "E2Config":
         """The same protocol at a toy size (for the tests)."""
-        return replace(self, n_pairs=300, n_probes=32, batch_size=16, steps=80, warmup=20,
-                       record_every=4, probe_every=16, M=4, n_boot=500, trajectory_every=20,
+        return replace(self, n_pairs=160, n_probes=32, batch_size=16, steps=40, warmup=8,
+                       record_every=4, probe_every=8, M=4, n_boot=500, trajectory_every=20,
                        drift_batches=8 if self.drift_batches else None)
 
     def settings(self) -> TrainSettings:
