@@ -59,7 +59,8 @@ REQUIRE_DATA = os.environ.get("NORMFAST_REQUIRE_DATA", "") not in ("", "0")
 WORK_UNITS: dict[str, tuple[str, ...]] = {
     "e2": ("tests/test_e2.py::", "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e2_quick]"),
     "gpu_check": ("tests/test_gpu_check.py::test_dry_run", "tests/test_gpu_check.py::test_tests_stage",
-                  "tests/test_gpu_check.py::test_ceilings", "tests/test_gpu_check.py::test_e2e"),
+                  "tests/test_gpu_check.py::test_ceilings", "tests/test_gpu_check.py::test_e2e",
+                  "tests/test_gpu_check.py::test_a_hung_and_a_failing_stage"),
     "datasets": ("tests/test_datasets.py::",),
     # the tests that start gloo ranks: one fork server (tests/test_distributed.py) for all of them
     "gloo_ranks": ("tests/test_distributed.py::test_sharded_runs", "tests/test_distributed.py::test_killed_rank",
@@ -76,7 +77,6 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
     "kernel_resources": ("tests/test_kernel_resources.py::",),
     "e3": ("tests/test_e3_e4.py::test_e3_",
            "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e3_quick]"),
-    "stage_failures": ("tests/test_gpu_check.py::test_a_hung_and_a_failing_stage",),
     "cli": ("tests/test_outputs.py::test_cli_quick_paths",
             "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[cli_runs]"),
     "finetune_resume": ("tests/test_finetune.py::test_an_interrupted_run_resumes",),

@@ -26,19 +26,37 @@ def _load_script():
     return module
 
 
-def _run(out: Path, *extra: str, timeout: float = 240):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *extra],
-                          cwd=out, env=dict(os.environ), capture_output=True, text=True,
-                          timeout=timeout)
+def _start(out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *extra],
+                            cwd=out, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _finish(proc: subprocess.Popen, out: Path, timeout: float = 240):
+    stdout, stderr = proc.communicate(timeout=timeout)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     report_path = out / "gpu-check.json"
     assert report_path.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     return done, json.loads(report_path.read_text())
 
 
 @pytest.fixture(scope="module")
-def dry(tmp_path_factory):
+def failing(tmp_path_factory):
+    """A dry run of three stages with a hang and an error injected, started before the full dry run
+    and read after it: it spends most of its time waiting out the hang (its cap, then the grace)."""
+    out = tmp_path_factory.mktemp("gpu-check-failing")
+    proc = _start(out, "--stages", "env,ceilings,kernels", "--inject", "env=hang", "--inject", "kernels=error",
+                  "--stage-cap", "env=3")
+    yield proc, out
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def dry(tmp_path_factory, failing):
     out = tmp_path_factory.mktemp("gpu-check")
-    done, report = _run(out)
+    done, report = _finish(_start(out), out)
     return out, done, report
 
 
@@ -115,9 +133,9 @@ def test_e2e_measures_both_modes_against_the_forward_and_extrapolates_10m(dry):
     assert "synthetic" in e2e["token_source"]["minilm"]  # the path a bare GPU machine takes
 
 
-def test_a_hung_and_a_failing_stage_are_recorded_and_the_others_still_run(tmp_path):
-    done, report = _run(tmp_path, "--stages", "env,ceilings,kernels", "--inject", "env=hang",
-                        "--inject", "kernels=error", "--stage-cap", "env=3", timeout=180)
+def test_a_hung_and_a_failing_stage_are_recorded_and_the_others_still_run(failing):
+    proc, out = failing
+    done, report = _finish(proc, out, timeout=180)
     assert done.returncode == 1
     stages = report["stages"]
     assert stages["env"]["status"] == "timeout" and "cap 3 s" in stages["env"]["error"]
@@ -125,7 +143,7 @@ def test_a_hung_and_a_failing_stage_are_recorded_and_the_others_still_run(tmp_pa
     assert stages["kernels"]["status"] == "error" and "injected" in stages["kernels"]["error"]
     for name in ("build", "tests", "e2e"):
         assert stages[name] == {"status": "skipped", "seconds": 0.0, "reason": "not selected"}
-    md = (tmp_path / "gpu-check.md").read_text()
+    md = (out / "gpu-check.md").read_text()
     assert "| env | timeout |" in md and "| kernels | error |" in md
 
 
