@@ -6,6 +6,7 @@ top of the first module pytest loads. To compile for real on a GPU run
 ``TRITON_INTERPRET=0 python -m pytest``.
 """
 import contextlib
+import gc
 import importlib.util
 import io
 import json
@@ -123,6 +124,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 wrong.append(f"{item.nodeid} reads {fixture}: add it to WORK_UNITS[{unit!r}] in tests/conftest.py")
     if wrong:
         raise pytest.UsageError("\n".join(wrong))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave the session's objects to the end of the process: at interpreter shutdown the garbage
+    collector walks every object still alive, and WordNet's reader alone holds millions of them
+    (4 s of each worker's exit, which the whole run waited for)."""
+    gc.freeze()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
