@@ -28,6 +28,11 @@ REF_IMAG_RTOL = 1e-6
 REF_MERGE_RTOL = 1e-6
 #: Newton steps applied to every real candidate (each kept only if it lowers |p|).
 REF_NEWTON_STEPS = 4
+#: A polished candidate is a root only if |p(y)| <= REF_RESIDUAL_RTOL * sum_i |c_i| y^i. Eigenvalues
+#: of a companion matrix whose coefficients span many decades carry absolute errors of about
+#: eps * (largest root): a small complex pair can come out real, and then this test rejects it
+#: (true roots, double ones included, polish to residuals near eps).
+REF_RESIDUAL_RTOL = 1e-9
 
 
 def _monic_scaled(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -78,6 +83,11 @@ def _largest_positive(monic: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         y = np.where(better, y_new, y)
         f = np.where(better, f_new, f)
         df = np.where(better, df_new, df)
+    with np.errstate(invalid="ignore", over="ignore"):
+        magnitude = np.ones_like(y)
+        for i in range(monic.shape[1]):
+            magnitude = magnitude * np.abs(y) + np.abs(monic[:, i : i + 1])
+        y = np.where(np.abs(f) <= REF_RESIDUAL_RTOL * magnitude, y, np.nan)
     y = np.sort(y, axis=1)  # NaN last
     valid = np.isfinite(y) & (y > 0)
     distinct = valid.copy()
