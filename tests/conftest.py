@@ -103,6 +103,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    if not all(hasattr(LoadScopeScheduling, m) for m in ("_split_scope", "_assign_work_unit")):
+        return None  # an xdist whose scheduler changed shape: its own loadgroup (correct, slower)
+
     class WorkUnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid) or nodeid
