@@ -56,16 +56,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from normfast.engine.config import ProbeConfig
-
-#: the trajectory meter's block of steps (the shrinkage's error variance comes from the blocks' halves)
-BLOCK = 25
+from normfast.engine.trajectory import BLOCK
 
 SCOPE = ("the stationary norm under continued training with this preset, η and λ on the pair source "
          "(validated in E1 on plain-SGD MLPs with and without biases, an embedding table and an AdamW MLP; "
@@ -127,14 +125,15 @@ def relaxation_steps(config: ProbeConfig, kappa: np.ndarray) -> float:
     return 1.0 / (2 * eta * config.weight_decay * k)
 
 
-def trajectory_steps(config: ProbeConfig, kappa: np.ndarray) -> tuple[int, float]:
-    """``T`` by the rule (or ``config.snapshot_steps``) and the relaxation times it covers."""
-    if config.snapshot_steps is not None:
+def trajectory_steps(config: ProbeConfig, kappa: np.ndarray, steps: int | None = None) -> tuple[int, float]:
+    """``T`` and the relaxation times it covers: ``steps`` or ``config.snapshot_steps`` when given (NaN
+    coverage where κ gives no relaxation time), else the rule, clipped to [min, max] steps."""
+    explicit = steps if steps is not None else config.snapshot_steps
+    if explicit is not None:
         try:
-            tau = relaxation_steps(config, kappa)
+            return int(explicit), explicit / relaxation_steps(config, kappa)
         except ValueError:
-            return int(config.snapshot_steps), float("nan")
-        return int(config.snapshot_steps), config.snapshot_steps / tau
+            return int(explicit), float("nan")
     tau = relaxation_steps(config, kappa)
     steps = max(config.snapshot_min_steps, int(round(config.snapshot_relaxations * tau)))
     steps = min(steps, config.snapshot_max_steps)
@@ -155,21 +154,15 @@ def snapshot_prediction(encoder: Any, probes: Sequence[Any], objective: Any, pai
     from normfast.core.equilibrium import equilibrium_norm
     from normfast.engine.trajectory import TrajectoryMeter, virtual_trajectory
 
-    fn = "snapshot_prediction"
-    config.validate()
-    if not isinstance(config.optimizer, str):
-        raise ValueError(f"{fn}: expected one optimizer preset for every probed parameter, got "
-                         f"optimizer={config.optimizer!r} (the virtual trajectory runs one optimizer)")
     probes = list(probes)
     t0 = time.perf_counter()
+    # the meter validates the configuration (one optimizer preset) and reads κ at the snapshot
     kappa0 = TrajectoryMeter(encoder, probes, config).kappa()
-    if steps is None:
-        steps, covered = trajectory_steps(config, kappa0)
-    else:
-        covered = trajectory_steps(replace(config, snapshot_steps=steps), kappa0)[1]
+    explicit = steps is not None or config.snapshot_steps is not None
+    steps, covered = trajectory_steps(config, kappa0, steps)
     if steps < 2 * BLOCK:
-        raise ValueError(f"{fn}: the virtual trajectory needs at least {2 * BLOCK} steps (two blocks of "
-                         f"{BLOCK} for the drift's error variance), got {steps}")
+        raise ValueError(f"snapshot_prediction: the virtual trajectory needs at least {2 * BLOCK} steps (two "
+                         f"blocks of {BLOCK} for the drift's error variance), got {steps}")
     traj = virtual_trajectory(encoder, probes, objective, pairs, config, steps=steps, curvature=True,
                               second_moments=second_moments, progress=progress)
     m = traj.meter
@@ -191,8 +184,8 @@ def snapshot_prediction(encoder: Any, probes: Sequence[Any], objective: Any, pai
         else:
             r_eq = equilibrium_norm(drift, heat, m["kappa"], momentum=config.momentum, **law)
     r_eq = np.asarray(r_eq, dtype=np.float64)
-    info = {"steps": int(steps), "relaxations_asked": None if config.snapshot_steps is not None
-            else config.snapshot_relaxations, "relaxations_covered": covered,
+    info = {"steps": int(steps), "relaxations_asked": None if explicit else config.snapshot_relaxations,
+            "relaxations_covered": covered,
             "kappa_median_at_snapshot": float(np.median(kappa0)),
             "shrinkage": dict(info, regression_slope=float(slope), regression_intercept=float(intercept)),
             "rows_heat_negative": int(np.sum(heat < 0)), "rows_kappa_nonpositive": int(np.sum(m["kappa"] <= 0)),

@@ -29,6 +29,9 @@ from tqdm.auto import tqdm
 
 from normfast.engine.config import ProbeConfig
 
+#: samples per block of the meter's drift (the blocks' spread gives se_D and the snapshot's shrinkage)
+BLOCK = 25
+
 #: the columns averaged over the probe points
 AVERAGED = ("norm", "D", "Q", "V2", "m2", "D_w", "Q_w", "V2_w", "m2_w", "C_uw", "kappa")
 
@@ -87,7 +90,7 @@ class TrajectoryMeter:
     """
 
     def __init__(self, encoder: Any, probes: Sequence[Any], config: ProbeConfig, *, curvature: bool = False,
-                 block: int = 25, dtype: torch.dtype = torch.float64):
+                 block: int = BLOCK, dtype: torch.dtype = torch.float64):
         from normfast.engine.directions import resolve_parameters
 
         fn = "TrajectoryMeter"
