@@ -398,12 +398,16 @@ def _e2_note(d: dict, run: str) -> str:
               if "steps" in chosen else "")) if chosen else "none passed"
     k = d["kappa"]
     cpu = d.get("cpu_seconds")
-    times = f"run time {d['seconds']['total'] / 60:.0f} min wall" + (
-        f", {cpu['total'] / 60:.0f} min process CPU" if cpu else "")
+    sec = d["seconds"]
+    times = f"run time {sec['total'] / 60:.1f} min wall" + (
+        f", {cpu['total'] / 60:.0f} min process CPU" + _threads(d) if cpu else "")
+    if "train" in sec and "probe" in sec:
+        times += (f" (caching the frozen front {sec.get('cache_front', 0) / 60:.1f} min, training "
+                  f"{sec['train'] / 60:.1f}, the checkpoint probes {sec['probe'] / 60:.1f})")
     pilot = d.get("pilot") or {}
     if pilot.get("seconds"):
-        times += f" (the pilot: {pilot['seconds']['total'] / 60:.0f} min wall" + (
-            f", {pilot['cpu_seconds']['total'] / 60:.0f} min CPU)" if pilot.get("cpu_seconds") else ")")
+        times += f"; the pilot: {pilot['seconds']['total'] / 60:.1f} min wall" + (
+            f", {pilot['cpu_seconds']['total'] / 60:.0f} min CPU" + _threads(pilot) if pilot.get("cpu_seconds") else "")
     drift = "" if not c.get("drift_batches") else f", drift from the mean direction over {c['drift_batches']} batches"
     return (f"**{run}.** SGD η = {c['lr']}, λ = {c['weight_decay']} (decay exempt: `{c['no_decay']}`), "
             f"{c['steps']} steps of {c['batch_size']} pairs, window = last {c['window']:.0%} "
@@ -416,6 +420,12 @@ def _e2_note(d: dict, run: str) -> str:
             f"criteria {'met' if h['passed'] else 'NOT met'}. κ (window average) median {k['median']:.2f}, "
             f"range {k['min']:.2f} … {k['max']:.2f}, ≤ 0 for {k['negative_fraction']:.0%} of the items; "
             f"median |D| / heat scale {d['drift_over_heat_median']:.2f}; {times}.")
+
+
+def _threads(d: dict) -> str:
+    """`` on N torch threads`` when the run recorded its thread count."""
+    n = d.get("torch_threads")
+    return "" if n is None else f" on {n} torch thread{'s' if n != 1 else ''}"
 
 
 def _e2_pilot_note(pilot: dict) -> str:
