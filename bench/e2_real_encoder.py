@@ -115,7 +115,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -127,8 +129,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from normfast.apps.finetune import (CheckpointLaw, HealthThresholds, Resume, TrainSettings,  # noqa: E402
-                                    health, pilot, split_decay, train)
+from normfast.apps.finetune import (CheckpointLaw, CheckpointSnapshots, HealthThresholds, Resume,  # noqa: E402
+                                    TrainSettings, health, pilot, probe_checkpoints, split_decay, train)
 from normfast.core.stats import loglog_fit_ci  # noqa: E402
 from normfast.encoders import CachedFrontEncoder  # noqa: E402
 
@@ -306,7 +308,7 @@ def _probe_fn(setup: Setup, cfg: E2Config, params: str, mode: str):
     pcfg = ProbeConfig(params=params, mode=mode, output="pooled", optimizer="sgd", lr=cfg.lr,
                        weight_decay=cfg.weight_decay, no_decay=cfg.no_decay, batches=cfg.M,
                        drift_batches=cfg.drift_batches, batch_size=cfg.batch_size,
-                       chunk_size=len(setup.probe_ids))
+                       chunk_size=len(setup.probe_ids), directions_per_pass=1)
     name = f"all-MiniLM-L6-v2 E2 {cfg.protocol} ({mode}, {params})"
 
     def run(seed: int):
@@ -370,12 +372,13 @@ def run(cfg: E2Config, out: str | Path | None = None, progress: bool = True,
     file exists, continues from it (an interrupted run loses at most one checkpoint).
     """
     cfg.validate()
-    return _run(cfg, out, progress, pilot_record, setup, resume)
+    with tempfile.TemporaryDirectory(prefix="normfast-e2-") as scratch:  # the snapshots without resume
+        return _run(cfg, out, progress, pilot_record, setup, resume, Path(scratch))
 
 
 def _run(cfg: E2Config, out: str | Path | None, progress: bool,
          pilot_record: dict[str, Any] | None, setup: Setup | None,
-         resume_path: str | Path | None = None) -> dict[str, Any]:
+         resume_path: str | Path | None, scratch: Path) -> dict[str, Any]:
     t_start, c_start = time.perf_counter(), time.process_time()
     setup = setup or build_setup(cfg, progress=progress)
     laws = {name: CheckpointLaw(_probe_fn(setup, cfg, params, mode), cfg.seed)
@@ -385,15 +388,18 @@ def _run(cfg: E2Config, out: str | Path | None, progress: bool,
     log = SegmentLog()
     log.segments.append({"setup_seconds": round(time.perf_counter() - t_start, 1),
                          "setup_cpu_seconds": round(time.process_time() - c_start, 1)})
-    resume = None if resume_path is None else Resume(
-        Path(resume_path), parts={**{f"law_{k}": v for k, v in laws.items()}, "segments": log},
-        identity={"config": asdict(cfg), "n_texts": len(setup.texts)})
+    identity = {"config": asdict(cfg), "n_texts": len(setup.texts)}
+    folder = Path(resume_path).with_suffix(".checkpoints") if resume_path is not None else scratch / "checkpoints"
+    snapshots = CheckpointSnapshots([*groups[0], *groups[1]], folder, identity)
+    # kept until the checkpoints are probed: a run interrupted while probing resumes there
+    resume = None if resume_path is None else Resume(Path(resume_path), parts={"segments": log},
+                                                     identity=identity, keep=True)
     t_loop, c_loop = time.perf_counter(), time.process_time()
-    rec = train(setup.encoder, setup.pair_ids, setup.probe_ids, settings, groups,
-                on_checkpoint=lambda i: [law(i) for law in laws.values()], progress=progress,
-                desc=f"E2 {cfg.protocol}: train", resume=resume)
+    rec = train(setup.encoder, setup.pair_ids, setup.probe_ids, settings, groups, on_checkpoint=snapshots,
+                progress=progress, desc=f"E2 {cfg.protocol}: train", resume=resume)
     # the loop's time in earlier processes of a resumed run (0 for a run in one go)
     earlier = (rec.loop_seconds - (time.perf_counter() - t_loop), rec.loop_cpu_seconds - (time.process_time() - c_loop))
+    phase = probe_checkpoints(laws, snapshots, progress=progress, desc=f"E2 {cfg.protocol}: probe checkpoints")
     checks = health(rec, settings)
     observed = np.stack(rec.window_norms).mean(0)
     fits, items, kappas, regimes, drift = {}, {"text": setup.probe_texts, "observed": observed.tolist(),
@@ -472,22 +478,24 @@ def _run(cfg: E2Config, out: str | Path | None, progress: bool,
         "loss_mean_last_500": float(np.mean(rec.losses[-500:])),
         "loss_chance": float(np.log(cfg.batch_size)),
         "trajectory": rec.trajectory,
-        "seconds": {**setup.seconds, "train": round(rec.seconds, 1),
-                    "probe": round(sum(law.seconds for law in laws.values()), 1),
+        "seconds": {**setup.seconds, "train": round(rec.seconds, 1), "probe": round(phase["seconds"], 1),
                     "total": round(time.perf_counter() - t_start + earlier[0]
                                    + sum(g["setup_seconds"] for g in log.segments[:-1]), 1)},
-        "cpu_seconds": {"train": round(rec.cpu_seconds, 1),
-                        "probe": round(sum(law.cpu_seconds for law in laws.values()), 1),
-                        "total": round(time.process_time() - c_start + earlier[1]
+        "cpu_seconds": {"train": round(rec.cpu_seconds, 1), "probe": round(phase["cpu_seconds"], 1),
+                        "total": round(time.process_time() - c_start + earlier[1] + phase["worker_cpu_seconds"]
                                        + sum(g["setup_cpu_seconds"] for g in log.segments[:-1]), 1)},
         "segments": [{**g, **t} for g, t in zip(log.segments, rec.segments)],
         "load_average_at_end": list(os.getloadavg()),
         "torch_threads": torch.get_num_threads(),
+        "probe_workers": phase["workers"],
         "items": items,
     }
     from normfast.engine.probe import _library_versions
 
     summary["versions"] = _library_versions()
+    snapshots.remove()
+    if resume is not None:
+        resume.path.unlink(missing_ok=True)
     if pilot_record is not None and pilot_record.get("chosen") is not None:
         ch = pilot_record["chosen"]
         summary["pilot_choice_used"] = bool(ch["lr"] == cfg.lr and ch["weight_decay"] == cfg.weight_decay
@@ -663,6 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     resume = None if args.quick else state_path(cfg)
     if resume is not None and args.fresh:
         resume.unlink(missing_ok=True)
+        shutil.rmtree(resume.with_suffix(".checkpoints"), ignore_errors=True)
     if resume is not None and resume.exists():
         print(f"e2_real_encoder: resuming from {resume} (--fresh starts afresh)", file=sys.stderr)
     summary = run(cfg, out=out, progress=not args.no_progress, pilot_record=record, resume=resume)

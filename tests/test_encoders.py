@@ -708,6 +708,14 @@ def test_cached_front_matches_base(bert_encoder, group):
     width = int(mask.sum(1).max())
     assert got_tokens.shape[:2] == (len(order), width)
     assert rel_err(got_tokens[mask[:, :width]], want_tokens[mask]) < 1e-5
+    # a forward that stops part-way (a head probe's front): the groups' states merged back in order
+    assert len(length_groups(sorted(mask.sum(1).tolist()))) > 1  # the batch runs in several groups
+    with torch.no_grad():
+        part = enc(enc.prepare(order), 0, enc.n_stages - 1)
+        assert part["mask"].shape == (len(order), width) and torch.equal(part["mask"], mask[:, :width])
+        assert rel_err(enc(part, enc.n_stages - 1), want_pooled) < 1e-5
+        whole = CachedFrontEncoder._merge([part], width, torch.arange(len(order)))
+        assert whole is not None and all(torch.equal(whole[k], part[k]) for k in part)
 
 
 def test_cached_front_trains_the_base(bert_encoder):

@@ -20,6 +20,9 @@ and a pool of (anchor, positive) pairs of its items (E2 on the real MiniLM uses 
 * :class:`CheckpointLaw` -- the engine at every checkpoint, the statistics
   averaged over the checkpoints, the law solved on the averages (full and
   heat-only), the regime check of the averages, and the last checkpoint alone;
+* :class:`CheckpointSnapshots` and :func:`probe_checkpoints` -- the trained
+  parameters saved at every checkpoint, probed after training in one worker
+  process per core (the laws then hold what probing during training gives);
 * :class:`Resume` -- a state file that lets an interrupted :func:`train` (with
   its checkpoints' statistics) go on where it stopped, with the same result.
 
@@ -419,14 +422,26 @@ class CheckpointLaw:
         self.cpu_seconds = 0.0
 
     def __call__(self, i: int) -> None:
+        """Probe checkpoint ``i`` now, at the current parameters."""
+        self.add(self.measure(i))
+
+    def measure(self, i: int) -> dict[str, Any]:
+        """The engine at checkpoint ``i`` (seed ``7919·seed + i``): its columns, the last-checkpoint
+        entries and its times, without adding them (:meth:`add` does)."""
         t0, c0 = time.perf_counter(), time.process_time()
         res = self.probe_fn(self.seed * 7919 + i)
+        return {"columns": {col: np.asarray(res.column(col)) for col in self.COLUMNS},
+                "last": {"r_eq": np.asarray(res.column("r_eq")), "r_eq_heat": np.asarray(res.column("r_eq_heat")),
+                         "regime": res.metadata.get("regime")},
+                "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
+
+    def add(self, entry: dict[str, Any]) -> None:
+        """Append one checkpoint's :meth:`measure` (checkpoints in order)."""
         for col in self.COLUMNS:
-            self.columns[col].append(res.column(col))
-        self.last = {"r_eq": np.asarray(res.column("r_eq")), "r_eq_heat": np.asarray(res.column("r_eq_heat")),
-                     "regime": res.metadata.get("regime")}
-        self.seconds += time.perf_counter() - t0
-        self.cpu_seconds += time.process_time() - c0
+            self.columns[col].append(entry["columns"][col])
+        self.last = entry["last"]
+        self.seconds += entry["seconds"]
+        self.cpu_seconds += entry["cpu_seconds"]
 
     def state_dict(self) -> dict[str, Any]:
         """Everything gathered so far (for :class:`Resume`)."""
@@ -477,3 +492,133 @@ class CheckpointLaw:
         out["rows"] = {k: rows[k].tolist() for k in ("regime", "regime_reason")}
         out["last_checkpoint"] = self.last["regime"]
         return out
+
+
+# ----------------------------------------------------------------------------
+# checkpoints probed after training, on every core
+# ----------------------------------------------------------------------------
+class CheckpointSnapshots:
+    """The trained parameters at every checkpoint, one file each in ``folder``, probed later.
+
+    As ``train(on_checkpoint=...)`` it saves ``params`` (a copy) as checkpoint ``i``;
+    :func:`probe_checkpoints` then runs the engine on every snapshot and stores each
+    result beside it, so an interrupted run loses at most the checkpoints being probed.
+    ``identity`` (whatever determines the snapshots: settings, data) is written to the
+    folder; a folder written with another identity is refused (ValueError), so results
+    of different runs never mix.
+    """
+
+    def __init__(self, params: Sequence[torch.Tensor], folder: str | Path, identity: dict[str, Any] | None = None):
+        import json
+
+        self.params = list(params)
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tag = self.folder / "identity.json"
+        mine = json.dumps(identity or {}, sort_keys=True, default=str)
+        if tag.exists() and tag.read_text() != mine:
+            raise ValueError(f"CheckpointSnapshots: {self.folder} holds the checkpoints of another run "
+                             f"({tag.read_text()[:200]}); remove the folder to start afresh")
+        tag.write_text(mine)
+
+    def _path(self, i: int, kind: str) -> Path:
+        return self.folder / f"{i:05d}.{kind}.pt"
+
+    def __call__(self, i: int) -> None:
+        _atomic_save([p.detach().clone() for p in self.params], self._path(i, "params"))
+
+    def indices(self) -> list[int]:
+        return sorted(int(f.name.split(".")[0]) for f in self.folder.glob("*.params.pt"))
+
+    def load_into(self, i: int) -> None:
+        """Copy checkpoint ``i``'s parameters into ``params``."""
+        saved = torch.load(self._path(i, "params"), weights_only=True)
+        with torch.no_grad():
+            for p, t in zip(self.params, saved):
+                p.copy_(t)
+
+    def result(self, i: int) -> dict[str, Any] | None:
+        path = self._path(i, "result")
+        return torch.load(path, weights_only=False) if path.exists() else None
+
+    def save_result(self, i: int, result: dict[str, Any]) -> None:
+        _atomic_save(result, self._path(i, "result"))
+
+    def remove(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+_JOB: dict[str, Any] = {}  # what a forked probe worker needs (set before the pool forks)
+
+
+def _probe_job(i: int) -> tuple[int, float]:
+    """Worker: every law at checkpoint ``i``; the result is stored beside the snapshot."""
+    laws, snapshots = _JOB["laws"], _JOB["snapshots"]
+    c0 = time.process_time()
+    snapshots.load_into(i)
+    snapshots.save_result(i, {name: law.measure(i) for name, law in laws.items()})
+    return i, time.process_time() - c0
+
+
+def _worker_threads(n: int) -> None:
+    torch.set_num_threads(n)
+
+
+def probe_checkpoints(laws: dict[str, CheckpointLaw], snapshots: CheckpointSnapshots, *,
+                      workers: int | None = None, progress: bool = True, desc: str = "probe checkpoints"
+                      ) -> dict[str, float]:
+    """Run every law at every snapshot not probed yet and add all results to the laws in order.
+
+    ``workers`` processes (forked, each on ``threads // workers`` torch threads; default: one
+    per torch thread) probe the checkpoints in parallel: on a small machine this keeps every
+    core busy better than threads within one probe. One worker probes in this process. The
+    parameters hold their values from before the call afterwards. Returns the phase's wall
+    seconds, its CPU seconds (this process and the workers), the workers' share of them and
+    the number of workers.
+    """
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    todo = [i for i in snapshots.indices() if snapshots.result(i) is None]
+    threads = torch.get_num_threads()
+    workers = max(1, min(workers or threads, len(todo) or 1))
+    bar = tqdm(total=len(todo), desc=desc, unit="checkpoint", disable=not progress)
+    worker_cpu = 0.0
+    if todo and workers == 1:
+        current = [p.detach().clone() for p in snapshots.params]
+        _JOB.update(laws=laws, snapshots=snapshots)
+        try:
+            for i in todo:  # its CPU time is this process's own
+                _probe_job(i)
+                bar.update()
+        finally:
+            _JOB.clear()
+            with torch.no_grad():
+                for p, t in zip(snapshots.params, current):
+                    p.copy_(t)
+    elif todo:
+        _JOB.update(laws=laws, snapshots=snapshots)
+        try:
+            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_worker_threads,
+                                     initargs=(max(1, threads // workers),)) as pool:
+                for fut in as_completed([pool.submit(_probe_job, i) for i in todo]):
+                    worker_cpu += fut.result()[1]
+                    bar.update()
+        finally:
+            _JOB.clear()
+    bar.close()
+    for i in snapshots.indices():
+        result = snapshots.result(i)
+        for name, law in laws.items():
+            law.add(result[name])
+    return {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0 + worker_cpu,
+            "worker_cpu_seconds": worker_cpu, "workers": workers if todo else 0}

@@ -82,7 +82,9 @@ class CachedFrontEncoder(Encoder):
     Length groups. With ``group_lengths=True`` a batch whose rows differ much in
     length runs through the tail in up to three groups of similar length (see
     :func:`length_groups`), each trimmed to its longest row, and the outputs are
-    put back in order (token outputs padded back to the batch's width). This only
+    put back in order (token outputs padded back to the batch's width; a forward
+    that stops part-way through the tail returns the groups' states merged, per-token
+    entries padded back with zeros and a False mask). This only
     saves padding when the tail treats rows independently, as transformer layers
     and poolings do (not batch norm in training mode: pass ``group_lengths=False``).
 
@@ -308,11 +310,13 @@ class CachedFrontEncoder(Encoder):
                 output: str = "pooled") -> torch.Tensor | State:
         n = self.n_stages
         end = n if stop is None else stop
-        if not (self.group_lengths and end == n and 0 <= start < n and self._token_keys):
+        if not (self.group_lengths and 0 <= start < end <= n and self._token_keys):
             return super().forward(state, start, stop, output)
         if start == 0:
             state = self.run_stage(0, state)
             start = 1
+            if end == 1:
+                return state
         mask = state.get("mask")
         if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
             return super().forward(state, start, stop, output)
@@ -323,17 +327,44 @@ class CachedFrontEncoder(Encoder):
         width = mask.shape[1]
         if len(groups) == 1:
             return super().forward(self._take(state, None, sorted_lengths[-1]), start, stop, output)
-        outs = []
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order), device=order.device)
+        parts = []
         for lo, hi in groups:
-            part = super().forward(self._take(state, order[lo:hi], sorted_lengths[hi - 1]), start,
-                                   stop, output)
+            parts.append(super().forward(self._take(state, order[lo:hi], sorted_lengths[hi - 1]), start, stop,
+                                         output))
+        if end < n:  # a state part-way through the tail (e.g. a head probe's front): merged back
+            merged = self._merge(parts, width, inverse)
+            return merged if merged is not None else super().forward(state, start, stop, output)
+        outs = []
+        for part in parts:
             if output in ("tokens", "pre_head_tokens") and part.shape[1] < width:
                 pad = part.new_zeros((part.shape[0], width - part.shape[1], *part.shape[2:]))
                 part = torch.cat([part, pad], dim=1)
             outs.append(part)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(len(order), device=order.device)
         return torch.cat(outs)[inverse]
+
+    @staticmethod
+    def _merge(parts: list[State], width: int, inverse: torch.Tensor) -> State | None:
+        """The states of the length groups as one state of the batch (rows in ``inverse`` order):
+        per-token entries padded back to ``width`` (zeros, mask False), per-row ones concatenated.
+        None when the states hold something else (the caller then runs the batch whole)."""
+        out: State = {}
+        for key in parts[0]:
+            values = [p.get(key) for p in parts]
+            if not all(isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == len(p.get("mask", v))
+                       for v, p in zip(values, parts)):
+                return None
+            padded = []
+            for v, p in zip(values, parts):
+                m = p.get("mask")
+                if isinstance(m, torch.Tensor) and v.dim() >= 2 and tuple(v.shape[:2]) == tuple(m.shape):
+                    v = torch.cat([v, v.new_zeros((v.shape[0], width - v.shape[1], *v.shape[2:]))], dim=1)
+                padded.append(v)
+            if any(v.shape[1:] != padded[0].shape[1:] for v in padded):
+                return None
+            out[key] = torch.cat(padded)[inverse]
+        return out
 
     @staticmethod
     def _take(state: State, rows: torch.Tensor | None, width: int) -> State:
