@@ -718,6 +718,29 @@ def test_cached_front_matches_base(bert_encoder, group):
         assert whole is not None and all(torch.equal(whole[k], part[k]) for k in part)
 
 
+def test_probe_through_a_cached_front_matches_the_base(bert_encoder):
+    """The engine on the cached front (one direction per forward-mode pass, length groups) gives
+    the base encoder's statistics (directions batched by vmap, one padded batch)."""
+    from normfast.data.pairs import PairSource
+    from normfast.engine.probe import ProbeConfig, probe
+
+    cut = bert_encoder.n_stages - 2
+    enc = CachedFrontEncoder(bert_encoder, CACHE_TEXTS, cut=cut)
+    assert bert_encoder.batched_directions and not enc.batched_directions
+    assert CachedFrontEncoder(bert_encoder, TEXTS, cut=cut, group_lengths=False).batched_directions
+    n = len(CACHE_TEXTS)
+    pairs = [(i, (i + 2) % n) for i in range(n)]
+    layer = sorted(n for n, _ in enc.named_parameters() if ".encoder.layer." in n)  # the tail's layer, not the pooler
+    assert layer
+    cfg = ProbeConfig(params=layer, mode="jvp", lr=0.1, weight_decay=0.01,
+                      batches=4, drift_batches=8, batch_size=3, seed=5)
+    got = probe(enc, list(range(n)), "infonce", PairSource.from_iterable(pairs), cfg, progress=False)
+    want = probe(bert_encoder, CACHE_TEXTS, "infonce",
+                 PairSource.from_iterable([(CACHE_TEXTS[a], CACHE_TEXTS[b]) for a, b in pairs]), cfg, progress=False)
+    for col in ("D", "Q", "kappa", "r_eq"):
+        assert rel_err(torch.tensor(got.column(col)), torch.tensor(want.column(col))) < 1e-4, col
+
+
 def test_cached_front_trains_the_base(bert_encoder):
     enc = CachedFrontEncoder(bert_encoder, CACHE_TEXTS, cut=bert_encoder.n_stages - 2)
     name, p = next(iter(enc.named_parameters()))

@@ -68,6 +68,9 @@ class Encoder(nn.Module):
     note: str | None = None
     #: whether ``output="tokens"`` is meaningful (sequence models).
     has_tokens: bool = False
+    #: whether the engine should batch several update directions in one forward-mode pass
+    #: (``torch.func.vmap`` over the tangents); False: one direction per pass.
+    batched_directions: bool = True
 
     # -- to implement -------------------------------------------------------
     @property

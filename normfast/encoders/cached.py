@@ -137,6 +137,13 @@ class CachedFrontEncoder(Encoder):
         self.training = base.training
 
     @property
+    def batched_directions(self) -> bool:
+        """One direction per forward-mode pass when the tail runs in length groups: vmap over the
+        directions does not get the groups' saving (on all-MiniLM-L6-v2's last layer, 500
+        lemmas, 8 directions: 7.6 s batched vs 3.9 s one by one, one thread)."""
+        return not self.group_lengths
+
+    @property
     def base(self) -> Encoder:
         """The wrapped encoder (its tail modules are shared with this one)."""
         return self._base[0]

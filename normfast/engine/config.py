@@ -55,7 +55,8 @@ class ProbeConfig:
             are checked here (the error says which setting to change), the indices against the
             pair source when the probe starts; the seed still drives dropout.
         chunk_size: probe items (inputs) per chunk, the unit of streaming and resume.
-        directions_per_pass: K directions per forward-mode pass (None: from the memory budget).
+        directions_per_pass: K directions per forward-mode pass (None: from the memory budget, or
+            1 for an encoder whose ``batched_directions`` is False, e.g. a cached front in length groups).
         memory_budget_mb: working-memory budget that sets K and the loop order.
         uncertainty: error bars on every estimate (default): ``se_D``, ``sign_stability``,
             ``se_V2``, ``se_Q`` and 95% intervals of ``r_eq``/``r_eq_heat`` from K batch groups

@@ -244,6 +244,8 @@ class _Run:
     def k_per_pass(self, n_rows: int, dim: int) -> int:
         if self.config.directions_per_pass is not None:
             return min(self.config.directions_per_pass, self.M)
+        if not self.encoder.batched_directions:  # the encoder runs faster one direction per pass
+            return 1
         tail_stages = max(1, self.encoder.n_stages - self.cut)
         # heuristic: a tangent carries ~16 activations of width d per row and tail stage (fp32)
         per_direction = n_rows * dim * tail_stages * 16 * 4
