@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from normfast.apps.finetune import (CheckpointLaw, HealthThresholds, Resume, TrainSettings, health, mean_cosine,
-                                    pilot, split_decay, train)
+from normfast.apps.finetune import (CheckpointLaw, CheckpointSnapshots, HealthThresholds, Resume, TrainSettings,
+                                    health, mean_cosine, pilot, probe_checkpoints, split_decay, train)
 from normfast.core.equilibrium import equilibrium_norm
 from normfast.core.stats import loglog_fit, loglog_fit_ci
 from normfast.data.pairs import PairSource
@@ -145,6 +145,61 @@ def test_checkpoint_law_averages_and_solves():
     assert regime["fractions"]["not applicable"] == 0.0  # a bias-free MLP: κ = 2
     assert len(regime["rows"]["regime"]) == N and regime["last_checkpoint"]["regime"] in (
         "law applicable", "heat-dominated")
+
+
+def _toy_law(enc, pairs, calls: list | None = None) -> CheckpointLaw:
+    source = PairSource.from_iterable([(int(a), int(b)) for a, b in pairs])
+    cfg = ProbeConfig(mode="jvp", lr=SETTINGS.lr, weight_decay=SETTINGS.weight_decay, batches=3,
+                      drift_batches=8, batch_size=16, chunk_size=N)
+
+    def run(seed):
+        if calls is not None:
+            calls.append(seed)
+        return probe(enc, list(range(N)), InfoNCE(temperature=0.2), source, replace(cfg, seed=seed), progress=False)
+
+    return CheckpointLaw(run, seed=1)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_checkpoints_probed_after_training_equal_probing_during_it(tmp_path, workers):
+    enc, pairs = toy()
+    law = _toy_law(enc, pairs)
+    train(enc, pairs, list(range(N)), SETTINGS, split_decay(enc, r"blocks\.[02]\.", None), on_checkpoint=law,
+          progress=False)
+
+    enc2, pairs2 = toy()
+    law2 = _toy_law(enc2, pairs2)
+    groups = split_decay(enc2, r"blocks\.[02]\.", None)
+    snapshots = CheckpointSnapshots([*groups[0], *groups[1]], tmp_path / "ckpt", {"toy": 0})
+    train(enc2, pairs2, list(range(N)), SETTINGS, groups, on_checkpoint=snapshots, progress=False)
+    final = [p.detach().clone() for p in snapshots.params]
+    phase = probe_checkpoints({"jvp": law2}, snapshots, workers=workers, progress=False)
+    assert snapshots.indices() == list(range(law.n)) and law2.n == law.n == 4
+    assert phase["workers"] == workers and phase["seconds"] > 0 and phase["cpu_seconds"] > 0
+    for col in CheckpointLaw.COLUMNS:
+        np.testing.assert_allclose(np.stack(law2.columns[col]), np.stack(law.columns[col]), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(law2.last["r_eq"], law.last["r_eq"], rtol=1e-6)
+    assert all(torch.equal(p, q) for p, q in zip(snapshots.params, final))  # the trained values are back
+
+
+def test_probing_checkpoints_resumes_and_refuses_another_run(tmp_path):
+    enc, pairs = toy()
+    groups = split_decay(enc, r"blocks\.[02]\.", None)
+    snapshots = CheckpointSnapshots([*groups[0], *groups[1]], tmp_path / "ckpt", {"toy": 0})
+    train(enc, pairs, list(range(N)), SETTINGS, groups, on_checkpoint=snapshots, progress=False)
+    first = _toy_law(enc, pairs)
+    probe_checkpoints({"jvp": first}, snapshots, progress=False)
+    (tmp_path / "ckpt" / "00002.result.pt").unlink()  # as if interrupted while probing checkpoint 2
+    calls: list[int] = []
+    again = _toy_law(enc, pairs, calls)
+    probe_checkpoints({"jvp": again}, snapshots, progress=False)
+    assert calls == [1 * 7919 + 2] and again.n == first.n == 4
+    for col in CheckpointLaw.COLUMNS:
+        np.testing.assert_array_equal(np.stack(again.columns[col]), np.stack(first.columns[col]))
+    with pytest.raises(ValueError, match="another run"):
+        CheckpointSnapshots(snapshots.params, tmp_path / "ckpt", {"toy": 1})
+    snapshots.remove()
+    assert not (tmp_path / "ckpt").exists()
 
 
 class _Stop(Exception):

@@ -578,9 +578,10 @@ def probe_checkpoints(laws: dict[str, CheckpointLaw], snapshots: CheckpointSnaps
     """Run every law at every snapshot not probed yet and add all results to the laws in order.
 
     ``workers`` processes (forked, each on ``threads // workers`` torch threads; default: one
-    per torch thread) probe the checkpoints in parallel: on a small machine this keeps every
-    core busy better than threads within one probe. One worker probes in this process. The
-    parameters hold their values from before the call afterwards. Returns the phase's wall
+    per torch thread) probe one checkpoint each at a time; each result is stored beside its
+    snapshot as it comes (an interrupted call loses only the checkpoints in flight). One
+    worker probes in this process, whose parameters hold their values from before the call
+    afterwards. Returns the phase's wall
     seconds, its CPU seconds (this process and the workers), the workers' share of them and
     the number of workers.
     """
