@@ -7,10 +7,11 @@
 
 Output goes to ``runs/e2`` unless ``--out`` says otherwise; the committed
 results in ``bench/results`` change only with an explicit ``--out bench/results``.
-A full run keeps its state in ``runs/e2/state/`` (:class:`normfast.apps.finetune.Resume`):
-started again with the same settings after an interruption, it goes on from its
-last checkpoint and gives the result an uninterrupted run gives (``--fresh``
-deletes the state first).
+A full run keeps its state in ``runs/e2/state/`` (:class:`normfast.apps.finetune.Resume`,
+and the checkpoints' parameter snapshots and probe results beside it): started
+again with the same settings after an interruption, it goes on from its last
+checkpoint, or with the checkpoints not yet probed, and gives the result an
+uninterrupted run gives (``--fresh`` deletes the state first).
 
 The pretrained sentence encoder (real weights, loaded offline) is fine-tuned
 with plain SGD + weight decay on real text pairs until its embedding norms are
@@ -89,7 +90,7 @@ Full run of A and of B (``PROTOCOL_FULL`` below; written and committed before
 the run): the pilot's chosen η, λ and steps; 500 probe lemmas; every probe
 item's norm recorded every 20 steps over the window and averaged -> observed
 norm; 50 checkpoints evenly spread over the window, each a fresh engine run
-(seed ``7919·seed + i``) drawing ``drift_batches`` = 64 virtual batches of 32
+on the parameters of that step (seed ``7919·seed + i``) drawing ``drift_batches`` = 64 virtual batches of 32
 pairs: the drift from their mean direction (``ProbeConfig(drift_batches=...)``,
 se_D from the engine's 8 groups of 8), the heat from the first M = 8 of them;
 D, Q, κ averaged over the
@@ -100,11 +101,18 @@ items, the target (slope in [0.85, 1.15], r ≥ 0.90), the health record of the
 run and of its pilot, the κ distribution, the regime check of the averaged
 statistics, and the wall and process CPU time.
 
-Threads: torch's own setting, every core by default (``OMP_NUM_THREADS`` or
-``torch.set_num_threads`` before the call limit it). On the 2-core machine two
-threads make a training step 1.7x and a checkpoint's two probes 1.5x faster than
-one (whole-step timings of the B setting); v3, A and B's first full run were run
-on one thread, which is why they took 27 to 82 minutes.
+Time (the 30-minute budget of a run on a 2-core machine). Training runs on
+torch's own thread count, every core by default (``OMP_NUM_THREADS`` or
+``torch.set_num_threads`` before the call limit it): two threads make a B
+training step 1.7x faster than one. The checkpoints are probed after training:
+the trained parameters are saved at each checkpoint (``runs/e2/state/``, with
+the resume state) and the engine runs on every snapshot in one worker process
+per thread (:func:`normfast.apps.finetune.probe_checkpoints`), which gives what
+probing during training gives (the same parameters and seeds). The engine takes
+one direction per forward-mode pass on the cached front
+(``CachedFrontEncoder.batched_directions``): batching the directions with vmap
+does not get the length groups' saving and was 1.9x slower here. v3, A and B's first full run probed during training on one thread
+(27 to 82 minutes).
 
 The paper this project tests reports slope 0.88, r = 0.97 for a fine-tuned
 DistilBERT; that figure is stored in the JSON next to ours. ``--quick`` runs the
@@ -308,7 +316,7 @@ def _probe_fn(setup: Setup, cfg: E2Config, params: str, mode: str):
     pcfg = ProbeConfig(params=params, mode=mode, output="pooled", optimizer="sgd", lr=cfg.lr,
                        weight_decay=cfg.weight_decay, no_decay=cfg.no_decay, batches=cfg.M,
                        drift_batches=cfg.drift_batches, batch_size=cfg.batch_size,
-                       chunk_size=len(setup.probe_ids), directions_per_pass=1)
+                       chunk_size=len(setup.probe_ids))
     name = f"all-MiniLM-L6-v2 E2 {cfg.protocol} ({mode}, {params})"
 
     def run(seed: int):

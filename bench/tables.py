@@ -402,8 +402,10 @@ def _e2_note(d: dict, run: str) -> str:
     times = f"run time {sec['total'] / 60:.1f} min wall" + (
         f", {cpu['total'] / 60:.0f} min process CPU" + _threads(d) if cpu else "")
     if "train" in sec and "probe" in sec:
+        workers = d.get("probe_workers")
+        after = f" after training, in {workers} worker processes" if workers and workers > 1 else ""
         times += (f" (caching the frozen front {sec.get('cache_front', 0) / 60:.1f} min, training "
-                  f"{sec['train'] / 60:.1f}, the checkpoint probes {sec['probe'] / 60:.1f})")
+                  f"{sec['train'] / 60:.1f}, the checkpoint probes {sec['probe'] / 60:.1f}{after})")
     pilot = d.get("pilot") or {}
     if pilot.get("seconds"):
         times += f"; the pilot: {pilot['seconds']['total'] / 60:.1f} min wall" + (
