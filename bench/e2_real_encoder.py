@@ -90,10 +90,10 @@ Full run of A and of B (``PROTOCOL_FULL`` below; written and committed before
 the run): the pilot's chosen η, λ and steps; 500 probe lemmas; every probe
 item's norm recorded every 20 steps over the window and averaged -> observed
 norm; 50 checkpoints evenly spread over the window, each a fresh engine run
-on the parameters of that step (seed ``7919·seed + i``) drawing ``drift_batches`` = 64 virtual batches of 32
-pairs: the drift from their mean direction (``ProbeConfig(drift_batches=...)``,
-se_D from the engine's 8 groups of 8), the heat from the first M = 8 of them;
-D, Q, κ averaged over the
+on the parameters of that step (seed ``7919·seed + i``) drawing
+``drift_batches`` = 64 virtual batches of 32 pairs: the drift from their mean
+direction (``ProbeConfig(drift_batches=...)``, se_D from the engine's 8 groups
+of 8), the heat from the first M = 8 of them; D, Q, κ averaged over the
 checkpoints -> the trajectory-averaged full law and the heat-only law (D = 0);
 the last checkpoint alone beside them. Reported: the log-log slope and Pearson
 r of observed on predicted with 2000-resample bootstrap 95% intervals over
@@ -111,8 +111,8 @@ per thread (:func:`normfast.apps.finetune.probe_checkpoints`), which gives what
 probing during training gives (the same parameters and seeds). The engine takes
 one direction per forward-mode pass on the cached front
 (``CachedFrontEncoder.batched_directions``): batching the directions with vmap
-does not get the length groups' saving and was 1.9x slower here. v3, A and B's first full run probed during training on one thread
-(27 to 82 minutes).
+does not get the length groups' saving and was 1.9x slower here. v3, A and B's
+first full run probed during training on one thread (27 to 82 minutes).
 
 The paper this project tests reports slope 0.88, r = 0.97 for a fine-tuned
 DistilBERT; that figure is stored in the JSON next to ours. ``--quick`` runs the
@@ -370,6 +370,11 @@ def state_path(cfg: E2Config) -> Path:
     return RUNS / "state" / f"{result_stem(cfg.protocol)}_seed{cfg.seed}.pt"
 
 
+def checkpoint_folder(state: str | Path) -> Path:
+    """Where a resumable run keeps its checkpoints' snapshots and probe results (beside ``state``)."""
+    return Path(state).with_suffix(".checkpoints")
+
+
 def run(cfg: E2Config, out: str | Path | None = None, progress: bool = True,
         pilot_record: dict[str, Any] | None = None, setup: Setup | None = None,
         resume: str | Path | None = None) -> dict[str, Any]:
@@ -397,7 +402,7 @@ def _run(cfg: E2Config, out: str | Path | None, progress: bool,
     log.segments.append({"setup_seconds": round(time.perf_counter() - t_start, 1),
                          "setup_cpu_seconds": round(time.process_time() - c_start, 1)})
     identity = {"config": asdict(cfg), "n_texts": len(setup.texts)}
-    folder = Path(resume_path).with_suffix(".checkpoints") if resume_path is not None else scratch / "checkpoints"
+    folder = checkpoint_folder(resume_path) if resume_path is not None else scratch / "checkpoints"
     snapshots = CheckpointSnapshots([*groups[0], *groups[1]], folder, identity)
     # kept until the checkpoints are probed: a run interrupted while probing resumes there
     resume = None if resume_path is None else Resume(Path(resume_path), parts={"segments": log},
@@ -679,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     resume = None if args.quick else state_path(cfg)
     if resume is not None and args.fresh:
         resume.unlink(missing_ok=True)
-        shutil.rmtree(resume.with_suffix(".checkpoints"), ignore_errors=True)
+        shutil.rmtree(checkpoint_folder(resume), ignore_errors=True)
     if resume is not None and resume.exists():
         print(f"e2_real_encoder: resuming from {resume} (--fresh starts afresh)", file=sys.stderr)
     summary = run(cfg, out=out, progress=not args.no_progress, pilot_record=record, resume=resume)

@@ -32,8 +32,10 @@ only noise is the minibatch noise.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -175,9 +177,7 @@ class Resume:
     def save(self, payload: dict[str, Any]) -> None:
         payload = {**payload, "parts": {k: v.state_dict() for k, v in self.parts.items()}}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, self.path)
+        _atomic_save(payload, self.path)
 
     def load(self, settings: TrainSettings, params: Sequence[torch.Tensor]) -> dict[str, Any] | None:
         if not self.path.exists():
@@ -509,8 +509,6 @@ class CheckpointSnapshots:
     """
 
     def __init__(self, params: Sequence[torch.Tensor], folder: str | Path, identity: dict[str, Any] | None = None):
-        import json
-
         self.params = list(params)
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -537,16 +535,16 @@ class CheckpointSnapshots:
             for p, t in zip(self.params, saved):
                 p.copy_(t)
 
-    def result(self, i: int) -> dict[str, Any] | None:
-        path = self._path(i, "result")
-        return torch.load(path, weights_only=False) if path.exists() else None
+    def has_result(self, i: int) -> bool:
+        return self._path(i, "result").exists()
+
+    def result(self, i: int) -> dict[str, Any]:
+        return torch.load(self._path(i, "result"), weights_only=False)
 
     def save_result(self, i: int, result: dict[str, Any]) -> None:
         _atomic_save(result, self._path(i, "result"))
 
     def remove(self) -> None:
-        import shutil
-
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -559,13 +557,13 @@ def _atomic_save(obj: Any, path: Path) -> None:
 _JOB: dict[str, Any] = {}  # what a forked probe worker needs (set before the pool forks)
 
 
-def _probe_job(i: int) -> tuple[int, float]:
-    """Worker: every law at checkpoint ``i``; the result is stored beside the snapshot."""
+def _probe_job(i: int) -> float:
+    """Worker: every law at checkpoint ``i``, the result stored beside the snapshot; returns its CPU seconds."""
     laws, snapshots = _JOB["laws"], _JOB["snapshots"]
     c0 = time.process_time()
     snapshots.load_into(i)
     snapshots.save_result(i, {name: law.measure(i) for name, law in laws.items()})
-    return i, time.process_time() - c0
+    return time.process_time() - c0
 
 
 def _worker_threads(n: int) -> None:
@@ -580,42 +578,37 @@ def probe_checkpoints(laws: dict[str, CheckpointLaw], snapshots: CheckpointSnaps
     ``workers`` processes (forked, each on ``threads // workers`` torch threads; default: one
     per torch thread) probe one checkpoint each at a time; each result is stored beside its
     snapshot as it comes (an interrupted call loses only the checkpoints in flight). One
-    worker probes in this process, whose parameters hold their values from before the call
-    afterwards. Returns the phase's wall
-    seconds, its CPU seconds (this process and the workers), the workers' share of them and
-    the number of workers.
+    worker probes in this process; the parameters hold their values from before the call
+    afterwards. Returns the phase's wall seconds, its CPU seconds (this process and the
+    workers), the workers' share of them and the number of workers.
     """
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     t0, c0 = time.perf_counter(), time.process_time()
-    todo = [i for i in snapshots.indices() if snapshots.result(i) is None]
+    todo = [i for i in snapshots.indices() if not snapshots.has_result(i)]
     threads = torch.get_num_threads()
     workers = max(1, min(workers or threads, len(todo) or 1))
     bar = tqdm(total=len(todo), desc=desc, unit="checkpoint", disable=not progress)
     worker_cpu = 0.0
-    if todo and workers == 1:
-        current = [p.detach().clone() for p in snapshots.params]
-        _JOB.update(laws=laws, snapshots=snapshots)
-        try:
+    current = [p.detach().clone() for p in snapshots.params]
+    _JOB.update(laws=laws, snapshots=snapshots)
+    try:
+        if workers == 1:
             for i in todo:  # its CPU time is this process's own
                 _probe_job(i)
                 bar.update()
-        finally:
-            _JOB.clear()
-            with torch.no_grad():
-                for p, t in zip(snapshots.params, current):
-                    p.copy_(t)
-    elif todo:
-        _JOB.update(laws=laws, snapshots=snapshots)
-        try:
+        else:
             with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_worker_threads,
                                      initargs=(max(1, threads // workers),)) as pool:
                 for fut in as_completed([pool.submit(_probe_job, i) for i in todo]):
-                    worker_cpu += fut.result()[1]
+                    worker_cpu += fut.result()
                     bar.update()
-        finally:
-            _JOB.clear()
+    finally:
+        _JOB.clear()
+        with torch.no_grad():
+            for p, t in zip(snapshots.params, current):
+                p.copy_(t)
     bar.close()
     for i in snapshots.indices():
         result = snapshots.result(i)
