@@ -76,7 +76,7 @@ def test_every_committed_result_is_on_the_site():
 def test_every_figure_exists():
     shown = set()
     for page in PAGES:
-        for m in re.finditer(r"\]\((?:\.\./)*results/([^)]+)\)", page.read_text()):
+        for m in re.finditer(r"\]\((?:\.\./)*results/([^) ]+)", page.read_text()):
             assert (ROOT / "bench" / "results" / m.group(1)).is_file(), f"{page.name}: {m.group(1)}"
             shown.add(m.group(1))
     assert shown, "no page shows a figure"
