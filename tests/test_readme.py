@@ -31,3 +31,13 @@ def test_readme_test_command_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     assert test in ci
     assert 'pip install -e ".[test]"' in ci
+
+
+def test_readme_is_a_quickstart_that_links_into_the_docs():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200, "the README is a quickstart: at most 200 lines (the rest is in docs/)"
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [link for link in links if "://" not in link]
+    assert any(link.startswith("docs/") for link in local), "the README links nowhere into docs/"
+    broken = [link for link in local if not (ROOT / link).exists()]
+    assert not broken, f"README links to missing files: {broken}"

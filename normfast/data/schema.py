@@ -3,10 +3,10 @@
 Other frontends read normfast's output, so its shape is versioned. This module
 is the single place that lists it: :data:`COLUMNS` (name, Arrow type, when the
 column is present, meaning) and :data:`METADATA_KEYS` (the keys of the JSON
-object stored under the schema metadata key ``normfast``). The README's
-"Output format" section is rendered from it (``python -m normfast.data.schema
-README.md`` rewrites the block; the tests check that it is up to date), and
-the tests check that what the engine writes is exactly what is registered.
+object stored under the schema metadata key ``normfast``). The docs' "Output
+format" page is rendered from it when the site is built (:func:`render_markdown`,
+called by docs/hooks.py), and the tests check that what the engine writes is
+exactly what is registered.
 
 Adding, removing, renaming or retyping a column or a metadata key:
 
@@ -14,8 +14,7 @@ Adding, removing, renaming or retyping a column or a metadata key:
 2. bump :data:`SCHEMA_VERSION` and add the new version with its
    :func:`schema_fingerprint` to :data:`RELEASED` (``python -m
    normfast.data.schema --fingerprint`` prints it), with one line in
-   :data:`CHANGES`;
-3. regenerate the README block: ``python -m normfast.data.schema README.md``.
+   :data:`CHANGES`.
 
 ``tests/test_schema.py`` fails, with these steps in its message, when any of
 this is forgotten.
@@ -248,7 +247,7 @@ def check_metadata(metadata: dict[str, Any]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------
-# the README block
+# the rendered tables (the docs' Output format page; any file with these markers)
 # ----------------------------------------------------------------------------
 BEGIN, END = "<!-- schema:output -->", "<!-- /schema:output -->"
 
@@ -258,7 +257,7 @@ def _cell(text: str) -> str:
 
 
 def render_markdown() -> str:
-    """The README's "Output format" tables (columns, then metadata keys)."""
+    """The "Output format" tables (columns, then metadata keys), as the docs page shows them."""
     lines = [f"Schema version {SCHEMA_VERSION} (`normfast.data.schema.SCHEMA_VERSION`).", "",
              "| column | type | present | meaning |", "|---|---|---|---|"]
     lines += [f"| `{c.name}` | {c.type} | {_cell(c.when)} | {_cell(c.meaning)} |" for c in COLUMNS]
