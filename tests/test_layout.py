@@ -8,10 +8,9 @@ functions (a lazy import still ties the two modules together).
 from __future__ import annotations
 
 import ast
-import importlib
+import subprocess
+import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "normfast"
@@ -133,29 +132,20 @@ def test_no_module_over_the_size_limit():
     assert not long, f"modules over {MAX_LINES} lines (split by responsibility): {long}"
 
 
-@pytest.mark.parametrize("old, new", [
-    ("normfast.probe", "normfast.engine.probe"),
-    ("normfast.ops", "normfast.engine.ops"),
-    ("normfast.pairs", "normfast.data.pairs"),
-    ("normfast.io", "normfast.data.io"),
-    ("normfast.objectives", "normfast.engine.objectives"),
-    ("normfast.equilibrium", "normfast.core.equilibrium"),
-    ("normfast.retrieval", "normfast.apps.retrieval"),
-])
-def test_flat_layout_paths_still_import(old, new):
-    assert importlib.import_module(old) is importlib.import_module(new)
-    import normfast
-
-    assert callable(normfast.probe)  # importing the old `normfast.probe` path keeps the function
-
-
-def test_the_old_documented_import_lines_work():
+def test_public_names_are_the_sub_packages_objects():
     from normfast.encoders import load_encoder
-    from normfast.ops import ProbeAccumulator, head_stats
-    from normfast.probe import ProbeConfig, probe
+    from normfast.engine.config import ProbeConfig
+    from normfast.engine.ops import ProbeAccumulator, head_stats
+    from normfast.engine.probe import probe
 
     import normfast
 
     assert probe is normfast.probe and ProbeConfig is normfast.ProbeConfig
     assert load_encoder is normfast.load_encoder
     assert head_stats is normfast.ops.head_stats and ProbeAccumulator is normfast.ops.ProbeAccumulator
+
+
+def test_import_normfast_stays_light():
+    code = "import sys, normfast; print(sorted(m for m in ('torch', 'numpy', 'normfast.engine') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
