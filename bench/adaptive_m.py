@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from normfast.data.datasets import top_words
+    from normfast.data.word_frequencies import top_words
     from normfast.encoders import load_encoder
 
     encoder = load_encoder("all-MiniLM-L6-v2")

@@ -21,7 +21,7 @@ criteria, the pilot and the checkpoint averaging are
 :mod:`normfast.apps.finetune`; the statistics are :func:`normfast.engine.probe`'s.
 
 Data (every protocol). WordNet 3.0 noun (lemma, gloss) pairs
-(:func:`normfast.data.datasets.wordnet_gloss_pairs`): a pool of ``n_pairs``
+(:func:`normfast.data.wordnet.wordnet_gloss_pairs`): a pool of ``n_pairs``
 pairs and ``n_probes`` distinct probe lemmas, drawn with the seed. InfoNCE with
 in-batch negatives, both sides through the same encoder, mean pooling, raw
 (unnormalized) vectors; dropout off in training and in the virtual batches.
@@ -274,7 +274,7 @@ class Setup:
 
 def build_setup(cfg: E2Config, progress: bool = True) -> Setup:
     """Draw the data, load all-MiniLM-L6-v2 (+ B's head) and cache its front for every text."""
-    from normfast.data.datasets import wordnet_gloss_pairs
+    from normfast.data.wordnet import wordnet_gloss_pairs
     from normfast.encoders import DenseLayer, HFEncoder, load_encoder
 
     t0 = time.perf_counter()

@@ -180,7 +180,7 @@ class _MiniLMWork:
     """The cached pieces of the MiniLM section: model, directions, tokenized chunks."""
 
     def __init__(self, s: MiniLMSettings):
-        from normfast.data.datasets import top_words
+        from normfast.data.word_frequencies import top_words
         from normfast.engine.directions import OptimizerPreset, compute_directions, resolve_parameters
         from normfast.encoders import load_encoder
         from normfast.engine.objectives import SimCSE
