@@ -56,7 +56,7 @@ from typing import Any, Sequence  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from normfast.apps.retrieval import encode_texts, wordpiece_lengths  # noqa: E402
+from normfast.encoders.text import encode_texts, wordpiece_lengths  # noqa: E402
 from normfast.core.bootstrap import paired_bootstrap_means, spearman_ci  # noqa: E402
 from normfast.data.io import json_ready  # noqa: E402
 
@@ -89,7 +89,8 @@ def _collection(args: argparse.Namespace, tmp: str) -> tuple[Path, dict[str, Any
 def run(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from normfast.encoders import load_encoder
     from normfast.engine.probe import _library_versions
-    from normfast.apps.retrieval import DEFAULT_ALPHAS, METRICS, alpha_sweep, load_beir
+    from normfast.apps.retrieval import DEFAULT_ALPHAS, METRICS, alpha_sweep
+    from normfast.data.beir import load_beir
 
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)

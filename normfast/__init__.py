@@ -48,9 +48,9 @@ _LAZY = {
     "read_metadata": "normfast.data.io",
     "SCHEMA_VERSION": "normfast.data.schema",
     "load_beir": "normfast.data.beir",
-    "rescale_documents": "normfast.apps.scoring",
-    "alpha_sweep": "normfast.apps.retrieval",
-    "export_faiss": "normfast.apps.scoring",
+    "rescale_documents": "normfast.apps.retrieval.scoring",
+    "alpha_sweep": "normfast.apps.retrieval.sweep",
+    "export_faiss": "normfast.apps.retrieval.scoring",
 }
 # public sub-modules reachable as attributes
 _MODULES = {"ops": "normfast.engine.ops"}

@@ -12,7 +12,7 @@ import pytest
 
 from normfast.data import fashion_mnist, system, word_frequencies, wordnet, wordnet_collection
 from normfast.encoders import packaged
-from normfast.apps import retrieval as R
+from normfast.data import beir
 
 needs_wordnet = pytest.mark.needs_data("wordnet")
 needs_fashion = pytest.mark.needs_data("fashion-mnist")
@@ -224,7 +224,7 @@ def test_wordnet_collection_is_deterministic_and_well_formed(wn, tmp_path):
     c = wordnet_collection.build_wordnet_collection(tmp_path / "c", **{**kw, "seed": 8})
     assert (c / "queries.jsonl").read_bytes() != (a / "queries.jsonl").read_bytes()
 
-    data = R.load_beir(a)
+    data = beir.load_beir(a)
     assert len(data.queries) == 61 and len(data.corpus) == 61 + 400
     assert set(data.qrels) == set(data.queries)
     for qid, judged in data.qrels.items():
@@ -249,7 +249,7 @@ def test_wordnet_collection_is_deterministic_and_well_formed(wn, tmp_path):
 def test_wordnet_collection_depth_limits(wn, tmp_path):
     out = wordnet_collection.build_wordnet_collection(tmp_path / "d", n_queries=10, n_distractors=10, wn=wn,
                                       min_depth=9, max_depth=10, buckets=(("deep", 9, None),))
-    depths = [m["depth"] for m in R.load_beir(out).metadata.values()]
+    depths = [m["depth"] for m in beir.load_beir(out).metadata.values()]
     assert len(depths) == 10 and all(9 <= d <= 10 for d in depths)
     with pytest.raises(ValueError, match="stratum 'shallow' has only 0 eligible"):
         wordnet_collection.build_wordnet_collection(tmp_path / "e", n_queries=6, n_distractors=0, wn=wn,
