@@ -71,7 +71,7 @@ class _HeadPilot:
         self.parts.append(dirs)
 
     def rse(self) -> float:
-        from normfast.engine.headstats import head_stats
+        from normfast.engine.head.stats import head_stats
         from normfast.engine.transmission import prepared_head
 
         run = self.run

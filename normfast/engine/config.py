@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 
 from normfast.engine.directions import (OptimizerPreset, PRESETS)
+from normfast.core.checks import check_groups
 from normfast.engine.uncertainty import DEFAULT_GROUPS
 
 
@@ -146,10 +147,7 @@ class ProbeConfig:
         OptimizerPreset(presets[0], self.lr, self.weight_decay, self.momentum if presets[0] == "sgd" else 0.0)
 
     def _validate_drift(self, fn: str) -> None:
-        k = self.groups
-        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-            raise ValueError(f"{fn}: groups (K, the batch groups behind the standard errors) must be an "
-                             f"integer >= 2, got groups={k!r}")
+        check_groups(fn, self.groups)
         md = self.drift_batches
         if md is None or (isinstance(md, int) and not isinstance(md, bool) and md == 0):
             return

@@ -71,7 +71,7 @@ from normfast.engine.result import ProbeResult
 from normfast.engine.runfiles import _finish_sharded, _open_output
 from normfast.engine.directions import (Directions, OptimizerPreset, compute_directions,
                                  estimate_second_moments, resolve_parameters)
-from normfast.engine.ops import drift_from_groups
+from normfast.engine.drift import drift_from_groups
 from normfast.engine.uncertainty import equilibrium_intervals, jackknife_se
 from normfast.engine.distributed import Shard, chunks_for_rank, current_shard
 from normfast.encoders import Encoder
@@ -253,7 +253,8 @@ class _Run:
         return int(max(1, min(self.M, budget // max(per_direction, 1))))
 
     def new_accumulator(self, n: int, d: int):
-        from normfast.engine.ops import GroupedAccumulator, ProbeAccumulator
+        from normfast.engine.accumulator import ProbeAccumulator
+        from normfast.engine.grouped import GroupedAccumulator
 
         kw = dict(branch=self.branch, device=self.device, dtype=self.acc_dtype)
         if self.config.uncertainty:
@@ -594,7 +595,7 @@ def _item_token_columns(items: Sequence[Any], b_idx: np.ndarray, t_idx: np.ndarr
 def _finish_table(run: _Run, meta: dict[str, Any], z: torch.Tensor, stats: Mapping[str, torch.Tensor],
                   kappa: torch.Tensor, kappa_exempt: torch.Tensor) -> pa.Table:
     from normfast.core.equilibrium import equilibrium_norm
-    from normfast.engine.ops import REASONS
+    from normfast.engine.statkeys import REASONS
     from normfast.engine.regime import classify_rows
 
     cfg = run.config
@@ -761,7 +762,7 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
 
 def _head_chunk(run: _Run, items: Sequence[Any], c: int, ids: Sequence[str] | None, G: torch.Tensor,
                 g: torch.Tensor | None, dirs: Directions) -> pa.Table:
-    from normfast.engine.ops import head_stats
+    from normfast.engine.head.stats import head_stats
 
     state, front, rows = run.front(items)
     a, z = head_inputs(run.encoder, front, run.cut, rows)
