@@ -229,7 +229,8 @@ def _head_inputs(enc, items):
 def _head_dirs(enc, items, pairs, cfg):
     """The run's head directions, recomputed with the library's own direction code."""
     from normfast.data.pairs import PairSource, virtual_batches
-    from normfast.engine.directions import OptimizerPreset, compute_directions
+    from normfast.engine.directions import compute_directions
+    from normfast.engine.presets import OptimizerPreset
 
     source = PairSource.from_iterable(pairs)
     seed = int(np.random.default_rng(cfg.seed).integers(2**31))
@@ -253,7 +254,7 @@ def _head_dirs(enc, items, pairs, cfg):
 
 
 def test_adaptive_M_is_deterministic_and_resumable(tmp_path, monkeypatch):
-    import normfast.engine.probe as engine
+    import normfast.engine.chunks as engine
 
     enc = _mlp(torch.float32)
     items, pairs = _toy(n_items=20, n_pairs=200, dtype=torch.float32)

@@ -8,7 +8,7 @@ import torch
 from normfast.data.records import read_jsonl, read_lines, read_tsv
 from normfast.engine.config import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODES, ProbeConfig
 from normfast.engine.probe import probe
-from normfast.engine.directions import (PRESETS)
+from normfast.engine.presets import PRESETS
 from normfast.engine.distributed import current_shard
 
 

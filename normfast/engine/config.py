@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
-
-from normfast.engine.directions import (OptimizerPreset, PRESETS)
 from normfast.core.checks import check_groups
+from normfast.engine.presets import PRESETS, OptimizerPreset
 from normfast.engine.uncertainty import DEFAULT_GROUPS
 
 
@@ -237,6 +237,14 @@ class ProbeConfig:
         from normfast.engine.uncertainty import effective_groups
 
         return effective_groups(self.groups, self.batches)
+
+    def presets(self, names: Sequence[str], second_moments: Mapping[str, Any] | None = None
+                ) -> dict[str, OptimizerPreset]:
+        """The optimizer preset of every probed parameter in ``names`` (momentum is sgd's only)."""
+        return {n: OptimizerPreset(self.preset_for(n), self.lr, self.weight_decay,
+                                   self.momentum if self.preset_for(n) == "sgd" else 0.0,
+                                   self.betas, self.eps, second_moments)
+                for n in names}
 
     def preset_for(self, name: str) -> str:
         if isinstance(self.optimizer, str):
