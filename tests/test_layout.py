@@ -28,7 +28,9 @@ ALLOWED = {
     "main": {"cli"},
     "root": {"core", "data", "encoders", "engine", "apps"},  # the lazy public facade
 }
-MAX_LINES = 800
+MAX_LINES = 500
+# bench/ keeps the old limit until its restructuring into one harness (issue 22) lands; then MAX_LINES
+BENCH_MAX_LINES = 800
 
 
 def _modules() -> dict[str, Path]:
@@ -127,9 +129,10 @@ def test_no_import_cycles():
 
 
 def test_no_module_over_the_size_limit():
-    long = {str(p.relative_to(ROOT)): n for p in [*MODULES.values(), *ROOT.joinpath("bench").glob("*.py")]
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"modules over {MAX_LINES} lines (split by responsibility): {long}"
+    limits = [(p, MAX_LINES) for p in MODULES.values()]
+    limits += [(p, BENCH_MAX_LINES) for p in ROOT.joinpath("bench").glob("*.py")]
+    long = {str(p.relative_to(ROOT)): n for p, limit in limits if (n := len(p.read_text().splitlines())) > limit}
+    assert not long, f"modules over {MAX_LINES} lines ({BENCH_MAX_LINES} in bench/; split by responsibility): {long}"
 
 
 def test_public_names_are_the_sub_packages_objects():
