@@ -18,24 +18,10 @@ from normfast.engine.uncertainty import DEFAULT_GROUPS
 FORMS = ("auto", "grouped", "S", "per_batch")
 
 
-def head_stats(
-    A: Any,
-    Z: Any,
-    G: Any,
-    g_bias: Any = None,
-    *,
-    drift_means: Any = None,
-    drift_bias: Any = None,
-    drift_counts: Any = None,
-    branch: str = "u",
-    form: str = "auto",
-    uncertainty: bool = True,
-    groups: int = DEFAULT_GROUPS,
-    radial_spread: bool = False,
-    backend: str = "auto",
-    dtype: torch.dtype | None = None,
-    allow_tf32: bool = False,
-) -> dict[str, Any]:
+def head_stats(A: Any, Z: Any, G: Any, g_bias: Any = None, *, drift_means: Any = None, drift_bias: Any = None,
+               drift_counts: Any = None, branch: str = "u", form: str = "auto", uncertainty: bool = True,
+               groups: int = DEFAULT_GROUPS, radial_spread: bool = False, backend: str = "auto",
+               dtype: torch.dtype | None = None, allow_tf32: bool = False) -> dict[str, Any]:
     """Probe statistics of a linear head in closed form, with their error bars.
 
     ``A`` ``[N, d_in]`` are the probe activations feeding the head, ``Z``
