@@ -6,6 +6,8 @@ from typing import Iterable
 
 import numpy as np
 
+from normfast.core.checks import check_positive_int
+
 
 def _check_wordfreq_lang(fn: str, lang: str) -> None:
     import wordfreq
@@ -39,8 +41,7 @@ def top_words(n: int, lang: str = "en", *, alpha_only: bool = True, min_len: int
     import wordfreq
 
     fn = "top_words"
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"{fn}: expected n to be an integer >= 1, got {n!r}")
+    n = check_positive_int(fn, "n", n)
     _check_wordfreq_lang(fn, lang)
     out = []
     for word in wordfreq.iter_wordlist(lang):

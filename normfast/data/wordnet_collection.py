@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from normfast.core.checks import check_positive_int
 from normfast.data.beir import write_beir
 from normfast.data.wordnet import load_wordnet, noun_table
 
@@ -47,9 +48,8 @@ def build_wordnet_collection(out_dir: str | os.PathLike, *, n_queries: int = 300
     * Deterministic given ``seed`` (synsets sorted by name, numpy's PCG64).
     """
     fn = "build_wordnet_collection"
-    for name, value, low in (("n_queries", n_queries, 1), ("n_distractors", n_distractors, 0)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise ValueError(f"{fn}: expected {name} to be an integer >= {low}, got {value!r}")
+    check_positive_int(fn, "n_queries", n_queries)
+    check_positive_int(fn, "n_distractors", n_distractors, minimum=0)
     if not buckets:
         raise ValueError(f"{fn}: expected at least one depth bucket")
     wn = load_wordnet() if wn is None else wn
