@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from normfast.engine.probe import ProbeConfig, _library_versions, probe
+from normfast.engine.probe import ProbeConfig, probe
+from normfast.engine.provenance import library_versions as _library_versions
 from normfast.engine.uncertainty import t_quantile
 
 PARAMS = r"encoder\.layer\.5\."  # the demo's probed parameters (normfast.apps.demo)

@@ -503,7 +503,7 @@ def _run(cfg: E2Config, out: str | Path | None, progress: bool,
         "probe_workers": phase["workers"],
         "items": items,
     }
-    from normfast.engine.probe import _library_versions
+    from normfast.engine.provenance import library_versions as _library_versions
 
     summary["versions"] = _library_versions()
     snapshots.remove()

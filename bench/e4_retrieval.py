@@ -88,7 +88,7 @@ def _collection(args: argparse.Namespace, tmp: str) -> tuple[Path, dict[str, Any
 
 def run(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from normfast.encoders import load_encoder
-    from normfast.engine.probe import _library_versions
+    from normfast.engine.provenance import library_versions as _library_versions
     from normfast.apps.retrieval import DEFAULT_ALPHAS, METRICS, alpha_sweep
     from normfast.data.beir import load_beir
 

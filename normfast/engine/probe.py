@@ -12,7 +12,7 @@ heat's): the gradients are summed per batch group as they are computed, and
 each chunk takes K more directional derivatives (jvp mode) or one more GEMM
 (head mode) along the K group means; ``D`` and ``m2`` are those of the
 overall mean, ``se_D`` and ``sign_stability`` come from the group drifts
-(:func:`normfast.engine.ops.drift_from_groups`). ``drift_batches=None``
+(:func:`normfast.engine.drift.drift_from_groups`). ``drift_batches=None``
 keeps the per-batch drift of the M heat batches.
 
 Loop structure
