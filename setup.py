@@ -31,7 +31,9 @@ ext = Pybind11Extension(
 
 setup(
     packages=["normfast", "normfast.core", "normfast.engine", "normfast.encoders", "normfast.data", "normfast.apps",
-              "normfast.apps.validate", "normfast.apps.benchmark", "normfast.kernels"],
+              "normfast.apps.validate", "normfast.apps.benchmark", "normfast.apps.retrieval",
+              "normfast.apps.training", "normfast.engine.head",
+              "normfast.core.reference", "normfast.kernels"],
     package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
     package_data={"normfast": ["py.typed"], "normfast.core": ["*.pyi"]},
     ext_modules=[ext],

@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from normfast.engine.probe import ProbeConfig, _library_versions, probe
+from normfast.engine.probe import ProbeConfig, probe
+from normfast.engine.provenance import library_versions as _library_versions
 from normfast.engine.uncertainty import t_quantile
 
 PARAMS = r"encoder\.layer\.5\."  # the demo's probed parameters (normfast.apps.demo)
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from normfast.data.datasets import top_words
+    from normfast.data.word_frequencies import top_words
     from normfast.encoders import load_encoder
 
     encoder = load_encoder("all-MiniLM-L6-v2")

@@ -138,7 +138,7 @@ def build_mlp(p: Protocol, bias: bool) -> dict[str, Any]:
 
 
 def build_minilm_head(p: Protocol, cache: Path) -> dict[str, Any]:
-    from normfast.data.datasets import gloss, lemma_names, load_wordnet, noun_synsets
+    from normfast.data.wordnet import gloss, lemma_names, load_wordnet, noun_synsets
     from normfast.encoders import load_encoder
 
     synsets = noun_synsets(load_wordnet())

@@ -94,7 +94,7 @@ def _is_word(s: str) -> bool:
 
 def frequency_correlations(table: Any, by: str, resamples: int, seed: int) -> dict[str, Any]:
     from normfast.core.stats import paired_bootstrap
-    from normfast.data.datasets import zipf_frequency
+    from normfast.data.word_frequencies import zipf_frequency
 
     label = table.column("token" if by == "token" else "word").to_pylist()
     count = table.column("count").to_numpy().astype(float)

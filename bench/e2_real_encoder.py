@@ -7,7 +7,7 @@
 
 Output goes to ``runs/e2`` unless ``--out`` says otherwise; the committed
 results in ``bench/results`` change only with an explicit ``--out bench/results``.
-A full run keeps its state in ``runs/e2/state/`` (:class:`normfast.apps.finetune.Resume`,
+A full run keeps its state in ``runs/e2/state/`` (:class:`normfast.apps.training.storage.Resume`,
 and the checkpoints' parameter snapshots and probe results beside it): started
 again with the same settings after an interruption, it goes on from its last
 checkpoint, or with the checkpoints not yet probed, and gives the result an
@@ -18,10 +18,10 @@ with plain SGD + weight decay on real text pairs until its embedding norms are
 stationary; the engine's prediction of each probe item's equilibrium norm is
 then compared with the norm the item actually keeps. The training, the health
 criteria, the pilot and the checkpoint averaging are
-:mod:`normfast.apps.finetune`; the statistics are :func:`normfast.engine.probe`'s.
+:mod:`normfast.apps.training`; the statistics are :func:`normfast.engine.probe`'s.
 
 Data (every protocol). WordNet 3.0 noun (lemma, gloss) pairs
-(:func:`normfast.data.datasets.wordnet_gloss_pairs`): a pool of ``n_pairs``
+(:func:`normfast.data.wordnet.wordnet_gloss_pairs`): a pool of ``n_pairs``
 pairs and ``n_probes`` distinct probe lemmas, drawn with the seed. InfoNCE with
 in-batch negatives, both sides through the same encoder, mean pooling, raw
 (unnormalized) vectors; dropout off in training and in the virtual batches.
@@ -80,7 +80,7 @@ its time), and runs all four when A's chose none.
 
 Fixed: temperature 0.05, batches of 32 pairs, 200-step linear warm-up, window =
 the last 40% of the steps (it starts after 3 equilibration times 1/(ηλ)), 200
-probe lemmas, seed 0. Criteria (:class:`normfast.apps.finetune.HealthThresholds`):
+probe lemmas, seed 0. Criteria (:class:`normfast.apps.training.settings.HealthThresholds`):
 (a) every 100-step mean loss in the window below 0.75 ln(32); (b) the mean
 pairwise cosine of the probe embeddings below 0.9 at every record; (c) the
 median relative change of the window-mean probe norm between the window halves
@@ -107,7 +107,7 @@ torch's own thread count, every core by default (``OMP_NUM_THREADS`` or
 training step 1.7x faster than one. The checkpoints are probed after training:
 the trained parameters are saved at each checkpoint (``runs/e2/state/``, with
 the resume state) and the engine runs on every snapshot in one worker process
-per thread (:func:`normfast.apps.finetune.probe_checkpoints`), which gives what
+per thread (:func:`normfast.apps.training.workers.probe_checkpoints`), which gives what
 probing during training gives (the same parameters and seeds). The engine takes
 one direction per forward-mode pass on the cached front
 (``CachedFrontEncoder.batched_directions``): batching the directions with vmap
@@ -137,7 +137,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from normfast.apps.finetune import (CheckpointLaw, CheckpointSnapshots, HealthThresholds, Resume,  # noqa: E402
+from normfast.apps.training import (CheckpointLaw, CheckpointSnapshots, HealthThresholds, Resume,  # noqa: E402
                                     TrainSettings, health, pilot, probe_checkpoints, split_decay, train)
 from normfast.core.stats import loglog_fit_ci  # noqa: E402
 from normfast.encoders import CachedFrontEncoder  # noqa: E402
@@ -274,7 +274,7 @@ class Setup:
 
 def build_setup(cfg: E2Config, progress: bool = True) -> Setup:
     """Draw the data, load all-MiniLM-L6-v2 (+ B's head) and cache its front for every text."""
-    from normfast.data.datasets import wordnet_gloss_pairs
+    from normfast.data.wordnet import wordnet_gloss_pairs
     from normfast.encoders import DenseLayer, HFEncoder, load_encoder
 
     t0 = time.perf_counter()
@@ -503,7 +503,7 @@ def _run(cfg: E2Config, out: str | Path | None, progress: bool,
         "probe_workers": phase["workers"],
         "items": items,
     }
-    from normfast.engine.probe import _library_versions
+    from normfast.engine.provenance import library_versions as _library_versions
 
     summary["versions"] = _library_versions()
     snapshots.remove()

@@ -6,7 +6,7 @@
 Protocol (fixed before any run; see DESIGN §5, E3):
 
 * Probe set: the ``--words`` most frequent English words (``wordfreq`` via
-  :func:`normfast.data.datasets.top_words`: letters only, at least two letters),
+  :func:`normfast.data.word_frequencies.top_words`: letters only, at least two letters),
   each probed alone: the input is the word, tokenized as ``[CLS] w1 .. wk [SEP]``.
 * Engine: :func:`normfast.engine.probe.probe`, token rows (``output="tokens"``), jvp
   mode, probed parameters the last transformer layer (``encoder\\.layer\\.5\\.``),
@@ -20,8 +20,8 @@ Protocol (fixed before any run; see DESIGN §5, E3):
   (unnormalized) mean-pooled sentence embedding of the word.
 * Quantities: ``norm``, heat ``V2``, drift ``D``, ``r_eq`` (full law) and
   ``r_eq_heat`` (heat-only law, D = 0), plus ``pooled_norm``.
-* Targets: ``zipf`` (:func:`normfast.data.datasets.zipf_frequency`) and ``depth``,
-  the minimum hypernym depth (:func:`normfast.data.datasets.hypernym_depth`) of the
+* Targets: ``zipf`` (:func:`normfast.data.word_frequencies.zipf_frequency`) and ``depth``,
+  the minimum hypernym depth (:func:`normfast.data.wordnet.hypernym_depth`) of the
   word's first noun sense *as a lemma itself* (``wn.lemmas(word, pos="n")``,
   WordNet's sense order). Words without a noun lemma have no depth. The lemma
   is required because ``wn.synsets(word, pos="n")`` applies morphological
@@ -211,7 +211,7 @@ def noun_depths(words: Sequence[str], wn: Any
     count >= 1, and the first of ``wn.synsets(word, pos="n")`` (after
     morphological reduction).
     """
-    from normfast.data.datasets import hypernym_depth
+    from normfast.data.wordnet import hypernym_depth
 
     depth = np.full(len(words), np.nan)
     attested = np.full(len(words), np.nan)
@@ -247,7 +247,8 @@ def pooled_norms(encoder: Any, words: Sequence[str], batch_size: int, progress: 
 # ---------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from normfast.data.datasets import load_wordnet, top_words, zipf_frequency
+    from normfast.data.wordnet import load_wordnet
+    from normfast.data.word_frequencies import top_words, zipf_frequency
     from normfast.encoders import load_encoder
     from normfast.engine.probe import ProbeConfig, probe
     from normfast.engine.provenance import library_versions as _library_versions

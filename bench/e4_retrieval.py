@@ -11,7 +11,7 @@ NDCG@10 over cosine), unlike projection-head vision-language models.
 
 Protocol (fixed before any run):
 
-* Collection (default): :func:`normfast.data.datasets.build_wordnet_collection`
+* Collection (default): :func:`normfast.data.wordnet_collection.build_wordnet_collection`
   -- queries are glosses of noun synsets, documents the synsets' lemma names,
   one relevant document per query, strata by the query synset's hypernym depth
   (shallow <= 5, mid 6-8, deep >= 9, drawn evenly); 3000 queries and 20000
@@ -56,7 +56,7 @@ from typing import Any, Sequence  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from normfast.apps.retrieval import encode_texts, wordpiece_lengths  # noqa: E402
+from normfast.encoders.text import encode_texts, wordpiece_lengths  # noqa: E402
 from normfast.core.bootstrap import paired_bootstrap_means, spearman_ci  # noqa: E402
 from normfast.data.io import json_ready  # noqa: E402
 
@@ -74,22 +74,23 @@ def _collection(args: argparse.Namespace, tmp: str) -> tuple[Path, dict[str, Any
     if args.beir:
         return Path(args.beir), {"source": "user BEIR collection", "path": str(Path(args.beir).resolve()),
                                  "split": args.split}
-    from normfast.data.datasets import DEPTH_BUCKETS, build_wordnet_collection
+    from normfast.data.wordnet_collection import DEPTH_BUCKETS, build_wordnet_collection
 
     n_q = args.queries or (150 if args.quick else 3000)
     n_d = args.distractors if args.distractors is not None else (500 if args.quick else 20_000)
     path = build_wordnet_collection(Path(tmp) / "wordnet", n_queries=n_q, n_distractors=n_d,
                                     seed=args.seed)
     return path, {"source": "WordNet 3.0 noun synsets: gloss -> lemma names "
-                            "(normfast.data.datasets.build_wordnet_collection)",
+                            "(normfast.data.wordnet_collection.build_wordnet_collection)",
                   "n_queries_requested": n_q, "n_distractors": n_d, "seed": args.seed,
                   "buckets": [list(b) for b in DEPTH_BUCKETS]}
 
 
 def run(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from normfast.encoders import load_encoder
-    from normfast.engine.probe import _library_versions
-    from normfast.apps.retrieval import DEFAULT_ALPHAS, METRICS, alpha_sweep, load_beir
+    from normfast.engine.provenance import library_versions as _library_versions
+    from normfast.apps.retrieval import DEFAULT_ALPHAS, METRICS, alpha_sweep
+    from normfast.data.beir import load_beir
 
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                                                    seed=args.seed + 1)}
     if not args.beir:
         # the documents are synsets: how does a term's norm relate to its concept's depth?
-        from normfast.data.datasets import hypernym_depth, load_wordnet
+        from normfast.data.wordnet import hypernym_depth, load_wordnet
 
         wn = load_wordnet()
         depth = np.array([hypernym_depth(wn.synset(d)) for d in d_ids], dtype=float)

@@ -167,7 +167,7 @@ class Data:
 
 
 def load_data(cfg: E5Config) -> Data:
-    from normfast.data.datasets import load_fashion_mnist
+    from normfast.data.fashion_mnist import load_fashion_mnist
 
     x_tr, y_tr = load_fashion_mnist("train")
     x_te, y_te = load_fashion_mnist("test")
@@ -247,7 +247,7 @@ class Model:
 
 
 def build_model(cfg: E5Config) -> Model:
-    from normfast.data.datasets import FASHION_MNIST_CLASSES
+    from normfast.data.fashion_mnist import FASHION_MNIST_CLASSES
 
     vocab, ids, _ = class_tokens(FASHION_MNIST_CLASSES)
     torch.manual_seed(cfg.seed)
@@ -301,7 +301,7 @@ def class_text_embeddings(model: Model) -> np.ndarray:
 # statistics
 # ----------------------------------------------------------------------------
 def within_class_spearman(x: np.ndarray, y: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
-    from normfast.data.datasets import FASHION_MNIST_CLASSES
+    from normfast.data.fashion_mnist import FASHION_MNIST_CLASSES
     from normfast.core.stats import spearman
 
     per = {FASHION_MNIST_CLASSES[c]: spearman(x[labels == c], y[labels == c]) for c in np.unique(labels)}
@@ -315,7 +315,7 @@ def within_class_spearman(x: np.ndarray, y: np.ndarray, labels: np.ndarray) -> d
 def heat_vs_entropy(model: Model, data: Data, cfg: E5Config, progress: bool) -> tuple[dict[str, Any], dict]:
     from normfast.apps.training import zero_shot_entropy
     from normfast.core.bootstrap import correlation_with_ci, partial_spearman_with_ci
-    from normfast.data.datasets import FASHION_MNIST_CLASSES
+    from normfast.data.fashion_mnist import FASHION_MNIST_CLASSES
     from normfast.engine.objectives import CLIPLoss
     from normfast.data.pairs import PairSource
     from normfast.engine.probe import ProbeConfig, probe
@@ -538,7 +538,7 @@ def run(cfg: E5Config, out: str | Path | None = RUNS, progress: bool = True) -> 
         timing["retrieval_seconds"] = time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
-    from normfast.data.datasets import FASHION_MNIST_CLASSES
+    from normfast.data.fashion_mnist import FASHION_MNIST_CLASSES
     from normfast.data.io import json_ready
     from normfast.engine.provenance import library_versions as _library_versions
 

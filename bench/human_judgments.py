@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ModuleNotFoundError as exc:
             print(f"human_judgments: error: {exc}", file=sys.stderr)
             return 2
-    from normfast.engine.probe import _library_versions
+    from normfast.engine.provenance import library_versions as _library_versions
 
     summary = {"experiment": "norms against human judgments", "quick": bool(args.quick),
                "protocol": {"embedding": "raw pooled sentence embedding (mean pooling, no Normalize); a word "

@@ -115,7 +115,7 @@ def child(args: argparse.Namespace) -> None:
     import transformers
     from torch import nn
 
-    from normfast.data.datasets import minilm_path
+    from normfast.encoders.packaged import minilm_path
     from normfast.encoders import HFEncoder
     from normfast.engine.probe import ProbeConfig, probe
 

@@ -206,7 +206,7 @@ def accumulate(
     ``u·w``. Rows whose embedding has zero or non-finite norm, or whose
     displacements are non-finite, get a reason code (first one sticks).
 
-    Must match :func:`normfast.reference.accumulate_reference`.
+    Must match :func:`normfast.core.reference.accumulate_reference`.
 
     Shapes: ``t``/``t_w`` ``[K, N, D]`` (any strides, fp16/bf16/fp32), ``z``
     ``[N, D]``; the state is fp32 and contiguous: ``mean [NB, N, D]``,

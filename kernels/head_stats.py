@@ -74,18 +74,9 @@ def _reasons(norm: torch.Tensor, *products: torch.Tensor) -> torch.Tensor:
     return torch.where(norm == 0, _ZERO_NORM, code).to(torch.int8)
 
 
-def head_stats(
-    A: torch.Tensor,
-    Z: torch.Tensor,
-    g_bar: torch.Tensor,
-    s_c: torch.Tensor,
-    *,
-    branch: str = "u",
-    has_bias: bool = False,
-    allow_tf32: bool = False,
-    out: torch.Tensor | None = None,
-    reason: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def head_stats(A: torch.Tensor, Z: torch.Tensor, g_bar: torch.Tensor, s_c: torch.Tensor, *, branch: str = "u",
+               has_bias: bool = False, allow_tf32: bool = False, out: torch.Tensor | None = None,
+               reason: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """S-form head statistics for every probe row.
 
     With ``ã = [a, 1]`` when ``has_bias`` (else ``a``), ``R = |z|``,
@@ -126,18 +117,9 @@ def head_stats(
     return out, reason
 
 
-def project(
-    A: torch.Tensor,
-    Z: torch.Tensor,
-    g_bar: torch.Tensor,
-    g_centered: torch.Tensor,
-    *,
-    branch: str = "u",
-    has_bias: bool = False,
-    allow_tf32: bool = False,
-    out: torch.Tensor | None = None,
-    reason: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def project(A: torch.Tensor, Z: torch.Tensor, g_bar: torch.Tensor, g_centered: torch.Tensor, *, branch: str = "u",
+            has_bias: bool = False, allow_tf32: bool = False, out: torch.Tensor | None = None,
+            reason: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-batch head statistics for every probe row.
 
     With ``ã = [a, 1]`` when ``has_bias`` (else ``a``), ``R = |z|``,

@@ -17,16 +17,10 @@ every name is imported lazily, on first use, so ``import normfast`` stays light:
 Layers (each a sub-package; imports flow one way, checked by the tests):
 :mod:`normfast.core` <- :mod:`normfast.engine` <- :mod:`normfast.apps` <- :mod:`normfast.cli`,
 with :mod:`normfast.data` and :mod:`normfast.encoders` used by the engine and the apps.
-The module paths of the flat layout before 0.2 (``normfast.probe``,
-``normfast.encoders``, ``normfast.pairs``, ...) still import.
 """
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
-import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -54,70 +48,14 @@ _LAZY = {
     "read_metadata": "normfast.data.io",
     "SCHEMA_VERSION": "normfast.data.schema",
     "load_beir": "normfast.data.beir",
-    "rescale_documents": "normfast.apps.scoring",
-    "alpha_sweep": "normfast.apps.retrieval",
-    "export_faiss": "normfast.apps.scoring",
+    "rescale_documents": "normfast.apps.retrieval.scoring",
+    "alpha_sweep": "normfast.apps.retrieval.sweep",
+    "export_faiss": "normfast.apps.retrieval.scoring",
 }
 # public sub-modules reachable as attributes
 _MODULES = {"ops": "normfast.engine.ops"}
 
 __all__ = ["__version__", *_LAZY, *_MODULES]
-
-# module paths of the flat layout -> where the code lives now
-_MOVED = {
-    "normfast._checks": "normfast.core.checks",
-    "normfast._quartic": "normfast.core._quartic",
-    "normfast.equilibrium": "normfast.core.equilibrium",
-    "normfast.reference": "normfast.core.reference",
-    "normfast.accumulator": "normfast.engine.accumulator",
-    "normfast.directions": "normfast.engine.directions",
-    "normfast.distributed": "normfast.engine.distributed",
-    "normfast.objectives": "normfast.engine.objectives",
-    "normfast.ops": "normfast.engine.ops",
-    "normfast.probe": "normfast.engine.probe",
-    "normfast.transmission": "normfast.engine.transmission",
-    "normfast.datasets": "normfast.data.datasets",
-    "normfast.io": "normfast.data.io",
-    "normfast.pairs": "normfast.data.pairs",
-    "normfast.benchmark": "normfast.apps.benchmark",
-    "normfast.demo": "normfast.apps.demo",
-    "normfast.report": "normfast.apps.report",
-    "normfast.retrieval": "normfast.apps.retrieval",
-    "normfast.validate": "normfast.apps.validate",
-}
-
-
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serve an old flat-layout path as the module that now holds the code (the same object)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None):
-        if fullname in _MOVED:
-            return importlib.util.spec_from_loader(fullname, self)
-        return None
-
-    def create_module(self, spec):
-        module = importlib.import_module(_MOVED[spec.name])
-        self._spec = module.__spec__  # the import system overwrites it with the alias's spec
-        return module
-
-    def exec_module(self, module) -> None:
-        module.__spec__ = self._spec  # already executed under its new name: keep its own spec
-
-
-if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
-
-
-class _Package(types.ModuleType):
-    """``normfast.probe`` is the function even after ``import normfast.probe`` (an old module path)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return  # the import system binding an old sub-module path: keep the public function
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

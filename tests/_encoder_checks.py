@@ -1,9 +1,10 @@
 """Checks shared by the encoder adapter tests (test_encoders, test_mpnet): stage bookkeeping,
-staged forwards against the full forward, and tail JVPs against central differences."""
+staged forwards against the full forward, tail JVPs against central differences, and tangents
+batched with vmap against a loop over them."""
 from __future__ import annotations
 
 import torch
-from torch.func import functional_call, jvp
+from torch.func import functional_call, jvp, vmap
 
 from normfast.encoders import Encoder, forward_ad_safe
 
@@ -57,3 +58,22 @@ def check_tail_jvp(enc: Encoder, state: dict, k: int, output: str = "tokens") ->
     fd = (plus - minus) / (2 * eps)
     assert fd.norm() > 0
     return rel_err(dz, fd)
+
+
+def check_vmap_over_tangents(enc: Encoder, state: dict, k: int, *, rtol: float, atol: float) -> None:
+    """Three tangents of the tail (from stage ``k``) pushed through one vmapped JVP equal a loop over them."""
+    owner = enc.stage_of_parameters()
+    with torch.no_grad():
+        front = enc(state, 0, k)
+    params = {n: p.detach() for n, p in enc.named_parameters() if owner[n] >= k}
+    g = torch.Generator().manual_seed(0)
+    batched = {n: torch.randn((3, *p.shape), generator=g) for n, p in params.items()}
+
+    def push(t):
+        return jvp(lambda p: functional_call(enc, p, (front,), {"start": k, "output": "tokens"}),
+                   (params,), (t,))[1]
+
+    with forward_ad_safe():
+        together = vmap(push)(batched)
+        apart = torch.stack([push({n: t[i] for n, t in batched.items()}) for i in range(3)])
+    torch.testing.assert_close(together, apart, rtol=rtol, atol=atol)

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from normfast.data.datasets import missing_system_data  # noqa: E402
+from normfast.data.system import missing_system_data  # noqa: E402
 
 if WORKERS:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

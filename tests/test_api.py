@@ -288,12 +288,7 @@ def test_objective_settings_in_metadata_and_summary():
     assert not np.allclose(one.column("V2"), both.column("V2"))  # the setting reaches the directions
 
 
-@pytest.fixture
-def bert_folder(tiny_bert_folder):
-    return tiny_bert_folder  # one per session (conftest)
-
-
-def test_cli_symmetric_and_temperature(tmp_path, bert_folder, capsys):
+def test_cli_symmetric_and_temperature(tmp_path, tiny_bert_folder, capsys):
     from normfast.cli import main
 
     words = tmp_path / "words.txt"
@@ -301,7 +296,7 @@ def test_cli_symmetric_and_temperature(tmp_path, bert_folder, capsys):
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"{a}\t{b}\n" for a, b in [("cat", "feline"), ("dog", "canine"), ("sun", "star"),
                                                          ("car", "vehicle"), ("tree", "plant"), ("sea", "ocean")]))
-    common = ["probe", str(bert_folder), "--probes", str(words), "--pairs", str(pairs), "--objective", "infonce",
+    common = ["probe", str(tiny_bert_folder), "--probes", str(words), "--pairs", str(pairs), "--objective", "infonce",
               "--batches", "3", "--drift-batches", "8", "--batch-size", "4", "--no-progress",
               "--params", r"encoder\.layer\.1\."]
     assert main([*common, "--temperature", "0.1", "--symmetric", "--tokens", "--out", str(tmp_path / "s.parquet")]) == 0

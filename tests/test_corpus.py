@@ -193,7 +193,7 @@ def test_windows_probe_like_the_same_text_tokenized(encoder, tokenizer):
 
 
 def test_corpus_run_streams_and_resumes(encoder, tokenizer, tmp_path, monkeypatch):
-    import normfast.engine.probe as engine
+    import normfast.engine.chunks as engine
 
     cw = CorpusWindows(DOCS, tokenizer, max_length=14, stride=7)
     sents = split_sentences(DOCS)

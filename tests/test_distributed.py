@@ -119,7 +119,7 @@ def _sharded_runs(rank: int, folder: str) -> None:
     stats = merge_across_ranks(acc).finalize()
     torch.save({k: v for k, v in stats.items() if k != "M"} | {"M": acc.M}, folder / f"merged-rank{rank}.pt")
     # a chunk that raises on one rank makes every rank raise (nobody waits forever)
-    import normfast.engine.probe as engine
+    import normfast.engine.chunks as engine
 
     real_chunk = engine._jvp_chunk
 

@@ -219,7 +219,7 @@ def test_drift_settings_are_validated(kwargs, pattern):
 
 
 def test_resume_with_other_drift_batches_is_refused_naming_it(tmp_path, monkeypatch):
-    import normfast.engine.probe as engine
+    import normfast.engine.chunks as engine
 
     enc = _mlp(torch.float32)
     items, pairs = _toy(dtype=torch.float32, n_items=9)

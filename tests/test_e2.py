@@ -178,15 +178,15 @@ def test_wordnet_pool_reproduces_the_committed_runs() -> None:
     """The pool is drawn from the cached noun table; it must equal the walk over the synsets
     (checked on a prefix) and give the committed v3 run's probe lemmas for seed 0."""
     pytest.importorskip("nltk")
-    from normfast.data import datasets as ds
+    from normfast.data import wordnet
 
-    wn = ds.load_wordnet()
+    wn = wordnet.load_wordnet()
     # the first 3000 synsets of the walk noun_synsets lists (tests/test_datasets.py counts all 82 115)
     first = itertools.islice(wn.all_synsets("n"), 3000)
-    walked = [(lemma, ds.gloss(s)) for s in first for lemma in ds.lemma_names(s)]
-    assert ds._lemma_gloss_pairs(wn)[:len(walked)] == walked
+    walked = [(lemma, wordnet.gloss(s)) for s in first for lemma in wordnet.lemma_names(s)]
+    assert wordnet._lemma_gloss_pairs(wn)[:len(walked)] == walked
     committed = json.loads((REPO / "bench" / "results" / "e2_real_encoder.json").read_text())
-    _, probes = ds.wordnet_gloss_pairs(20_000, 500, 0, wn=wn)
+    _, probes = wordnet.wordnet_gloss_pairs(20_000, 500, 0, wn=wn)
     assert probes == committed["items"]["text"]
 
 

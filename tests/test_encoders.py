@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call, jvp, vmap
+from torch.func import functional_call, jvp
 
-from _encoder_checks import check_cuts, check_stage_cover, check_tail_jvp, rel_err
+from _encoder_checks import check_cuts, check_stage_cover, check_tail_jvp, check_vmap_over_tangents, rel_err
 from _models import tiny_bert, tiny_clip
 from normfast.encoders import (
     CachedFrontEncoder,
@@ -199,23 +199,7 @@ def test_hf_tail_jvp_matches_finite_differences(tokenizer, k):
 
 def test_hf_vmap_over_tangents_equals_loop(bert_encoder):
     enc = bert_encoder
-    state = enc.prepare(TEXTS[:2])
-    owner = enc.stage_of_parameters()
-    k = 2
-    with torch.no_grad():
-        front = enc(state, 0, k)
-    params = {n: p.detach() for n, p in enc.named_parameters() if owner[n] >= k}
-    g = torch.Generator().manual_seed(0)
-    batched = {n: torch.randn((3, *p.shape), generator=g) for n, p in params.items()}
-
-    def push(t):
-        return jvp(lambda p: functional_call(enc, p, (front,), {"start": k, "output": "tokens"}),
-                   (params,), (t,))[1]
-
-    with forward_ad_safe():
-        together = vmap(push)(batched)
-        apart = torch.stack([push({n: t[i] for n, t in batched.items()}) for i in range(3)])
-    torch.testing.assert_close(together, apart, rtol=1e-5, atol=1e-6)
+    check_vmap_over_tangents(enc, enc.prepare(TEXTS[:2]), 2, rtol=1e-5, atol=1e-6)
 
 
 def test_hf_token_info(bert_encoder, tokenizer):
@@ -522,23 +506,7 @@ def test_open_clip_tail_jvp_matches_finite_differences(clip_tokenizer, images, t
 
 def test_open_clip_vmap_over_tangents_equals_loop(clip_model, images):
     enc = OpenCLIPEncoder(clip_model, "image")
-    state = enc.prepare(images[:2])
-    owner = enc.stage_of_parameters()
-    k = 1
-    with torch.no_grad():
-        front = enc(state, 0, k)
-    params = {n: p.detach() for n, p in enc.named_parameters() if owner[n] >= k}
-    g = torch.Generator().manual_seed(0)
-    batched = {n: torch.randn((3, *p.shape), generator=g) for n, p in params.items()}
-
-    def push(t):
-        return jvp(lambda p: functional_call(enc, p, (front,), {"start": k, "output": "tokens"}),
-                   (params,), (t,))[1]
-
-    with forward_ad_safe():
-        together = vmap(push)(batched)
-        apart = torch.stack([push({n: t[i] for n, t in batched.items()}) for i in range(3)])
-    torch.testing.assert_close(together, apart, rtol=1e-4, atol=1e-5)
+    check_vmap_over_tangents(enc, enc.prepare(images[:2]), 1, rtol=1e-4, atol=1e-5)
 
 
 def test_open_clip_loads_a_checkpoint_file(tmp_path, images):

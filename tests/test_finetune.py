@@ -1,4 +1,4 @@
-"""normfast.apps.finetune: SGD + decay to a stationary state, its health criteria, the pilot and the
+"""normfast.apps.training: SGD + decay to a stationary state, its health criteria, the pilot and the
 checkpoint-averaged law, on small models (fast); and the bootstrap fit of normfast.core.stats."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from normfast.apps.finetune import (CheckpointLaw, CheckpointSnapshots, HealthThresholds, Resume, TrainSettings,
+from normfast.apps.training import (CheckpointLaw, CheckpointSnapshots, HealthThresholds, Resume, TrainSettings,
                                     health, mean_cosine, pilot, probe_checkpoints, split_decay, train)
 from normfast.core.equilibrium import equilibrium_norm
 from normfast.core.stats import loglog_fit, loglog_fit_ci

@@ -8,10 +8,9 @@ functions (a lazy import still ties the two modules together).
 from __future__ import annotations
 
 import ast
-import importlib
+import subprocess
+import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "normfast"
@@ -29,7 +28,9 @@ ALLOWED = {
     "main": {"cli"},
     "root": {"core", "data", "encoders", "engine", "apps"},  # the lazy public facade
 }
-MAX_LINES = 800
+MAX_LINES = 500
+# bench/ keeps the old limit until its restructuring into one harness (issue 22) lands; then MAX_LINES
+BENCH_MAX_LINES = 800
 
 
 def _modules() -> dict[str, Path]:
@@ -128,34 +129,26 @@ def test_no_import_cycles():
 
 
 def test_no_module_over_the_size_limit():
-    long = {str(p.relative_to(ROOT)): n for p in [*MODULES.values(), *ROOT.joinpath("bench").glob("*.py")]
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"modules over {MAX_LINES} lines (split by responsibility): {long}"
+    limits = [(p, MAX_LINES) for p in MODULES.values()]
+    limits += [(p, BENCH_MAX_LINES) for p in ROOT.joinpath("bench").glob("*.py")]
+    long = {str(p.relative_to(ROOT)): n for p, limit in limits if (n := len(p.read_text().splitlines())) > limit}
+    assert not long, f"modules over {MAX_LINES} lines ({BENCH_MAX_LINES} in bench/; split by responsibility): {long}"
 
 
-@pytest.mark.parametrize("old, new", [
-    ("normfast.probe", "normfast.engine.probe"),
-    ("normfast.ops", "normfast.engine.ops"),
-    ("normfast.pairs", "normfast.data.pairs"),
-    ("normfast.io", "normfast.data.io"),
-    ("normfast.objectives", "normfast.engine.objectives"),
-    ("normfast.equilibrium", "normfast.core.equilibrium"),
-    ("normfast.retrieval", "normfast.apps.retrieval"),
-])
-def test_flat_layout_paths_still_import(old, new):
-    assert importlib.import_module(old) is importlib.import_module(new)
-    import normfast
-
-    assert callable(normfast.probe)  # importing the old `normfast.probe` path keeps the function
-
-
-def test_the_old_documented_import_lines_work():
+def test_public_names_are_the_sub_packages_objects():
     from normfast.encoders import load_encoder
-    from normfast.ops import ProbeAccumulator, head_stats
-    from normfast.probe import ProbeConfig, probe
+    from normfast.engine.config import ProbeConfig
+    from normfast.engine.ops import ProbeAccumulator, head_stats
+    from normfast.engine.probe import probe
 
     import normfast
 
     assert probe is normfast.probe and ProbeConfig is normfast.ProbeConfig
     assert load_encoder is normfast.load_encoder
     assert head_stats is normfast.ops.head_stats and ProbeAccumulator is normfast.ops.ProbeAccumulator
+
+
+def test_import_normfast_stays_light():
+    code = "import sys, normfast; print(sorted(m for m in ('torch', 'numpy', 'normfast.engine') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -10,13 +10,13 @@ import zipfile
 import pytest
 import torch
 import transformers
-from torch.func import functional_call, jvp, vmap
+from torch.func import functional_call
 
-from normfast.encoders import HFEncoder, forward_ad_safe, load_encoder
+from normfast.encoders import HFEncoder, load_encoder
 from normfast.encoders import packaged
 from normfast.encoders.packaged import ConcatenatedFiles, mpnet_path
 
-from _encoder_checks import check_cuts, check_stage_cover, check_tail_jvp
+from _encoder_checks import check_cuts, check_stage_cover, check_tail_jvp, check_vmap_over_tangents
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -84,23 +84,7 @@ def test_mpnet_tail_jvp_matches_finite_differences(tokenizer, k):
 
 def test_mpnet_vmap_over_tangents_equals_loop(mpnet_encoder):
     enc = mpnet_encoder
-    state = enc.prepare(TEXTS[:2])
-    owner = enc.stage_of_parameters()
-    k = 2
-    with torch.no_grad():
-        front = enc(state, 0, k)
-    params = {n: p.detach() for n, p in enc.named_parameters() if owner[n] >= k}
-    g = torch.Generator().manual_seed(0)
-    batched = {n: torch.randn((3, *p.shape), generator=g) for n, p in params.items()}
-
-    def push(t):
-        return jvp(lambda p: functional_call(enc, p, (front,), {"start": k, "output": "tokens"}),
-                   (params,), (t,))[1]
-
-    with forward_ad_safe():
-        together = vmap(push)(batched)
-        apart = torch.stack([push({n: t[i] for n, t in batched.items()}) for i in range(3)])
-    torch.testing.assert_close(together, apart, rtol=1e-5, atol=1e-6)
+    check_vmap_over_tangents(enc, enc.prepare(TEXTS[:2]), 2, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------

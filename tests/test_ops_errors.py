@@ -10,7 +10,7 @@ import torch
 
 from normfast.engine import ops
 from normfast.engine.ops import REASONS, ProbeAccumulator, head_stats, prepare_head
-from normfast.core.reference import _NON_FINITE_DISPLACEMENT, _NON_FINITE_EMBEDDING, _ZERO_NORM
+from normfast.core.reference.stats import _NON_FINITE_DISPLACEMENT, _NON_FINITE_EMBEDDING, _ZERO_NORM
 
 HUGE = 10 ** 9  # rows: expanded views cost nothing, anything materialized would fail
 

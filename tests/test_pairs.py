@@ -124,20 +124,20 @@ def test_file_errors(tmp_path):
 
     records = [{"anchor": "a", "positive": "b"}, {"anchor": "c"}]
     missing_key = write_jsonl(tmp_path / "m.jsonl", records)
-    with pytest.raises(ValueError, match=r"line 2: missing key 'positive'"):
+    with pytest.raises(ValueError, match=r"m\.jsonl:2: missing field 'positive'"):
         PairSource.from_jsonl(missing_key)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"anchor": "a", "positive": "b"}\n{not json}\n')
-    with pytest.raises(ValueError, match="line 2: invalid JSON"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
         PairSource.from_jsonl(bad)
     not_object = tmp_path / "list.jsonl"
     not_object.write_text('["a", "b"]\n')
-    with pytest.raises(ValueError, match="line 1: expected a JSON object"):
+    with pytest.raises(ValueError, match=r"list\.jsonl:1: expected a JSON object"):
         PairSource.from_jsonl(not_object)
 
     short = tmp_path / "short.tsv"
     short.write_text("a\tb\nc\n")
-    with pytest.raises(ValueError, match="line 2: expected at least 2"):
+    with pytest.raises(ValueError, match=r"short\.tsv:2: expected at least 2"):
         PairSource.from_tsv(short)
     header = tmp_path / "header.tsv"
     header.write_text("query\tdoc\nq\td\n")

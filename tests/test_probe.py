@@ -196,7 +196,7 @@ def test_open_clip_towers_token_and_pooled(tower, projection):
 
 
 def test_resume_after_injected_failure_equals_uninterrupted(tmp_path, monkeypatch):
-    import normfast.engine.probe as engine
+    import normfast.engine.chunks as engine
 
     enc = mlp(bias=True)
     items, pairs = toy_data(n_items=23)

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from normfast.apps import retrieval as R
+from normfast.data import beir
+from normfast.apps.retrieval import command
 
 
 def _data(rng, n_q=40, n_d=300, dim=16):
@@ -317,8 +319,8 @@ def _toy_beir():
 
 def test_beir_round_trip(tmp_path):
     corpus, queries, qrels = _toy_beir()
-    R.write_beir(tmp_path, corpus, queries, qrels, split="dev")
-    data = R.load_beir(tmp_path, split="dev")
+    beir.write_beir(tmp_path, corpus, queries, qrels, split="dev")
+    data = beir.load_beir(tmp_path, split="dev")
     c, q, r = data  # unpacks like BEIR's loader
     assert c == {"d1": {"title": "Dogs", "text": "a domesticated canine"},
                  "d2": {"title": "", "text": "plain text doc"}}
@@ -328,9 +330,9 @@ def test_beir_round_trip(tmp_path):
     assert data.strata("stratum") == {"q1": "deep"}
     assert data.doc_text("d1") == "Dogs a domesticated canine"
     # and again through the loaded form
-    R.write_beir(tmp_path / "copy", data.corpus, data.queries, data.qrels, split="dev",
+    beir.write_beir(tmp_path / "copy", data.corpus, data.queries, data.qrels, split="dev",
                  metadata=data.metadata)
-    assert R.load_beir(tmp_path / "copy", split="dev") == data
+    assert beir.load_beir(tmp_path / "copy", split="dev") == data
 
 
 def _write(path, text):
@@ -356,29 +358,29 @@ def _write(path, text):
 ])
 def test_malformed_beir_files_name_file_and_line(tmp_path, fname, content, pattern):
     corpus, queries, qrels = _toy_beir()
-    R.write_beir(tmp_path, corpus, queries, qrels)
+    beir.write_beir(tmp_path, corpus, queries, qrels)
     _write(tmp_path / fname, content)
-    with pytest.raises(R.BeirFormatError, match=pattern):
-        R.load_beir(tmp_path)
+    with pytest.raises(beir.BeirFormatError, match=pattern):
+        beir.load_beir(tmp_path)
 
 
 def test_missing_beir_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a directory"):
-        R.load_beir(tmp_path / "nope")
+        beir.load_beir(tmp_path / "nope")
     corpus, queries, qrels = _toy_beir()
-    R.write_beir(tmp_path, corpus, queries, qrels, split="dev")
+    beir.write_beir(tmp_path, corpus, queries, qrels, split="dev")
     with pytest.raises(FileNotFoundError, match=r"qrels file .*test\.tsv \(splits present: dev\)"):
-        R.load_beir(tmp_path)
+        beir.load_beir(tmp_path)
     (tmp_path / "queries.jsonl").unlink()
     with pytest.raises(FileNotFoundError, match=r"missing queries file .*queries\.jsonl"):
-        R.load_beir(tmp_path, split="dev")
+        beir.load_beir(tmp_path, split="dev")
 
 
 def test_qrels_without_header_are_read(tmp_path):
     corpus, queries, qrels = _toy_beir()
-    R.write_beir(tmp_path, corpus, queries, qrels)
+    beir.write_beir(tmp_path, corpus, queries, qrels)
     _write(tmp_path / "qrels" / "test.tsv", "q1\td1\t1\nq2\td2\t0\n")
-    assert R.load_beir(tmp_path).qrels == {"q1": {"d1": 1}, "q2": {"d2": 0}}
+    assert beir.load_beir(tmp_path).qrels == {"q1": {"d1": 1}, "q2": {"d2": 0}}
 
 
 # ---------------------------------------------------------------------------
@@ -386,9 +388,9 @@ def test_qrels_without_header_are_read(tmp_path):
 # ---------------------------------------------------------------------------
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(prog="normfast retrieval", description=R.retrieval_description,
+    parser = argparse.ArgumentParser(prog="normfast retrieval", description=command.retrieval_description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    R.retrieval_arguments(parser)
+    command.retrieval_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -399,7 +401,7 @@ def collection(rng, tmp_path):
     corpus = {d: {"title": "", "text": " ".join(["w"] * (1 + i % 9))} for i, d in enumerate(d_ids)}
     queries = {q: {"text": f"query {q}", "metadata": {"band": "low" if i < 15 else "high"}}
                for i, q in enumerate(q_ids)}
-    R.write_beir(tmp_path / "beir", corpus, queries, qrels)
+    beir.write_beir(tmp_path / "beir", corpus, queries, qrels)
     np.savez(tmp_path / "emb.npz", query_ids=np.array(q_ids), queries=Q.astype(np.float32),
              doc_ids=np.array(d_ids), docs=D.astype(np.float32))
     return tmp_path
@@ -410,7 +412,7 @@ def test_cli_runs_sweep_and_exports(collection, capsys):
     args = _parse(["--beir", str(t / "beir"), "--vectors", str(t / "emb.npz"), "--alphas=-1:1:0.5",
                    "--strata-key", "band", "--out", str(t / "out"), "--faiss", str(t / "i.faiss"),
                    "--alpha", "-0.5", "--no-progress", "--k", "50"])
-    assert R.retrieval_main(args) == 0
+    assert command.retrieval_main(args) == 0
     out = capsys.readouterr().out
     assert "best norm" in out and "best length" in out and "high" in out
     data = json.loads((t / "out" / "retrieval.json").read_text())
@@ -434,10 +436,10 @@ def test_cli_with_model_batches_through_the_encoder(collection, monkeypatch, cap
             return torch.randn(len(texts), 8, generator=g) * 3
 
     monkeypatch.setattr(enc, "load_encoder", lambda spec, **kw: FakeEncoder(), raising=False)
-    monkeypatch.setattr(R, "_ENCODERS", {})
+    monkeypatch.setattr(command, "_ENCODERS", {})
     args = _parse(["--beir", str(collection / "beir"), "--model", "fake", "--batch-size", "16",
                    "--alphas", "0,0.5", "--no-progress"])
-    assert R.retrieval_main(args) == 0
+    assert command.retrieval_main(args) == 0
     assert calls == [16, 14, 16, 16, 16, 16, 16, 16, 16, 8]  # 30 queries, then 120 documents
     assert "queries: 30 evaluated, documents: 120" in capsys.readouterr().out
 
@@ -450,7 +452,7 @@ def test_cli_with_model_batches_through_the_encoder(collection, monkeypatch, cap
 def test_cli_errors_exit_2_without_traceback(collection, capsys, argv_tail, pattern):
     args = _parse(["--beir", str(collection / "beir"), "--vectors", str(collection / "emb.npz"),
                    "--no-progress", *argv_tail])
-    assert R.retrieval_main(args) == 2
+    assert command.retrieval_main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("normfast retrieval: error:") and "Traceback" not in err
     assert re.search(pattern, err)
@@ -459,22 +461,22 @@ def test_cli_errors_exit_2_without_traceback(collection, capsys, argv_tail, patt
 def test_cli_reports_bad_inputs(collection, capsys, tmp_path):
     np.savez(tmp_path / "bad.npz", queries=np.ones((2, 3)))
     args = _parse(["--beir", str(collection / "beir"), "--vectors", str(tmp_path / "bad.npz")])
-    assert R.retrieval_main(args) == 2
+    assert command.retrieval_main(args) == 2
     assert "lacks array(s) query_ids, doc_ids, docs" in capsys.readouterr().err
     args = _parse(["--beir", str(tmp_path / "missing"), "--vectors", str(collection / "emb.npz")])
-    assert R.retrieval_main(args) == 2
+    assert command.retrieval_main(args) == 2
     assert "is not a directory" in capsys.readouterr().err
 
 
 def test_parse_alphas():
-    assert R.parse_alphas("-1:1:0.5") == [-1.0, -0.5, 0.0, 0.5, 1.0]
-    assert len(R.parse_alphas("-1:1:0.1")) == 21
-    assert R.parse_alphas("0.3, -0.2") == [0.3, -0.2]
+    assert command.parse_alphas("-1:1:0.5") == [-1.0, -0.5, 0.0, 0.5, 1.0]
+    assert len(command.parse_alphas("-1:1:0.1")) == 21
+    assert command.parse_alphas("0.3, -0.2") == [0.3, -0.2]
     with pytest.raises(ValueError):
-        R.parse_alphas("a,b")
+        command.parse_alphas("a,b")
 
 
 def test_description_teaches_the_score_and_the_control():
-    text = R.retrieval_description
+    text = command.retrieval_description
     assert "cos(q, d) * |d|^alpha" in text and "LENGTH-ONLY CONTROL" in text
     assert "never per stratum" in text

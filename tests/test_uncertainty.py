@@ -12,7 +12,7 @@ from torch import nn
 from normfast.core.equilibrium import equilibrium_norm
 from normfast.core.reference import brute_force_grouped, head_stack_reference
 from normfast.encoders import ModuleEncoder
-from normfast.engine.headstats import _head_products
+from normfast.engine.head.products import head_products
 from normfast.engine.objectives import InfoNCE
 from normfast.engine.ops import GroupedAccumulator, head_stats, prepare_head
 from normfast.engine.probe import ProbeConfig, probe
@@ -72,11 +72,11 @@ def test_head_products_match_the_reference(gen, bias, n, d_in, d_out, k1, k2):
     S = torch.randn(k2, da, da, generator=gen, dtype=torch.float64)
     S = S + S.transpose(1, 2)
     want = head_stack_reference(A, Z, G, S, has_bias=bias)
-    got = _head_products(A, Z, G, S if k2 else None, bias)
+    got = head_products(A, Z, G, S if k2 else None, bias)
     for key in ("zdot", "sq", "quad", "norm"):
         assert got[key].shape == want[key].shape
         torch.testing.assert_close(got[key], want[key], rtol=1e-12, atol=1e-12)
-    got32 = _head_products(A.float(), Z.float(), G.float(), S.float() if k2 else None, bias)
+    got32 = head_products(A.float(), Z.float(), G.float(), S.float() if k2 else None, bias)
     for key in ("zdot", "sq", "quad"):
         if want[key].numel() == 0:
             assert got32[key].shape == want[key].shape
@@ -229,7 +229,8 @@ def _head_inputs(enc, items):
 def _head_dirs(enc, items, pairs, cfg):
     """The run's head directions, recomputed with the library's own direction code."""
     from normfast.data.pairs import PairSource, virtual_batches
-    from normfast.engine.directions import OptimizerPreset, compute_directions
+    from normfast.engine.directions import compute_directions
+    from normfast.engine.presets import OptimizerPreset
 
     source = PairSource.from_iterable(pairs)
     seed = int(np.random.default_rng(cfg.seed).integers(2**31))
@@ -253,7 +254,7 @@ def _head_dirs(enc, items, pairs, cfg):
 
 
 def test_adaptive_M_is_deterministic_and_resumable(tmp_path, monkeypatch):
-    import normfast.engine.probe as engine
+    import normfast.engine.chunks as engine
 
     enc = _mlp(torch.float32)
     items, pairs = _toy(n_items=20, n_pairs=200, dtype=torch.float32)

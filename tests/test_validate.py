@@ -186,7 +186,8 @@ def test_trajectory_meter_matches_the_engine_batch_by_batch(tiny_data, variant):
     per-batch drift and κ, and its heat is the mean of |u|² (the engine's Q less its V2/M bias term)."""
     from normfast.apps.validate.data import build_encoder, probe_config
     from normfast.data.pairs import PairSource, virtual_batches
-    from normfast.engine.directions import OptimizerPreset, compute_directions, estimate_second_moments
+    from normfast.engine.directions import compute_directions, estimate_second_moments
+    from normfast.engine.presets import OptimizerPreset
     from normfast.engine.objectives import InfoNCE
     from normfast.engine.probe import probe
     from normfast.engine.trajectory import TrajectoryMeter

@@ -47,7 +47,7 @@ def make_token_source(plan: dict[str, Any], want: str):
         try:
             import transformers
 
-            from normfast.data.datasets import minilm_path
+            from normfast.encoders.packaged import minilm_path
 
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(minilm_path()))
         except Exception as exc:  # noqa: BLE001 - fall back to random ids

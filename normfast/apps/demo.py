@@ -40,7 +40,7 @@ def demo_arguments(p: argparse.ArgumentParser) -> None:
 
 def demo_main(args: argparse.Namespace) -> int:
     from normfast.core.stats import spearman
-    from normfast.data.datasets import top_words, zipf_frequency
+    from normfast.data.word_frequencies import top_words, zipf_frequency
     from normfast.encoders import load_encoder
     from normfast.engine.probe import ProbeConfig, probe
 

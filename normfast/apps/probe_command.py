@@ -5,9 +5,10 @@ from pathlib import Path
 
 import torch
 
+from normfast.data.records import read_jsonl, read_lines, read_tsv
 from normfast.engine.config import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODES, ProbeConfig
 from normfast.engine.probe import probe
-from normfast.engine.directions import (PRESETS)
+from normfast.engine.presets import PRESETS
 from normfast.engine.distributed import current_shard
 
 
@@ -51,31 +52,16 @@ file: it uses the probes themselves (or --pairs as plain items)."""
 
 
 def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | None]:
-    import json as _json
-
-    if not path.exists():
-        raise FileNotFoundError(f"probes file {path} does not exist")
-    items: list[str] = []
-    ids: list[str] = []
-    has_ids = False
+    fn = "probes file"
     if path.suffix == ".jsonl":
-        for ln, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = _json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{ln}: not valid JSON ({exc})") from None
-            if text_key not in rec:
-                raise ValueError(f"{path}:{ln}: missing key {text_key!r}")
-            items.append(str(rec[text_key]))
-            if "id" in rec:
-                has_ids = True
-            ids.append(str(rec.get("id", len(items) - 1)))
+        records = [rec for _, rec in read_jsonl(path, fn=fn, text_fields=(text_key,))]
+        items = [rec[text_key] for rec in records]
+        has_ids = any("id" in rec for rec in records)
+        ids = [str(rec.get("id", i)) for i, rec in enumerate(records)]
+    elif path.suffix == ".tsv":
+        items, ids, has_ids = [fields[0] for _, fields in read_tsv(path, fn=fn, columns=[0])], [], False
     else:
-        for line in path.read_text().splitlines():
-            if line.strip():
-                items.append(line.split("\t")[0] if path.suffix == ".tsv" else line.rstrip("\n"))
+        items, ids, has_ids = [line for _, line in read_lines(path, fn=fn)], [], False
     if not items:
         raise ValueError(f"probes file {path} holds no probe items")
     return items, (ids if has_ids else None)

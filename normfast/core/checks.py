@@ -86,3 +86,45 @@ def check_finite_scalar(fn: str, name: str, value: Any, *, minimum: float | None
         op = ">" if strictly else ">="
         raise ValueError(f"{fn}: expected {name} {op} {minimum}, got {value!r}")
     return v
+
+
+def check_choice(fn: str, name: str, value: Any, allowed: Sequence[Any]) -> Any:
+    if value not in allowed:
+        raise ValueError(f"{fn}: expected {name} to be one of {tuple(allowed)}, got {name}={value!r}")
+    return value
+
+
+def check_groups(fn: str, groups: Any) -> int:
+    """K, the batch groups behind every error bar: an integer >= 2."""
+    return check_positive_int(fn, "groups (K, the batch groups of the error bars)", groups, minimum=2)
+
+
+def float_tensor(fn: str, name: str, x: Any, ndims: int | Iterable[int], layout: str) -> torch.Tensor:
+    """``x`` as a tensor (:func:`as_tensor`) of a floating dtype with ``ndims`` dimensions."""
+    t = as_tensor(fn, name, x)
+    check_float(fn, name, t)
+    check_ndim(fn, name, t, ndims, layout)
+    return t
+
+
+def counts_tensor(fn: str, name: str, counts: Any, k: int, *, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """Batch counts of K groups (a list, a tuple or an array) as a ``[K]`` tensor, each count positive."""
+    if isinstance(counts, (list, tuple)):
+        t = torch.tensor([float(c) for c in counts])
+    else:
+        t = as_tensor(fn, name, counts)
+    t = t.to(dtype=dtype, device=device)
+    if tuple(t.shape) != (k,) or not bool((t > 0).all()):
+        raise ValueError(f"{fn}: expected {name} of shape [K]=({k},) with positive batch counts, "
+                         f"got {describe(name, t)} = {t.tolist()}")
+    return t
+
+
+def compute_dtype(fn: str, dtype: torch.dtype | None, *tensors: torch.Tensor | None) -> torch.dtype:
+    """The precision to compute in: ``dtype`` (float32 or float64), else float64 when any input is float64."""
+    if dtype is None:
+        wide = any(x.dtype == torch.float64 for x in tensors if x is not None)
+        return torch.float64 if wide else torch.float32
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{fn}: expected dtype None, torch.float32 or torch.float64, got dtype={dtype}")
+    return dtype

@@ -183,20 +183,9 @@ def _stat(fn: str, name: str, x: Any) -> np.ndarray:
     return arr
 
 
-def equilibrium_coefficients(
-    D: Any,
-    Q: Any,
-    kappa: Any,
-    *,
-    lr: float,
-    weight_decay: float,
-    D_w: Any = None,
-    Q_w: Any = None,
-    C_uw: Any = None,
-    momentum: float = 0.0,
-    Q_curv: Any = None,
-    Q_curv_w: Any = None,
-) -> np.ndarray:
+def equilibrium_coefficients(D: Any, Q: Any, kappa: Any, *, lr: float, weight_decay: float, D_w: Any = None,
+                             Q_w: Any = None, C_uw: Any = None, momentum: float = 0.0, Q_curv: Any = None,
+                             Q_curv_w: Any = None) -> np.ndarray:
     """Coefficients ``(a, b, c, d, e)`` of the equilibrium quartic, one row per probe.
 
     ``a = 2 lambda kappa``, ``b = -2 D_w``, ``c = -(2 D + eta' (Q_w + Q_curv_w))``,
@@ -274,22 +263,10 @@ def equilibrium_coefficients(
     return out
 
 
-def equilibrium_norm(
-    D: Any,
-    Q: Any,
-    kappa: Any,
-    *,
-    lr: float,
-    weight_decay: float,
-    D_w: Any = None,
-    Q_w: Any = None,
-    C_uw: Any = None,
-    momentum: float = 0.0,
-    Q_curv: Any = None,
-    Q_curv_w: Any = None,
-    return_count: bool = False,
-    threads: int | None = None,
-) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+def equilibrium_norm(D: Any, Q: Any, kappa: Any, *, lr: float, weight_decay: float, D_w: Any = None, Q_w: Any = None,
+                     C_uw: Any = None, momentum: float = 0.0, Q_curv: Any = None, Q_curv_w: Any = None,
+                     return_count: bool = False, threads: int | None = None
+                     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Equilibrium norm ``R_eq`` per probe: the law's coefficients, solved row by row.
 
     Pure SGD (``b = d = 0``) reduces to

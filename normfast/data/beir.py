@@ -5,15 +5,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping
 
-
+from normfast.data.records import RecordError, read_jsonl, read_tsv
 
 # ---------------------------------------------------------------------------
 # BEIR format
 # ---------------------------------------------------------------------------
 
-class BeirFormatError(ValueError):
+class BeirFormatError(RecordError):
     """A BEIR file that cannot be read; the message names the file and line."""
 
 
@@ -44,24 +44,6 @@ class BeirData:
         return {q: str(m[key]) for q, m in self.metadata.items() if key in m}
 
 
-def _read_jsonl(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BeirFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise BeirFormatError(f"{path}:{lineno}: expected a JSON object, "
-                                      f"got {type(obj).__name__}")
-            for key in required:
-                if key not in obj:
-                    raise BeirFormatError(f"{path}:{lineno}: missing field {key!r}")
-            yield lineno, obj
-
-
 def load_beir(folder: str | os.PathLike, split: str = "test") -> BeirData:
     """Read a BEIR collection: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/{split}.tsv``.
 
@@ -70,9 +52,10 @@ def load_beir(folder: str | os.PathLike, split: str = "test") -> BeirData:
     file is tab separated ``query-id corpus-id score`` with an optional header
     line. Errors name the file and line.
     """
+    fn = "load_beir"
     root = Path(folder)
     if not root.is_dir():
-        raise FileNotFoundError(f"load_beir: {root} is not a directory")
+        raise FileNotFoundError(f"{fn}: {root} is not a directory")
     paths = {"corpus": root / "corpus.jsonl", "queries": root / "queries.jsonl",
              "qrels": root / "qrels" / f"{split}.tsv"}
     for name, p in paths.items():
@@ -81,45 +64,38 @@ def load_beir(folder: str | os.PathLike, split: str = "test") -> BeirData:
             if name == "qrels" and (root / "qrels").is_dir():
                 have = sorted(x.stem for x in (root / "qrels").glob("*.tsv"))
                 hint = f" (splits present: {', '.join(have) or 'none'})"
-            raise FileNotFoundError(f"load_beir: missing {name} file {p}{hint}")
+            raise FileNotFoundError(f"{fn}: missing {name} file {p}{hint}")
 
     corpus: dict[str, dict[str, str]] = {}
-    for lineno, obj in _read_jsonl(paths["corpus"], ("_id", "text")):
+    for lineno, obj in read_jsonl(paths["corpus"], fn=fn, fields=("_id", "text"), error=BeirFormatError):
         did = str(obj["_id"])
         if did in corpus:
-            raise BeirFormatError(f"{paths['corpus']}:{lineno}: duplicate _id {did!r}")
+            raise BeirFormatError(f"{fn}: {paths['corpus']}:{lineno}: duplicate _id {did!r}")
         corpus[did] = {"title": str(obj.get("title") or ""), "text": str(obj["text"] or "")}
     queries: dict[str, str] = {}
     metadata: dict[str, dict[str, Any]] = {}
-    for lineno, obj in _read_jsonl(paths["queries"], ("_id", "text")):
+    for lineno, obj in read_jsonl(paths["queries"], fn=fn, fields=("_id", "text"), error=BeirFormatError):
         qid = str(obj["_id"])
         if qid in queries:
-            raise BeirFormatError(f"{paths['queries']}:{lineno}: duplicate _id {qid!r}")
+            raise BeirFormatError(f"{fn}: {paths['queries']}:{lineno}: duplicate _id {qid!r}")
         queries[qid] = str(obj["text"])
         meta = obj.get("metadata")
         if meta is not None:
             if not isinstance(meta, dict):
-                raise BeirFormatError(f"{paths['queries']}:{lineno}: metadata must be a JSON "
+                raise BeirFormatError(f"{fn}: {paths['queries']}:{lineno}: metadata must be a JSON "
                                       f"object, got {type(meta).__name__}")
             metadata[qid] = meta
     qrels: dict[str, dict[str, int]] = {}
-    with open(paths["qrels"], encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            parts = line.rstrip("\n").rstrip("\r").split("\t")
-            if lineno == 1 and [p.strip() for p in parts] == ["query-id", "corpus-id", "score"]:
-                continue
-            if len(parts) != 3:
-                raise BeirFormatError(f"{paths['qrels']}:{lineno}: expected 3 tab-separated fields "
-                                      f"(query-id, corpus-id, score), got {len(parts)}")
-            qid, did, score = (p.strip() for p in parts)
-            try:
-                rel = int(score)
-            except ValueError:
-                raise BeirFormatError(f"{paths['qrels']}:{lineno}: score must be an integer, "
-                                      f"got {score!r}") from None
-            qrels.setdefault(qid, {})[did] = rel
+    for lineno, parts in read_tsv(paths["qrels"], fn=fn, n_fields=3, error=BeirFormatError):
+        if lineno == 1 and [p.strip() for p in parts] == ["query-id", "corpus-id", "score"]:
+            continue
+        qid, did, score = (p.strip() for p in parts)
+        try:
+            rel = int(score)
+        except ValueError:
+            raise BeirFormatError(f"{fn}: {paths['qrels']}:{lineno}: score must be an integer, "
+                                  f"got {score!r}") from None
+        qrels.setdefault(qid, {})[did] = rel
     return BeirData(corpus=corpus, queries=queries, qrels=qrels, metadata=metadata)
 
 

@@ -58,6 +58,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from normfast.data.records import read_jsonl
+
 LAYOUTS = ("lines", "blank")
 
 
@@ -76,30 +78,19 @@ def read_documents(path: str | os.PathLike, *, layout: str = "lines", text_key: 
         raise FileNotFoundError(f"{fn}: corpus file {path} does not exist")
     if layout not in LAYOUTS:
         raise ValueError(f"{fn}: layout must be one of {LAYOUTS}, got {layout!r}")
-    raw = path.read_text(encoding="utf-8")
     docs: list[Document] = []
     if path.suffix == ".jsonl":
-        for ln, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{ln}: not valid JSON ({exc})") from None
-            if not isinstance(rec, dict) or text_key not in rec:
-                raise ValueError(f"{path}:{ln}: expected an object with the text field {text_key!r}")
+        for _, rec in read_jsonl(path, fn=fn, text_fields=(text_key,)):
             text = rec[text_key]
-            if not isinstance(text, str):
-                raise ValueError(f"{path}:{ln}: field {text_key!r} must be a string, got {type(text).__name__}")
             if text.strip():
                 docs.append(Document(str(rec.get(id_key, len(docs))), text.strip()))
     elif layout == "lines":
-        for line in raw.splitlines():
+        for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 docs.append(Document(str(len(docs)), line.strip()))
     else:
         block: list[str] = []
-        for line in raw.splitlines() + [""]:
+        for line in path.read_text(encoding="utf-8").splitlines() + [""]:
             if line.strip():
                 block.append(line.rstrip())
             elif block:

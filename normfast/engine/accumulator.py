@@ -36,59 +36,17 @@ import torch
 
 from normfast.core.checks import (
     as_tensor,
+    check_choice,
     check_float,
     check_ndim,
     check_positive_int,
     check_same_device,
     describe,
 )
-from normfast.engine.uncertainty import DEFAULT_GROUPS, group_spread, jackknife_se
-
-#: Per-row failure codes: ``reason[i]`` indexes this tuple.
-REASONS = ("ok", "zero_norm", "non_finite_embedding", "non_finite_displacement")
-ZERO_NORM, NON_FINITE_EMBEDDING, NON_FINITE_DISPLACEMENT = 1, 2, 3
-
-BRANCHES = ("u", "w", "uw")
-BACKENDS = ("auto", "torch", "triton")
-
-#: Statistic names per branch; the w branch adds the suffix ``_w``.
-STAT_KEYS = ("D", "se_D", "sign_stability", "m2", "V2", "Q")
-#: Error-bar statistics of :class:`GroupedAccumulator` per branch (suffix ``_w`` for the w branch).
-GROUPED_KEYS = ("se_V2", "se_Q")
+from normfast.engine.statkeys import BACKENDS, BRANCHES, branch_suffixes, row_codes
 
 # Elements of scratch memory the torch path may allocate per step.
 _TORCH_SCRATCH = 1 << 25
-
-
-def stat_names(branch: str) -> list[str]:
-    """Output keys of the statistics for ``branch`` (without valid/reason/M)."""
-    names = []
-    if branch in ("u", "uw"):
-        names += list(STAT_KEYS)
-    if branch in ("w", "uw"):
-        names += [k + "_w" for k in STAT_KEYS]
-    if branch == "uw":
-        names.append("C_uw")
-    return names
-
-
-def _branch_suffixes(branch: str) -> list[str]:
-    return {"u": ["_u"], "w": ["_w"], "uw": ["_u", "_w"]}[branch]
-
-
-def _check_branch(fn: str, branch: Any, allowed: tuple[str, ...] = BRANCHES) -> str:
-    if branch not in allowed:
-        raise ValueError(f"{fn}: expected branch to be one of {allowed}, got branch={branch!r}")
-    return branch
-
-
-def _row_codes(norm: torch.Tensor, bad_displacement: torch.Tensor) -> torch.Tensor:
-    """Failure code per row for one update; embedding problems take priority."""
-    code = torch.zeros(norm.shape, dtype=torch.int8, device=norm.device)
-    code[bad_displacement] = NON_FINITE_DISPLACEMENT
-    code[~torch.isfinite(norm)] = NON_FINITE_EMBEDDING
-    code[norm == 0] = ZERO_NORM
-    return code
 
 
 class ProbeAccumulator:
@@ -112,7 +70,7 @@ class ProbeAccumulator:
 
     Every row is kept: rows whose embedding has zero or non-finite norm, or
     whose displacements are non-finite, finalize to NaN statistics with a
-    code in ``reason`` (see :data:`REASONS`).
+    code in ``reason`` (see :data:`normfast.engine.statkeys.REASONS`).
     """
 
     def __init__(self, n_probes: int, dim: int, *, branch: str = "u", device: Any = "cpu",
@@ -120,13 +78,11 @@ class ProbeAccumulator:
         fn = "ProbeAccumulator"
         n_probes = check_positive_int(fn, "n_probes", n_probes)
         dim = check_positive_int(fn, "dim", dim)
-        _check_branch(fn, branch)
+        check_choice(fn, "branch", branch, BRANCHES)
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"{fn}: expected dtype torch.float32 or torch.float64, "
                             f"got dtype={dtype}")
-        if backend not in BACKENDS:
-            raise ValueError(f"{fn}: expected backend to be one of {BACKENDS}, "
-                             f"got backend={backend!r}")
+        check_choice(fn, "backend", backend, BACKENDS)
         device = torch.device(device)
         if backend == "triton":
             from normfast.kernels import MAX_FUSED_DIM
@@ -283,7 +239,7 @@ class ProbeAccumulator:
             c1 = (prod - cshift).sum(0)
             self._cross.copy_(cshift + c1 / n_new)
             bad |= ~torch.isfinite(c1)
-        code = _row_codes(norm, bad)
+        code = row_codes(norm, bad)
         self._reason.copy_(torch.where(self._reason != 0, self._reason, code))
         self._n = n_new
 
@@ -328,7 +284,7 @@ class ProbeAccumulator:
     def finalize(self) -> dict[str, Any]:
         """The statistics over the ``M`` directions seen so far.
 
-        Per branch (keys of :data:`STAT_KEYS`; suffix ``_w`` for the w branch):
+        Per branch (keys of :data:`~normfast.engine.statkeys.STAT_KEYS`; suffix ``_w`` for the w branch):
         ``D`` mean radial dot, ``se_D = std(r, ddof=1)/sqrt(M)``,
         ``sign_stability`` = fraction of directions whose radial dot has the
         sign of ``D`` (``sign(0) = 0``: a zero dot agrees only with ``D = 0``),
@@ -343,7 +299,7 @@ class ProbeAccumulator:
         out: dict[str, Any] = {}
         valid = self._reason == 0
         nan = torch.tensor(float("nan"), dtype=self.dtype, device=self.device)
-        for b, suffix in enumerate(_branch_suffixes(self.branch)):
+        for b, suffix in enumerate(branch_suffixes(self.branch)):
             key = "" if suffix == "_u" else "_w"
             m2_dev, rmean, rm2 = self._moments[b]
             pos, neg = self._counts[b]
@@ -371,7 +327,7 @@ class ProbeAccumulator:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """A copy of the state as named plain tensors (layout in the module docstring)."""
         state = {"n": torch.tensor(self._n, dtype=torch.int64), "reason": self._reason.clone()}
-        for b, suffix in enumerate(_branch_suffixes(self.branch)):
+        for b, suffix in enumerate(branch_suffixes(self.branch)):
             state["mean" + suffix] = self._mean[b].clone()
             for i, name in enumerate(("M2", "rmean", "rM2")):
                 state[name + suffix] = self._moments[b, i].clone()
@@ -387,7 +343,7 @@ class ProbeAccumulator:
             "n": ((), torch.int64),
             "reason": ((n,), torch.int8),
         }
-        for suffix in _branch_suffixes(self.branch):
+        for suffix in branch_suffixes(self.branch):
             spec["mean" + suffix] = ((n, d), self.dtype)
             for name in ("M2", "rmean", "rM2"):
                 spec[name + suffix] = ((n,), self.dtype)
@@ -420,7 +376,7 @@ class ProbeAccumulator:
             raise ValueError(f"{fn}: expected n >= 0, got n={n}")
         self._n = n
         self._reason.copy_(tensors["reason"])
-        for b, suffix in enumerate(_branch_suffixes(self.branch)):
+        for b, suffix in enumerate(branch_suffixes(self.branch)):
             self._mean[b].copy_(tensors["mean" + suffix])
             for i, name in enumerate(("M2", "rmean", "rM2")):
                 self._moments[b, i].copy_(tensors[name + suffix])
@@ -429,121 +385,3 @@ class ProbeAccumulator:
         if self._cross is not None:
             self._cross.copy_(tensors["cross"])
         return self
-
-
-class GroupedAccumulator:
-    """Per-probe statistics with error bars: K :class:`ProbeAccumulator` s, one per batch group.
-
-    Direction ``b`` (its global batch index: ``first_batch`` of the update
-    plus its position) goes to group ``b mod K``, so the grouping does not
-    depend on how the directions are chunked or ordered. :meth:`finalize`
-    returns what one accumulator over all directions returns (merged with
-    Chan's formula, exact up to rounding) except that ``se_D`` and
-    ``sign_stability`` come from the K group drifts ``D_g`` (the estimator of
-    :func:`normfast.engine.uncertainty.group_spread`: K−1 degrees of
-    freedom), plus ``se_V2``/``se_Q`` (delete-a-group jackknife) and ``loo``
-    -- ``{"D", "m2", "V2", "Q", "C_uw"}`` (suffixed by branch) → ``[N, K]``
-    values over all directions outside each group -- and ``groups`` (K). A
-    leave-one-out set of fewer than two directions gives NaN there. The
-    grouped head-mode estimators of :func:`normfast.engine.ops.head_stats` are
-    the same numbers in closed form. Memory: K times one accumulator.
-    """
-
-    def __init__(self, n_probes: int, dim: int, *, groups: int = DEFAULT_GROUPS, branch: str = "u",
-                 device: Any = "cpu", dtype: torch.dtype = torch.float32, backend: str = "auto") -> None:
-        fn = "GroupedAccumulator"
-        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 2:
-            raise ValueError(f"{fn}: expected groups (K) to be an integer >= 2, got groups={groups!r}")
-        self.groups = [ProbeAccumulator(n_probes, dim, branch=branch, device=device, dtype=dtype, backend=backend)
-                       for _ in range(groups)]
-        self.K = groups
-        self.n_probes, self.dim, self.branch = n_probes, dim, branch
-        self.dtype, self.device = dtype, self.groups[0].device
-
-    @property
-    def M(self) -> int:
-        return sum(g.M for g in self.groups)
-
-    @property
-    def counts(self) -> list[int]:
-        return [g.M for g in self.groups]
-
-    def __repr__(self) -> str:
-        return (f"GroupedAccumulator(n_probes={self.n_probes}, dim={self.dim}, branch={self.branch!r}, "
-                f"K={self.K}, M={self.M}, counts={self.counts})")
-
-    def update(self, t: Any, z: Any, *, t_w: Any = None, first_batch: int = 0) -> "GroupedAccumulator":
-        """Add directions ``first_batch, first_batch + 1, ...``: ``t`` ``[N, d]`` or ``[k, N, d]`` (see
-        :meth:`ProbeAccumulator.update`)."""
-        fn = "GroupedAccumulator.update"
-        if isinstance(first_batch, bool) or not isinstance(first_batch, int) or first_batch < 0:
-            raise ValueError(f"{fn}: expected first_batch to be a non-negative int, got {first_batch!r}")
-        t = as_tensor(fn, "t", t)
-        t_w = None if t_w is None else as_tensor(fn, "t_w", t_w)
-        if t.dim() == 2:
-            t = t.unsqueeze(0)
-            t_w = None if t_w is None else t_w.unsqueeze(0)
-        ids = (torch.arange(t.shape[0]) + first_batch) % self.K
-        for g in range(self.K):
-            pick = torch.nonzero(ids == g).flatten()
-            if len(pick) == 0:
-                continue
-            pick = pick.to(t.device)
-            self.groups[g].update(t.index_select(0, pick), z,
-                                  t_w=None if t_w is None else t_w.index_select(0, pick))
-        return self
-
-    def merge(self, other: "GroupedAccumulator") -> "GroupedAccumulator":
-        """Combine group by group with an accumulator of DIFFERENT directions for the SAME probes."""
-        if not isinstance(other, GroupedAccumulator) or other.K != self.K:
-            raise ValueError(f"GroupedAccumulator.merge: expected a GroupedAccumulator with K={self.K}, got "
-                             f"{other!r}")
-        for mine, theirs in zip(self.groups, other.groups):
-            mine.merge(theirs)
-        return self
-
-    def _merged(self, skip: int | None = None) -> ProbeAccumulator:
-        first = self.groups[0]
-        out = ProbeAccumulator(first.n_probes, first.dim, branch=first.branch, device=first.device,
-                               dtype=first.dtype, backend=first.backend)
-        for g, acc in enumerate(self.groups):
-            if g != skip:
-                out.merge(acc)
-        return out
-
-    def finalize(self) -> dict[str, Any]:
-        """The statistics over all directions, with the grouped error bars (see the class docstring)."""
-        fn = "GroupedAccumulator.finalize"
-        empty = [g for g, n in enumerate(self.counts) if n == 0]
-        if empty:
-            raise ValueError(f"{fn}: expected at least one direction in each of the K={self.K} groups, got "
-                             f"counts={self.counts}")
-        out = self._merged().finalize()
-        valid = out["valid"]
-        nan = torch.tensor(float("nan"), dtype=self.dtype, device=self.device)
-        counts = torch.tensor(self.counts, dtype=self.dtype, device=self.device)
-        suffixes = [("" if s == "_u" else "_w") for s in _branch_suffixes(self.branch)]
-        loo_parts: dict[str, list[torch.Tensor]] = {}
-        for g in range(self.K):
-            left = self.M - self.counts[g]
-            if left >= 2:
-                part = self._merged(skip=g).finalize()
-            else:
-                part = {k: torch.full((self.n_probes,), float("nan"), dtype=self.dtype, device=self.device)
-                        for k in out if isinstance(out[k], torch.Tensor) and out[k].is_floating_point()}
-            for key in ("D", "m2", "V2", "Q"):
-                for sfx in suffixes:
-                    loo_parts.setdefault(key + sfx, []).append(part[key + sfx])
-            if "C_uw" in out:
-                loo_parts.setdefault("C_uw", []).append(part["C_uw"])
-        loo = {k: torch.where(valid[:, None], torch.stack(v, 1), nan) for k, v in loo_parts.items()}
-        for b, sfx in enumerate(suffixes):
-            group_drift = torch.stack([acc._moments[b, 1] for acc in self.groups], 1)   # D_g
-            se, agree = group_spread(out["D" + sfx], group_drift, counts)
-            out["se_D" + sfx] = torch.where(valid, se, nan)
-            out["sign_stability" + sfx] = torch.where(valid, agree, nan)
-            out["se_V2" + sfx] = jackknife_se(loo["V2" + sfx])
-            out["se_Q" + sfx] = jackknife_se(loo["Q" + sfx])
-        out["loo"] = loo
-        out["groups"] = self.K
-        return out

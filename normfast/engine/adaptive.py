@@ -24,6 +24,9 @@ import numpy as np
 import torch
 
 from normfast.engine.directions import Directions
+from normfast.engine.head.stats import head_stats
+from normfast.engine.run import ProbeRun
+from normfast.engine.transmission import Tail, head_inputs, prepared_head
 
 
 @dataclass
@@ -59,9 +62,7 @@ def _concat(parts: Sequence[Directions]) -> Directions:
 
 
 class _HeadPilot:
-    def __init__(self, run: Any, items: Sequence[Any]):
-        from normfast.engine.transmission import head_inputs
-
+    def __init__(self, run: ProbeRun, items: Sequence[Any]):
         self.run = run
         _, front, rows = run.front(items)
         self.a, self.z = head_inputs(run.encoder, front, run.cut, rows)
@@ -71,9 +72,6 @@ class _HeadPilot:
         self.parts.append(dirs)
 
     def rse(self) -> float:
-        from normfast.engine.headstats import head_stats
-        from normfast.engine.transmission import prepared_head
-
         run = self.run
         dirs = prepared_head(run.encoder, _concat(self.parts), dtype=run.acc_dtype, groups=run.groups)
         stats = head_stats(self.a, self.z, dirs, branch=run.branch)
@@ -82,9 +80,7 @@ class _HeadPilot:
 
 
 class _JvpPilot:
-    def __init__(self, run: Any, items: Sequence[Any]):
-        from normfast.engine.transmission import Tail
-
+    def __init__(self, run: ProbeRun, items: Sequence[Any]):
         self.run = run
         _, self.front, self.rows = run.front(items)
         self.tail = Tail(run.encoder, run.names, run.cut, run.output)
@@ -101,10 +97,10 @@ class _JvpPilot:
         return quantile_rse(stats["se_V2" + sfx], stats["V2" + sfx], self.run.config.target_quantile)
 
 
-def _plan_on_root(run: Any, pilot_items: Sequence[Any]) -> AdaptivePlan:
+def _plan_on_root(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
     cfg = run.config
     K, target, cap = run.groups, float(cfg.target_rse), int(cfg.max_batches)
-    first = run._compute_directions(list(range(run.M)), cfg.drift_from_mean)
+    first = run.compute_directions(list(range(run.M)), cfg.drift_from_mean)
     pilot = _HeadPilot(run, pilot_items) if run.mode == "head" else _JvpPilot(run, pilot_items)
     pilot.add(first)
     keep_limit = math.inf if run.mode == "head" else run.direction_group_for(cap)
@@ -118,7 +114,7 @@ def _plan_on_root(run: Any, pilot_items: Sequence[Any]) -> AdaptivePlan:
         M_next = next_M(M, q, target, K, cap)
         step = int(min(M_next - M, keep_limit))
         for lo in range(M, M_next, step):
-            part = run._compute_directions(list(range(lo, min(lo + step, M_next))), False)
+            part = run.compute_directions(list(range(lo, min(lo + step, M_next))), False)
             pilot.add(part)
             if kept is not None and M_next <= keep_limit:
                 kept.append(part)
@@ -130,7 +126,7 @@ def _plan_on_root(run: Any, pilot_items: Sequence[Any]) -> AdaptivePlan:
     return AdaptivePlan(M, directions, drift, rounds)
 
 
-def adaptive_plan(run: Any, pilot_items: Sequence[Any]) -> AdaptivePlan:
+def adaptive_plan(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
     """Choose M (see the module docstring) on the probe items of the first chunk; sets ``run.M`` and
     ``run.adaptive``. A collective when sharded."""
     cfg = run.config

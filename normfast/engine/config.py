@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
-
-from normfast.engine.directions import (OptimizerPreset, PRESETS)
+from normfast.core.checks import check_groups
+from normfast.engine.presets import PRESETS, OptimizerPreset
 from normfast.engine.uncertainty import DEFAULT_GROUPS
 
 
@@ -146,10 +147,7 @@ class ProbeConfig:
         OptimizerPreset(presets[0], self.lr, self.weight_decay, self.momentum if presets[0] == "sgd" else 0.0)
 
     def _validate_drift(self, fn: str) -> None:
-        k = self.groups
-        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-            raise ValueError(f"{fn}: groups (K, the batch groups behind the standard errors) must be an "
-                             f"integer >= 2, got groups={k!r}")
+        check_groups(fn, self.groups)
         md = self.drift_batches
         if md is None or (isinstance(md, int) and not isinstance(md, bool) and md == 0):
             return
@@ -239,6 +237,14 @@ class ProbeConfig:
         from normfast.engine.uncertainty import effective_groups
 
         return effective_groups(self.groups, self.batches)
+
+    def presets(self, names: Sequence[str], second_moments: Mapping[str, Any] | None = None
+                ) -> dict[str, OptimizerPreset]:
+        """The optimizer preset of every probed parameter in ``names`` (momentum is sgd's only)."""
+        return {n: OptimizerPreset(self.preset_for(n), self.lr, self.weight_decay,
+                                   self.momentum if self.preset_for(n) == "sgd" else 0.0,
+                                   self.betas, self.eps, second_moments)
+                for n in names}
 
     def preset_for(self, name: str) -> str:
         if isinstance(self.optimizer, str):

@@ -49,7 +49,8 @@ def curvature_heat(encoder: Any, probes: Sequence[Any], objective: Any, pairs: A
     Returns ``{"c": [n], "norm": [n], "Q_curv" or "Q_curv_w": [n]}``.
     """
     from normfast.data.pairs import virtual_batches
-    from normfast.engine.directions import OptimizerPreset, compute_directions, resolve_parameters
+    from normfast.engine.directions import compute_directions, resolve_parameters
+    from normfast.engine.presets import OptimizerPreset
     from normfast.engine.objectives import get_objective
     from normfast.data.pairs import as_pair_source as _as_pair_source
     from normfast.encoders import forward_ad_safe

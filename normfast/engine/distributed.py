@@ -267,7 +267,7 @@ def merge_across_ranks(acc: Any) -> Any:
     would not be exact: the state is a mean and centred sums, not a sum.
     Outside a process group of two or more ranks, returns ``acc`` unchanged.
     """
-    from normfast.engine.ops import ProbeAccumulator
+    from normfast.engine.accumulator import ProbeAccumulator
 
     if not isinstance(acc, ProbeAccumulator):
         raise TypeError(f"merge_across_ranks: expected a ProbeAccumulator, got {type(acc).__name__}")

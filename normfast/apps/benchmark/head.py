@@ -381,10 +381,10 @@ def form_gemms(form: str, n: int, d_in: int, d_out: int, m: int, *, bias: bool =
     (``S_c``, or one per group); ``k1``: direction matrices, one ``[a | 1]·G̃_kᵀ``
     (``d_in × d_out``) each; ``k2``: quadratic forms, multiplied on their
     folded lower triangles in the column blocks of
-    :func:`normfast.engine.headstats.stack_plan` (``quad_gemms``: ``(rows
+    :func:`normfast.engine.head.products.stack_plan` (``quad_gemms``: ``(rows
     of the factor, columns)`` per block, all K2 side by side).
     """
-    from normfast.engine.headstats import stack_plan
+    from normfast.engine.head.products import stack_plan
     from normfast.engine.uncertainty import DEFAULT_GROUPS, effective_groups
 
     da = d_in + int(bias)

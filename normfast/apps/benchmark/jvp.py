@@ -84,7 +84,8 @@ def _jvp_jacrev(encoder, tangents: dict[str, torch.Tensor], X: torch.Tensor, chu
 
 
 def _mlp_directions(encoder, s: JacrevSettings, seed: int = 0):
-    from normfast.engine.directions import OptimizerPreset, compute_directions
+    from normfast.engine.directions import compute_directions
+    from normfast.engine.presets import OptimizerPreset
     from normfast.engine.objectives import InfoNCE
     from normfast.data.pairs import PairSource, virtual_batches
 
@@ -180,8 +181,9 @@ class _MiniLMWork:
     """The cached pieces of the MiniLM section: model, directions, tokenized chunks."""
 
     def __init__(self, s: MiniLMSettings):
-        from normfast.data.datasets import top_words
-        from normfast.engine.directions import OptimizerPreset, compute_directions, resolve_parameters
+        from normfast.data.word_frequencies import top_words
+        from normfast.engine.directions import compute_directions, resolve_parameters
+        from normfast.engine.presets import OptimizerPreset
         from normfast.encoders import load_encoder
         from normfast.engine.objectives import SimCSE
         from normfast.data.pairs import PairSource

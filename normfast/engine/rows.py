@@ -1,0 +1,123 @@
+"""A chunk's output table: the row metadata (items, tokens, the items' own columns), the statistics,
+the law solved row by row with its intervals, the validity codes and the regime of every row."""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from normfast.core.equilibrium import equilibrium_norm
+from normfast.engine.regime import classify_rows
+from normfast.engine.run import ProbeRun
+from normfast.engine.statkeys import REASONS
+from normfast.engine.uncertainty import equilibrium_intervals
+
+
+def row_metadata(run: ProbeRun, state: dict, items: Sequence[Any], c: int, ids: Sequence[str] | None,
+                  rows: torch.Tensor | None) -> dict[str, Any]:
+    size = run.config.chunk_size
+    item_index = np.arange(c * size, c * size + len(items), dtype=np.int64)
+    item_ids = [ids[i] for i in item_index] if ids is not None else [str(i) for i in item_index]
+    texts = [it if isinstance(it, str) else str(getattr(it, "text", "")) for it in items]
+    if rows is None:
+        return {"item": item_index, "id": item_ids, "text": texts,
+                "position": np.full(len(items), -1, np.int32),
+                "token_id": np.full(len(items), -1, np.int64), "token": [""] * len(items),
+                "is_special": np.zeros(len(items), bool)}
+    mask = rows.cpu().numpy()
+    b_idx, t_idx = np.nonzero(mask)
+    info = run.encoder.token_info(state)
+    special = np.zeros(len(b_idx), bool)
+    if info is not None:
+        tok_ids, tok_texts = info
+        tok_ids = tok_ids.cpu().numpy()[b_idx, t_idx].astype(np.int64)
+        tokens = [tok_texts[b][t] for b, t in zip(b_idx, t_idx)]
+        special = run.encoder.special_token_mask(state).cpu().numpy()[b_idx, t_idx]
+    else:
+        tok_ids = np.full(len(b_idx), -1, np.int64)
+        tokens = [""] * len(b_idx)
+    meta = {"item": item_index[b_idx], "id": [item_ids[b] for b in b_idx], "text": [texts[b] for b in b_idx],
+            "position": t_idx.astype(np.int32), "token_id": tok_ids, "token": tokens, "is_special": special}
+    meta.update(item_token_columns(items, b_idx, t_idx))
+    return meta
+
+
+def item_token_columns(items: Sequence[Any], b_idx: np.ndarray, t_idx: np.ndarray) -> dict[str, Any]:
+    """Per-position columns that the probe items provide themselves (``item.token_columns()``, e.g.
+    the document, word and special-token columns of corpus windows), gathered at the token rows."""
+    if not len(items) or not all(callable(getattr(it, "token_columns", None)) for it in items):
+        return {}
+    per_item = [it.token_columns() for it in items]
+    out: dict[str, Any] = {}
+    for name in per_item[0]:
+        parts = []
+        for b, cols in enumerate(per_item):
+            t = t_idx[b_idx == b]
+            col = cols[name]
+            parts.append(col[t] if isinstance(col, np.ndarray) else [col[i] for i in t])
+        out[name] = np.concatenate(parts) if isinstance(parts[0], np.ndarray) else [v for p in parts for v in p]
+    return out
+
+
+def finish_table(run: ProbeRun, meta: dict[str, Any], z: torch.Tensor, stats: Mapping[str, torch.Tensor],
+                  kappa: torch.Tensor, kappa_exempt: torch.Tensor) -> pa.Table:
+    cfg = run.config
+    to_np = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
+    norm = to_np(z.double().norm(dim=-1))
+    cols: dict[str, Any] = dict(meta)
+    cols["norm"] = norm
+    stat_names = []
+    for b in run.branches:
+        sfx = "" if b == "u" else "_w"
+        stat_names += [f"{k}{sfx}" for k in ("D", "se_D", "sign_stability", "V2", "m2", "Q", "se_V2", "se_Q")]
+    if run.branch == "uw":
+        stat_names.append("C_uw")
+    for k in stat_names:
+        cols[k] = to_np(stats[k]) if k in stats else np.full(len(norm), np.nan)
+    kap = to_np(kappa)
+    cols["kappa"] = kap
+    law = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
+    zero = np.zeros_like(norm)
+    D = cols.get("D", zero)
+    Q = cols.get("Q", zero)
+    extra = {}
+    if "w" in run.branches:
+        extra = dict(D_w=cols["D_w"], Q_w=cols["Q_w"], C_uw=cols.get("C_uw", zero))
+    with warnings.catch_warnings():
+        # kappa <= 0 (no stable equilibrium) is a per-row fact: counted into the summary, not warned per chunk
+        warnings.filterwarnings("ignore", message=r"equilibrium_coefficients: ", category=RuntimeWarning)
+        r_eq, n_pos = equilibrium_norm(D, Q, kap, return_count=True, **law, **extra)
+        heat_extra = dict(extra, D_w=zero) if extra else {}
+        r_heat = equilibrium_norm(zero, Q, kap, **law, **heat_extra)
+        # the intervals: the same quartic solved without each group (same rows, same counting)
+        bars = {}
+        if "loo" in stats:
+            loo = {k: to_np(v) for k, v in stats["loo"].items()}
+            bars = equilibrium_intervals(loo, kap, law, r_eq, r_heat, run.branches)
+    cols["r_eq"] = r_eq
+    cols["r_eq_heat"] = r_heat
+    for k in ("r_eq_lo", "r_eq_hi", "r_eq_heat_lo", "r_eq_heat_hi"):
+        cols[k] = bars.get(k, np.full(len(norm), np.nan))
+    if run.snapshot is not None:
+        item = np.asarray(meta["item"], dtype=np.int64)
+        for k in ("r_eq", "D", "Q"):
+            cols[f"{k}_snapshot"] = getattr(run.snapshot, k)[item]
+    cols["n_pos_roots"] = np.asarray(n_pos, dtype=np.int8)
+    valid = stats["valid"].cpu().numpy().astype(bool)
+    reason = np.array([REASONS[int(r)] for r in stats["reason"].cpu().numpy()], dtype=object)
+    bad_kappa = valid & ~np.isfinite(kap)
+    reason[bad_kappa] = "non_finite_kappa"
+    valid = valid & ~bad_kappa
+    no_root = valid & ~np.isfinite(r_eq)
+    reason[no_root] = "no_positive_root"
+    cols["valid"] = valid
+    cols["reason"] = reason.tolist()
+    cols["kappa_exempt"] = to_np(kappa_exempt)
+    rows = classify_rows(cols, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
+    cols["drift_to_heat"] = rows["drift_to_heat"]
+    cols["regime"] = rows["regime"].tolist()
+    cols["regime_reason"] = rows["regime_reason"].tolist()
+    return pa.table(cols)
