@@ -68,7 +68,7 @@ from tqdm.auto import tqdm
 
 from normfast.engine.config import ProbeConfig
 from normfast.engine.result import ProbeResult
-from normfast.engine.runfiles import _finish_sharded, _open_output
+from normfast.engine.runfiles import _finish_sharded, _open_output, restore_outer_state, save_outer_state
 from normfast.engine.directions import (Directions, OptimizerPreset, compute_directions,
                                  estimate_second_moments, resolve_parameters)
 from normfast.engine.ops import drift_from_groups
@@ -404,6 +404,7 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
     if out is not None:
         out = Path(out)
         finished, writer, done = _open_output(out, spec, key, shard, resume, overwrite)
+        run.writer = writer
         if finished is not None:
             return finished
     tables: dict[int, pa.Table] = {}
@@ -725,14 +726,17 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
                           groups: list[list[int]], drift_dirs: Directions | None):
     cfg = run.config
     tail = Tail(run.encoder, run.names, run.cut, run.output)
-    accs: dict[int, Any] = {}
-    kept: dict[int, tuple] = {}
+    accs, kept, ahead, first = restore_outer_state(run, todo)  # resumed: the groups already done
     for gi, group in enumerate(groups):
+        if gi < first:
+            continue
         dirs = run.directions(group)
         bar = run.bar(todo, f"probing (direction group {gi + 1}/{len(groups)})")
         failure = None
         try:
             for c in todo:
+                if ahead.get(c, 0) > gi:
+                    continue
                 items = _chunk_items(probes, c, cfg.chunk_size)
                 state, front, rows = run.front(items)
                 z = tail.primal(front, rows)
@@ -750,6 +754,7 @@ def _jvp_directions_outer(run: _Run, probes: Sequence[Any], ids: Sequence[str] |
             failure = exc
         bar.close()
         run.checkpoint(failure)
+        save_outer_state(run, gi + 1, todo, accs, kept)  # a kill now loses at most the next group
         del dirs
     for c in todo:
         meta, z, kappa, drift = kept[c]
