@@ -648,8 +648,17 @@ def _retrieval(args: argparse.Namespace) -> int:
         raise ValueError("--faiss and --alpha go together: give both to export an index")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")
+    from normfast.core.paths import check_outputs
+
     alphas = parse_alphas(args.alphas)
     progress = not args.no_progress
+    beir = Path(args.beir)
+    inputs = [args.vectors, *(beir.rglob("*") if beir.is_dir() else [])]
+    out_dir = Path(args.out) if args.out else None
+    check_outputs(inputs=inputs, folders={"--out": out_dir},
+                  files={"--faiss": args.faiss, "the ids beside --faiss": args.faiss and f"{args.faiss}.ids.json",
+                         "--out's retrieval.json": out_dir and out_dir / "retrieval.json",
+                         "--out's figure": out_dir and out_dir / "ndcg_vs_alpha.png"})
     data = load_beir(args.beir, split=args.split)
     strata = None
     if args.strata_key:
