@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from normfast.core.paths import inside_folder
+from normfast.data.textfiles import iter_lines
 
 
 # ---------------------------------------------------------------------------
@@ -45,21 +47,20 @@ class BeirData:
 
 
 def _read_jsonl(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BeirFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise BeirFormatError(f"{path}:{lineno}: expected a JSON object, "
-                                      f"got {type(obj).__name__}")
-            for key in required:
-                if key not in obj:
-                    raise BeirFormatError(f"{path}:{lineno}: missing field {key!r}")
-            yield lineno, obj
+    for lineno, line in iter_lines(path, "BEIR file"):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BeirFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise BeirFormatError(f"{path}:{lineno}: expected a JSON object, "
+                                  f"got {type(obj).__name__}")
+        for key in required:
+            if key not in obj:
+                raise BeirFormatError(f"{path}:{lineno}: missing field {key!r}")
+        yield lineno, obj
 
 
 def load_beir(folder: str | os.PathLike, split: str = "test") -> BeirData:
@@ -74,7 +75,7 @@ def load_beir(folder: str | os.PathLike, split: str = "test") -> BeirData:
     if not root.is_dir():
         raise FileNotFoundError(f"load_beir: {root} is not a directory")
     paths = {"corpus": root / "corpus.jsonl", "queries": root / "queries.jsonl",
-             "qrels": root / "qrels" / f"{split}.tsv"}
+             "qrels": inside_folder(root / "qrels", f"{split}.tsv", f"load_beir: split {split!r} of {root}")}
     for name, p in paths.items():
         if not p.is_file():
             hint = ""
@@ -103,23 +104,22 @@ def load_beir(folder: str | os.PathLike, split: str = "test") -> BeirData:
                                       f"object, got {type(meta).__name__}")
             metadata[qid] = meta
     qrels: dict[str, dict[str, int]] = {}
-    with open(paths["qrels"], encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            parts = line.rstrip("\n").rstrip("\r").split("\t")
-            if lineno == 1 and [p.strip() for p in parts] == ["query-id", "corpus-id", "score"]:
-                continue
-            if len(parts) != 3:
-                raise BeirFormatError(f"{paths['qrels']}:{lineno}: expected 3 tab-separated fields "
-                                      f"(query-id, corpus-id, score), got {len(parts)}")
-            qid, did, score = (p.strip() for p in parts)
-            try:
-                rel = int(score)
-            except ValueError:
-                raise BeirFormatError(f"{paths['qrels']}:{lineno}: score must be an integer, "
-                                      f"got {score!r}") from None
-            qrels.setdefault(qid, {})[did] = rel
+    for lineno, line in iter_lines(paths["qrels"], "BEIR qrels file"):
+        if not line.strip():
+            continue
+        parts = line.rstrip("\n").rstrip("\r").split("\t")
+        if lineno == 1 and [p.strip() for p in parts] == ["query-id", "corpus-id", "score"]:
+            continue
+        if len(parts) != 3:
+            raise BeirFormatError(f"{paths['qrels']}:{lineno}: expected 3 tab-separated fields "
+                                  f"(query-id, corpus-id, score), got {len(parts)}")
+        qid, did, score = (p.strip() for p in parts)
+        try:
+            rel = int(score)
+        except ValueError:
+            raise BeirFormatError(f"{paths['qrels']}:{lineno}: score must be an integer, "
+                                  f"got {score!r}") from None
+        qrels.setdefault(qid, {})[did] = rel
     return BeirData(corpus=corpus, queries=queries, qrels=qrels, metadata=metadata)
 
 
