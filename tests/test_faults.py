@@ -359,6 +359,29 @@ def test_a_folder_without_run_json_is_explained_and_overwrite_frees_it(run, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.parquet"]
 
 
+def test_a_run_that_raised_does_not_lock_out_its_own_retry(tmp_path):
+    out = tmp_path / "x.parquet"
+    first = nio.ChunkedParquetWriter(out, {"a": 1})  # a run that raised: its writer is still referenced
+    second = nio.ChunkedParquetWriter(out, {"a": 1}, resume=True)  # the retry in the same process takes over
+    assert first.lock.fd is None and second.lock.fd is not None
+    fd = os.open(out.with_name("x.parquet.parts") / "lock", os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):  # still held against everyone else
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        second.cleanup()
+        assert not out.with_name("x.parquet.parts").exists() and second.lock is None
+    finally:
+        os.close(fd)
+
+
+def test_a_locked_folder_or_a_full_disk_on_rank_0_is_an_oserror_on_every_rank():
+    from normfast.engine.distributed import _describe, _rebuild
+
+    for exc in (nio.RunFolderLocked("runs/x.parquet.parts is in use"), OSError(errno.ENOSPC, "No space left")):
+        rebuilt = _rebuild(_describe(exc), origin="rank 0")
+        assert type(rebuilt) is OSError and str(exc) in str(rebuilt)
+
+
 # ---------------------------------------------------------------------------
 # manifests: planted ones, and sharded runs named with a relative path
 

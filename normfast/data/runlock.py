@@ -88,8 +88,17 @@ class RunLock:
 
     def _own(self, fd: int) -> None:
         self.fd = fd
-        self._closer = weakref.finalize(self, os.close, fd)
-        RunLock._held[self._key()] = weakref.ref(self)
+        self._closer = weakref.finalize(self, os.close, fd)  # a lock dropped without release() still closes
+        self._register()
+
+    def _register(self) -> None:
+        key = self._key()
+
+        def forget(ref: "weakref.ref[RunLock]") -> None:
+            if RunLock._held.get(key) is ref:
+                del RunLock._held[key]
+
+        RunLock._held[key] = weakref.ref(self, forget)
 
     def moved_to(self, folder: str | os.PathLike) -> "RunLock":
         """The same held lock after its folder was renamed to ``folder``."""
@@ -97,7 +106,7 @@ class RunLock:
             del RunLock._held[self._key()]
         self.folder = Path(folder)
         self.path = self.folder / LOCK_FILE
-        RunLock._held[self._key()] = weakref.ref(self)
+        self._register()
         return self
 
     def holder(self) -> str:
