@@ -173,6 +173,17 @@ def test_a_read_only_output_folder_is_one_line(tiny_bert_folder, words, tmp_path
     assert "Read-only file system" in line and str(readonly) in line and "writable" in line
 
 
+def test_ctrl_c_is_one_line_that_points_to_resume(words, tmp_path, monkeypatch, capsys):
+    import normfast.encoders
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(normfast.encoders, "load_encoder", interrupted)
+    assert main(_probe("m", words, tmp_path / "run.parquet")) == 130
+    assert "interrupted; --resume continues" in _one_error_line(capsys.readouterr().err)
+
+
 # ---------------------------------------------------------------------------
 # 12: settings that were silently ignored, a zero loss, the hub, requires_grad, UTF-8
 

@@ -83,8 +83,8 @@ def check_outputs(*, inputs: Iterable[PathLike | None] = (),
         if path is None:
             continue
         if os.path.isdir(path):
-            raise ValueError(f"{flag} {path} is a folder; expected the path of a file to write "
-                             f"(a name inside that folder, for instance)")
+            raise ValueError(f"{flag} {path} is a folder; give the path of a file to write (for instance a "
+                             f"name inside that folder)")
         for source in inputs:
             if same_file(path, source):
                 raise ValueError(f"{flag} {path} is also an input ({source}); writing it would "
