@@ -88,3 +88,9 @@ def check_finite_scalar(fn: str, name: str, value: Any, *, minimum: float | None
         op = ">" if strictly else ">="
         raise ValueError(f"{fn}: expected {name} {op} {minimum}, got {value!r}")
     return v
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its class name when it has none), for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -48,6 +48,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -55,6 +56,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from normfast.core.checks import first_line
 from normfast.core.paths import inside_folder
 from normfast.data.runlock import LOCK_FILE as _LOCK_FILE
 from normfast.data.runlock import RunFolderLocked, RunLock  # noqa: F401 - RunFolderLocked: re-exported
@@ -114,11 +116,6 @@ def _parquet_bytes(table: pa.Table) -> pa.Buffer:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, write_page_checksum=True)
     return sink.getvalue()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class ChunkedParquetWriter:
@@ -198,9 +195,10 @@ class ChunkedParquetWriter:
         self.lock = lock.moved_to(self.parts)  # the locked file moved with the folder: still held
 
     def _sweep_unborn_folders(self) -> None:
-        """Remove temporary work folders of starts that were killed before their rename (none is locked)."""
+        """Remove temporary work folders of starts that were killed before their rename: unlocked, and older
+        than a minute (a start in progress takes milliseconds between creating its folder and locking it)."""
         for tmp in self.parts.parent.glob(f".{glob_escape(self.parts.name)}.*.tmp"):
-            if not tmp.is_dir() or tmp.is_symlink():
+            if not tmp.is_dir() or tmp.is_symlink() or time.time() - tmp.stat().st_mtime < 60:
                 continue
             try:
                 lock = RunLock(tmp).acquire()
@@ -305,7 +303,7 @@ class ChunkedParquetWriter:
         except (OSError, pa.ArrowException) as exc:
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EIO):
                 raise
-            raise ValueError(f"{path} cannot be read ({_first_line(exc)}): the chunk was damaged after it was "
+            raise ValueError(f"{path} cannot be read ({first_line(exc)}): the chunk was damaged after it was "
                              f"written; run again with --resume (resume=True) to compute it again") from exc
 
     def write_part(self, chunks: Sequence[int], path: str | os.PathLike, metadata: Mapping[str, Any]) -> int:
@@ -394,7 +392,7 @@ def verify_chunk(path: str | os.PathLike) -> str | None:
             return None
         pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
-        return _first_line(exc)
+        return first_line(exc)
     return None
 
 

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
+from normfast.core.checks import first_line
 from normfast.core.paths import inside_folder
 
 from .base import Encoder, LinearHead, State
@@ -480,7 +481,7 @@ def _load_transformers(name_or_path: str, extra: dict,
 
 def _load_failure(folder: str, exc: BaseException) -> str:
     """What went wrong loading a local model folder, with the file named where the error does not."""
-    text = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
+    text = first_line(exc).rstrip(".")
     if type(exc).__name__ == "SafetensorError":
         weights = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
         return f"{', '.join(weights) or 'the weights'}: {text}"

@@ -7,6 +7,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from normfast.core.checks import first_line
+
 from .base import Encoder
 from .hf import HFEncoder, _ModelFiles, _load_transformers
 from .module import ModuleEncoder
@@ -208,12 +210,11 @@ def _check_hub(fn: str, repo_id: str) -> None:
     except HfHubHTTPError:
         return  # reachable; the loader reports what it says (gated, rate-limited, ...)
     except Exception as exc:  # noqa: BLE001 - no connection: said now, instead of after the retries
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         where = ("a copy is in the cache: set HF_HUB_OFFLINE=1 to use it without the hub" if cached else
                  "it is not in the cache either: pass a local model folder (or set HF_HUB_OFFLINE=1 to "
                  "use cached models only)")
         raise ValueError(f"{fn}: {repo_id!r} is not a local folder, and the Hugging Face hub cannot be reached "
-                         f"to load it as a hub id ({type(exc).__name__}: {text}); {where}") from None
+                         f"to load it as a hub id ({type(exc).__name__}: {first_line(exc)}); {where}") from None
 
 
 def _load_hub(fn: str, repo_id: str, pooling: Any, projection: bool, device: str | torch.device,

@@ -7,6 +7,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from normfast.core.checks import first_line
+
 from .hf import HFEncoder, _ModelFiles, _activation_from_name, _legacy_pooling, _load_transformers
 from .pooling import DenseLayer, L2Normalize
 
@@ -147,8 +149,7 @@ class SentenceTransformerEncoder(HFEncoder):
         except ValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - a damaged weights file, named in one line
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ValueError(f"{fn}: cannot read the Dense weights {weights_path}: {text}. The file is damaged "
+            raise ValueError(f"{fn}: cannot read the Dense weights {weights_path}: {first_line(exc)}. The file is damaged "
                              f"or incomplete: copy the model folder again from its source") from exc
         try:
             layer.load_state_dict(state, strict=True)
