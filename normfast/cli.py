@@ -9,7 +9,9 @@ Only the chosen command's module is imported, so ``normfast --help`` and
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -75,7 +77,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "_main", None) is None:
         parser.print_help()
         return 0 if command is None and not argv else 2
-    return int(args._main(args) or 0)
+    try:
+        return int(args._main(args) or 0)
+    except KeyboardInterrupt:
+        hint = "; --resume continues from the finished chunks" if command == "probe" else ""
+        print(f"normfast {command}: interrupted{hint}", file=sys.stderr)
+        return 130
+    except OSError as exc:  # the disk, the file system, permissions: one line naming the file and the fix
+        print(f"normfast {command}: error: {describe_os_error(exc, command)}", file=sys.stderr)
+        return 1
+
+
+#: errno -> what to do about it
+_OS_FIXES = {
+    errno.ENOSPC: "free space (or choose another --out), then run the same command again{resume}",
+    errno.EDQUOT: "free space within your quota (or choose another --out), then run the same command again{resume}",
+    errno.EACCES: "choose an --out in a folder you may write, or change the permissions",
+    errno.EPERM: "choose an --out in a folder you may write, or change the permissions",
+    errno.EROFS: "choose an --out on a writable file system",
+    errno.EISDIR: "give the path of a file, not of a folder",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EIO: "the disk reported an error; check it, then run the same command again{resume}",
+}
+
+
+def describe_os_error(exc: OSError, command: str | None = None) -> str:
+    """One line for an operating-system error: what failed, on which file, and the fix."""
+    number = exc.errno
+    if number is None:  # pyarrow's I/O errors carry the errno in their text only
+        text = str(exc)
+        number = next((n for n in _OS_FIXES if f"errno {n}]" in text.lower() or
+                       os.strerror(n).lower() in text.lower()), None)
+    what = exc.strerror or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    where = f": {exc.filename}" if exc.filename else ""
+    if exc.filename2:
+        where += f" -> {exc.filename2}"
+    fix = _OS_FIXES.get(number)
+    if fix is None:
+        return f"{what}{where}"
+    resume = " with --resume (the finished chunks are kept)" if command == "probe" else ""
+    return f"{what}{where}; {fix.format(resume=resume)}"
 
 
 if __name__ == "__main__":

@@ -63,9 +63,10 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
                   "tests/test_gpu_check.py::test_ceilings", "tests/test_gpu_check.py::test_e2e",
                   "tests/test_gpu_check.py::test_a_hung_and_a_failing_stage"),
     "datasets": ("tests/test_datasets.py::",),
-    # the tests that start gloo ranks: one fork server (tests/test_distributed.py) for all of them
+    # the tests that start gloo ranks or forked CLI runs: one fork server (tests/test_distributed.py) for
+    # all of them (the fault suite's module fixture, its reference run, is built once there too)
     "gloo_ranks": ("tests/test_distributed.py::test_sharded_runs", "tests/test_distributed.py::test_killed_rank",
-                   "tests/test_corpus.py::test_corpus_run_shards_over_ranks"),
+                   "tests/test_corpus.py::test_corpus_run_shards_over_ranks", "tests/test_faults.py::"),
     "e5": ("tests/test_e5.py::", "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e5_quick]"),
     "demo": ("tests/test_outputs.py::test_demo_",
              "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[demo_run]"),

@@ -77,7 +77,8 @@ def _entry(rank: int, port: int, fn, args) -> None:
 #: once into the fork server the ranks are forked from: a rank then starts in a fraction of a
 #: second, where a spawned interpreter imports all of it afresh (seconds, twice per launch)
 RANK_PRELOAD = ["torch", "torch.distributed", "normfast.engine.probe", "normfast.encoders", "pyarrow.parquet",
-                "scipy.stats", "pandas", "transformers.models.bert.modeling_bert"]
+                "scipy.stats", "pandas", "transformers.models.bert.modeling_bert",
+                "tests._forkwarm"]  # and what the CLI runs of tests/test_faults.py's killed children need
 
 
 def _spawn(fn, *args) -> None:

@@ -37,14 +37,18 @@ def aggregate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def aggregate_main(args: argparse.Namespace) -> int:
+    from normfast.core.paths import check_outputs
+    from normfast.data.io import run_inputs
     from normfast.engine.aggregate import aggregate, plot_type_heat, write_table
 
     run = Path(args.run)
     try:
-        table = aggregate(run, by=args.by, min_count=args.min_count, casefold=args.casefold,
-                          progress=not args.no_progress)
         stem = run.name[:-len(".manifest.json")] if run.name.endswith(".manifest.json") else run.stem
         out = Path(args.out) if args.out else run.with_name(f"{stem}.by-{args.by}.parquet")
+        png = out.with_suffix(".png") if args.plot else None
+        check_outputs(inputs=run_inputs(run), files={"--out": out, "the figure": png})
+        table = aggregate(run, by=args.by, min_count=args.min_count, casefold=args.casefold,
+                          progress=not args.no_progress)
         write_table(table, out)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
         print(f"normfast aggregate: error: {exc}", file=sys.stderr)
@@ -52,7 +56,7 @@ def aggregate_main(args: argparse.Namespace) -> int:
     print(format_types(table, args.by, args.top))
     print(f"\nwrote {out} ({table.num_rows} types)")
     if args.plot:
-        png = plot_type_heat(table, out.with_suffix(".png"), title=f"{run.name}: type heat vs frequency "
+        png = plot_type_heat(table, png, title=f"{run.name}: type heat vs frequency "
                                                                     f"(by {args.by})")
         print(f"wrote {png}")
     return 0

@@ -180,6 +180,10 @@ def _probe_cli(args, device: str, root: bool) -> int:
     from normfast.data.pairs import PairSource
 
     try:
+        from normfast.core.paths import check_outputs
+
+        check_outputs(inputs=[args.probes, args.corpus, args.pairs], owned=[f"{args.out}.parts"],
+                      files={"--out": args.out, "--out's manifest": Path(args.out).with_suffix(".manifest.json")})
         output = args.output or ("tokens" if args.corpus else "pooled")
         if args.corpus and output != "tokens":
             raise ValueError("--corpus probes every token in context; --pooled does not apply")
@@ -231,7 +235,7 @@ def _probe_cli(args, device: str, root: bool) -> int:
             pairs = PairSource.from_iterable(corpus_pairs, kind="items")
         if objective.name == "clip" and hasattr(encoder, "with_tower"):
             pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")
-        chunk_size = args.chunk_size or (8 if args.corpus else 64)
+        chunk_size = args.chunk_size if args.chunk_size is not None else (8 if args.corpus else 64)
         config = ProbeConfig(params=args.params, mode=args.mode, output=output, optimizer=args.optimizer,
                              lr=args.lr, weight_decay=args.wd, momentum=args.momentum, no_decay=args.no_decay,
                              batches=args.batches, drift_batches=args.drift_batches or None,

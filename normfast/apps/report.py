@@ -17,6 +17,7 @@ def report_arguments(p: argparse.ArgumentParser) -> None:
 def report_main(args: argparse.Namespace) -> int:
     import sys
 
+    from normfast.core.paths import check_outputs
     from normfast.engine.probe import ProbeResult
 
     path = Path(args.run)
@@ -24,11 +25,17 @@ def report_main(args: argparse.Namespace) -> int:
         print(f"normfast report: {path} does not exist", file=sys.stderr)
         return 2
     try:
+        check_outputs(inputs=[path], folders={"--out": args.out})
+    except ValueError as exc:
+        print(f"normfast report: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         result = ProbeResult.load(path)
+        summary = format_summary(result, top=args.top)  # reads the rows: a damaged page fails here
     except Exception as exc:  # noqa: BLE001 - reported to the user
         print(f"normfast report: cannot read {path}: {exc}", file=sys.stderr)
         return 2
-    print(format_summary(result, top=args.top))
+    print(summary)
     if not args.no_plots:
         out = Path(args.out) if args.out else path.parent
         for p in make_plots(result, out, prefix=path.stem):

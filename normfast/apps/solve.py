@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import math
 import os
 import sys
@@ -43,7 +44,8 @@ Each input row holds (a, b, c, d, e). Per row the command reports
               equilibrium (e.g. kappa <= 0, or no heat and inward drift).
 
 Input: a .npy array [N, 5] or a .csv file with 5 columns a,b,c,d,e (an
-optional header row is skipped). Output (-o/--out): .npy (structured, fields
+optional header row of names is skipped; a first row with a number in it is
+data, so a malformed number there is an error). Output (-o/--out): .npy (structured, fields
 r_eq and n_positive), .csv (header r_eq,n_positive; nan written as nan) or
 .parquet. Without --out a table is printed for up to {MAX_PRINTED_ROWS} rows.
 
@@ -66,23 +68,39 @@ def solve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="OpenMP threads for the solve (default: OpenMP's default)")
 
 
+def _is_number(field: str) -> bool:
+    try:
+        float(field)
+    except ValueError:
+        return False
+    return True
+
+
 def _read_csv(path: Path) -> np.ndarray:
+    from normfast.data.textfiles import read_text
+
+    try:
+        text = read_text(path, "input")
+    except ValueError as exc:
+        raise _InputError(str(exc)) from None
     rows: list[list[float]] = []
-    with path.open(newline="") as fh:
-        for line_no, fields in enumerate(csv.reader(fh), start=1):
-            if not fields or all(not f.strip() for f in fields):
-                continue
-            try:
-                values = [float(f) for f in fields]
-            except ValueError:
-                if not rows and line_no == 1:
-                    continue  # header row
-                raise _InputError(f"{path}: line {line_no}: expected 5 numbers, "
-                                  f"got {fields!r}") from None
-            if len(values) != 5:
-                raise _InputError(f"{path}: line {line_no}: expected 5 columns (a,b,c,d,e), "
-                                  f"got {len(values)}")
-            rows.append(values)
+    for line_no, fields in enumerate(csv.reader(io.StringIO(text, newline="")), start=1):
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        # a header is a first row of names only: a row with any number in it is data, and a
+        # malformed number there is an error, not a header to skip
+        if not rows and line_no == 1 and not any(_is_number(f) for f in fields):
+            continue
+        try:
+            values = [float(f) for f in fields]
+        except ValueError:
+            bad = next(f for f in fields if not _is_number(f))
+            raise _InputError(f"{path}: line {line_no}: expected 5 numbers, got {bad!r} in "
+                              f"{','.join(fields)!r}") from None
+        if len(values) != 5:
+            raise _InputError(f"{path}: line {line_no}: expected 5 columns (a,b,c,d,e), "
+                              f"got {len(values)}")
+        rows.append(values)
     return np.asarray(rows, dtype=np.float64).reshape(-1, 5)
 
 
@@ -169,6 +187,12 @@ def solve_main(args: argparse.Namespace) -> int:
                                   "(expected .npy, .csv or .parquet)")
             if not out.parent.is_dir():
                 raise _InputError(f"output directory does not exist: {out.parent}")
+        from normfast.core.paths import check_outputs
+
+        try:
+            check_outputs(inputs=[args.input], files={"-o/--out": out})
+        except ValueError as exc:
+            raise _InputError(str(exc)) from None
         coeffs = _read_input(Path(args.input))
         if out is None and len(coeffs) > MAX_PRINTED_ROWS:
             raise _InputError(f"{len(coeffs)} rows: pass -o/--out (.npy, .csv or .parquet) to "

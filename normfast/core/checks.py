@@ -30,10 +30,12 @@ def describe(name: str, x: Any) -> str:
 def as_tensor(fn: str, name: str, x: Any) -> torch.Tensor:
     """Accept a torch tensor, a numpy array or any DLPack-capable array (CuPy, JAX, ...).
 
-    numpy and DLPack inputs share memory with the returned tensor (no copy).
+    numpy and DLPack inputs share memory with the returned tensor (no copy). A tensor
+    that requires grad is detached (a view, no copy): the backend computes statistics,
+    which are not differentiated, and its in-place kernels would refuse such a tensor.
     """
     if isinstance(x, torch.Tensor):
-        return x
+        return x.detach() if x.requires_grad else x
     if isinstance(x, np.ndarray):
         if x.dtype.kind not in "fiub":
             raise TypeError(f"{fn}: expected {name} to be a numeric array, got {describe(name, x)}")
@@ -128,3 +130,9 @@ def compute_dtype(fn: str, dtype: torch.dtype | None, *tensors: torch.Tensor | N
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"{fn}: expected dtype None, torch.float32 or torch.float64, got dtype={dtype}")
     return dtype
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its class name when it has none), for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

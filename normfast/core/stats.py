@@ -29,8 +29,8 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
     ok = np.isfinite(x) & np.isfinite(y)
-    if ok.sum() < 3:
-        return math.nan
+    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        return math.nan  # a constant input has no ranking (e.g. V2 = 0 on every row of a zero loss)
     return float(spearmanr(x[ok], y[ok]).statistic)
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from normfast.core.paths import inside_folder
+
 from normfast.data.records import RecordError, read_jsonl, read_tsv
 
 # ---------------------------------------------------------------------------
@@ -57,7 +59,7 @@ def load_beir(folder: str | os.PathLike, split: str = "test") -> BeirData:
     if not root.is_dir():
         raise FileNotFoundError(f"{fn}: {root} is not a directory")
     paths = {"corpus": root / "corpus.jsonl", "queries": root / "queries.jsonl",
-             "qrels": root / "qrels" / f"{split}.tsv"}
+             "qrels": inside_folder(root / "qrels", f"{split}.tsv", f"load_beir: split {split!r} of {root}")}
     for name, p in paths.items():
         if not p.is_file():
             hint = ""

@@ -18,15 +18,37 @@ ranges, the run metadata and the run's fingerprint. :func:`read_table`,
 :func:`read_metadata` and ``ProbeResult.load`` accept a manifest wherever
 they accept a Parquet file.
 
+Faults (docs/reliability.md lists them all):
+
+* Every file is written with Parquet page checksums (``write_page_checksum``) and
+  read with them verified; every chunk also gets a SHA-256 of its bytes beside it
+  (``chunk-N.parquet.sha256``, written before the chunk is renamed into place).
+  A resume checks each chunk against it, so a chunk corrupted anywhere (page
+  data, page header, footer) is named and computed again, like a truncated one.
+* The work folder is created whole (``run.json`` and the lock file inside a
+  temporary folder that is then renamed), so no folder without ``run.json`` can
+  come from an interrupted start; the temporary files of every later write
+  (chunks, parts, the final file, the manifest) live inside it, so a kill leaves
+  nothing hidden beside the output. The one process that works in a folder holds
+  an advisory lock (``flock``) on its ``lock`` file (:class:`RunLock`); a second
+  one is refused with the holder named, and a dead holder frees it by dying.
+* A manifest's part paths are stored relative to its folder and read back only
+  inside it (:func:`normfast.core.paths.inside_folder`): a planted manifest
+  naming ``../victim`` is refused, and only files named like parts
+  (``*.rank{r}-of-{W}.parquet``) inside the folder are ever deleted.
+
 Memory: nothing here holds more than one chunk of rows at a time.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -34,10 +56,19 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from normfast.core.checks import first_line
+from normfast.core.paths import inside_folder
+from normfast.data.runlock import LOCK_FILE as _LOCK_FILE
+from normfast.data.runlock import RunFolderLocked, RunLock  # noqa: F401 - RunFolderLocked: re-exported
+from normfast.data.textfiles import read_text
+
 METADATA_KEY = b"normfast"
 MANIFEST_FORMAT = "normfast-manifest"
 MANIFEST_VERSION = 1
 _RUN_FILE = "run.json"
+_DIGEST = ".sha256"
+#: what normfast names the parts of a sharded run (the only files a manifest may have deleted)
+_PART_NAME = re.compile(r".+\.rank\d+-of-\d+\.parquet$")
 
 
 def fingerprint(spec: Mapping[str, Any]) -> str:
@@ -62,27 +93,29 @@ def is_manifest(path: str | os.PathLike) -> bool:
     return str(path).endswith(".json")
 
 
-def _atomic_write_table(table: pa.Table, path: Path, **kwargs: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _write_file_atomically(data: Any, path: Path, tmp_dir: Path | None = None) -> None:
+    """``data`` (bytes or a pyarrow buffer) into ``path`` through a temporary file in ``tmp_dir``
+    (default: beside ``path``; the same filesystem) and an atomic rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=tmp_dir or path.parent)
     os.close(fd)
     try:
-        pq.write_table(table, tmp, **kwargs)
+        with open(tmp, "wb") as fh:
+            fh.write(memoryview(data))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def _atomic_write_text(text: str, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _atomic_write_text(text: str, path: Path, tmp_dir: Path | None = None) -> None:
+    _write_file_atomically(text.encode(), path, tmp_dir)
+
+
+def _parquet_bytes(table: pa.Table) -> pa.Buffer:
+    """A table as a Parquet file in memory, with page checksums."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, write_page_checksum=True)
+    return sink.getvalue()
 
 
 class ChunkedParquetWriter:
@@ -95,9 +128,13 @@ class ChunkedParquetWriter:
         resume: reuse finished chunks of an earlier run with the same spec.
             Without it an existing work folder is an error (never silently
             overwritten or mixed).
-        overwrite: replace an existing final output (a Parquet file or a manifest).
+        overwrite: replace an existing final output (a Parquet file or a manifest);
+            without ``resume``, an unfinished run's work folder too.
         attach: join a work folder that another process (rank 0 of a sharded
             run) has already created or validated; only checks the fingerprint.
+
+    Except with ``attach``, the writer holds the folder's :class:`RunLock` until
+    :meth:`cleanup` (or :meth:`release`); another process is refused meanwhile.
     """
 
     def __init__(self, out: str | os.PathLike, spec: Mapping[str, Any], *, resume: bool = False,
@@ -109,6 +146,7 @@ class ChunkedParquetWriter:
         self.spec = json.loads(json.dumps(dict(spec), default=str))
         self.key = fingerprint(spec)
         self.schema: pa.Schema | None = None
+        self.lock: RunLock | None = None
         run_file = self.parts / _RUN_FILE
         if attach:
             self._check_key(run_file)
@@ -116,46 +154,122 @@ class ChunkedParquetWriter:
         for final in (self.out, manifest_path(self.out)):
             if final.exists() and not (overwrite or resume):
                 raise FileExistsError(f"{final} exists; pass overwrite=True (CLI: --overwrite) to replace it")
-        if self.parts.exists():
-            if not resume:
+        self._sweep_unborn_folders()
+        if self.parts.exists() or self.parts.is_symlink():
+            if not self.parts.is_dir() or self.parts.is_symlink():
+                raise FileExistsError(f"{self.parts} is in the way of the run's work folder (it is not a folder "
+                                      f"normfast made); move it away")
+            self.lock = RunLock(self.parts).acquire()
+            if resume:
+                self._check_key(run_file)
+                self._drop_unreadable_chunks()
+                return
+            if not overwrite:
+                self.release()
                 raise FileExistsError(
-                    f"{self.parts} holds an unfinished run; resume it (CLI: --resume) or delete the folder")
-            self._check_key(run_file)
-            self._drop_unreadable_chunks()
-        else:
-            self.parts.mkdir(parents=True)
-            _atomic_write_text(json.dumps({"key": self.key, "spec": spec}, default=str, indent=1), run_file)
+                    f"{self.parts} holds an unfinished run; continue it (resume=True, CLI: --resume), start over "
+                    f"(overwrite=True, CLI: --overwrite), or delete the folder (rm -r {self.parts})")
+            self._discard()
+        self._create()
+
+    # -- the work folder ------------------------------------------------------------
+    def _create(self) -> None:
+        """Create the work folder whole: run.json and the lock inside a temporary folder, renamed into place."""
+        self.parts.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.parts.name}.", suffix=".tmp", dir=self.parts.parent))
+        lock = RunLock(tmp).acquire()
+        try:
+            _atomic_write_text(json.dumps({"key": self.key, "spec": self.spec}, default=str, indent=1),
+                               tmp / _RUN_FILE)
+            try:
+                os.rename(tmp, self.parts)
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                raise FileExistsError(f"{self.parts} was created by another process at the same moment; "
+                                      f"it holds that run now") from None
+        except BaseException:
+            lock.release()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.lock = lock.moved_to(self.parts)  # the locked file moved with the folder: still held
+
+    def _sweep_unborn_folders(self) -> None:
+        """Remove temporary work folders of starts that were killed before their rename: unlocked, and older
+        than a minute (a start in progress takes milliseconds between creating its folder and locking it)."""
+        for tmp in self.parts.parent.glob(f".{glob_escape(self.parts.name)}.*.tmp"):
+            if not tmp.is_dir() or tmp.is_symlink() or time.time() - tmp.stat().st_mtime < 60:
+                continue
+            try:
+                lock = RunLock(tmp).acquire()
+            except (OSError, RunFolderLocked):
+                continue  # another process is creating it right now
+            lock.release()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _discard(self) -> None:
+        """Delete an unfinished run's work folder (overwrite): only files normfast writes there."""
+        strays = [p.name for p in self.parts.iterdir() if not _is_work_file(p.name)]
+        if strays:
+            self.release()
+            raise FileExistsError(f"{self.parts} holds files normfast did not write ({', '.join(strays[:5])}); "
+                                  f"it was not deleted. Move them away or delete the folder yourself")
+        for p in self.parts.iterdir():
+            if p.name != _LOCK_FILE:
+                p.unlink()
+        lock, self.lock = self.lock, None
+        (self.parts / _LOCK_FILE).unlink(missing_ok=True)
+        self.parts.rmdir()
+        lock.release()
 
     def _check_key(self, run_file: Path) -> None:
         try:
             previous = json.loads(run_file.read_text())
+        except FileNotFoundError:
+            self.release()
+            raise ValueError(
+                f"cannot resume: the unfinished run in {self.parts} has no {_RUN_FILE} (deleted, or left by an older "
+                f"normfast that was stopped while starting), so its chunks cannot be matched to these arguments. "
+                f"Start over with overwrite=True (CLI: --overwrite), or delete the folder: rm -r {self.parts}") from None
         except (OSError, ValueError):
             previous = {}
         if previous.get("key") != self.key:
             changed = describe_spec_change(previous.get("spec") or {}, self.spec)
+            self.release()
             raise ValueError(
                 f"cannot resume: the unfinished run in {self.parts} was made with different arguments; "
-                f"changed: {changed}. Run again with the same arguments, or delete the folder to start over")
+                f"changed: {changed}. Run again with the same arguments, or start over with overwrite=True "
+                f"(CLI: --overwrite) or by deleting the folder (rm -r {self.parts})")
 
     def _drop_unreadable_chunks(self) -> None:
-        """Resume: delete chunk files whose Parquet footer cannot be read (a truncated write, a disk
-        fault) so that they are computed again, and say which; leftover temporary files go too."""
-        for tmp in self.parts.glob(".chunk-*.tmp"):
+        """Resume: delete the chunk files that fail their checksum or cannot be read (a truncated write, a
+        disk fault, a flipped bit anywhere in the file), so that they are computed again, and say which;
+        leftover temporary files go too."""
+        for tmp in self.parts.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
+        for digest in self.parts.glob(f"chunk-*.parquet{_DIGEST}"):
+            if not digest.with_name(digest.name[:-len(_DIGEST)]).exists():
+                digest.unlink(missing_ok=True)  # its chunk was never renamed into place
         bad = []
         for path in sorted(self.parts.glob("chunk-*.parquet")):
-            try:
-                pq.ParquetFile(path).close()
-            except (OSError, pa.ArrowException) as exc:
-                bad.append((path, exc))
+            problem = verify_chunk(path)
+            if problem is not None:
+                bad.append((path, problem))
         for path, _ in bad:
             path.unlink(missing_ok=True)
+            path.with_name(path.name + _DIGEST).unlink(missing_ok=True)
         if bad:
             names = ", ".join(p.name for p, _ in bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
-            first = str(bad[0][1]).splitlines()[0] if str(bad[0][1]) else type(bad[0][1]).__name__
-            warnings.warn(f"resume: {len(bad)} chunk file(s) in {self.parts} could not be read ({first}): "
+            warnings.warn(f"resume: {len(bad)} chunk file(s) in {self.parts} could not be read ({bad[0][1]}): "
                           f"{names}; computing them again", RuntimeWarning, stacklevel=4)
 
+    def release(self) -> None:
+        """Give up the folder's lock (the run stops here; its files stay)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    # -- chunks ---------------------------------------------------------------------
     def _chunk_path(self, index: int) -> Path:
         return self.parts / f"chunk-{index:07d}.parquet"
 
@@ -170,18 +284,32 @@ class ChunkedParquetWriter:
         return out
 
     def write_chunk(self, index: int, table: pa.Table) -> None:
+        """Write one chunk: its SHA-256 first, then the chunk itself (each atomically)."""
         if self.schema is None:
             self.schema = table.schema
         elif not table.schema.equals(self.schema):
             table = table.cast(self.schema)
-        _atomic_write_table(table, self._chunk_path(index))
+        data = _parquet_bytes(table)
+        path = self._chunk_path(index)
+        _write_file_atomically(hashlib.sha256(memoryview(data)).hexdigest().encode(),
+                               path.with_name(path.name + _DIGEST))
+        _write_file_atomically(data, path)
 
     def read_chunk(self, index: int, columns: Sequence[str] | None = None) -> pa.Table:
-        return pq.read_table(self._chunk_path(index), columns=None if columns is None else list(columns))
+        path = self._chunk_path(index)
+        try:
+            return pq.read_table(path, columns=None if columns is None else list(columns),
+                                 page_checksum_verification=True)
+        except (OSError, pa.ArrowException) as exc:
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EIO):
+                raise
+            raise ValueError(f"{path} cannot be read ({first_line(exc)}): the chunk was damaged after it was "
+                             f"written; run again with --resume (resume=True) to compute it again") from exc
 
     def write_part(self, chunks: Sequence[int], path: str | os.PathLike, metadata: Mapping[str, Any]) -> int:
         """Concatenate the given finished chunks, in order, into ``path`` (one row group per
-        chunk; ``metadata`` in the schema); atomic. Returns the number of rows written.
+        chunk; ``metadata`` in the schema; page checksums); atomic, through a temporary file in
+        the work folder. Returns the number of rows written.
 
         Reads one chunk at a time, so memory stays at one chunk whatever the run's size.
         """
@@ -195,7 +323,7 @@ class ChunkedParquetWriter:
             raise RuntimeError("write_part: nothing to write (no chunks)")
         meta_blob = json.dumps(dict(metadata), default=str).encode()
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.parts)
         os.close(fd)
         writer = None
         rows = 0
@@ -204,7 +332,7 @@ class ChunkedParquetWriter:
                 table = self.read_chunk(i)
                 if writer is None:
                     schema = table.schema.with_metadata({**(table.schema.metadata or {}), METADATA_KEY: meta_blob})
-                    writer = pq.ParquetWriter(tmp, schema)
+                    writer = pq.ParquetWriter(tmp, schema, write_page_checksum=True)
                 writer.write_table(table.cast(writer.schema), row_group_size=max(1, table.num_rows))
                 rows += table.num_rows
                 del table
@@ -233,8 +361,39 @@ class ChunkedParquetWriter:
         return self.out
 
     def cleanup(self) -> None:
-        """Remove the work folder (after every part of the run has been written)."""
+        """Remove the work folder (after every part of the run has been written), then the lock."""
         shutil.rmtree(self.parts, ignore_errors=True)
+        self.release()
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob's special characters taken literally."""
+    import glob
+
+    return glob.escape(name)
+
+
+def _is_work_file(name: str) -> bool:
+    """Whether a file in a work folder is one normfast writes there."""
+    return (name in (_RUN_FILE, _LOCK_FILE) or re.fullmatch(r"chunk-\d+\.parquet(\.sha256)?", name) is not None
+            or (name.startswith(".") and name.endswith(".tmp")) or name.startswith("outer-"))
+
+
+def verify_chunk(path: str | os.PathLike) -> str | None:
+    """Why a chunk file cannot be used (None when it can): its bytes against the SHA-256 written
+    beside it, or, without one, a full read with the page checksums verified."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+        digest = path.with_name(path.name + _DIGEST)
+        if digest.exists():
+            if hashlib.sha256(data).hexdigest() != digest.read_text().strip():
+                return "the bytes do not match the checksum written with them"
+            return None
+        pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as exc:
+        return first_line(exc)
+    return None
 
 
 # ----------------------------------------------------------------------------
@@ -299,29 +458,31 @@ def describe_spec_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 # manifests
 # ----------------------------------------------------------------------------
 def write_manifest(path: str | os.PathLike, parts: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any],
-                   key: str) -> Path:
+                   key: str, *, tmp_dir: str | os.PathLike | None = None) -> Path:
     """Write a manifest (atomically) naming ``parts`` in item order.
 
-    Each part is ``{"path", "rows", "chunks": [first, end)}``; paths are stored
-    relative to the manifest's folder so a run folder can be moved as a whole.
-    Parts of an earlier manifest at ``path`` that the new one does not name are removed.
+    Each part is ``{"path", "rows", "chunks": [first, end)}``. A relative part path
+    is taken from the working directory, as every path a caller passes is; parts are
+    stored relative to the manifest's folder (so a run folder can be moved as a
+    whole) and must lie inside it. Parts of an earlier manifest at ``path`` that the
+    new one does not name are removed (only part files inside its folder, see
+    :func:`remove_manifest`). ``tmp_dir``: where the temporary file goes (default:
+    beside ``path``).
     """
     path = Path(path)
+    folder = path.parent.resolve()
     entries = []
     for part in parts:
         p = Path(part["path"])
-        rel = os.path.relpath(p, path.parent) if p.is_absolute() else str(p)
+        rel = os.path.relpath(p.resolve(), folder)
+        inside_folder(folder, rel, f"write_manifest: the part {p}")
         entries.append({"path": rel, "rows": int(part["rows"]), "chunks": [int(c) for c in part["chunks"]]})
     blob = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "fingerprint": key,
             "rows": sum(e["rows"] for e in entries), "parts": entries, "metadata": dict(metadata)}
-    stale = set()
-    if path.exists():
-        try:
-            stale = {(path.parent / e["path"]).resolve() for e in json.loads(path.read_text())["parts"]}
-        except (OSError, ValueError, KeyError, TypeError):
-            stale = set()
-    _atomic_write_text(json.dumps(blob, default=str, indent=1), path)
-    for old in stale - {(path.parent / e["path"]).resolve() for e in entries}:
+    stale = set(_removable_parts(path)) if path.exists() else set()
+    _atomic_write_text(json.dumps(blob, default=str, indent=1), path,
+                       Path(tmp_dir) if tmp_dir is not None else None)
+    for old in stale - {(folder / e["path"]).resolve() for e in entries}:
         old.unlink(missing_ok=True)
     return path
 
@@ -329,13 +490,15 @@ def write_manifest(path: str | os.PathLike, parts: Sequence[Mapping[str, Any]], 
 def read_manifest(path: str | os.PathLike, *, check: bool = True) -> dict[str, Any]:
     """A manifest as a dict, with ``parts[i]["path"]`` resolved to absolute paths.
 
+    A part outside the manifest's folder (``../x``, an absolute path elsewhere, a
+    link leading out) is refused with ``ValueError``: it is never opened.
     ``check`` verifies that every part exists and holds the row count the manifest
     records (from the Parquet footers only: no data is read).
     """
     fn = "read_manifest"
     path = Path(path)
     try:
-        blob = json.loads(path.read_text())
+        blob = json.loads(read_text(path, "manifest"))
     except ValueError as exc:
         raise ValueError(f"{fn}: {path} is not valid JSON ({exc})") from None
     if not isinstance(blob, dict) or blob.get("format") != MANIFEST_FORMAT:
@@ -344,10 +507,10 @@ def read_manifest(path: str | os.PathLike, *, check: bool = True) -> dict[str, A
         raise ValueError(f"{fn}: {path} has manifest version {blob.get('version')!r}, "
                          f"this normfast reads version {MANIFEST_VERSION}")
     parts = blob.get("parts")
-    if not isinstance(parts, list) or not parts:
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, dict) for p in parts):
         raise ValueError(f"{fn}: {path} names no parts")
     for part in parts:
-        part["path"] = str((path.parent / part["path"]).resolve())
+        part["path"] = str(inside_folder(path.parent, part.get("path"), f"{fn}: the manifest {path}").resolve())
         if not check:
             continue
         if not Path(part["path"]).exists():
@@ -359,18 +522,52 @@ def read_manifest(path: str | os.PathLike, *, check: bool = True) -> dict[str, A
     return blob
 
 
+def _removable_parts(path: Path) -> list[Path]:
+    """The files of a manifest that :func:`remove_manifest` may delete: the parts it names that lie
+    inside its folder and are named like parts (``*.rank{r}-of-{W}.parquet``). Any other entry is
+    left alone, with a warning."""
+    try:
+        blob = json.loads(path.read_text(encoding="utf-8"))
+        entries = [e.get("path") for e in blob["parts"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    out = []
+    for name in entries:
+        try:
+            part = inside_folder(path.parent, name, f"the manifest {path}")
+        except ValueError as exc:
+            warnings.warn(f"{exc}; that file was left alone", RuntimeWarning, stacklevel=3)
+            continue
+        if not _PART_NAME.match(part.name) or part.is_dir():
+            warnings.warn(f"the manifest {path} names {name!r}, which is not a part of a sharded run; that file "
+                          f"was left alone", RuntimeWarning, stacklevel=3)
+            continue
+        out.append(part.resolve())
+    return out
+
+
 def remove_manifest(path: str | os.PathLike) -> None:
-    """Delete a manifest and the parts it names (no error when absent)."""
+    """Delete a manifest and its parts (no error when absent). Only part files inside the
+    manifest's folder are deleted; a manifest naming anything else (``../victim.txt``) has
+    those entries left alone, with a warning."""
     path = Path(path)
     if not path.exists():
         return
-    try:
-        parts = read_manifest(path, check=False)["parts"]
-    except (OSError, ValueError):
-        parts = []
-    for part in parts:
-        Path(part["path"]).unlink(missing_ok=True)
+    for part in _removable_parts(path):
+        part.unlink(missing_ok=True)
     path.unlink(missing_ok=True)
+
+
+def run_inputs(path: str | os.PathLike) -> list[Path]:
+    """Every file a reader of the run at ``path`` opens (for the output-versus-input check): the
+    file itself, and a manifest's parts when it can be read."""
+    files = [Path(path)]
+    if is_manifest(path) and Path(path).is_file():
+        try:
+            files += [Path(p["path"]) for p in read_manifest(path, check=False)["parts"]]
+        except (OSError, ValueError):
+            pass  # the reader reports it
+    return files
 
 
 def data_files(path: str | os.PathLike) -> list[Path]:
@@ -399,7 +596,7 @@ def read_table(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
     """Read one run file, a manifest, or several parts as one table (in the order given)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = data_files(paths)
-    tables = [pq.read_table(p, columns=columns, memory_map=True) for p in paths]
+    tables = [pq.read_table(p, columns=columns, memory_map=True, page_checksum_verification=True) for p in paths]
     if not tables:
         raise ValueError("read_table: no files given")
     if len(tables) == 1:
@@ -426,7 +623,7 @@ def iter_batches(paths: Iterable[str | os.PathLike], *, columns: Sequence[str] |
     pending: list[pa.Table] = []
     rows = 0
     for p in paths:
-        pf = pq.ParquetFile(p)
+        pf = pq.ParquetFile(p, page_checksum_verification=True)
         try:
             for g in range(pf.metadata.num_row_groups):
                 table = pf.read_row_group(g, columns=columns)

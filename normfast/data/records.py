@@ -2,7 +2,8 @@
 
 Every such file normfast reads (probe items, corpus documents, pair sources, BEIR
 collections, word-pair judgments) goes through :func:`read_jsonl` or :func:`read_tsv`:
-UTF-8, one record per line, blank lines skipped. A line that cannot be used raises a
+UTF-8 (bytes that are not are named by file, line and byte), one record per line, blank
+lines skipped. A line that cannot be used raises a
 :class:`RecordError` (a ``ValueError``) that names the reading function, the file and
 the line -- ``read_documents: corpus.jsonl:7: field 'text' must be a string, got
 NoneType`` -- and a missing file a ``FileNotFoundError``. Nothing is dropped silently.
@@ -13,6 +14,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
+
+from normfast.data.textfiles import iter_lines
 
 
 class RecordError(ValueError):
@@ -28,10 +31,9 @@ def read_lines(path: str | os.PathLike, *, fn: str, comment: str | None = None) 
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{fn}: {p} does not exist")
-    with open(p, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if line.strip() and not (comment and line.startswith(comment)):
-                yield number, line.rstrip("\r\n")
+    for number, line in iter_lines(p, f"{fn}:"):
+        if line.strip() and not (comment and line.startswith(comment)):
+            yield number, line.rstrip("\r\n")
 
 
 def read_jsonl(path: str | os.PathLike, *, fn: str, fields: Sequence[str] = (), text_fields: Sequence[str] = (),

@@ -140,7 +140,7 @@ COLUMNS: tuple[Column, ...] = (
            "`law applicable`, `heat-dominated` (r_eq_heat is the prediction) or `not applicable` "
            "(r_eq is no prediction; V2 and D are still measured)"),
     Column("regime_reason", "string", "always",
-           "the check that decided the row: `invalid`, `no_decay`, `undecayed_sets_scale`, "
+           "the check that decided the row: `invalid`, `no_update`, `no_decay`, `undecayed_sets_scale`, "
            "`kappa_nonpositive`, `kappa_small`, `drift_small`, `drift_resolved`, `drift_unresolved`"),
 )
 

@@ -7,6 +7,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from normfast.core.checks import first_line
+
 from .base import Encoder
 from .hf import HFEncoder, _ModelFiles, _load_transformers
 from .module import ModuleEncoder
@@ -183,10 +185,43 @@ def load_encoder(spec: Any, *, tower: str | None = None, pooling: Any = None,
     return _require_trainable(fn, encoder, name)
 
 
+def _check_hub(fn: str, repo_id: str) -> None:
+    """Fail at once, naming ``HF_HUB_OFFLINE``, when a hub id cannot load: offline and not in the
+    cache, or the hub unreachable (the hub client would retry for about 45 s first), or no such
+    repository."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        cached = any(isinstance(try_to_load_from_cache(repo_id, f), str) for f in ("config.json", "modules.json"))
+    except HFValidationError as exc:
+        raise ValueError(f"{fn}: {repo_id!r} is neither a local folder nor a valid hub id ({exc})") from None
+    if constants.HF_HUB_OFFLINE:
+        if not cached:
+            raise ValueError(f"{fn}: {repo_id!r} is not a local folder, and as a hub id it is not in the Hugging "
+                             f"Face cache ({constants.HF_HUB_CACHE}); HF_HUB_OFFLINE=1 is set, so nothing is downloaded. "
+                             f"Pass a local model folder, or unset HF_HUB_OFFLINE to download it")
+        return
+    try:
+        HfApi().model_info(repo_id, timeout=10)
+    except RepositoryNotFoundError:
+        raise ValueError(f"{fn}: {repo_id!r} is not a local folder, and the Hugging Face hub has no such hub id "
+                         f"(or the repository is private: log in with `hf auth login`)") from None
+    except HfHubHTTPError:
+        return  # reachable; the loader reports what it says (gated, rate-limited, ...)
+    except Exception as exc:  # noqa: BLE001 - no connection: said now, instead of after the retries
+        where = ("a copy is in the cache: set HF_HUB_OFFLINE=1 to use it without the hub" if cached else
+                 "it is not in the cache either: pass a local model folder (or set HF_HUB_OFFLINE=1 to "
+                 "use cached models only)")
+        raise ValueError(f"{fn}: {repo_id!r} is not a local folder, and the Hugging Face hub cannot be reached "
+                         f"to load it as a hub id ({type(exc).__name__}: {first_line(exc)}); {where}") from None
+
+
 def _load_hub(fn: str, repo_id: str, pooling: Any, projection: bool, device: str | torch.device,
               trust_remote_code: bool) -> Encoder:
     from huggingface_hub.errors import HFValidationError
 
+    _check_hub(fn, repo_id)
     try:
         if _ModelFiles(repo_id).path("modules.json") is not None:
             return SentenceTransformerEncoder(repo_id, pooling=pooling, projection=projection,

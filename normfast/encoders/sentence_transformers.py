@@ -7,6 +7,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from normfast.core.checks import first_line
+
 from .hf import HFEncoder, _ModelFiles, _activation_from_name, _legacy_pooling, _load_transformers
 from .pooling import DenseLayer, L2Normalize
 
@@ -133,16 +135,22 @@ class SentenceTransformerEncoder(HFEncoder):
             raise ValueError(f"{fn}: {files.source!r}: Dense config {path}/config.json "
                              f"lacks {exc}") from None
         weights_path = files.path(f"{path}/model.safetensors")
-        if weights_path is not None:
-            from safetensors.torch import load_file
+        try:
+            if weights_path is not None:
+                from safetensors.torch import load_file
 
-            state = load_file(weights_path)
-        else:
-            weights_path = files.path(f"{path}/pytorch_model.bin")
-            if weights_path is None:
-                raise ValueError(f"{fn}: {files.source!r}: Dense module {path!r} has neither "
-                                 "model.safetensors nor pytorch_model.bin")
-            state = torch.load(weights_path, map_location="cpu", weights_only=True)
+                state = load_file(weights_path)
+            else:
+                weights_path = files.path(f"{path}/pytorch_model.bin")
+                if weights_path is None:
+                    raise ValueError(f"{fn}: {files.source!r}: Dense module {path!r} has neither "
+                                     "model.safetensors nor pytorch_model.bin")
+                state = torch.load(weights_path, map_location="cpu", weights_only=True)
+        except ValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a damaged weights file, named in one line
+            raise ValueError(f"{fn}: cannot read the Dense weights {weights_path}: {first_line(exc)}. The file is damaged "
+                             f"or incomplete: copy the model folder again from its source") from exc
         try:
             layer.load_state_dict(state, strict=True)
         except RuntimeError as exc:

@@ -13,6 +13,7 @@ from normfast.engine.adaptive import adaptive_plan
 from normfast.engine.directions import Directions
 from normfast.engine.head.stats import head_stats
 from normfast.engine.rows import finish_table, row_metadata
+from normfast.engine.runfiles import restore_outer_state, save_outer_state
 from normfast.engine.run import ProbeRun
 from normfast.engine.transmission import Tail, head_inputs, head_kappa, head_kappa_exempt, kappa_from_jvp, prepared_head
 from normfast.engine.uncertainty import jackknife_se
@@ -149,14 +150,17 @@ def _jvp_directions_outer(run: ProbeRun, probes: Sequence[Any], ids: Sequence[st
                           groups: list[list[int]], drift_dirs: Directions | None):
     cfg = run.config
     tail = Tail(run.encoder, run.names, run.cut, run.output)
-    accs: dict[int, Any] = {}
-    kept: dict[int, tuple] = {}
+    accs, kept, ahead, first = restore_outer_state(run, todo)  # resumed: the groups already done
     for gi, group in enumerate(groups):
+        if gi < first:
+            continue
         dirs = run.directions(group)
         bar = run.bar(todo, f"probing (direction group {gi + 1}/{len(groups)})")
         failure = None
         try:
             for c in todo:
+                if ahead.get(c, 0) > gi:
+                    continue
                 items = chunk_items(probes, c, cfg.chunk_size)
                 state, front, rows = run.front(items)
                 z = tail.primal(front, rows)
@@ -174,6 +178,7 @@ def _jvp_directions_outer(run: ProbeRun, probes: Sequence[Any], ids: Sequence[st
             failure = exc
         bar.close()
         run.checkpoint(failure)
+        save_outer_state(run, gi + 1, todo, accs, kept)  # a kill now loses at most the next group
         del dirs
     for c in todo:
         meta, z, kappa, drift = kept[c]

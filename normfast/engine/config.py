@@ -30,7 +30,8 @@ class ProbeConfig:
         optimizer: ``"sgd"`` or ``"adamw"``, or ``{regex: preset}`` for parameter groups
             with different presets (then both branches and the cross term ``C_uw`` appear).
         lr, weight_decay: η and λ of the law (decoupled weight decay).
-        momentum: heavy-ball SGD momentum β; the law uses the heuristic η -> η/(1-β).
+        momentum: heavy-ball SGD momentum β; the law uses the heuristic η -> η/(1-β). Refused
+            unless some probed parameter uses the ``"sgd"`` preset (AdamW's is ``betas[0]``).
         betas, eps: AdamW settings (β2 only matters through ``v̂``).
         no_decay: regex of probed parameters exempt from weight decay (e.g. ``"bias|LayerNorm"``).
         batches: M, the number of virtual batches of the heat (V2) and the second moments (≥ 2).
@@ -144,6 +145,10 @@ class ProbeConfig:
         for p in presets:
             if p not in PRESETS:
                 raise ValueError(f"{fn}: optimizer presets must be in {PRESETS}, got {p!r}")
+        if self.momentum and "sgd" not in presets:
+            raise ValueError(f"{fn}: momentum (heavy-ball beta) applies to the sgd preset only, got "
+                             f"momentum={self.momentum!r} with optimizer={self.optimizer!r}; AdamW's first moment is "
+                             f"betas[0], which leaves the long-run noise unchanged (DESIGN §1): leave momentum at 0")
         OptimizerPreset(presets[0], self.lr, self.weight_decay, self.momentum if presets[0] == "sgd" else 0.0)
 
     def _validate_drift(self, fn: str) -> None:

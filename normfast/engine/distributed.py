@@ -70,7 +70,8 @@ from normfast.engine.directions import Directions, DriftMeans
 # Exception types rebuilt under their own name on the ranks that did not raise,
 # so that every rank fails the same way (the CLI reports these as user errors).
 _PORTABLE_ERRORS = ("ValueError", "TypeError", "FileExistsError", "FileNotFoundError", "RuntimeError",
-                    "FloatingPointError", "KeyError", "IndexError", "MemoryError", "NotImplementedError")
+                    "FloatingPointError", "KeyError", "IndexError", "MemoryError", "NotImplementedError",
+                    "PermissionError", "IsADirectoryError", "OSError")
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,11 @@ def _numel(shape: Sequence[int]) -> int:
 
 
 def _describe(exc: BaseException) -> tuple[str, str]:
-    return type(exc).__name__, str(exc)
+    """``(name, message)``: the name of the exception's nearest built-in class that every rank can rebuild
+    (a full disk or a locked run folder arrives as an ``OSError``, which the CLI reports in one line)."""
+    portable = next((c.__name__ for c in type(exc).__mro__ if c.__name__ in _PORTABLE_ERRORS
+                     and getattr(builtins, c.__name__, None) is c), type(exc).__name__)
+    return portable, str(exc)
 
 
 def _rebuild(status: tuple[str, str], origin: str) -> BaseException:

@@ -191,6 +191,7 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
     if out is not None:
         out = Path(out)
         finished, writer, done = _open_output(out, spec, key, shard, resume, overwrite)
+        run.writer = writer
         if finished is not None:
             return finished
     tables: dict[int, pa.Table] = {}

@@ -22,6 +22,10 @@ and the run as a whole (the class of most valid rows, with the shares of the
 three). The checks, in order (the first that fires gives the row's reason):
 
 * ``invalid``: the row has no valid statistics (zero or non-finite embedding...);
+* ``no_update``: nothing moves the item: its drift and heat are exactly zero in
+  every branch (a zero displacement in every virtual batch, e.g. a zero loss:
+  SupCon when no two items of a batch share a label). There is nothing for
+  decay to balance, and ``r_eq`` is NaN (no positive root);
 * ``no_decay``: ``weight_decay = 0``;
 * ``undecayed_sets_scale``: the probed parameters that are exempt from decay
   (``no_decay``, e.g. LayerNorm gains and biases) carry most of the radial
@@ -75,6 +79,10 @@ REGIMES = (LAW, HEAT, NOT_APPLICABLE)
 #: reason code -> (regime, plain words for a row or a run whose rows mostly have it)
 REGIME_REASONS: dict[str, tuple[str, str]] = {
     "invalid": (NOT_APPLICABLE, "the row has no valid statistics (see the reason column)"),
+    "no_update": (NOT_APPLICABLE,
+                  "nothing moves these items: drift and heat are exactly zero in every virtual batch (a zero "
+                  "loss, e.g. SupCon with no two items of a batch sharing a label), so there is no equilibrium "
+                  "to predict"),
     "no_decay": (NOT_APPLICABLE,
                  "the weight decay is 0: nothing pulls the norm back, so the law has no "
                  "equilibrium here; heat V2 and drift D are still meaningful"),
@@ -153,10 +161,12 @@ def classify_rows(columns: Mapping[str, Any], *, lr: float, weight_decay: float,
     kappa = _f64(columns["kappa"], n)
     exempt = _f64(columns.get("kappa_exempt", np.zeros(n)), n)
     ratios, resolved = [], []
+    still = np.ones(n, dtype=bool)  # no displacement at all: zero drift and heat in every branch
     for sfx in ("", "_w"):
         if f"D{sfx}" not in columns:
             continue
         D = _f64(columns[f"D{sfx}"], n)
+        still &= (D == 0) & (_f64(columns[f"Q{sfx}"], n) == 0)
         ratios.append(drift_to_heat(D, _f64(columns[f"Q{sfx}"], n), kappa, lr=lr,
                                     weight_decay=weight_decay,
                                     momentum=momentum if sfx == "" else 0.0))
@@ -181,6 +191,7 @@ def classify_rows(columns: Mapping[str, Any], *, lr: float, weight_decay: float,
         undecided = undecided & ~hit
 
     assign(~valid, "invalid")
+    assign(still, "no_update")
     if not weight_decay > 0:
         assign(np.ones(n, dtype=bool), "no_decay")
     with np.errstate(invalid="ignore"):

@@ -66,6 +66,7 @@ class ProbeRun:
         self.adaptive: dict[str, Any] | None = None
         self._second_moments: dict[str, torch.Tensor] | None = None
         self.snapshot = None  # the single-snapshot predictor (config.snapshot), for every item at once
+        self.writer = None  # set by probe when it writes files (the resume state lives beside them)
 
     def _choose_mode(self) -> str:
         mode = self.config.mode

@@ -1,9 +1,11 @@
-"""A probe run's output files: opening, resuming and finishing (single process and sharded)."""
+"""A probe run's output files: opening, resuming and finishing (single process and sharded), and the
+saved state of the directions-outer loop order (resumed after a kill, a group at most lost)."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -108,10 +110,105 @@ def _finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path
     failure = None
     if shard.is_root:
         try:
-            write_manifest(manifest_path(out), parts, metadata, key)
+            write_manifest(manifest_path(out), parts, metadata, key, tmp_dir=writer.parts)
             out.unlink(missing_ok=True)  # a single-file result of an earlier run would contradict the manifest
             writer.cleanup()
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank
             failure = exc
     shard.raise_if_root_failed(failure)
     return ProbeResult.from_files([p["path"] for p in parts], metadata, manifest_path(out))
+
+
+# ----------------------------------------------------------------------------
+# the directions-outer loop order: its per-chunk state saved after every direction group
+# ----------------------------------------------------------------------------
+def _to_plain(obj: Any) -> Any:
+    """Tensors, numpy arrays, lists, dicts and scalars as what ``torch.load(weights_only=True)`` reads."""
+    import numpy as np
+    import torch
+
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        if obj.dtype == object:
+            return {"__list__": obj.tolist()}
+        return {"__numpy__": torch.from_numpy(np.ascontiguousarray(obj))}
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    return obj
+
+
+def _from_plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {"__numpy__"}:
+            return obj["__numpy__"].numpy()
+        if set(obj) == {"__list__"}:
+            import numpy as np
+
+            return np.array(obj["__list__"], dtype=object)
+        return {k: _from_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_from_plain(v) for v in obj]
+    return obj
+
+
+def _outer_file(writer: ChunkedParquetWriter, c: int) -> Path:
+    return writer.parts / f"outer-{c:07d}.pt"
+
+
+def restore_outer_state(run: Any, todo: Sequence[int]) -> tuple[dict[int, Any], dict[int, tuple], dict[int, int], int]:
+    """Resume of the directions-outer order: ``(accumulators, kept per-chunk state, direction groups
+    already in each restored chunk, the first group to compute)``, read from the work folder
+    (nothing without one). Sharded: the first group is agreed by every rank (a collective)."""
+    import torch
+
+    writer = run.writer
+    accs: dict[int, Any] = {}
+    kept: dict[int, tuple] = {}
+    ahead: dict[int, int] = {}
+    for c in (todo if writer is not None else ()):
+        path = _outer_file(writer, c)
+        if not path.exists():
+            continue
+        try:
+            saved = _from_plain(torch.load(path, map_location="cpu", weights_only=True))
+            meta, z, kappa, drift = saved["kept"]
+            acc = run.new_accumulator(z.shape[0], z.shape[-1])
+            states = saved["accumulator"]
+            for part, state in zip(getattr(acc, "groups", [acc]), states):
+                part.load_state_dict({k: v.to(run.device) for k, v in state.items()})
+        except Exception as exc:  # noqa: BLE001 - a damaged state file: that chunk starts over
+            warnings.warn(f"resume: {path} cannot be used ({type(exc).__name__}: {exc}); its chunk starts over",
+                          RuntimeWarning, stacklevel=3)
+            continue
+        accs[c], ahead[c] = acc, int(saved["groups_done"])
+        kept[c] = (meta, z, tuple(kappa), drift)
+    first = min((ahead.get(c, 0) for c in todo), default=0)
+    if run.shard is not None:
+        first = min(run.shard.all_gather_object(first))
+    return accs, kept, ahead, first
+
+
+def save_outer_state(run: Any, groups_done: int, todo: Sequence[int], accs: Mapping[int, Any],
+                     kept: Mapping[int, tuple]) -> None:
+    """After a direction group: every chunk's accumulators and kept state into the work folder (atomic
+    per chunk), so that a kill loses at most the group in progress."""
+    import io
+
+    import torch
+
+    writer = run.writer
+    if writer is None:
+        return
+    from normfast.data.io import _write_file_atomically
+
+    for c in todo:
+        acc = accs[c]
+        state = {"groups_done": groups_done,
+                 "accumulator": [part.state_dict() for part in getattr(acc, "groups", [acc])],
+                 "kept": _to_plain(list(kept[c]))}
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        _write_file_atomically(buf.getbuffer(), _outer_file(writer, c), writer.parts)

@@ -147,7 +147,7 @@ def _resolution(result, valid: np.ndarray, heat: str) -> dict[str, Any]:
     with np.errstate(invalid="ignore", divide="ignore"):
         rse = se / v2
         out["heat_resolved_fraction"] = float(np.mean(t * rse <= RESOLUTION_HEAT))
-        out["heat_rse_median"] = float(np.nanmedian(rse))
+        out["heat_rse_median"] = float(np.nanmedian(rse)) if np.isfinite(rse).any() else math.nan  # V2 = 0: no ratio
         if "r_eq_lo" in names:
             r, lo, hi = (result.column(c)[valid] for c in ("r_eq", "r_eq_lo", "r_eq_hi"))
             out["r_eq_resolved_fraction"] = float(np.mean((hi - lo) / 2 <= RESOLUTION_REQ * r))

@@ -12,6 +12,7 @@ import numpy as np
 
 from normfast.apps.retrieval.scoring import export_faiss
 from normfast.apps.retrieval.sweep import alpha_sweep
+from normfast.core.paths import check_outputs
 from normfast.data.beir import load_beir
 
 retrieval_description = """\
@@ -149,6 +150,13 @@ def _retrieval(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")
     alphas = parse_alphas(args.alphas)
     progress = not args.no_progress
+    beir = Path(args.beir)
+    inputs = [args.vectors, *(beir.rglob("*") if beir.is_dir() else [])]
+    out_dir = Path(args.out) if args.out else None
+    check_outputs(inputs=inputs, folders={"--out": out_dir},
+                  files={"--faiss": args.faiss, "the ids beside --faiss": args.faiss and f"{args.faiss}.ids.json",
+                         "--out's retrieval.json": out_dir and out_dir / "retrieval.json",
+                         "--out's figure": out_dir and out_dir / "ndcg_vs_alpha.png"})
     data = load_beir(args.beir, split=args.split)
     strata = None
     if args.strata_key:
