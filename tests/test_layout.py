@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,44 @@ def test_the_old_documented_import_lines_work():
     assert probe is normfast.probe and ProbeConfig is normfast.ProbeConfig
     assert load_encoder is normfast.load_encoder
     assert head_stats is normfast.ops.head_stats and ProbeAccumulator is normfast.ops.ProbeAccumulator
+
+
+# ---------------------------------------------------------------------------
+# bench/: the experiment harness (python -m bench)
+
+BENCH = ROOT / "bench"
+BENCH_MAX_LINES = 500
+PUBLIC = ("normfast", "normfast.ops")
+
+
+def test_bench_modules_are_small_and_leave_sys_path_alone():
+    files = sorted(BENCH.rglob("*.py"))
+    assert len(files) > 20
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > BENCH_MAX_LINES}
+    assert not long, f"bench modules over {BENCH_MAX_LINES} lines (split the experiment into a package): {long}"
+    edits = [str(p.relative_to(ROOT)) for p in files if "sys.path" in p.read_text()]
+    assert not edits, f"sys.path edited in {edits}: `python -m bench` from the repository root imports bench"
+
+
+def test_bench_imports_only_the_public_api_and_the_stable_entries():
+    """bench/ reaches into the package only through ``normfast``, ``normfast.ops`` and bench.STABLE."""
+    from bench import STABLE
+
+    def allowed(module: str, name: str | None) -> bool:
+        if module in PUBLIC or (name is not None and f"{module}.{name}" in STABLE):
+            return True
+        names = STABLE.get(module)
+        return names is not None and (name is None or "*" in names or name in names)
+
+    bad = []
+    for path in sorted(BENCH.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "normfast":
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{a.name}" for a in node.names
+                        if not allowed(node.module, a.name)]
+            elif isinstance(node, ast.Import):
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}" for a in node.names
+                        if a.name.split(".")[0] == "normfast" and not allowed(a.name, None)]
+    assert not bad, "bench imports package internals not listed in bench.STABLE:\n" + "\n".join(bad)
+    for module in STABLE:  # every stable entry exists
+        assert importlib.util.find_spec(module) is not None, module
