@@ -44,7 +44,7 @@ STABLE: dict[str, tuple[str, ...]] = {
     # the solver's OpenMP team size (the quartic benchmark reports it)
     "normfast.core._quartic": ("default_threads",),
     # statistics and float64 references
-    "normfast.core.stats": ("loglog_fit", "loglog_fit_ci", "paired_bootstrap", "spearman"),
+    "normfast.core.stats": ("correlation", "loglog_fit", "loglog_fit_ci", "paired_bootstrap", "spearman"),
     "normfast.core.bootstrap": ("correlation_with_ci", "paired_bootstrap_means", "partial_spearman_with_ci",
                                 "spearman_ci"),
     "normfast.core.reference": ("*",),

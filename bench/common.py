@@ -58,14 +58,6 @@ def save(fig: Any, path: Any, dpi: int = 120) -> Any:
     return path
 
 
-def pearson(a: np.ndarray, b: np.ndarray) -> float:
-    """Pearson r over the rows where both are finite (NaN with fewer than 3 or a constant side)."""
-    ok = np.isfinite(a) & np.isfinite(b)
-    if ok.sum() < 3 or np.std(a[ok]) == 0 or np.std(b[ok]) == 0:
-        return float("nan")
-    return float(np.corrcoef(a[ok], b[ok])[0, 1])
-
-
 def fmt(x: float | None, digits: int = 3) -> str:
     """``x`` with ``digits`` decimals; "n/a" for None (a statistic a run could not form)."""
     if x is None:

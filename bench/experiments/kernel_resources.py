@@ -62,7 +62,7 @@ class Config:
 
     @classmethod
     def quick(cls) -> "Config":
-        return cls(limit=2)
+        return cls(limit=1)
 
 
 def _compile(key: str) -> dict:

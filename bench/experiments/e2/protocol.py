@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from bench.common import pearson as _pearson
 from bench.harness import read_json
 
 from .settings import (HEAD, HISTORY, PAPER, PILOT_CANDIDATES, PROTOCOL_FULL, TARGET, E2Config, checkpoint_folder,
@@ -142,7 +141,7 @@ def _run(cfg: E2Config, progress: bool, pilot_record: dict[str, Any] | None, set
 
     from normfast.apps.finetune import (CheckpointLaw, CheckpointSnapshots, HealthThresholds, Resume, health,
                                         probe_checkpoints, split_decay, train)
-    from normfast.core.stats import loglog_fit_ci
+    from normfast.core.stats import correlation, loglog_fit_ci
     from normfast.engine.provenance import library_versions
 
     t_start, c_start = time.perf_counter(), time.process_time()
@@ -188,7 +187,7 @@ def _run(cfg: E2Config, progress: bool, pilot_record: dict[str, Any] | None, set
         drift[name] = {"drift_over_heat_median": float(np.median(np.abs(avg["D"]) / heat_scale)),
                        "drift_negative_fraction": float(np.mean(avg["D"] < 0)),
                        "single_checkpoint_vs_average_r_median":
-                           float(np.nanmedian([_pearson(d, avg["D"]) for d in stack]))}
+                           float(np.nanmedian([correlation(d, avg["D"], "pearson") for d in stack]))}
     main = next(iter(laws))
     target = fits[("" if len(laws) == 1 else f"{main}_") + "full_law"]
     met = bool(TARGET["slope"][0] <= target["slope"] <= TARGET["slope"][1]
@@ -239,7 +238,7 @@ def _run(cfg: E2Config, progress: bool, pilot_record: dict[str, Any] | None, set
         "observed_norm": {"min": float(observed.min()), "median": float(np.median(observed)),
                           "max": float(observed.max())},
         "pretrained_norm_median": float(np.median(setup.pretrained_norm)),
-        "pretrained_vs_observed_loglog_r": _pearson(np.log(setup.pretrained_norm), np.log(observed)),
+        "pretrained_vs_observed_loglog_r": correlation(np.log(setup.pretrained_norm), np.log(observed), "pearson"),
         "loss_mean_first_100": float(np.mean(rec.losses[:100])),
         "loss_mean_last_500": float(np.mean(rec.losses[-500:])),
         "loss_chance": float(np.log(cfg.batch_size)),
