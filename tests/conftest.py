@@ -75,12 +75,13 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
     "e1": ("tests/test_bench.py::test_e1_quick",),
     "validate": ("tests/test_validate.py::",),
     # the harness's quick runs that start processes or load MiniLM (tests/test_bench.py): handed out early
-    "adaptive_m": ("tests/test_bench.py::test_adaptive_m_quick",),
     "streaming": ("tests/test_bench.py::test_streaming_quick",),
     "kernel_resources_quick": ("tests/test_bench.py::test_kernel_resources_quick",),
     "kernel_resources": ("tests/test_kernel_resources.py::",),
+    # adaptive M loads MiniLM as E3 does: on the same worker, transformers is imported once
     "e3": ("tests/test_e3_e4.py::test_e3_",
-           "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e3_quick]"),
+           "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e3_quick]",
+           "tests/test_bench.py::test_adaptive_m_quick"),
     "cli": ("tests/test_outputs.py::test_cli_quick_paths",
             "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[cli_runs]"),
     "finetune_resume": ("tests/test_finetune.py::test_an_interrupted_run_resumes",),
