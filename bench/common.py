@@ -1,8 +1,10 @@
-"""Helpers the experiments share: figures, small statistics, printing, the model folders they load.
+"""Helpers the experiments share: offline models, figures, table cells, option checks, and the
+study statistics the library does not have (Spearman correlations of one variable with several on
+shared bootstrap resamples, partial ones given a control; bin means with their CIs).
 
-Library code stays in normfast (bootstrap CIs: :mod:`normfast.core.bootstrap`
-and :mod:`normfast.core.stats`; strict JSON: :func:`normfast.data.io.json_ready`);
-what is here is study plumbing only.
+Library code stays in normfast and is called from there (bootstrap CIs and correlations:
+:mod:`normfast.core.bootstrap`, :mod:`normfast.core.stats`; strict JSON:
+:func:`normfast.data.io.json_ready`).
 """
 from __future__ import annotations
 
@@ -68,11 +70,6 @@ def fmt(x: float | None, digits: int = 3) -> str:
 def value_ci(block: dict[str, float], digits: int = 3) -> str:
     """``+v [+lo, +hi]`` of a bootstrap block (``value``, ``ci_low``, ``ci_high``)."""
     return f"{block['value']:+.{digits}f} [{block['ci_low']:+.{digits}f}, {block['ci_high']:+.{digits}f}]"
-
-
-def load_averages() -> list[float] | None:
-    """The 1/5/15-minute load averages (None where the platform has none): a shared machine's context."""
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 def missing_extra(experiment: str, exc: Exception) -> Exception:
