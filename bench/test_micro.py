@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from normfast.core.equilibrium import equilibrium_coefficients, solve_quartic
-from normfast.engine.ops import ProbeAccumulator, head_stats, prepare_head
+from normfast import equilibrium_coefficients, ops, solve_quartic
 from normfast.core.reference import (accumulate_reference, head_stats_reference, project_reference,
                                 solve_quartic_reference, stat_errors)
 
 pytest.importorskip("pytest_benchmark")
+
+ProbeAccumulator, head_stats, prepare_head = ops.ProbeAccumulator, ops.head_stats, ops.prepare_head
 
 D = 384
 M = 16

@@ -40,14 +40,11 @@ class MarkerError(ValueError):
 
 @functools.cache
 def result_tables() -> dict[str, str]:
-    """Block name -> markdown, from the committed JSON (bench/tables.py's render_all())."""
+    """Block name -> markdown, from the committed JSON (bench.tables.render_all())."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    try:
-        from bench.tables import render_all
-    except ImportError:  # bench/tables.py as a script: it imports its helper modules by bare name
-        sys.path.insert(0, str(ROOT / "bench"))
-        from tables import render_all
+    from bench.tables import render_all
+
     return render_all()
 
 

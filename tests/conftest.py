@@ -7,7 +7,6 @@ top of the first module pytest loads. To compile for real on a GPU run
 """
 import contextlib
 import gc
-import importlib.util
 import io
 import json
 import os
@@ -74,11 +73,16 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
               "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[bench_quick]"),
     "e4": ("tests/test_e3_e4.py::test_e4_",
            "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e4_quick]"),
-    "validate_cli": ("tests/test_cli.py::test_validate_quick",),
+    "e1": ("tests/test_bench.py::test_e1_quick",),
     "validate": ("tests/test_validate.py::",),
+    # the harness's quick runs that start processes or load MiniLM (tests/test_bench.py): handed out early
+    "streaming": ("tests/test_bench.py::test_streaming_quick",),
+    "kernel_resources_quick": ("tests/test_bench.py::test_kernel_resources_quick",),
     "kernel_resources": ("tests/test_kernel_resources.py::",),
+    # adaptive M loads MiniLM as E3 does: on the same worker, transformers is imported once
     "e3": ("tests/test_e3_e4.py::test_e3_",
-           "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e3_quick]"),
+           "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e3_quick]",
+           "tests/test_bench.py::test_adaptive_m_quick"),
     "cli": ("tests/test_outputs.py::test_cli_quick_paths",
             "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[cli_runs]"),
     "finetune_resume": ("tests/test_finetune.py::test_an_interrupted_run_resumes",),
@@ -175,7 +179,7 @@ def single_thread():
 
 
 # ---------------------------------------------------------------------------
-# quick runs of the commands and bench scripts, each in its own scratch copy of the repository
+# quick runs of the commands and the experiments, each in its own scratch copy of the repository
 #
 # Each quick path runs once per session, in a copy of the working tree that is its own git
 # repository, with the default output location: the tests read the results from there, and
@@ -231,49 +235,66 @@ def _inside(folder: Path):
         os.chdir(before)
 
 
-def run_script(copy: Path, script: str, *args: str) -> str:
-    """Run ``bench/<script>``'s ``main(args)`` from the copy, in this process; returns what it printed."""
-    name = f"_quick_{Path(script).stem}"
-    spec = importlib.util.spec_from_file_location(name, copy / "bench" / script)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    bench = str(copy / "bench")
-    sys.path.insert(0, bench)  # as `python bench/<script>` has it: sibling modules (tables.py) import
-    before = set(sys.modules)
+def _run_main(copy: Path, main, argv: list[str], label: str) -> str:
+    """``main(argv)`` from the copy, in this process; returns what it printed (the torch thread count is kept)."""
     out = io.StringIO()
     threads = torch.get_num_threads()
     try:
         with _inside(copy), contextlib.redirect_stdout(out):
-            spec.loader.exec_module(module)
-            rc = module.main(list(args))
+            rc = main(argv)
     finally:
         torch.set_num_threads(threads)
-        sys.path.remove(bench)
-        for mod in set(sys.modules) - before:  # the siblings it imported from the copy
-            if (getattr(sys.modules[mod], "__file__", None) or "").startswith(bench):
-                del sys.modules[mod]
-        sys.modules.pop(name, None)
-    assert rc == 0, f"{script} {' '.join(args)} exited with {rc}:\n{out.getvalue()[-3000:]}"
+    assert rc == 0, f"{label} {' '.join(argv)} exited with {rc}:\n{out.getvalue()[-3000:]}"
     return out.getvalue()
+
+
+def run_bench(copy: Path, name: str, *args: str) -> str:
+    """``python -m bench run NAME ARGS`` from the copy, in this process; returns what it printed."""
+    from bench.cli import main
+
+    return _run_main(copy, main, ["run", name, *args], "python -m bench")
 
 
 def run_cli(copy: Path, *args: str) -> str:
     """``normfast <args>`` from the copy, in this process; returns what it printed."""
     from normfast.cli import main
 
-    out = io.StringIO()
-    threads = torch.get_num_threads()
-    with _inside(copy), contextlib.redirect_stdout(out):
-        rc = main(list(args))
-    torch.set_num_threads(threads)
-    assert rc == 0, f"normfast {' '.join(args)} exited with {rc}:\n{out.getvalue()[-3000:]}"
-    return out.getvalue()
+    return _run_main(copy, main, list(args), "normfast")
+
+
+#: the committed quick results (bench/results/quick, its README lists the commands): experiment ->
+#: (the options after ``python -m bench run NAME``, the files it writes there); the quick-run
+#: fixtures below run exactly these
+QUICK_COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
+    "e1": (["--quick", "--steps", "1000", "--ledger", "--variants", "mlp,table"], ("equilibrium.json", "ledger.json")),
+    "e1_drift": (["--quick", "--variants", "mlp", "--groups", "2", "--group-batches", "4", "--last", "3",
+                  "--steps", "400"], ("e1_drift.json",)),
+    "e2": (["--quick", "--protocol", "B", "--seed", "3", "--threads", "1"], ("e2_real_encoder_B.json",)),
+    "e3": (["--quick", "--seed", "3"], ("e3_token_norms.json",)),
+    "e4": (["--quick", "--seed", "2"], ("e4_retrieval.json",)),
+    "e5": (["--quick"], ("e5_uncertainty.json",)),
+    "calibration": (["--quick", "--models", "mlp", "--M-true", "128", "--replicates", "2"], ("calibration.json",)),
+    "adaptive_m": (["--quick"], ("adaptive_m.json",)),
+}
+
+
+def assert_reproduces(name: str, out: Path) -> None:
+    """The run in ``out`` equals the committed quick result of ``name`` (bench/results/quick), apart
+    from the fields that describe the clock or the machine (bench.harness.comparable)."""
+    from bench.harness import QUICK_DIR, comparable
+
+    for file in QUICK_COMMANDS[name][1]:
+        committed = json.loads((QUICK_DIR / file).read_text())
+        got = json.loads((out / file).read_text())
+        assert comparable(got) == comparable(committed), (
+            f"{out / file} differs from bench/results/quick/{file}: rerun python -m bench run {name} "
+            f"{' '.join(QUICK_COMMANDS[name][0])} --out bench/results/quick if the change is meant")
 
 
 @pytest.fixture(scope="session")
 def e3_quick(repo_copies) -> tuple[dict, Path]:
     copy = repo_copies("e3_quick")
-    run_script(copy, "e3_token_norms.py", "--quick", "--no-progress", "--seed", "3")
+    run_bench(copy, "e3", *QUICK_COMMANDS["e3"][0], "--no-progress")
     out = copy / "runs" / "e3"
     return json.loads((out / "e3_token_norms.json").read_text()), out
 
@@ -281,7 +302,7 @@ def e3_quick(repo_copies) -> tuple[dict, Path]:
 @pytest.fixture(scope="session")
 def e4_quick(repo_copies) -> tuple[dict, Path]:
     copy = repo_copies("e4_quick")
-    run_script(copy, "e4_retrieval.py", "--quick", "--no-progress", "--seed", "2")
+    run_bench(copy, "e4", *QUICK_COMMANDS["e4"][0], "--no-progress")
     out = copy / "runs" / "e4"
     return json.loads((out / "e4_retrieval.json").read_text()), out
 
@@ -290,9 +311,9 @@ def e4_quick(repo_copies) -> tuple[dict, Path]:
 def e5_quick(repo_copies, tmp_path_factory) -> tuple[dict, dict, Path]:
     """Two quick runs with the same seed: the default output, and a second folder (determinism)."""
     copy = repo_copies("e5_quick")
-    run_script(copy, "e5_uncertainty.py", "--quick", "--no-progress")
+    run_bench(copy, "e5", *QUICK_COMMANDS["e5"][0], "--no-progress")
     again = tmp_path_factory.mktemp("e5b")
-    run_script(copy, "e5_uncertainty.py", "--quick", "--no-progress", "--out", str(again))
+    run_bench(copy, "e5", *QUICK_COMMANDS["e5"][0], "--no-progress", "--out", str(again))
     out = copy / "runs" / "e5"
     first = json.loads((out / "e5_uncertainty.json").read_text())
     return first, json.loads((again / "e5_uncertainty.json").read_text()), out
@@ -302,16 +323,17 @@ def e5_quick(repo_copies, tmp_path_factory) -> tuple[dict, dict, Path]:
 def e2_quick(repo_copies) -> tuple[dict, Path, str]:
     # protocol B: both probes (head mode and jvp over head + last layer), the trained head and layer
     copy = repo_copies("e2_quick")
-    printed = run_script(copy, "e2_real_encoder.py", "--quick", "--protocol", "B", "--seed", "3", "--no-progress")
+    printed = run_bench(copy, "e2", *QUICK_COMMANDS["e2"][0], "--no-progress")
     out = copy / "runs" / "e2"
     return json.loads((out / "e2_real_encoder_B.json").read_text()), out, printed
 
 
 @pytest.fixture(scope="session")
 def bench_quick(repo_copies) -> tuple[int, Path, dict]:
+    # the product `normfast bench`, through the harness (python -m bench run throughput)
     copy = repo_copies("bench_quick")
-    run_cli(copy, "bench", "--quick", "--no-progress", "--threads", "1")
-    out = copy / "runs" / "bench"
+    run_bench(copy, "throughput", "--quick", "--no-progress", "--threads", "1")
+    out = copy / "runs" / "throughput"
     return 0, out, json.loads((out / "bench.json").read_text())
 
 

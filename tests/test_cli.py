@@ -94,32 +94,3 @@ def test_probe_cli_errors(tmp_path, bert_folder, capsys):
     assert rc == 2 and ">= 2" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "nope.parquet")]) == 2
 
-
-def test_validate_quick(tmp_path, capsys):
-    # 1000 steps instead of --quick's 3000: what is checked here (κ, the ledger's closure, the files)
-    # holds exactly at any length
-    rc = main(["validate", "--quick", "--steps", "1000", "--ledger", "--variants", "mlp,table",
-               "--out", str(tmp_path), "--no-progress"])
-    assert rc == 0
-    printed = capsys.readouterr().out
-    assert "| mlp | " in printed and "| table | " in printed and "s CPU" in printed
-    summary = json.loads((tmp_path / "equilibrium.json").read_text())
-    assert summary["timing"]["cpu_seconds"] > 0
-    # the ledger: every variant, every term, and the realized terms add up to the realized change
-    ledger = json.loads((tmp_path / "ledger.json").read_text())
-    assert [r["variant"] for r in ledger["results"]] == ["mlp", "table"]
-    for r in ledger["results"]:
-        assert set(r["terms"]) >= {"task1", "task2", "decay", "remainder"}
-        assert r["closure"]["telescoping_max_abs_error"] < 1e-12
-    assert (tmp_path / "ledger.png").stat().st_size > 0
-    mlp, table = summary["results"]
-    assert mlp["variant"] == "mlp" and table["variant"] == "table"
-    # bias-free 2-layer ReLU network: kappa = 2 exactly; a free table: kappa = 1 and no drift
-    assert mlp["kappa"]["min"] == pytest.approx(2.0, abs=1e-5) and mlp["kappa"]["max"] == pytest.approx(2.0, abs=1e-5)
-    assert table["kappa"]["min"] == pytest.approx(1.0, abs=1e-6)
-    assert table["drift_over_heat_median"] < 1e-4
-    for res in summary["results"]:
-        assert len(res["observed"]) == len(res["predicted_full"]) == res["items"]
-        assert np.all(np.asarray(res["observed"]) > 0)
-    assert (tmp_path / "equilibrium.png").stat().st_size > 0
-    assert main(["validate", "--variants", "bogus", "--out", str(tmp_path)]) == 2

@@ -1,4 +1,4 @@
-"""E2 (bench/e2_real_encoder.py) at its quick size: the real MiniLM, WordNet pairs, the engine.
+"""E2 (``python -m bench run e2``, bench/experiments/e2) at its quick size: the real MiniLM, WordNet pairs, the engine.
 
 The quick run is far from stationary, so these tests check structure and sanity
 (finite fits, intervals around their estimates, positive norms, a cache that
@@ -8,11 +8,9 @@ probe, the trained head and the trained last layer.
 """
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,12 +26,9 @@ pytestmark = [pytest.mark.needs_data("wordnet"), pytest.mark.usefixtures("single
 
 @pytest.fixture(scope="module")
 def e2():
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("e2_real_encoder", REPO / "bench" / "e2_real_encoder.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["e2_real_encoder"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    import bench.experiments.e2
+
+    return bench.experiments.e2
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +52,7 @@ def pilot_b(e2, quick_cfg, setup_b):
 
 @pytest.fixture
 def quick_b(e2_quick) -> tuple[dict, Path]:
-    """``--quick --protocol B --seed 3`` through the script's main, default output (conftest.e2_quick)."""
+    """``--quick --protocol B --seed 3`` through the runner, default output (conftest.e2_quick)."""
     summary, out, printed = e2_quick
     assert "jvp over head + last layer: full law, trajectory average" in printed
     return summary, out
@@ -90,9 +85,11 @@ def test_protocols_are_what_the_docstring_says(e2):
 
 
 def test_full_runs_need_their_pilot_and_default_to_runs(e2, tmp_path, capsys):
-    assert e2.main(["--protocol", "A", "--out", str(tmp_path)]) == 2
+    from bench.cli import main
+
+    assert main(["run", "e2", "--protocol", "A", "--out", str(tmp_path)]) == 2
     assert "run --pilot first" in capsys.readouterr().err
-    assert e2.main(["--protocol", "v3", "--pilot", "--out", str(tmp_path)]) == 2
+    assert main(["run", "e2", "--protocol", "v3", "--pilot", "--out", str(tmp_path)]) == 2
     assert e2.RUNS == REPO / "runs" / "e2"
 
 
@@ -128,6 +125,12 @@ def test_e2_quick_structure(quick_b: tuple[dict, Path]) -> None:
     assert summary["pilot"] is None  # --quick runs without its pilot; a full run refuses to
 
 
+def test_e2_quick_reproduces_the_committed_quick_result(quick_b: tuple[dict, Path]) -> None:
+    from conftest import assert_reproduces
+
+    assert_reproduces("e2", quick_b[1])
+
+
 def test_e2_quick_fits_regime_and_statistics(quick_b: tuple[dict, Path]) -> None:
     summary, _ = quick_b
     for probe in ("jvp", "head"):
@@ -156,12 +159,12 @@ def test_e2_quick_fits_regime_and_statistics(quick_b: tuple[dict, Path]) -> None
 
 
 def test_the_readme_table_renders_every_committed_run():
-    sys.path.insert(0, str(REPO / "bench"))
-    import tables
+    from bench.experiments.e2.report import E2_RUNS, table_e2
+    from bench.tables import committed
 
-    text = tables.table_e2()
+    text = table_e2(committed)
     assert "v3 (negative control)" in text and "not applicable" in text.split("v3 (negative control)")[1]
-    for name, label in tables.E2_RUNS:
+    for name, label in E2_RUNS:
         path = REPO / "bench" / "results" / name
         d = json.loads(path.read_text()) if path.exists() else {}
         short = label.split(":")[0]

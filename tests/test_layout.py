@@ -8,6 +8,8 @@ functions (a lazy import still ties the two modules together).
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +31,6 @@ ALLOWED = {
     "root": {"core", "data", "encoders", "engine", "apps"},  # the lazy public facade
 }
 MAX_LINES = 500
-# bench/ keeps the old limit until its restructuring into one harness (issue 22) lands; then MAX_LINES
-BENCH_MAX_LINES = 800
 
 
 def _modules() -> dict[str, Path]:
@@ -129,10 +129,8 @@ def test_no_import_cycles():
 
 
 def test_no_module_over_the_size_limit():
-    limits = [(p, MAX_LINES) for p in MODULES.values()]
-    limits += [(p, BENCH_MAX_LINES) for p in ROOT.joinpath("bench").glob("*.py")]
-    long = {str(p.relative_to(ROOT)): n for p, limit in limits if (n := len(p.read_text().splitlines())) > limit}
-    assert not long, f"modules over {MAX_LINES} lines ({BENCH_MAX_LINES} in bench/; split by responsibility): {long}"
+    long = {str(p.relative_to(ROOT)): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split by responsibility): {long}"
 
 
 def test_public_names_are_the_sub_packages_objects():
@@ -152,3 +150,44 @@ def test_import_normfast_stays_light():
     code = "import sys, normfast; print(sorted(m for m in ('torch', 'numpy', 'normfast.engine') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------
+# bench/: the experiment harness (python -m bench)
+
+BENCH = ROOT / "bench"
+BENCH_MAX_LINES = MAX_LINES
+PUBLIC = ("normfast", "normfast.ops")
+
+
+def test_bench_modules_are_small_and_leave_sys_path_alone():
+    files = sorted(BENCH.rglob("*.py"))
+    assert len(files) > 20
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > BENCH_MAX_LINES}
+    assert not long, f"bench modules over {BENCH_MAX_LINES} lines (split the experiment into a package): {long}"
+    edits = [str(p.relative_to(ROOT)) for p in files if "sys.path" in p.read_text()]
+    assert not edits, f"sys.path edited in {edits}: `python -m bench` from the repository root imports bench"
+
+
+def test_bench_imports_only_the_public_api_and_the_stable_entries():
+    """bench/ reaches into the package only through ``normfast``, ``normfast.ops`` and bench.STABLE."""
+    from bench import STABLE
+
+    def allowed(module: str, name: str | None) -> bool:
+        if module in PUBLIC or (name is not None and f"{module}.{name}" in STABLE):
+            return True
+        names = STABLE.get(module)
+        return names is not None and (name is None or "*" in names or name in names)
+
+    bad = []
+    for path in sorted(BENCH.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "normfast":
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{a.name}" for a in node.names
+                        if not allowed(node.module, a.name)]
+            elif isinstance(node, ast.Import):
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}" for a in node.names
+                        if a.name.split(".")[0] == "normfast" and not allowed(a.name, None)]
+    assert not bad, "bench imports package internals not listed in bench.STABLE:\n" + "\n".join(bad)
+    for module in STABLE:  # every stable entry exists
+        assert importlib.util.find_spec(module) is not None, module

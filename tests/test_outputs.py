@@ -1,6 +1,6 @@
 """Where output goes, and what a first run prints.
 
-Every command and bench script writes to runs/ (ignored by git) unless told otherwise: the quick
+Every command and experiment writes to runs/ (ignored by git) unless told otherwise: the quick
 path of each, run with its defaults in a scratch copy of the repository (conftest.py, one copy per
 quick path), must leave `git status` of its copy clean. ``normfast demo`` as a user runs it prints no raw warnings, no
 special tokens in its token lists, and no token twice.
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 # quick path -> (the Debian data it needs, the folder under runs/ it writes by default)
 QUICK_PATHS = {"e2_quick": ("wordnet", "e2"), "e3_quick": ("wordnet", "e3"), "e4_quick": ("wordnet", "e4"),
-               "e5_quick": ("fashion-mnist", "e5"), "bench_quick": (None, "bench"), "demo_run": (None, "demo"),
+               "e5_quick": ("fashion-mnist", "e5"), "bench_quick": (None, "throughput"), "demo_run": (None, "demo"),
                "cli_runs": (None, "cli")}
 
 
@@ -111,6 +111,20 @@ def _out_defaults(path: Path) -> list[tuple[int, str]]:
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_experiment_writes_under_runs_unless_told():
+    """`python -m bench run NAME` without --out writes under runs/NAME (git-ignored), never bench/results."""
+    from bench.cli import config_parser, default_out
+    from bench.harness import EXPERIMENTS, load
+
+    for name in EXPERIMENTS:
+        assert default_out(name) == Path("runs") / name
+        out = next(a for a in config_parser(name, load(name))._actions if "--out" in a.option_strings)
+        assert out.default is None, f"{name}: --out defaults to {out.default}; the runner chooses runs/{name}"
+    assert "/runs/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
 SCRIPTS = sorted(p for p in [*ROOT.joinpath("bench").rglob("*.py"), *ROOT.joinpath("normfast", "apps").rglob("*.py")]
                  if "--out" in p.read_text())
 

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_tables_match_bench_results():
-    proc = subprocess.run([sys.executable, "bench/tables.py", "--check", "README.md"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "bench", "tables", "--check", "README.md"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     readme = (ROOT / "README.md").read_text()

@@ -52,7 +52,7 @@ activation patterns it flips). Each term, in expectation over the batch:
   ``J``, ``z`` and ``v̂`` change.
 
 Which terms matter, and how well the engine estimates them, is measured in
-E1 (README, "E1" and "the radial-budget ledger"). The drift is the delicate
+E1 (the docs' "E1" page and its radial-budget ledger). The drift is the delicate
 term: its window mean is small against its per-batch noise, and in AdamW runs
 the first-order drift nearly cancels the heat, so ``D_w`` must be precise to a
 few percent (hence the drift from the mean direction over many batches).

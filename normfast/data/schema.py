@@ -24,9 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 
@@ -249,7 +249,6 @@ def check_metadata(metadata: dict[str, Any]) -> list[str]:
 # ----------------------------------------------------------------------------
 # the rendered tables (the docs' Output format page; any file with these markers)
 # ----------------------------------------------------------------------------
-BEGIN, END = "<!-- schema:output -->", "<!-- /schema:output -->"
 
 
 def _cell(text: str) -> str:
@@ -266,36 +265,12 @@ def render_markdown() -> str:
     return "\n".join(lines)
 
 
-def readme_block(text: str) -> str:
-    """The current content between the README's schema markers."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"no {BEGIN} ... {END} block in the README")
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
-
-
-def update_readme(path: str | Path) -> bool:
-    """Rewrite the README's schema block from the registry; True when it changed."""
-    path = Path(path)
-    text = path.read_text()
-    old = readme_block(text)
-    new = render_markdown()
-    if old == new:
-        return False
-    head, rest = text.split(BEGIN, 1)
-    path.write_text(head + BEGIN + "\n" + new + "\n" + END + rest.split(END, 1)[1])
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--fingerprint"]:
-        print(schema_fingerprint())
-        return 0
-    if len(argv) != 1:
-        print("usage: python -m normfast.data.schema README.md | --fingerprint", file=sys.stderr)
+    if argv != ["--fingerprint"]:
+        print("usage: python -m normfast.data.schema --fingerprint", file=sys.stderr)
         return 2
-    changed = update_readme(argv[0])
-    print(f"{argv[0]}: schema block {'rewritten' if changed else 'already up to date'}")
+    print(schema_fingerprint())
     return 0
 
 

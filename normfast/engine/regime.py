@@ -35,7 +35,7 @@ three). The checks, in order (the first that fires gives the row's reason):
   parameters moves the norm more than scaling the decayed ones: in a
   post-LayerNorm encoder whose final LayerNorm is exempt, ``κ ≈ 0`` and
   ``kappa_exempt ≈ 1``, and the norm is set by parameters that decay never
-  touches (E2 protocol v3 in the README). A negative κ beside a positive
+  touches (E2 protocol v3 in the docs, Experiments). A negative κ beside a positive
   ``kappa_exempt`` counts here too: the exempt parameters are the cause;
 * ``kappa_nonpositive``: ``κ ≤ 0`` -- decay does not pull the embedding inwards;
 * ``kappa_small``: ``κ < 0.25`` -- the decayed parameters barely move the

@@ -35,7 +35,7 @@ In the law's per-step units (the radial-budget ledger's): first-order term
 ``2η'D`` and second-order term ``η'² Q / R²`` for SGD (heavy-ball: η' =
 η/(1−β)); ``2ηR D_w`` and ``η² Q_w`` for AdamW.
 
-Scope (validated; ``normfast validate``, protocol v3, README "E1")
+Scope (validated; ``normfast validate``, protocol v3, the docs' "E1" page)
 ------------------------------------------------------------------
 E1 chose this predictor before its fits were seen (candidate
 ``trajectory_shrunk_regression``) and confirmed it on a fresh seed: slope in

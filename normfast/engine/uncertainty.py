@@ -27,7 +27,7 @@ error bar:
 95% intervals are ``θ ± t_{0.975, K−1} · se``: with few groups the Student t
 quantile of K−1 degrees of freedom (12.7 at K = 2, 3.18 at K = 4, 2.36 at
 K = 8), never the normal 1.96. Whether the nominal coverage holds is an
-empirical question answered by ``bench/calibration.py``.
+empirical question answered by ``python -m bench run calibration``.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import torch
 
 #: Two-sided confidence of the reported intervals.
 CONFIDENCE = 0.95
-#: Default K, the batch groups behind every error bar (chosen by bench/calibration.py).
+#: Default K, the batch groups behind every error bar (chosen by ``python -m bench run calibration``).
 DEFAULT_GROUPS = 8
 
 

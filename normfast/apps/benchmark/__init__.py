@@ -39,7 +39,7 @@ this machine only.
     The engine (head mode, token-level, Parquet output) as the number of
     token rows grows; each size runs in a fresh process, which reports its
     wall time and peak resident memory. (The 10^7-token run is
-    ``bench/streaming.py``.)
+    ``python -m bench run streaming``.)
 
 Results go to ``OUT/bench.json`` (and ``OUT/jvp_minilm.json``) with figures
 ``OUT/bench_*.png``. With ``--only`` an existing ``bench.json`` of the same

@@ -361,7 +361,7 @@ def run_head(s: HeadSettings, progress: bool = True) -> dict[str, Any]:
         "flop_ratios": {f"normfast_vs_{k}": v / flops["normfast"] for k, v in flops.items()
                         if k != "normfast" and "normfast" in flops},
         "gflop_per_s": {k: flops[k] / seconds[k]["p50"] / 1e9 for k in flops},
-        "see_also": "bench/head_stats.py (plain-backward per-batch baseline, 10^6-probe memory)",
+        "see_also": "python -m bench run head_stats (plain-backward per-batch baseline, 10^6-probe memory)",
     }
 
 

@@ -161,5 +161,5 @@ def run_scaling(s: ScalingSettings, progress: bool = True) -> dict[str, Any]:
         "memory_note": "peak_rss_mb includes the engine's final step (the finished Parquet table read "
                        "back into the ProbeResult, which grows with N); streaming_peak_rss_mb is the "
                        "peak before that step (the chunk loop)",
-        "see_also": "bench/streaming.py: 10^7 tokens streamed through the engine",
+        "see_also": "python -m bench run streaming: 10^7 tokens streamed through the engine",
     }

@@ -2,7 +2,7 @@
 
 The pieces every experiment of that kind needs, for any :class:`~normfast.encoders.Encoder`
 and a pool of (anchor, positive) pairs of its items (E2 on the real MiniLM uses them;
-``bench/e2_real_encoder.py``), one module each:
+``python -m bench run e2``), one module each:
 
 * :mod:`.settings` -- :class:`TrainSettings` (SGD + decay on InfoNCE pairs, what is
   recorded) and :class:`HealthThresholds`;

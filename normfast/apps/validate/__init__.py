@@ -43,7 +43,7 @@ candidates):
 
 Why dense: at a checkpoint the drift's batch noise over 64 batches is only
 0.1-0.5 of its fluctuation along the window, and that fluctuation
-decorrelates within ~20 steps (``python bench/e1_drift.py``): the time
+decorrelates within ~20 steps (``python -m bench run e1_drift``): the time
 average needs many states, not many batches per state.
 
 Variants (``data.VARIANT_SPECS``): a 2-layer ReLU MLP without biases (κ = 2

@@ -1,4 +1,4 @@
-"""E1's figures and printed tables (the README's tables are rendered by bench/tables.py from the same JSON)."""
+"""E1's figures and printed tables (the docs' tables are rendered by ``python -m bench tables`` from the same JSON)."""
 from __future__ import annotations
 
 from pathlib import Path

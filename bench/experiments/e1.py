@@ -1,0 +1,203 @@
+"""E1: the equilibrium law in a controlled experiment (the product ``normfast validate``).
+
+    python -m bench run e1 --ledger --out bench/results               # seed 0, with the ledger
+    python -m bench run e1 --seed 1 --out bench/results/e1_seed1      # the fresh seed
+    python -m bench run e1 --quick                                     # a toy size (the tests)
+
+The experiment is a product command (its code and its protocol live in
+:mod:`normfast.apps.validate`); this module runs it through the command's own
+entry point and renders its README tables. The protocol, as the command
+states it:
+
+"""
+from __future__ import annotations
+
+from argparse import Namespace
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from bench.common import fmt, product_protocol
+from bench.harness import Context, UsageError, read_json
+
+RESULTS = ("equilibrium.json", "e1_seed1/equilibrium.json", "ledger.json")
+FIGURES = ("equilibrium.png", "e1_seed1/equilibrium.png", "ledger.png")
+TABLES = ("e1", "e1-snapshot", "e1-ledger", "e1-resists")
+#: the product writes equilibrium.json / .png (and ledger.json / .png with --ledger)
+WRITES_OWN_FILES = True
+
+
+__doc__ += product_protocol("normfast.apps.validate")
+
+
+@dataclass
+class Config:
+    variants: str | None = field(default=None, metadata={"help": "comma-separated subset of the variants "
+                                                                 "(none: all of them)"})
+    ledger: bool = field(default=False, metadata={"help": "also the radial-budget ledger (ledger.json/.png)"})
+    steps: int | None = field(default=None, metadata={"help": "override the number of training steps"})
+    size: str = field(default="full", metadata={"choices": ("full", "quick"),
+                                                 "help": "the product's full or --quick configuration"})
+    seed: int = 0
+
+    @classmethod
+    def quick(cls) -> "Config":
+        return cls(size="quick")
+
+
+def run(config: Config, ctx: Context) -> dict[str, Any]:
+    from normfast.apps.validate import VARIANTS, validate_main
+
+    args = Namespace(quick=config.size == "quick", variants=config.variants or ",".join(VARIANTS),
+                     ledger=config.ledger, steps=config.steps, seed=config.seed, out=str(ctx.out),
+                     no_progress=not ctx.progress)
+    if validate_main(args) != 0:
+        raise UsageError("normfast validate refused the settings (its message is above)")
+    result = read_json(ctx.out / "equilibrium.json")
+    result["_written"] = ["equilibrium.json", "equilibrium.png"]
+    if config.ledger:
+        result["ledger"] = read_json(ctx.out / "ledger.json")
+        result["_written"] += ["ledger.json", "ledger.png"]
+    return result
+
+
+def tables(result: dict[str, Any]) -> dict[str, str]:
+    """The README's E1 tables for this run alone."""
+    runs = [(str(result["config"]["seed"]), result)]
+    ledger = result.get("ledger")
+    out = {"e1": table_e1(runs, (ledger or {}).get("timing")), "e1-snapshot": table_e1_snapshot(runs)}
+    if ledger:
+        out.update({"e1-ledger": table_e1_ledger(ledger), "e1-resists": table_e1_resists(ledger)})
+    return {k: v for k, v in out.items() if v is not None}
+
+
+#: the committed runs of the README's E1 table: (seed label, file)
+E1_RUNS = (("0", "equilibrium.json"), ("1 (fresh)", "e1_seed1/equilibrium.json"))
+
+
+def blocks(load: Callable[[str], dict | None]) -> dict[str, str | None]:
+    runs = [(seed, d) for seed, path in E1_RUNS if (d := load(path)) is not None]
+    ledger = load("ledger.json")
+    return {"e1": table_e1(runs, (ledger or {}).get("timing")), "e1-snapshot": table_e1_snapshot(runs),
+            "e1-ledger": None if ledger is None else table_e1_ledger(ledger),
+            "e1-resists": None if ledger is None else table_e1_resists(ledger)}
+
+
+# ---------------------------------------------------------------------------
+# the README's renderers
+E1_NAMES = {"mlp": "MLP, no biases", "mlp_bias": "MLP, biases", "table": "embedding table",
+            "mlp_adamw": "MLP, AdamW β1 = 0.9", "mlp_adamw_b0": "MLP, AdamW β1 = 0",
+            "mlp_heavyball": "MLP, heavy-ball SGD β = 0.9"}
+
+
+def _sr(fit: dict) -> str:
+    return f"{fmt(fit['slope'])} / {fmt(fit['pearson_r'])}"
+
+
+def e1_name(r: dict) -> str:
+    return E1_NAMES.get(r["variant"], r["variant"])
+
+
+def table_e1(runs: list[tuple[str, dict]], ledger_timing: dict | None) -> str | None:
+    """Every run's fits (``runs``: (seed label, result)); the timing note says which run made the ledger."""
+    runs = [(seed, d) for seed, d in runs if "dense_corrected_law" in d["results"][0]["fits"]]
+    if not runs:
+        return None
+    cols = (("dense_corrected_law", "dense, corrected law"), ("dense_law_without_curvature", "dense, no curvature"),
+            ("dense_heat_only_law", "dense, heat-only"), ("full_law", "checkpoints, full law"),
+            ("heat_only_law", "checkpoints, heat-only"))
+    rows = ["| seed | E1 variant (slope / r) | " + " | ".join(c for _, c in cols) + " | target met |",
+            "|---" * (len(cols) + 3) + "|"]
+    for seed, d in runs:
+        for r in d["results"]:
+            rows.append(f"| {seed} | {e1_name(r)} | " + " | ".join(_sr(r["fits"][k]) for k, _ in cols)
+                        + f" | {'yes' if r['target']['met'] else 'no'} |")
+    d = runs[0][1]
+    cfg, r0 = d["config"], d["results"][0]
+    rows.append("")
+    rows.append(f"{cfg['concepts']} concepts x {cfg['items_per_concept']} items, {cfg['steps']} steps, window = last "
+                f"{int(cfg['window'] * 100)}% ({r0['dense_samples']} steps); SGD lr {cfg['lr']}, heavy-ball lr "
+                f"{cfg['heavyball_lr']}, AdamW lr {cfg['adamw_lr']}, wd {cfg['weight_decay']} throughout. Dense: one "
+                f"fresh virtual batch at every step of the window. Checkpoints: {r0['checkpoints']} x (M = {cfg['M']}, "
+                f"M_D = {cfg['drift_batches']}). Target: slope in [0.85, 1.15], r >= 0.93 (on the dense corrected law).")
+    for seed, d in runs:
+        t = d.get("timing")
+        if t:
+            how = "with" if seed == runs[0][0] and ledger_timing == t else "without"
+            rows.append(f"Seed {seed}: `normfast validate --seed {d['config']['seed']}` ({how} --ledger) took "
+                        f"{t['wall_seconds'] / 60:.0f} min wall, {t['cpu_seconds'] / 60:.0f} min CPU on the shared "
+                        f"2-core machine.")
+    return "\n".join(rows)
+
+
+def table_e1_snapshot(runs: list[tuple[str, dict]]) -> str | None:
+    runs = [(n, d) for n, d in runs if "snapshot" in d["results"][0]]
+    if not runs:
+        return None
+    cands = ("heat_only", "heat_only_curvature", "snapshot_full", "trajectory", "trajectory_curvature",
+             "trajectory_shrunk", "trajectory_shrunk_regression")
+    rows = ["| seed | E1 variant (slope / r) | " + " | ".join(c.replace("_", " ") for c in cands)
+            + " | reference: present norm |", "|---" * (len(cands) + 3) + "|"]
+    for seed, d in runs:
+        for r in d["results"]:
+            s = r["snapshot"]
+            rows.append(f"| {seed} | {e1_name(r)} | " + " | ".join(_sr(s["fits"][c]) for c in cands)
+                        + f" | {_sr(s['present_norm_fit'])} |")
+    notes = []
+    for seed, d in runs:
+        ch = d.get("snapshot_choice", {})
+        w = ch.get("winner")
+        met = ch.get("scores", {}).get(w, {}).get("targets_met")
+        steps = {r["variant"]: r["snapshot"]["trajectory_steps"] for r in d["results"]}
+        t = d.get("timing", {})
+        notes.append(f"seed {seed}: protocol's choice {w} (target met on {met} of 4); "
+                     f"trajectory steps {', '.join(f'{k} {v}' for k, v in steps.items())}; "
+                     f"the whole run {t.get('wall_seconds', float('nan')) / 60:.0f} min wall, "
+                     f"{t.get('cpu_seconds', float('nan')) / 60:.0f} min CPU")
+    rows.append("")
+    rows.append("; ".join(notes) + ".")
+    return "\n".join(rows)
+
+
+LEDGER_TERMS = (("task1", "first-order task"), ("task2", "second-order task"), ("task", "task, both orders"),
+                ("decay", "decay"), ("remainder", "curvature remainder"))
+
+
+def table_e1_ledger(d: dict) -> str:
+    rows = ["| E1 variant | term | realized, mean per step | / decay | checkpoint mean: ratio, r | "
+            "last checkpoint: ratio, r |", "|---|---|---|---|---|---|"]
+    for r in d["results"]:
+        dec = abs(r["terms"]["decay"]["realized_mean"])
+        for t, label in LEDGER_TERMS:
+            row = r["terms"][t]
+            a, b = row["checkpoint_average"], row["last_checkpoint"]
+            rows.append(f"| {e1_name(r)} | {label} | {row['realized_mean']:.2e} | {row['realized_mean'] / dec:+.2f} | "
+                        f"{fmt(a['ratio_realized_over_estimated'], 2)}, {fmt(a['pearson_r'], 2)} | "
+                        f"{fmt(b['ratio_realized_over_estimated'], 2)}, {fmt(b['pearson_r'], 2)} |")
+    rows.append("")
+    rows.append("Ratio = realized mean / engine's mean over items; r = per-item Pearson r (realized window mean "
+                "against the engine's estimate). The engine has no remainder term (ratio n/a).")
+    ts = [(r, r["drift_time_structure"]) for r in d["results"] if "drift_time_structure" in r]
+    if ts:
+        rows.append("")
+        rows.append(f"The realized first-order term in blocks of {ts[0][1]['block_steps']} steps: its spread from "
+                    "block to block over the absolute value of its window mean, its block autocorrelation at lags "
+                    "1 and 5, and the per-item r of the last checkpoint's estimate against the window's realized "
+                    "term: " + "; ".join(
+                        f"{e1_name(r)} {t['median_block_std_over_abs_window_mean']:.1f}, "
+                        f"{t['block_autocorrelation_by_lag']['1']:+.2f} / {t['block_autocorrelation_by_lag']['5']:+.2f}, "
+                        f"r {t['per_item_r_last_checkpoint_drift_vs_window_realized']:+.2f}" for r, t in ts) + ".")
+    return "\n".join(rows)
+
+
+def table_e1_resists(d: dict) -> str | None:
+    if "term_swaps" not in d["results"][0]:
+        return None
+    names = list(d["results"][0]["term_swaps"])
+    rows = ["| law from the checkpoints' terms (slope / r) | " + " | ".join(e1_name(r) for r in d["results"]) + " |",
+            "|---" * (len(d["results"]) + 1) + "|"]
+    for n in names:
+        rows.append(f"| {n} | " + " | ".join(_sr(r["term_swaps"][n]) for r in d["results"]) + " |")
+    rows.append("| closure: median abs(sum of realized terms) / abs(decay) | "
+                + " | ".join(fmt(r["closure"]["median_abs_sum_over_abs_decay"], 3) for r in d["results"]) + " |")
+    return "\n".join(rows)
+

@@ -1,0 +1,262 @@
+"""The experiment harness: ``python -m bench list | run | tables``, every experiment's quick run, and
+the committed quick results that ``--quick`` must reproduce.
+
+Each experiment runs its quick size once in the suite: here, or in its own module (e2:
+test_e2.py, e3/e4: test_e3_e4.py, e5: test_e5.py, gpu_check: test_gpu_check.py, throughput:
+test_benchmark.py). A deterministic quick run must give the JSON committed in
+bench/results/quick exactly, apart from the fields that describe the clock or the machine
+(:func:`bench.harness.comparable`); its command is in ``conftest.QUICK_COMMANDS`` and in
+bench/results/quick/README.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import catalog
+from bench.harness import EXPERIMENTS, QUICK_DIR, RESULTS_DIR, comparable, load
+from conftest import QUICK_COMMANDS, assert_reproduces, run_bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+def quick(tmp_path: Path, name: str, *extra: str) -> tuple[Path, str]:
+    """``python -m bench run NAME --quick`` (or its committed quick command) into ``tmp_path``."""
+    argv = QUICK_COMMANDS.get(name, (["--quick"], ()))[0]
+    printed = run_bench(tmp_path, name, *argv, "--no-progress", "--out", str(tmp_path / name), *extra)
+    return tmp_path / name, printed
+
+
+# ---------------------------------------------------------------------------
+# the runner
+
+
+def test_list_names_every_experiment_and_imports_no_torch():
+    done = subprocess.run([sys.executable, "-m", "bench", "list"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[0] for line in done.stdout.splitlines() if line and not line[0].isspace()]
+    assert listed == list(EXPERIMENTS)
+    check = "import sys, bench; bench.catalog(); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", "the catalog imported torch: keep heavy imports inside run()"
+
+
+def test_catalog_covers_every_committed_file_and_block():
+    from bench.tables import EXTRA, render_all
+
+    rows = catalog()
+    assert [r["name"] for r in rows] == list(EXPERIMENTS)
+    for r in rows:
+        assert r["command"] == f"python -m bench run {r['name']} --out bench/results"
+        assert r["title"] and r["protocol"].startswith(r["title"].split(" ")[0]) and len(r["protocol"]) > 200
+        assert r["results"] and all(f.endswith(".json") for f in r["results"])
+        assert all(f.endswith(".png") for f in r["figures"])
+    claimed = {f for r in rows for f in r["results"] + r["figures"]} | {"demo_output.txt"}
+    committed = {str(p.relative_to(RESULTS_DIR)) for p in RESULTS_DIR.rglob("*")
+                 if p.is_file() and QUICK_DIR not in p.parents}
+    assert not committed - claimed, f"committed results no experiment writes: {sorted(committed - claimed)}"
+    blocks = {b for r in rows for b in r["tables"]}
+    assert blocks.isdisjoint(EXTRA) and set(render_all()) <= blocks | set(EXTRA)
+    readme = (ROOT / "README.md").read_text()
+    for name in render_all():
+        assert f"<!-- results:{name} -->" in readme, name
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_each_experiment_has_the_contract(name):
+    from bench.cli import config_parser
+
+    m = load(name)
+    assert is_dataclass(m.Config) and callable(m.run)
+    full, small = m.Config(), m.Config.quick()
+    assert isinstance(small, m.Config)
+    assert name == "roofline" or small != full, "quick() must shrink something"
+    options = {o for a in config_parser(name, m)._actions for o in a.option_strings}
+    for f in fields(m.Config):
+        if f.name != "seed":
+            assert any(o.lstrip("-").replace("no-", "", 1) == f.name.replace("_", "-") for o in options), f.name
+    assert "sys.path" not in Path(m.__file__).read_text()
+
+
+def test_options_replace_the_quick_config_and_the_printed_command_reproduces_it():
+    from bench.cli import build_config, config_parser, reproduce
+
+    m = load("e4")
+    args = config_parser("e4", m).parse_args(["--quick", "--queries", "40", "--select-on", "all", "--seed", "5"])
+    cfg = build_config(m, args)
+    assert (cfg.queries, cfg.distractors, cfg.select_on) == (40, 500, "all")
+    command = reproduce("e4", m, cfg, True, 5, None)
+    assert command == "python -m bench run e4 --quick --queries 40 --select-on all --seed 5"
+    again = build_config(m, config_parser("e4", m).parse_args(command.split()[5:]))
+    assert again == cfg
+    m = load("gpu_check")
+    args = config_parser("gpu_check", m).parse_args(["--inject", "env=hang", "--inject", "kernels=error"])
+    assert build_config(m, args).inject == ("env=hang", "kernels=error")
+    with pytest.raises(ValueError, match="--inject"):
+        build_config(m, config_parser("gpu_check", m).parse_args(["--inject", "nowhere=error"]))
+
+
+def test_the_quick_results_readme_lists_each_command():
+    readme = (QUICK_DIR / "README.md").read_text()
+    for name, (argv, files) in QUICK_COMMANDS.items():
+        command = f"python -m bench run {name} {' '.join(argv)} --out bench/results/quick"
+        assert f"| {name} | `{command}` | {', '.join(files)} |" in readme, name
+        assert all((QUICK_DIR / f).is_file() for f in files), name
+
+
+def test_run_refuses_unknown_names_and_bad_settings(capsys):
+    from bench.cli import main
+
+    assert main(["run", "e9"]) == 2 and "unknown experiment 'e9'" in capsys.readouterr().err
+    assert main(["run", "e3", "--words", "1"]) == 2 and "words >= 2" in capsys.readouterr().err
+
+
+def test_tables_check_finds_a_stale_block(tmp_path):
+    from bench import tables
+    from bench.cli import main
+
+    good = "".join(f"<!-- results:{n} -->\n{t}\n<!-- /results:{n} -->\n\n" for n, t in tables.render_all().items())
+    path = tmp_path / "page.md"
+    path.write_text(good)
+    assert tables.check(path) == [] and main(["tables", "--check", str(path)]) == 0
+    path.write_text(good.replace("<!-- /results:quartic -->", "1\n<!-- /results:quartic -->")
+                    + "<!-- results:nosuch -->\n|x|\n<!-- /results:nosuch -->\n")
+    assert tables.check(path) == ["quartic", "nosuch"] and main(["tables", "--check", str(path)]) == 1
+    main(["tables", "--write", str(path)])
+    assert tables.check(path) == ["nosuch"]
+
+
+# ---------------------------------------------------------------------------
+# quick runs (the experiments without a test module of their own)
+
+
+def test_e1_quick(tmp_path, capsys):
+    """The product ``normfast validate`` through the runner (``python -m bench run e1``)."""
+    from bench.cli import main
+
+    # 1000 steps instead of --quick's 3000: what is checked here (κ, the ledger's closure, the files)
+    # holds exactly at any length
+    rc = main(["run", "e1", *QUICK_COMMANDS["e1"][0], "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert_reproduces("e1", tmp_path)
+    assert "| mlp | " in printed and "| table | " in printed and "s CPU" in printed
+    summary = json.loads((tmp_path / "equilibrium.json").read_text())
+    assert summary["timing"]["cpu_seconds"] > 0
+    # the ledger: every variant, every term, and the realized terms add up to the realized change
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    assert [r["variant"] for r in ledger["results"]] == ["mlp", "table"]
+    for r in ledger["results"]:
+        assert set(r["terms"]) >= {"task1", "task2", "decay", "remainder"}
+        assert r["closure"]["telescoping_max_abs_error"] < 1e-12
+    assert (tmp_path / "ledger.png").stat().st_size > 0
+    mlp, table = summary["results"]
+    assert mlp["variant"] == "mlp" and table["variant"] == "table"
+    # bias-free 2-layer ReLU network: kappa = 2 exactly; a free table: kappa = 1 and no drift
+    assert mlp["kappa"]["min"] == pytest.approx(2.0, abs=1e-5) and mlp["kappa"]["max"] == pytest.approx(2.0, abs=1e-5)
+    assert table["kappa"]["min"] == pytest.approx(1.0, abs=1e-6)
+    assert table["drift_over_heat_median"] < 1e-4
+    for res in summary["results"]:
+        assert len(res["observed"]) == len(res["predicted_full"]) == res["items"]
+        assert np.all(np.asarray(res["observed"]) > 0)
+    assert (tmp_path / "equilibrium.png").stat().st_size > 0
+    assert main(["run", "e1", "--variants", "bogus", "--out", str(tmp_path)]) == 2
+
+
+def test_roofline_quick_is_the_committed_prediction(tmp_path):
+    """Its quick run is the whole prediction: it must equal the committed one."""
+    out, printed = quick(tmp_path, "roofline")
+    got = json.loads((out / "roofline.json").read_text())
+    assert comparable(got) == comparable(json.loads((RESULTS_DIR / "roofline.json").read_text()))
+    assert "reproduce with: python -m bench run roofline --quick" in printed
+
+
+def test_quartic_and_accumulate_quick(tmp_path):
+    out, printed = quick(tmp_path, "quartic")
+    d = json.loads((out / "quartic.json").read_text())
+    for workload in ("general", "biquadratic"):
+        a = d["agreement"][workload]
+        assert a["rows_compared"] > 0 and a["max_rel_diff"] < 1e-8
+        assert a["only_normfast_finds_a_root"] == a["only_baseline_finds_a_root"] == 0
+    assert d["rows"] == 2000 and "| general quartic" in printed
+    out, printed = quick(tmp_path, "accumulate")
+    (case,) = json.loads((out / "accumulate.json").read_text())["cases"]
+    assert max(case["errors"]["normfast"].values()) < 1e-5 and case["speedup"] > 0
+    assert "| 200 | 8 |" in printed
+
+
+def test_head_stats_quick(tmp_path):
+    out, printed = quick(tmp_path, "head_stats")
+    d = json.loads((out / "head_stats.json").read_text())
+    r = d["results"]["8"]
+    assert max(r["accuracy_max_error"].values()) < 1e-4
+    assert set(r["speedup_vs_naive"]) == {"grouped", "S", "per_batch"} and d["config"]["groups"] >= 2
+    assert "| grouped, with error bars (the default) |" in printed
+
+
+def test_adaptive_m_quick(tmp_path):
+    out, _ = quick(tmp_path, "adaptive_m")
+    assert_reproduces("adaptive_m", out)
+    d = json.loads((out / "adaptive_m.json").read_text())
+    assert d["runs"]["fixed_M16"]["M"] == 16 and d["runs"]["adaptive"]["M"] >= 16
+    assert 0 <= d["runs"]["adaptive"]["V2_resolved_to_20pct"] <= 1
+
+
+def test_e1_drift_quick(tmp_path):
+    out, printed = quick(tmp_path, "e1_drift")
+    assert_reproduces("e1_drift", out)
+    (r,) = json.loads((out / "e1_drift.json").read_text())["results"]
+    assert r["variant"] == "mlp" and r["groups"] == 2 and len(r["precision"]) >= 2
+    assert all(np.isfinite([p["slope"], p["pearson_r"]]).all() for p in r["precision"])
+    assert "| MLP, no biases |" in printed
+
+
+def test_calibration_quick(tmp_path):
+    out, printed = quick(tmp_path, "calibration")
+    assert_reproduces("calibration", out)
+    d = json.loads((out / "calibration.json").read_text())
+    assert set(d["results"]) == {"mlp"} and d["decision"]["default_K"] in (2, 4)
+    for k in ("2", "4"):
+        for q, c in d["results"]["mlp"][k].items():
+            if isinstance(c, dict):
+                assert 0 <= c["ci95"][0] <= c["coverage"] <= c["ci95"][1] <= 1, (k, q)
+    assert (out / "calibration.png").stat().st_size > 1000 and "| MLP, no biases (jvp) |" in printed
+
+
+def test_streaming_quick(tmp_path):
+    out, printed = quick(tmp_path, "streaming")
+    d = json.loads((out / "streaming.json").read_text())
+    (r,) = d["runs"]
+    assert r["rows"] == r["expected_rows"] >= 2000 and r["chunks_computed"] == r["chunks"]
+    assert r["peak_rss_bytes"] > r["rss_before_probe_bytes"] > 0 and d["resume_check"] is None
+    assert (out / "streaming.png").stat().st_size > 1000 and "Resume check: not run." in printed
+
+
+def test_kernel_resources_quick(tmp_path):
+    """Compiles for real (TRITON_INTERPRET=0), so in a fresh process, as the README runs it."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-m", "bench", "run", "kernel_resources", "--quick", "--no-progress",
+                           "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+    if done.returncode != 0 and "ptxas" in done.stderr and "not found" in done.stderr:
+        pytest.skip("no ptxas available to lower for a CUDA target")
+    assert done.returncode == 0, done.stderr[-3000:]
+    d = json.loads((tmp_path / "kernel_resources.json").read_text())
+    assert len(d["variants"]) == 1 and d["complete"] is False and d["failing"] == 0
+    assert all(v["registers"] > 0 and v["problems"] == [] for v in d["variants"])
+
+
+@pytest.mark.parametrize("name", ["corpus", "judgments"])
+def test_gensim_experiments_quick(tmp_path, name):
+    pytest.importorskip("gensim")
+    out, printed = quick(tmp_path, name, "--probe-dir", str(tmp_path / "probes")) if name == "corpus" \
+        else quick(tmp_path, name)
+    d = json.loads((out / load(name).RESULTS[0]).read_text())
+    assert d["quick"] is True and list(d["models"]) == ["all-MiniLM-L6-v2"]
+    assert f"## {name}" in printed
