@@ -107,14 +107,15 @@ def _header(result, scanned: dict[str, Any], shown_docs: int, all_docs: bool, cu
             "regime": (regime or {}).get("regime"), "reason": (regime or {}).get("reason")}
 
 
-def _rows_payload(rows: pa.Table, specs: list[dict[str, Any]], pooled: bool, corpus: bool,
+def _rows_payload(rows: pa.Table, specs: list[dict[str, Any]], layout: tuple | None,
                   doc_of_row: np.ndarray) -> dict[str, Any]:
+    """The sampled rows, column by column (``layout``: the text view's token layout; None: pooled)."""
     names = rows.column_names
     n = rows.num_rows
+    pooled = layout is None
     out: dict[str, Any] = {"n": n, "doc": _ints(doc_of_row)}
-    shown, gap, visible = collect.token_layout(rows, corpus) if not pooled else ([""] * n, [0] * n, [0] * n)
-    out["tok"] = [t[:MAX_LABEL] for t in shown] if not pooled else []
-    out["gap"] = gap if not pooled else []
+    out["tok"] = [t[:MAX_LABEL] for t in layout[0]] if not pooled else []
+    out["gap"] = list(layout[1]) if not pooled else []
     out["special"] = _ints(collect._special(rows))
     out["valid"] = _ints(rows.column("valid").to_numpy(zero_copy_only=False))
     out["pos"] = _ints(rows.column("position").to_numpy(zero_copy_only=False))
@@ -195,9 +196,9 @@ def page_data(result, *, stat: str | None = None, docs: int = collect.DEFAULT_DO
     index = {k: i for i, k in enumerate(keys)}
     doc_of_row = np.array([index[k] for k in key_values], np.int64)
     specs = _stat_specs(result, stats)
-    row_data = _rows_payload(rows, specs, pooled, corpus, doc_of_row)
-    _, _, visible = collect.token_layout(rows, corpus) if not pooled else (None, None, [1] * rows.num_rows)
-    docs_out = collect.documents(rows, scanned["key"], corpus, visible) if not pooled else []
+    layout = None if pooled else collect.token_layout(rows, corpus)
+    row_data = _rows_payload(rows, specs, layout, doc_of_row)
+    docs_out = [] if pooled else collect.documents(rows, scanned["key"], corpus, *layout)
 
     quantities = [q for q in ("norm", result.heat_column, result.drift_column, "kappa", "r_eq", "r_eq_heat")
                   if q in result.column_names]

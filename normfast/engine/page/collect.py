@@ -17,7 +17,6 @@ Memory: one batch of rows plus the sample and a few numbers per document and typ
 """
 from __future__ import annotations
 
-import math
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
@@ -260,7 +259,8 @@ def token_layout(rows: pa.Table, corpus: bool) -> tuple[list[str], list[int], li
     return shown, gap, visible
 
 
-def documents(rows: pa.Table, key: str, corpus: bool, visible: Sequence[int]) -> list[dict[str, Any]]:
+def documents(rows: pa.Table, key: str, corpus: bool, shown: Sequence[str], gap: Sequence[int],
+              visible: Sequence[int]) -> list[dict[str, Any]]:
     """The sampled documents: label, rows [start, end) in the row table, and the text view's rows."""
     keys = rows.column(key).to_pylist()
     out: list[dict[str, Any]] = []
@@ -273,22 +273,16 @@ def documents(rows: pa.Table, key: str, corpus: bool, visible: Sequence[int]) ->
             dpos = rows.column("doc_position").to_numpy(zero_copy_only=False)[start:i]
             idx = [j for j in sorted(idx, key=lambda j: (dpos[j - start], j)) if visible[j]]
         label = str(keys[start])
-        if not corpus:
+        if corpus:
+            head = "".join((" " if gap[j] and k else "") + shown[j] for k, j in enumerate(idx[:12]))
+            label = f"{label}: {head}"
+        else:
             text = rows.column("text")[start].as_py() if "text" in rows.column_names else ""
             ident = rows.column("id")[start].as_py() if "id" in rows.column_names else label
             label = f"{ident}: {text}" if text else str(ident)
         out.append({"label": label[:80], "start": start, "end": i, "view": idx})
         start = i
     return out
-
-
-def finite_or_nan(values: Any) -> np.ndarray:
-    v = np.asarray(values, dtype=float)
-    return np.where(np.isfinite(v), v, np.nan)
-
-
-def log_bins_text() -> str:
-    return f"log10 bins of {HIST_STEP} from {HIST_LO:g}"
 
 
 def heat_histogram(scanned: dict[str, Any]) -> dict[str, Any]:
@@ -301,13 +295,3 @@ def heat_histogram(scanned: dict[str, Any]) -> dict[str, Any]:
     return {"lo": HIST_LO + a * HIST_STEP, "step": HIST_STEP, "counts": hist[a:b].tolist(),
             "total": int(hist.sum()), "nonpositive": scanned["heat_nonpositive"],
             "outside": scanned["heat_below"] + scanned["heat_above"]}
-
-
-def nice_share(n: int, total: int) -> str:
-    if total <= 0:
-        return "0"
-    return f"{n:,} of {total:,}" + ("" if n == total else f" ({100 * n / total:.2g}%)")
-
-
-def isfinite_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
