@@ -393,14 +393,19 @@
     ax.map = function (v) { var x = log ? Math.log10(v) : v; return a + (x - lo) / (hi - lo) * (b - a); };
     var ticks = [];
     if (log) {
-      var step = Math.max(1, Math.ceil((hi - lo) / 6));
-      for (var e = Math.ceil(lo); e <= hi; e += step) {
-        ticks.push([Math.pow(10, e), e >= -2 && e <= 3 ? fmt(Math.pow(10, e)) : "1e" + e]);
+      // 1-2-5 (or finer) within a decade or two, powers of ten over many decades
+      var span = hi - lo, mult = span < 1.2 ? [1, 2, 3, 5, 7] : span < 3 ? [1, 2, 5] : [1];
+      var step = mult.length > 1 ? 1 : Math.max(1, Math.ceil(span / 6));
+      for (var e = Math.floor(lo); e <= Math.ceil(hi); e += step) {
+        mult.forEach(function (m) {
+          var v = m * Math.pow(10, e), lv = Math.log10(v);
+          if (lv >= lo && lv <= hi) ticks.push([v, e >= -3 && e <= 4 ? fmtAxis(Number(v.toPrecision(3))) : m + "e" + e]);
+        });
       }
       if (ticks.length < 2) {
-        var s = niceStep(Math.pow(10, hi) - Math.pow(10, lo), 4);
+        var a0 = Math.pow(10, lo), a1 = Math.pow(10, hi), s = niceStep(a1 - a0, 4);
         ticks = [];
-        for (var t = Math.ceil(Math.pow(10, lo) / s) * s; t <= Math.pow(10, hi); t += s) ticks.push([t, fmtAxis(t)]);
+        for (var t = Math.ceil(a0 / s) * s; t <= a1; t += s) if (t > 0) ticks.push([t, fmtAxis(Number(t.toPrecision(6)))]);
       }
     } else {
       var st = niceStep(hi - lo, 5);
