@@ -515,6 +515,9 @@
     if (T) {
       if (Math.max.apply(null, T.count.concat([0])) >= 2) modes.push("count");
       if (T.zipf) modes.push("zipf");
+      // a word list (most types seen once): word frequency first; a corpus: how often types occur in it
+      var sorted = T.count.slice().sort(function (a, b) { return a - b; });
+      if (modes.length > 1 && quantile(sorted, 0.5) < 2) modes.reverse();
     }
     if (!modes.length) { fig.hidden = true; return; }
     if (!freqMode || modes.indexOf(freqMode) < 0) freqMode = modes[0];
