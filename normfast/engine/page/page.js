@@ -183,7 +183,8 @@
     var shownRows = 0;
     DATA.docs.forEach(function (d) { shownRows += docRows(d).length; });
     compact = shownRows <= 6 * DATA.docs.length;
-    if (DATA.docs.length > 1 && shownRows <= 6000) {
+    // every document at once: a word list flows in one paragraph; long documents only while few
+    if (DATA.docs.length > 1 && (compact || shownRows <= 6000)) {
       var all = document.createElement("option");
       all.value = "all"; all.textContent = "all " + DATA.docs.length + " " + DATA.sample.unit;
       docSelect.appendChild(all);
@@ -553,7 +554,8 @@
     });
     if (bars.length) svg(box, "path", { d: bars.join(""), stroke: "#92c5de", "stroke-width": 1, fill: "none", "stroke-opacity": 0.6 });
     dots(box, pts.map(function (p) { return [xa.map(p[0]), ya.map(p[1])]; }), "#2166ac", 3.4, 0.8);
-    cap.textContent = "One point per " + by + " (mean over its valid occurrences), light bars ± one standard error" +
+    cap.textContent = "One point per " + by + " (mean over its valid occurrences), light bars ± one standard error " +
+      "(types seen at least twice: " + bars.length + ")" +
       (T.n > limit ? "; the " + limit + " most frequent types" : "") + ".";
   }
 
