@@ -29,15 +29,10 @@ from normfast.engine.result import ProbeResult
 
 from _models import tiny_bert
 from conftest import REQUIRE_DATA, ROOT
+from test_corpus import DOCS  # a few sentences: words of several pieces, punctuation, an apostrophe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-DOCS = [
-    "The river flooded the valley. Residents of Hill Top were evacuated on Tuesday night.",
-    "Extraordinarily uncharacteristically, the committee's representatives disagreed.",
-    "Short one.",
-    "A quick brown fox jumps over the lazy dog while the cat sleeps on a warm windowsill.",
-]
 
 
 def _config(output: str, chunk_size: int = 3) -> ProbeConfig:
