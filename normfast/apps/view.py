@@ -51,7 +51,8 @@ def view_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the document sample (default 0)")
     p.add_argument("--screenshot", default=None, metavar="PNG",
                    help="also render the page in headless Chromium and save its top as a PNG (needs playwright "
-                        "and a Chromium: `pip install playwright`, Debian `apt install chromium`)")
+                        "and a Chromium: `pip install playwright`, Debian `apt install chromium`, or the "
+                        "browser's executable in NORMFAST_CHROMIUM)")
     p.add_argument("--width", type=int, default=1280, help="--screenshot: window width in pixels (default 1280)")
     p.add_argument("--height", type=int, default=1500, help="--screenshot: height in pixels (default 1500)")
 
