@@ -30,12 +30,13 @@ ext = Pybind11Extension(
 )
 
 setup(
-    packages=["normfast", "normfast.core", "normfast.engine", "normfast.encoders", "normfast.data", "normfast.apps",
-              "normfast.apps.validate", "normfast.apps.benchmark", "normfast.apps.retrieval",
-              "normfast.apps.training", "normfast.engine.head",
-              "normfast.core.reference", "normfast.kernels"],
+    packages=["normfast", "normfast.core", "normfast.core.reference", "normfast.engine", "normfast.engine.head",
+              "normfast.engine.page", "normfast.encoders", "normfast.data", "normfast.apps", "normfast.apps.validate",
+              "normfast.apps.benchmark", "normfast.apps.retrieval", "normfast.apps.training", "normfast.kernels"],
     package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
-    package_data={"normfast": ["py.typed"], "normfast.core": ["*.pyi"]},
+    # the page's template, script and style (normfast view) are read from the installed package
+    package_data={"normfast": ["py.typed"], "normfast.core": ["*.pyi"],
+                  "normfast.engine.page": ["*.j2", "*.js", "*.css"]},
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
 )

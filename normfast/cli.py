@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("normfast.apps.report", "summarize a probe run (.parquet) and draw its figures"),
     "aggregate": ("normfast.apps.aggregate",
                   "per-type statistics of a token-level run: by vocabulary entry or by whole word"),
+    "view": ("normfast.apps.view", "one self-contained HTML page of a run: text colored by heat, type tables, figures"),
     "retrieval": ("normfast.apps.retrieval.command",
                   "norm-discounted retrieval: alpha sweep with baselines on a BEIR collection"),
 }

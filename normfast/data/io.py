@@ -570,6 +570,55 @@ def run_inputs(path: str | os.PathLike) -> list[Path]:
     return files
 
 
+def _run_blob(path: Path) -> dict[str, Any] | None:
+    """The ``normfast`` metadata of a Parquet file, or None (not Parquet, or no such metadata)."""
+    try:
+        blob = (pq.read_schema(path).metadata or {}).get(METADATA_KEY)
+        return None if blob is None else json.loads(blob)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+
+
+def resolve_run(path: str | os.PathLike) -> Path:
+    """The file that opens a run: a Parquet file or a manifest as given, or the one run in a folder.
+
+    A folder is resolved to the single run it holds (a manifest, or a Parquet file with
+    run metadata that no manifest names as a part; per-type tables of ``normfast
+    aggregate`` are not runs). A folder with several runs, or none, is an error naming
+    what was found; so is the work folder of an unfinished run (``RUN.parquet.parts``).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist (expected a run: its .parquet file, its "
+                                f".manifest.json, or the folder holding it)")
+    if not path.is_dir():
+        return path
+    if path.name.endswith(".parquet.parts"):
+        n = len(list(path.glob("chunk-*.parquet")))
+        raise ValueError(f"{path} is the work folder of an unfinished run ({n} chunk file(s)): finish the run "
+                         f"by running it again with --resume (resume=True); the chunks written so far are plain "
+                         f"Parquet, readable with a glob (e.g. DuckDB: SELECT * FROM '{path}/chunk-*.parquet')")
+    manifests = sorted(path.glob("*.manifest.json"))
+    parts: set[Path] = set()
+    for m in manifests:
+        try:
+            parts |= {Path(p["path"]).resolve() for p in read_manifest(m, check=False)["parts"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    runs = list(manifests)
+    for p in sorted(path.glob("*.parquet")):
+        blob = None if p.resolve() in parts else _run_blob(p)
+        if blob is not None and "aggregation" not in blob:
+            runs.append(p)
+    if len(runs) == 1:
+        return runs[0]
+    if not runs:
+        raise ValueError(f"{path} holds no normfast run (no .manifest.json, no .parquet file with "
+                         f"{METADATA_KEY.decode()!r} run metadata)")
+    raise ValueError(f"{path} holds {len(runs)} runs ({', '.join(p.name for p in runs[:6])}"
+                     f"{', ...' if len(runs) > 6 else ''}): name one of them")
+
+
 def data_files(path: str | os.PathLike) -> list[Path]:
     """The Parquet files holding a run's rows, in item order: the file itself, or a manifest's parts."""
     if is_manifest(path):
@@ -584,7 +633,12 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The run metadata of a normfast Parquet file (schema metadata) or manifest."""
     if is_manifest(path):
         return dict(read_manifest(path, check=False)["metadata"])
-    schema = pq.read_schema(path)
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        if Path(path).is_dir():
+            raise
+        raise ValueError(f"{path}: not a normfast run (not a Parquet file: {str(exc).splitlines()[0]})") from None
     blob = (schema.metadata or {}).get(METADATA_KEY)
     if blob is None:
         raise ValueError(f"{path}: not a normfast run (no {METADATA_KEY.decode()!r} schema metadata)")

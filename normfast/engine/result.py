@@ -39,10 +39,12 @@ class ProbeResult:
 
     @classmethod
     def load(cls, path: str | Path) -> "ProbeResult":
-        """Open a run: a Parquet file written by :func:`probe`, or a sharded run's ``.manifest.json``."""
-        from normfast.data.io import data_files
+        """Open a run: a Parquet file written by :func:`probe`, a sharded run's ``.manifest.json``,
+        or a folder holding one of them."""
+        from normfast.data.io import data_files, resolve_run
 
-        return cls.from_files(data_files(path), read_metadata(path), Path(path))
+        path = resolve_run(path)
+        return cls.from_files(data_files(path), read_metadata(path), path)
 
     @property
     def files(self) -> list[Path] | None:
@@ -132,6 +134,28 @@ class ProbeResult:
         from normfast.engine.summary import make_plots
 
         return make_plots(self, outdir, prefix=prefix)
+
+    def to_html(self, path: str | Path, **options: Any) -> Path:
+        """Write the run's page: one self-contained HTML file (no network needed) with the header
+        in words, the type and row tables, the text colored by a statistic and the figures.
+
+        ``options``: ``stat``, ``docs``, ``min_count``, ``max_rows``, ``max_types``, ``seed``,
+        ``notes`` (see :func:`normfast.engine.page.page_html`). Returns ``path``.
+        """
+        from normfast.engine.page import write_page
+
+        return write_page(self, path, **options)
+
+    def view(self, height: int = 900, **options: Any):
+        """The page inline in a notebook (an object whose ``_repr_html_`` is the page in an iframe)."""
+        from normfast.engine.page import InlinePage, page_html
+
+        return InlinePage(page_html(self, **options), height=height)
+
+    def _repr_html_(self) -> str:
+        from normfast.engine.page import summary_html
+
+        return summary_html(self)
 
     def __repr__(self) -> str:
         return (f"ProbeResult({len(self)} rows, model={self.metadata.get('model')!r}, "

@@ -192,16 +192,19 @@ def _token_label(token: str, count: int, example: str) -> str:
     return token + (f" ({example})" if example and example != token else "")
 
 
+def run_line(meta: dict[str, Any]) -> str:
+    """The first line of a summary: model, objective, preset, M (M_D, K), mode and output."""
+    return (f"normfast probe: {meta.get('model')} | objective {_objective_label(meta)} | {meta.get('optimizer')} "
+            f"lr={meta.get('lr')} wd={meta.get('weight_decay')} | M={meta.get('M')} x {meta.get('batch_size')} "
+            + (f"(drift: M_D={meta['M_D']}, K={meta.get('groups')}) " if meta.get("M_D") else "")
+            + f"| mode {meta.get('mode')} | {meta.get('output')}")
+
+
 def format_summary(result, top: int = 8) -> str:
     s = summarize(result)
     meta = result.metadata
     heat, drift = result.heat_column, result.drift_column
-    lines = [
-        f"normfast probe: {meta.get('model')} | objective {_objective_label(meta)} | {meta.get('optimizer')} "
-        f"lr={meta.get('lr')} wd={meta.get('weight_decay')} | M={meta.get('M')} x {meta.get('batch_size')} "
-        + (f"(drift: M_D={meta['M_D']}, K={meta.get('groups')}) " if meta.get("M_D") else "")
-        + f"| mode {meta.get('mode')} | {meta.get('output')}",
-    ]
+    lines = [run_line(meta)]
     regime = s["regime"]
     if regime is None or "regime" not in regime:
         lines.append("regime: not checked (the run lacks the columns the check needs)")
