@@ -46,15 +46,26 @@ def _blocks(langs: tuple[str, ...]) -> list[tuple[str, str]]:
     return out
 
 
+#: recipes for other readers of a run's Parquet files: tests/test_parquet_readers.py runs them on real runs
+READER_RECIPES = re.compile(r"^import (duckdb|polars|pandas)\b", re.M)
+READER_RECIPE_PAGE = "docs/view.md"
+
+
 def _python_examples() -> dict[str, str]:
-    """where -> code, one entry per distinct block (the first place it appears)."""
+    """where -> code, one entry per distinct block (the first place it appears); the reader recipes
+    are left to the test that gives them runs to read."""
     seen: dict[str, str] = {}
     for where, code in _blocks(("python",)):
         seen.setdefault(code, where)
-    return {where: code for code, where in seen.items()}
+    return {where: code for code, where in seen.items() if not READER_RECIPES.search(code)}
 
 
 EXAMPLES = _python_examples()
+
+
+def test_reader_recipes_are_where_their_test_runs_them():
+    recipes = [where for where, code in _blocks(("python",)) if READER_RECIPES.search(code)]
+    assert recipes and all(w.startswith(READER_RECIPE_PAGE + ":") for w in recipes), recipes
 
 
 def _command_lines() -> list[tuple[str, list[str]]]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,6 +68,8 @@ class Config:
     sample_every: float = field(default=0.5, metadata={"help": "RSS sampling period (s)"})
     resume_check: bool = field(default=True, metadata={"help": "kill and resume the smallest size"})
     workdir: str | None = field(default=None, metadata={"help": "where the Parquet outputs go (none: a temp folder)"})
+    keep_runs: str | None = field(default=None, metadata={
+        "help": "a folder to keep the finished runs in (run-ROWS.parquet; none: deleted with the temp folder)"})
 
     @classmethod
     def quick(cls) -> "Config":
@@ -313,6 +316,9 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
         for rows in sizes:
             print(f"-- {rows:,} token rows", flush=True)
             r = run_child(args, rows, tmp / f"run-{rows}.parquet", progress=ctx.progress)
+            if args.keep_runs:
+                Path(args.keep_runs).mkdir(parents=True, exist_ok=True)
+                shutil.move(tmp / f"run-{rows}.parquet", Path(args.keep_runs) / f"run-{rows}.parquet")
             r.pop("versions_", None)
             runs.append(r)
             print(f"   {r['rows']:,} rows in {r['seconds']:.1f} s ({r['rows_per_s']:,.0f} rows/s), "
