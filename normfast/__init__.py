@@ -12,6 +12,9 @@ every name is imported lazily, on first use, so ``import normfast`` stays light:
 * output: :func:`read_metadata` (a run's settings), :data:`SCHEMA_VERSION` (the Parquet format,
   documented column by column in :mod:`normfast.data.schema`);
 * retrieval: :func:`rescale_documents`, :func:`alpha_sweep`, :func:`export_faiss`, :func:`load_beir`;
+* training: :class:`TrainingMonitor` (every probe item's realized radial budget while a model trains),
+  its adapters :class:`MonitorCallback` (``transformers``/sentence-transformers trainers) and
+  :class:`LightningMonitor` (Lightning, an optional extra);
 * :mod:`ops` -- the array backend for other frontends (accumulators, head statistics, solver).
 
 Layers (each a sub-package; imports flow one way, checked by the tests):
@@ -51,6 +54,9 @@ _LAZY = {
     "rescale_documents": "normfast.apps.retrieval.scoring",
     "alpha_sweep": "normfast.apps.retrieval.sweep",
     "export_faiss": "normfast.apps.retrieval.scoring",
+    "TrainingMonitor": "normfast.engine.monitor",
+    "MonitorCallback": "normfast.apps.monitor.callbacks",
+    "LightningMonitor": "normfast.apps.monitor.lightning",
 }
 # public sub-modules reachable as attributes
 _MODULES = {"ops": "normfast.engine.ops"}

@@ -14,7 +14,7 @@ from .hf import HFEncoder, _ModelFiles, _load_transformers
 from .module import ModuleEncoder
 from .openclip import OpenCLIPEncoder
 from .packaged import MPNET_ALIASES, minilm_source, mpnet_path
-from .sentence_transformers import SentenceTransformerEncoder
+from .sentence_transformers import SentenceTransformerEncoder, is_sentence_transformer, wrap_sentence_transformer
 
 
 # ---------------------------------------------------------------------------
@@ -100,6 +100,9 @@ def load_encoder(spec: Any, *, tower: str | None = None, pooling: Any = None,
 
     * an :class:`Encoder` -- returned as is (the other arguments must stay at
       their defaults);
+    * a live ``sentence_transformers.SentenceTransformer`` -- an :class:`HFEncoder` over its own
+      modules (shared, so it follows the model as it trains; see
+      :func:`normfast.encoders.sentence_transformers.wrap_sentence_transformer`);
     * an ``nn.Module`` -- wrapped in a :class:`ModuleEncoder` (``pooling``: a
       callable, ``"mean"``, ``"max"``, ``"cls"`` over dim 1, or None; ``"max"``
       disables head mode, since it does not commute with a final linear layer)
@@ -130,6 +133,11 @@ def load_encoder(spec: Any, *, tower: str | None = None, pooling: Any = None,
             raise ValueError(f"{fn}: tower/pooling/projection apply when building an encoder; "
                              f"got an already built {type(spec).__name__}, which is returned as is")
         return _require_trainable(fn, spec, type(spec).__name__)
+    if is_sentence_transformer(spec):
+        if tower is not None or pooling is not None or projection is not True:
+            raise ValueError(f"{fn}: tower/pooling/projection do not apply to a live SentenceTransformer "
+                             "(its own modules are used)")
+        return _require_trainable(fn, wrap_sentence_transformer(spec), type(spec).__name__)
     if isinstance(spec, nn.Module):
         if tower is not None or projection is not True:
             raise ValueError(f"{fn}: tower and projection apply to open_clip and "

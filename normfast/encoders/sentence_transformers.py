@@ -157,3 +157,49 @@ class SentenceTransformerEncoder(HFEncoder):
             raise ValueError(f"{fn}: {files.source!r}: Dense weights in {path!r} do not fit "
                              f"its config: {exc}") from None
         return layer
+
+
+def is_sentence_transformer(obj: object) -> bool:
+    """Whether ``obj`` is a live ``sentence_transformers.SentenceTransformer`` (without importing the package)."""
+    return any(cls.__name__ == "SentenceTransformer" and cls.__module__.startswith("sentence_transformers")
+               for cls in type(obj).__mro__)
+
+
+def wrap_sentence_transformer(model: nn.Module, *, staged: bool | str = "auto") -> HFEncoder:
+    """An :class:`HFEncoder` over a live ``SentenceTransformer``'s own modules (shared, not copied), so that
+    it sees the model as it trains: Transformer, Pooling, then Dense / Normalize (a trailing Normalize is
+    dropped, as for a folder). Wrapping switches the transformer to eager attention (forward-mode AD needs
+    it; the same math as the fused kernels). ``ValueError`` for any other module layout."""
+    fn = "load_encoder"
+    modules = list(model)
+    kinds = [type(m).__name__ for m in modules]
+    if len(modules) < 2 or kinds[0] != "Transformer" or kinds[1] != "Pooling":
+        raise ValueError(f"{fn}: a SentenceTransformer must start with a Transformer and a Pooling module to be "
+                         f"wrapped, got {kinds}")
+    transformer, pooling = modules[0], modules[1]
+    tokenizer = getattr(transformer, "tokenizer", None)
+    modes = pooling.pooling_mode
+    modes = (modes,) if isinstance(modes, str) else tuple(modes)
+    tail = list(zip(kinds[2:], modules[2:]))
+    while tail and tail[-1][0] == "Normalize":
+        tail.pop()
+    dense: list[nn.Module] = []
+    for kind, module in tail:
+        if kind == "Normalize":
+            dense.append(L2Normalize())
+        elif kind == "Dense" and getattr(module, "module_input_name", "sentence_embedding") == "sentence_embedding":
+            layer = DenseLayer(module.in_features, module.out_features, bias=module.linear.bias is not None,
+                               activation=module.activation_function,
+                               use_residual=bool(getattr(module, "use_residual", False)))
+            layer.linear = module.linear            # the live parameters, not a copy
+            if hasattr(module, "residual") and hasattr(layer, "residual"):
+                layer.residual = module.residual
+            dense.append(layer)
+        else:
+            raise ValueError(f"{fn}: SentenceTransformer module {kind} ({type(module).__module__}) is not supported "
+                             f"after the pooling (supported: Dense on the sentence embedding, Normalize)")
+    encoder = HFEncoder(transformer.auto_model, tokenizer, pooling=modes, dense=dense,
+                        max_length=getattr(transformer, "max_seq_length", None),
+                        lowercase=bool(getattr(transformer, "do_lower_case", False)), staged=staged)
+    encoder.name = str(getattr(transformer.auto_model.config, "_name_or_path", "") or type(model).__name__)
+    return encoder

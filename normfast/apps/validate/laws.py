@@ -99,25 +99,14 @@ def probe_checkpoints(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts, 
 
 def realized_law(variant: Variant, cfg: E1Config, means: dict[str, np.ndarray], *,
                  with_remainder: bool = True) -> np.ndarray:
-    """The law solved with coefficients read off the realized window-mean terms.
+    """The law solved with coefficients read off the realized window-mean terms
+    (:func:`normfast.engine.realized.realized_law`, at the variant's η, λ and momentum).
 
-    Each realized term is turned into the statistic the law expects at the items'
-    window-mean ``R²`` (``D = ⟨task1⟩/2η'``, ``Q = ⟨task2 + remainder⟩ R²/η'²``,
-    ``κ = −⟨decay⟩ / 2η'λR²`` for SGD, ``η' = η/(1−β)``; for AdamW ``D_w = ⟨task1⟩/2ηR``,
-    ``Q_w = ⟨task2 + remainder⟩/η²``). If the realized terms are complete and the
-    window stationary, the law's root is the observed norm whatever the law's
-    assumed scaling with R; ``with_remainder=False`` shows what leaving the
-    curvature remainder out does.
+    If the realized terms are complete and the window stationary, the law's root is the
+    observed norm whatever the law's assumed scaling with R; ``with_remainder=False`` shows
+    what leaving the curvature remainder out does.
     """
-    eta = variant.lr(cfg) / (1.0 - variant.momentum)
-    lam = cfg.weight_decay
-    r2 = means["R2"]
-    heat = means["task2"] + (means["remainder"] if with_remainder else 0.0)
-    kappa = -means["decay"] / (2 * eta * lam * r2)
-    if variant.optimizer == "adamw":
-        R = means["R"]
-        stats = {"kappa": kappa, "D_w": means["task1"] / (2 * eta * R), "Q_w": heat / eta ** 2}
-    else:
-        stats = {"kappa": kappa, "D": means["task1"] / (2 * eta), "Q": heat * r2 / eta ** 2}
-    # the statistics are in long-run units already: the law gets eta' and no momentum
-    return law_norms(variant, stats, cfg, lr=eta, momentum=0.0)
+    from normfast.engine.realized import realized_law as solve
+
+    return solve(means, adamw=variant.optimizer == "adamw", lr=variant.lr(cfg), weight_decay=cfg.weight_decay,
+                 momentum=variant.momentum, with_remainder=with_remainder)

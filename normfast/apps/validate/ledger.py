@@ -26,6 +26,10 @@ coupled L2 is then the same as decoupled decay) and for AdamW (decoupled);
 for heavy-ball SGD, whose buffer also accumulates the coupled decay, a
 shadow buffer ``b_d ← β b_d + λθ`` run from step 0 gives ``Δθ_d = −η b_d``.
 
+The per-step computation (the decay split and the jvps) is the engine's,
+:mod:`normfast.engine.realized`, shared with the training monitor
+(:class:`normfast.TrainingMonitor`); this module accumulates it over E1's window.
+
 The engine's estimate of each term, in the same units (per step), from a
 probe at a checkpoint with norm ``R`` (``η`` the learning rate, ``β`` the
 heavy-ball momentum, 0 otherwise)::
@@ -48,9 +52,13 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-from torch.func import functional_call, jvp
+from torch.func import functional_call
 
-TERMS = ("task1", "task2", "decay", "remainder")
+from normfast.engine.realized import (TERMS, DecaySplit, StepRule, estimated_terms, parameters_as, step_terms,
+                                      with_sums)
+
+__all__ = ["TERMS", "TERM_LABELS", "RealizedLedger", "estimated_terms", "realized_terms", "compare"]
+
 TERM_LABELS = {
     "task1": "first-order task 2z·JΔθ_t",
     "task2": "second-order task |JΔθ_t|²",
@@ -90,10 +98,12 @@ class RealizedLedger:
         self.r2_first: torch.Tensor | None = None
         self.r2_last: torch.Tensor | None = None
         self._theta: dict[str, torch.Tensor] | None = None
-        self._buf_decay: dict[str, torch.Tensor] | None = None
+        rule = StepRule(self.lr, self.wd, self.momentum)
+        self._rules = {n: rule for n in self.names}
+        self._decay = DecaySplit()
 
     def _params64(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().to(torch.float64, copy=True) for n, p in self.encoder.named_parameters()}
+        return parameters_as(self.encoder.named_parameters())
 
     def _f(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
         return functional_call(self.encoder, params, (self.state,), {"output": "pooled"}, strict=False)
@@ -104,11 +114,7 @@ class RealizedLedger:
             return
         theta = self._params64()
         if self.momentum:
-            if self._buf_decay is None:  # torch's first step: buffer = d_p
-                self._buf_decay = {n: self.wd * t for n, t in theta.items()}
-            else:
-                for n, t in theta.items():
-                    self._buf_decay[n].mul_(self.momentum).add_(t, alpha=self.wd)
+            self._decay.before_step(theta, self._rules)
         self._theta = theta if record else None
 
     @torch.no_grad()
@@ -117,27 +123,12 @@ class RealizedLedger:
             return
         theta = self._theta
         new = self._params64()
-        if self.momentum:
-            d_decay = {n: -self.lr * self._buf_decay[n] for n in self.names}
-        else:
-            d_decay = {n: -self.lr * self.wd * theta[n] for n in self.names}
-        d_task = {n: new[n] - theta[n] - d_decay[n] for n in self.names}
-        z, jt = jvp(self._f, (theta,), (d_task,))
-        _, jd = jvp(self._f, (theta,), (d_decay,))
-        z_new = self._f(new)
-        r2 = z.square().sum(-1)
-        r2_new = z_new.square().sum(-1)
-        lin = z + jt + jd
-        terms = {
-            "task1": 2 * (z * jt).sum(-1),
-            "task2": jt.square().sum(-1),
-            "decay": 2 * (z * jd).sum(-1) + jd.square().sum(-1) + 2 * (jt * jd).sum(-1),
-            "remainder": r2_new - lin.square().sum(-1),
-        }
-        for k, v in terms.items():
-            self.sums[k] += v
-            self._block[k] += v
-        self.sums["decay_first_order"] += 2 * (z * jd).sum(-1)
+        terms = step_terms(self._f, theta, new, self._decay.decay(theta, self._rules))
+        r2, r2_new = terms["r2"], terms["r2_new"]
+        for k in TERMS:
+            self.sums[k] += terms[k]
+            self._block[k] += terms[k]
+        self.sums["decay_first_order"] += terms["decay_first_order"]
         self.sums["total"] += r2_new - r2
         self.sums["R"] += r2.sqrt()
         self.sums["R2"] += r2
@@ -163,41 +154,9 @@ class RealizedLedger:
         return torch.stack([b[term] for b in self.blocks]).numpy()
 
 
-# ----------------------------------------------------------------------------
-# the engine's estimates of the same terms
-# ----------------------------------------------------------------------------
-def estimated_terms(optimizer: str, stats: Mapping[str, np.ndarray], *, lr: float, weight_decay: float,
-                    momentum: float = 0.0, curvature: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """The law's per-step terms at one probe (see the module docstring), per item.
-
-    ``stats``: the probe's columns ``norm``, ``kappa`` and ``D``, ``Q`` (SGD) or
-    ``D_w``, ``Q_w`` (AdamW). ``curvature``: an estimate of the remainder in the same
-    per-step units, if one is made (else the law's 0).
-    """
-    R = np.asarray(stats["norm"], dtype=float)
-    kap = np.asarray(stats["kappa"], dtype=float)
-    eta, lam = lr, weight_decay
-    if optimizer == "adamw":
-        out = {"task1": 2 * eta * R * stats["D_w"], "task2": eta ** 2 * np.asarray(stats["Q_w"]),
-               "decay": -2 * eta * lam * kap * R ** 2}
-    else:
-        s = 1.0 / (1.0 - momentum)
-        out = {"task1": 2 * eta * s * np.asarray(stats["D"]), "task2": (eta * s) ** 2 * stats["Q"] / R ** 2,
-               "decay": -2 * eta * lam * s * kap * R ** 2}
-    out["remainder"] = np.zeros_like(R) if curvature is None else np.asarray(curvature, dtype=float)
-    return _with_sums(out)
-
-
-def _with_sums(terms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    out = dict(terms)
-    out["task"] = out["task1"] + out["task2"]
-    out["total"] = out["task"] + out["decay"] + out["remainder"]
-    return out
-
-
 def realized_terms(means: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The realized window means with the same derived rows as :func:`estimated_terms`."""
-    out = _with_sums({k: np.asarray(means[k]) for k in TERMS})
+    out = with_sums({k: np.asarray(means[k]) for k in TERMS})
     out["total_telescoped"] = np.asarray(means["total"])
     return out
 
