@@ -41,6 +41,8 @@ STABLE: dict[str, tuple[str, ...]] = {
                                "train_epochs", "zero_shot_entropy"),
     "normfast.apps.retrieval": ("DEFAULT_ALPHAS", "METRICS", "plot_sweep"),
     "normfast.apps.judgments": ("judgment_sweep", "verdict"),
+    # the training monitor's report of a monitor folder (the monitor experiment)
+    "normfast.apps.monitor.report": ("FIGURE_FILE", "REPORT_FILE", "monitor_report"),
     # the solver's OpenMP team size (the quartic benchmark reports it)
     "normfast.core._quartic": ("default_threads",),
     # statistics and float64 references

@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 #: every experiment, in the order ``python -m bench list`` shows them
 EXPERIMENTS = ("e1", "e1_drift", "e2", "e3", "e4", "e5", "corpus", "judgments", "calibration", "adaptive_m",
-               "streaming", "quartic", "head_stats", "accumulate", "kernel_resources", "roofline", "gpu_check",
+               "monitor", "streaming", "quartic", "head_stats", "accumulate", "kernel_resources", "roofline", "gpu_check",
                "throughput")
 #: the committed results
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -15,6 +15,8 @@ from normfast.apps.validate.ledger import RealizedLedger
 from normfast.data import monitor_schema
 from normfast.engine.objectives import InfoNCE
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 # E1's toy at test size (tests/test_validate.py): a relaxation time of ~50 steps; probe_every=1 makes the
 # ledger keep every recorded step's terms (its blocks)
 TOY = E1Config(concepts=8, items_per_concept=4, d_in=8, hidden=16, d_out=8, n_pairs=800, batch_size=16,
@@ -24,15 +26,6 @@ TOY = E1Config(concepts=8, items_per_concept=4, d_in=8, hidden=16, d_out=8, n_pa
 @pytest.fixture(scope="module")
 def toy_data():
     return make_concepts(TOY)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Toy-sized ops: one thread is fastest (and does not fight the other test workers for the cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def train_toy(variant: str, data, steps: int, hooks, *, start: int = 0, encoder=None, optimizer=None):

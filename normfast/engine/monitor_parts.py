@@ -14,14 +14,15 @@ from normfast.engine.realized import StepRule
 
 
 def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    """The torch optimizer inside a wrapper (accelerate's ``AcceleratedOptimizer``, Lightning's
-    ``LightningOptimizer``): followed through ``.optimizer`` / ``._optimizer``."""
-    seen = 0
-    while not isinstance(optimizer, torch.optim.Optimizer) and seen < 8:
-        inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
-        if inner is None:
+    """The torch optimizer inside a wrapper (accelerate's ``AcceleratedOptimizer``, itself an ``Optimizer``
+    subclass; Lightning's ``LightningOptimizer``): followed through ``.optimizer`` / ``._optimizer``."""
+    for _ in range(8):
+        inner = getattr(optimizer, "optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer):
+            inner = getattr(optimizer, "_optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer) or inner is optimizer:
             break
-        optimizer, seen = inner, seen + 1
+        optimizer = inner
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"TrainingMonitor: expected a torch.optim.Optimizer (or a wrapper of one), "
                         f"got {type(optimizer).__name__}")
