@@ -50,7 +50,7 @@ def layout(tmp_path_factory, minilm_tokenizer, monkeypatch_module) -> Path:
     """``runs/news.parquet`` (a corpus run, one row group per chunk of 3 windows), ``runs/big.*``
     (the same run in chunks of one window sharded over 12 parts) and ``runs/live.parquet.parts``
     (the same run interrupted after 2 chunks) in a fresh folder."""
-    import normfast.engine.probe as engine
+    import normfast.engine.chunks as engine
 
     folder = tmp_path_factory.mktemp("readers")
     docs = DOCS * 2

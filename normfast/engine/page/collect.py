@@ -163,7 +163,7 @@ def type_tables(result, quantities: Sequence[str], min_count: int, max_types: in
 
             import pyarrow.parquet as pq
 
-            from normfast.data.io import METADATA_KEY
+            from normfast.data.schema import METADATA_KEY
 
             path = Path(tmp) / "run.parquet"
             table = result.table.replace_schema_metadata(
@@ -180,7 +180,7 @@ def type_tables(result, quantities: Sequence[str], min_count: int, max_types: in
 def zipf_of(labels: Sequence[str]) -> np.ndarray | None:
     """English Zipf frequency (wordfreq) of the labels that are alphabetic words; NaN elsewhere."""
     try:
-        from normfast.data.datasets import zipf_frequency
+        from normfast.data.word_frequencies import zipf_frequency
     except ImportError:
         return None
     words = [s for s in labels if s.isalpha()]
