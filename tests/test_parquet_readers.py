@@ -118,7 +118,7 @@ def _as_run_table(table: pa.Table, like: pa.Table) -> pa.Table:
 def test_the_python_api_block_writes_pages(inside):
     ns: dict = {}
     exec(blocks("python")[0], ns)
-    for name in ("news.html", "news-drift.html"):
+    for name in ("sentences.html", "sentences-drift.html"):
         page = (inside / "runs" / name).read_text(encoding="utf-8")
         assert page.startswith("<!DOCTYPE html>") and '<script id="nf-data"' in page
 
