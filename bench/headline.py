@@ -5,13 +5,13 @@ study's own table); ``demo-excerpt``: the head of what ``normfast demo`` printed
 """
 from __future__ import annotations
 
-from bench.harness import RESULTS_DIR
+from bench.harness import RESULTS_DIR, read_json
 
 
 def _load(name: str) -> dict | None:
-    from bench.tables import committed
-
-    return committed(name)
+    """The committed result ``bench/results/<name>``, or None when absent."""
+    path = RESULTS_DIR / name
+    return read_json(path) if path.exists() else None
 
 
 def table_demo_excerpt() -> str | None:

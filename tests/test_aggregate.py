@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from normfast.data.io import METADATA_KEY, write_manifest
+from normfast.data.manifest import write_manifest
+from normfast.data.schema import METADATA_KEY
 from normfast.engine.aggregate import QUANTITIES, aggregate, plot_type_heat, write_table
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -368,7 +368,7 @@ def test_resume_recomputes_a_truncated_chunk(tmp_path):
     out = tmp_path / "run.parquet"
     _probe(enc, items, src, cfg, out=out)
     # rebuild the work folder of an interrupted run: the finished chunks, one of them truncated
-    from normfast.data.io import ChunkedParquetWriter
+    from normfast.data.runwriter import ChunkedParquetWriter
 
     key_spec = json_spec(out)
     writer = ChunkedParquetWriter(tmp_path / "cut.parquet", key_spec)

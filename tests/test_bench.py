@@ -58,7 +58,10 @@ def test_catalog_covers_every_committed_file_and_block():
         assert r["title"] and r["protocol"].startswith(r["title"].split(" ")[0]) and len(r["protocol"]) > 200
         assert r["results"] and all(f.endswith(".json") for f in r["results"])
         assert all(f.endswith(".png") for f in r["figures"])
-    claimed = {f for r in rows for f in r["results"] + r["figures"]} | {"demo_output.txt"}
+    # two product outputs, no experiment's: what `normfast demo` printed, and the page's screenshot
+    # (docs/view.md gives the command that writes it)
+    assert "--screenshot bench/results/demo_view.png" in (ROOT / "docs" / "view.md").read_text()
+    claimed = {f for r in rows for f in r["results"] + r["figures"]} | {"demo_output.txt", "demo_view.png"}
     committed = {str(p.relative_to(RESULTS_DIR)) for p in RESULTS_DIR.rglob("*")
                  if p.is_file() and QUICK_DIR not in p.parents}
     assert not committed - claimed, f"committed results no experiment writes: {sorted(committed - claimed)}"

@@ -142,10 +142,10 @@ def _sharded_runs(rank: int, folder: str) -> None:
 
 
 def _crash_then_resume(rank: int, folder: str, attempt: int) -> None:
-    import normfast.data.io as nio
+    import normfast.data.runwriter as runwriter
 
     folder = Path(folder)
-    real_write = nio.ChunkedParquetWriter.write_chunk
+    real_write = runwriter.ChunkedParquetWriter.write_chunk
     log = folder / f"computed-{attempt}-rank{rank}.txt"
 
     def write_chunk(self, index, table):
@@ -155,7 +155,7 @@ def _crash_then_resume(rank: int, folder: str, attempt: int) -> None:
         if attempt == 1 and rank == 1:
             os._exit(1)  # a hard crash right after this rank's first chunk is on disk
 
-    nio.ChunkedParquetWriter.write_chunk = write_chunk
+    runwriter.ChunkedParquetWriter.write_chunk = write_chunk
     enc, items, pairs = _setup()
     probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_tokens"]), out=folder / "run.parquet",
           resume=attempt > 1, progress=False)

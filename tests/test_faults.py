@@ -22,7 +22,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+import normfast.data.atomic as atomic
 import normfast.data.io as nio
+import normfast.data.manifest as manifest_io
+import normfast.data.runwriter as runwriter
+from normfast.data.runlock import RunFolderLocked
 from normfast.cli import main
 
 pytest.importorskip("transformers")
@@ -71,13 +75,13 @@ def run(tiny_bert_folder, tmp_path_factory):
     ref = folder / "ref" / "run.parquet"
     assert main(_argv(tiny_bert_folder, words, ref)) == 0
     unfinished = folder / "unfinished" / "run.parquet"
-    real = nio.ChunkedParquetWriter.finalize
-    nio.ChunkedParquetWriter.finalize = lambda self, *a: (_ for _ in ()).throw(RuntimeError("stopped"))
+    real = runwriter.ChunkedParquetWriter.finalize
+    runwriter.ChunkedParquetWriter.finalize = lambda self, *a: (_ for _ in ()).throw(RuntimeError("stopped"))
     try:
         with pytest.raises(RuntimeError, match="stopped"):
             main(_argv(tiny_bert_folder, words, unfinished))
     finally:
-        nio.ChunkedParquetWriter.finalize = real
+        runwriter.ChunkedParquetWriter.finalize = real
     parts = unfinished.with_name("run.parquet.parts")
     assert sorted(p.name for p in parts.glob("chunk-*.parquet")) == [f"chunk-{c:07d}.parquet" for c in range(3)]
     return SimpleNamespace(model=tiny_bert_folder, words=words, ref=_table(ref), ref_path=ref, parts=parts)
@@ -112,16 +116,16 @@ def _kill_at(phase: str) -> None:
 
         torch.autograd.grad = grad
     elif phase == "probing":
-        real_chunk = nio.ChunkedParquetWriter.write_chunk
+        real_chunk = runwriter.ChunkedParquetWriter.write_chunk
 
         def write_chunk(self, index, table):
             real_chunk(self, index, table)
             if index == 1:
                 die()
 
-        nio.ChunkedParquetWriter.write_chunk = write_chunk
+        runwriter.ChunkedParquetWriter.write_chunk = write_chunk
     elif phase == "final write":
-        real_part = nio.ChunkedParquetWriter.write_part
+        real_part = runwriter.ChunkedParquetWriter.write_part
 
         def write_part(self, *a, **k):  # die after the first row group of the final file
             real_write = pq.ParquetWriter.write_table
@@ -133,7 +137,7 @@ def _kill_at(phase: str) -> None:
             pq.ParquetWriter.write_table = write_table
             return real_part(self, *a, **k)
 
-        nio.ChunkedParquetWriter.write_part = write_part
+        runwriter.ChunkedParquetWriter.write_part = write_part
     else:
         raise ValueError(phase)
 
@@ -227,7 +231,7 @@ def test_a_full_disk_stops_with_one_line_and_resume_finishes_identically(run, tm
         name = Path(path).name
         return _FullDisk(fh) if name.startswith(".chunk-0000001.parquet.") and ".sha256" not in name else fh
 
-    monkeypatch.setattr(nio, "open", full_at_chunk_1, raising=False)
+    monkeypatch.setattr(atomic, "open", full_at_chunk_1, raising=False)
     assert main(argv) == 1
     err = _one_error_line(capsys.readouterr().err)
     assert "No space left on device" in err and "--resume" in err
@@ -261,14 +265,14 @@ def test_a_full_disk_during_the_final_write(run, tmp_path, monkeypatch, capsys):
 
 def test_disk_full_while_starting_leaves_no_folder_behind(run, tmp_path, monkeypatch, capsys):
     # the old failure: a work folder without run.json, refused by every later run
-    real_mkstemp = nio.tempfile.mkstemp
+    real_mkstemp = atomic.tempfile.mkstemp
 
     def mkstemp(*a, prefix=None, **k):
         if prefix == ".run.json.":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_mkstemp(*a, prefix=prefix, **k)
 
-    monkeypatch.setattr(nio.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", mkstemp)
     assert main(_argv(run.model, run.words, tmp_path / "run.parquet")) == 1
     assert "No space left on device" in _one_error_line(capsys.readouterr().err)
     assert list(tmp_path.iterdir()) == []
@@ -361,8 +365,8 @@ def test_a_folder_without_run_json_is_explained_and_overwrite_frees_it(run, tmp_
 
 def test_a_run_that_raised_does_not_lock_out_its_own_retry(tmp_path):
     out = tmp_path / "x.parquet"
-    first = nio.ChunkedParquetWriter(out, {"a": 1})  # a run that raised: its writer is still referenced
-    second = nio.ChunkedParquetWriter(out, {"a": 1}, resume=True)  # the retry in the same process takes over
+    first = runwriter.ChunkedParquetWriter(out, {"a": 1})  # a run that raised: its writer is still referenced
+    second = runwriter.ChunkedParquetWriter(out, {"a": 1}, resume=True)  # the retry in the same process takes over
     assert first.lock.fd is None and second.lock.fd is not None
     fd = os.open(out.with_name("x.parquet.parts") / "lock", os.O_RDWR)
     try:
@@ -377,7 +381,7 @@ def test_a_run_that_raised_does_not_lock_out_its_own_retry(tmp_path):
 def test_a_locked_folder_or_a_full_disk_on_rank_0_is_an_oserror_on_every_rank():
     from normfast.engine.distributed import _describe, _rebuild
 
-    for exc in (nio.RunFolderLocked("runs/x.parquet.parts is in use"), OSError(errno.ENOSPC, "No space left")):
+    for exc in (RunFolderLocked("runs/x.parquet.parts is in use"), OSError(errno.ENOSPC, "No space left")):
         rebuilt = _rebuild(_describe(exc), origin="rank 0")
         assert type(rebuilt) is OSError and str(exc) in str(rebuilt)
 
@@ -414,7 +418,7 @@ def test_a_planted_manifest_deletes_nothing_outside_the_run(run, tmp_path, capsy
     assert main(["report", str(manifest), "--no-plots"]) == 2
     assert "outside its folder" in capsys.readouterr().err
     with pytest.raises(ValueError, match="outside its folder"):
-        nio.read_manifest(manifest, check=False)
+        manifest_io.read_manifest(manifest, check=False)
 
 
 def test_a_part_path_leading_out_is_refused_in_every_form(tmp_path):
@@ -427,12 +431,12 @@ def test_a_part_path_leading_out_is_refused_in_every_form(tmp_path):
         manifest.write_text(json.dumps({"format": "normfast-manifest", "version": 1, "metadata": {},
                                         "parts": [{"path": name, "rows": 1, "chunks": [0, 1]}]}))
         with pytest.raises(ValueError, match="outside its folder|leads outside"):
-            nio.read_manifest(manifest)
+            manifest_io.read_manifest(manifest)
         with pytest.warns(RuntimeWarning, match="left alone"):
-            nio.remove_manifest(manifest)
+            manifest_io.remove_manifest(manifest)
         assert (tmp_path / "secret.parquet").exists() and not manifest.exists()
     with pytest.raises(ValueError, match="outside its folder"):  # nor written
-        nio.write_manifest(folder / "w.manifest.json", [{"path": tmp_path / "secret.parquet", "rows": 1,
+        manifest_io.write_manifest(folder / "w.manifest.json", [{"path": tmp_path / "secret.parquet", "rows": 1,
                                                           "chunks": [0, 1]}], {}, "key")
 
 

@@ -260,7 +260,7 @@ def test_backend_statistics_accept_tensors_that_require_grad():
 
 def test_text_that_is_not_utf8_is_named_by_file_and_line(tmp_path, capsys):
     from normfast.data.beir import write_beir
-    from normfast.data.io import read_manifest
+    from normfast.data.manifest import read_manifest
     from normfast.data.beir import load_beir
 
     src = tmp_path / "c.csv"

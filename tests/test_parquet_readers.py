@@ -50,7 +50,7 @@ def layout(tmp_path_factory, minilm_tokenizer, monkeypatch_module) -> Path:
     """``runs/news.parquet`` (a corpus run, one row group per chunk of 3 windows), ``runs/big.*``
     (the same run in chunks of one window sharded over 12 parts) and ``runs/live.parquet.parts``
     (the same run interrupted after 2 chunks) in a fresh folder."""
-    import normfast.engine.probe as engine
+    import normfast.engine.chunks as engine
 
     folder = tmp_path_factory.mktemp("readers")
     docs = DOCS * 2
@@ -118,7 +118,7 @@ def _as_run_table(table: pa.Table, like: pa.Table) -> pa.Table:
 def test_the_python_api_block_writes_pages(inside):
     ns: dict = {}
     exec(blocks("python")[0], ns)
-    for name in ("news.html", "news-drift.html"):
+    for name in ("sentences.html", "sentences-drift.html"):
         page = (inside / "runs" / name).read_text(encoding="utf-8")
         assert page.startswith("<!DOCTYPE html>") and '<script id="nf-data"' in page
 

@@ -17,8 +17,10 @@ import pytest
 
 from normfast.cli import main
 from normfast.data.corpus import CorpusWindows, split_sentences
-from normfast.data.datasets import top_words
-from normfast.data.io import ChunkedParquetWriter, manifest_path, part_path, read_metadata, write_manifest
+from normfast.data.word_frequencies import top_words
+from normfast.data.io import read_metadata
+from normfast.data.manifest import manifest_path, part_path, write_manifest
+from normfast.data.runwriter import ChunkedParquetWriter
 from normfast.encoders import HFEncoder
 from normfast.engine.aggregate import aggregate
 from normfast.engine.config import ProbeConfig

@@ -38,7 +38,7 @@ def aggregate_arguments(p: argparse.ArgumentParser) -> None:
 
 def aggregate_main(args: argparse.Namespace) -> int:
     from normfast.core.paths import check_outputs
-    from normfast.data.io import run_inputs
+    from normfast.data.manifest import run_inputs
     from normfast.engine.aggregate import aggregate, plot_type_heat, write_table
 
     run = Path(args.run)

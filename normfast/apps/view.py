@@ -115,7 +115,7 @@ def screenshot(page: Path, png: Path, width: int = 1280, height: int = 1500, bro
 
 
 def view_main(args: argparse.Namespace) -> int:
-    from normfast.data.io import resolve_run
+    from normfast.data.manifest import resolve_run
     from normfast.engine.result import ProbeResult
 
     try:

@@ -34,6 +34,9 @@ import pyarrow as pa
 #: Files without the key predate versioning (version 1).
 SCHEMA_VERSION = 5
 
+#: the Parquet schema metadata key under which a run's metadata (:data:`METADATA_KEYS`) is stored, as JSON
+METADATA_KEY = b"normfast"
+
 #: version -> what changed (one line each)
 CHANGES = {
     1: "unversioned output (normfast <= 0.1.0 before the key existed)",

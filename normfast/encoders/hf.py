@@ -1,18 +1,12 @@
-"""Hugging Face ``transformers`` models as encoders, and model files from folders or the hub."""
+"""Hugging Face ``transformers`` models as encoders (loading their files: :mod:`.hf_files`)."""
 from __future__ import annotations
 
-import importlib
 import inspect
-import json
-import os
 import warnings
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
-
-from normfast.core.checks import first_line
-from normfast.core.paths import inside_folder
 
 from .base import Encoder, LinearHead, State
 from .pooling import DenseLayer, _pooling_modes, pool_tokens
@@ -378,142 +372,3 @@ class HFEncoder(Encoder):
             return self.model.pooler(hidden)
         parts = [pool_tokens(hidden, mask, mode) for mode in self.pooling_modes]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-
-
-# ---------------------------------------------------------------------------
-# model files: local folders and hub repositories
-
-
-class _ModelFiles:
-    """Files of a model: a local folder, or a hub repository read through the hub cache."""
-
-    def __init__(self, source: str):
-        self.source = source
-        self.local = os.path.isdir(source)
-
-    def path(self, relative: str) -> str | None:
-        """Local path of ``relative`` (None when the model has no such file)."""
-        if self.local:  # a module path from modules.json stays inside the model folder
-            candidate = str(inside_folder(self.source, os.path.join(*relative.split("/")),
-                                          f"the model folder {self.source}"))
-            return candidate if os.path.isfile(candidate) else None
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import EntryNotFoundError
-
-        try:
-            return hf_hub_download(self.source, relative)
-        except EntryNotFoundError:  # includes "not in the local cache" when offline
-            return None
-
-    def json(self, relative: str) -> dict | list | None:
-        path = self.path(relative)
-        if path is None:
-            return None
-        with open(path, encoding="utf-8") as fh:
-            try:
-                return json.load(fh)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{self.source}: {relative} is not valid JSON ({exc})") from None
-
-    def model_location(self, subfolder: str) -> tuple[str, dict]:
-        """``(name_or_path, extra from_pretrained kwargs)`` for a module stored in ``subfolder``."""
-        if not subfolder:
-            return self.source, {}
-        if self.local:
-            return str(inside_folder(self.source, subfolder, f"the modules.json of {self.source}")), {}
-        return self.source, {"subfolder": subfolder}
-
-
-def _dtype_kwarg() -> str:
-    """Name of ``from_pretrained``'s dtype argument (``torch_dtype`` before transformers 4.56)."""
-    import transformers
-
-    parts = transformers.__version__.split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1])
-    except (ValueError, IndexError):
-        return "dtype"
-    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-
-
-#: files that carry a tokenizer's vocabulary (at least one must be in a local model folder)
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
-                   "tokenizer.model", "sentencepiece.model")
-
-
-def _load_transformers(name_or_path: str, extra: dict,
-                       trust_remote_code: bool) -> tuple[nn.Module, Any]:
-    """Model (fp32, eager attention, safetensors preferred) and tokenizer, via the Auto classes.
-
-    A local folder without tokenizer files is refused (transformers would build a
-    vocabulary of special tokens only and turn every word into ``[UNK]``), and so is a
-    tokenizer far smaller than the model's embedding table. A damaged folder (broken
-    ``config.json``, missing or truncated weights) raises one ``ValueError`` naming the
-    folder, the file where it can, and the fix.
-    """
-    from transformers import AutoModel, AutoTokenizer
-
-    fn = "load_encoder"
-    local = os.path.isdir(name_or_path)
-    if local and not any(os.path.isfile(os.path.join(name_or_path, f)) for f in TOKENIZER_FILES):
-        raise ValueError(f"{fn}: the model folder {name_or_path} has no tokenizer files (none of "
-                         f"{', '.join(TOKENIZER_FILES)}); without them every word would become [UNK]. Save the "
-                         f"tokenizer beside the model: tokenizer.save_pretrained({name_or_path!r})")
-    try:
-        model = AutoModel.from_pretrained(name_or_path, attn_implementation="eager",
-                                          trust_remote_code=trust_remote_code,
-                                          **{_dtype_kwarg(): torch.float32}, **extra)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code,
-                                                  **extra)
-    except Exception as exc:  # noqa: BLE001 - the folder's files, named in one line
-        if not local:
-            raise
-        raise ValueError(f"{fn}: cannot load the model in {name_or_path}: {_load_failure(name_or_path, exc)}. "
-                         f"Its files are damaged or incomplete: copy the model folder again from its "
-                         f"source") from exc
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if isinstance(vocab, int) and vocab >= 1000 and len(tokenizer) < vocab // 10:
-        raise ValueError(f"{fn}: the tokenizer of {name_or_path} knows {len(tokenizer)} tokens, the model's "
-                         f"embedding table {vocab}: the tokenizer files do not belong to this model (or are "
-                         f"missing); save the model's own tokenizer beside it")
-    return model.eval(), tokenizer
-
-
-def _load_failure(folder: str, exc: BaseException) -> str:
-    """What went wrong loading a local model folder, with the file named where the error does not."""
-    text = first_line(exc).rstrip(".")
-    if type(exc).__name__ == "SafetensorError":
-        weights = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
-        return f"{', '.join(weights) or 'the weights'}: {text}"
-    return text
-
-
-def _activation_from_name(fn: str, dotted: str | None, trust_remote_code: bool) -> nn.Module:
-    if dotted is None:
-        return nn.Tanh()  # sentence-transformers' default for Dense
-    if not dotted.startswith("torch.") and not trust_remote_code:
-        raise ValueError(f"{fn}: activation {dotted!r} is not a torch class; pass "
-                         "trust_remote_code=True to import it")
-    module_name, _, attr = dotted.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{fn}: cannot import activation {dotted!r} ({exc})") from None
-    if not (inspect.isclass(cls) and issubclass(cls, nn.Module)):
-        raise ValueError(f"{fn}: activation {dotted!r} is not an nn.Module class")
-    return cls()
-
-
-def _legacy_pooling(config: dict) -> tuple[str, ...]:
-    flags = {
-        "pooling_mode_cls_token": "cls",
-        "pooling_mode_max_tokens": "max",
-        "pooling_mode_mean_tokens": "mean",
-        "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-        "pooling_mode_weightedmean_tokens": "weightedmean",
-        "pooling_mode_lasttoken": "lasttoken",
-    }
-    if "pooling_mode" in config:
-        mode = config["pooling_mode"]
-        return (mode,) if isinstance(mode, str) else tuple(mode)
-    return tuple(mode for key, mode in flags.items() if config.get(key))

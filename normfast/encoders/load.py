@@ -10,7 +10,8 @@ from torch import nn
 from normfast.core.checks import first_line
 
 from .base import Encoder
-from .hf import HFEncoder, _ModelFiles, _load_transformers
+from .hf import HFEncoder
+from .hf_files import _ModelFiles, _load_transformers
 from .module import ModuleEncoder
 from .openclip import OpenCLIPEncoder
 from .packaged import MPNET_ALIASES, minilm_source, mpnet_path

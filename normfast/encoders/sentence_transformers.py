@@ -9,7 +9,8 @@ from torch import nn
 
 from normfast.core.checks import first_line
 
-from .hf import HFEncoder, _ModelFiles, _activation_from_name, _legacy_pooling, _load_transformers
+from .hf import HFEncoder
+from .hf_files import _ModelFiles, _activation_from_name, _legacy_pooling, _load_transformers
 from .pooling import DenseLayer, L2Normalize
 
 

@@ -52,7 +52,8 @@ _VAR0 = pc.VarianceOptions(ddof=0)
 
 def _files(run: Any) -> tuple[list[Path], dict[str, Any]]:
     """``(Parquet files in item order, run metadata)`` of a path, manifest, file list or ProbeResult."""
-    from normfast.data.io import data_files, read_metadata
+    from normfast.data.io import read_metadata
+    from normfast.data.manifest import data_files
 
     if hasattr(run, "files") and hasattr(run, "metadata"):
         files = run.files
@@ -258,7 +259,8 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
 
     from tqdm.auto import tqdm
 
-    from normfast.data.io import METADATA_KEY, count_rows, iter_batches
+    from normfast.data.io import count_rows, iter_batches
+    from normfast.data.schema import METADATA_KEY
 
     fn = "aggregate"
     if by not in BY:

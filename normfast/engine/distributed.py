@@ -27,7 +27,7 @@ What is sharded, and how
   ranks see. When every chunk is done, rank ``r`` writes part ``r``, the
   ``r``-th contiguous block of chunks, as ``OUT.rank{r}-of-{W}.parquet`` (so
   the parts in order hold the items in order), and rank 0 writes
-  ``OUT.manifest.json`` (:mod:`normfast.data.io`) and removes the work folder.
+  ``OUT.manifest.json`` (:mod:`normfast.data.manifest`) and removes the work folder.
   ``ProbeResult.load`` and ``normfast report`` read the manifest as one
   table. Without ``out=`` the ranks exchange their rows and every rank gets
   the whole table in memory.

@@ -27,7 +27,7 @@ Loop structure
    mode (``normfast.engine.transmission.Tail``, K directions per pass) feeds
    ``normfast.engine.ops.ProbeAccumulator``; κ by one JVP along the decayed
    parameters; the equilibrium quartic is solved by the C++ extension.
-4. Each finished chunk is written to Parquet at once (``normfast.data.io``); an
+4. Each finished chunk is written to Parquet at once (``normfast.data.runwriter``); an
    interrupted run restarted with ``resume=True`` skips finished chunks.
 
 Loop order and memory: when all ``M`` directions fit in ``memory_budget_mb``
@@ -64,9 +64,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from normfast.data.io import METADATA_KEY, fingerprint
+from normfast.data.io import fingerprint
 from normfast.data.pairs import as_pair_source
-from normfast.data.schema import SCHEMA_VERSION
+from normfast.data.schema import METADATA_KEY, SCHEMA_VERSION
 from normfast.encoders import Encoder
 from normfast.engine.chunks import run_chunks
 from normfast.engine.config import ProbeConfig

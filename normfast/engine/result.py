@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from normfast.data.io import (read_metadata)
+from normfast.data.io import read_metadata
 
 
 class ProbeResult:
@@ -41,7 +41,7 @@ class ProbeResult:
     def load(cls, path: str | Path) -> "ProbeResult":
         """Open a run: a Parquet file written by :func:`probe`, a sharded run's ``.manifest.json``,
         or a folder holding one of them."""
-        from normfast.data.io import data_files, resolve_run
+        from normfast.data.manifest import data_files, resolve_run
 
         path = resolve_run(path)
         return cls.from_files(data_files(path), read_metadata(path), path)

@@ -12,8 +12,9 @@ import pyarrow as pa
 from normfast.engine.regime import REGIME_INPUTS, run_regime
 from normfast.engine.result import ProbeResult
 from normfast.engine.distributed import Shard, part_blocks
-from normfast.data.io import (METADATA_KEY, ChunkedParquetWriter, manifest_path, part_path,
-                              write_manifest)
+from normfast.data.manifest import manifest_path, part_path, write_manifest
+from normfast.data.runwriter import ChunkedParquetWriter
+from normfast.data.schema import METADATA_KEY
 
 
 def _open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | None, resume: bool,
@@ -202,7 +203,7 @@ def save_outer_state(run: Any, groups_done: int, todo: Sequence[int], accs: Mapp
     writer = run.writer
     if writer is None:
         return
-    from normfast.data.io import _write_file_atomically
+    from normfast.data.atomic import write_file_atomically
 
     for c in todo:
         acc = accs[c]
@@ -211,4 +212,4 @@ def save_outer_state(run: Any, groups_done: int, todo: Sequence[int], accs: Mapp
                  "kept": _to_plain(list(kept[c]))}
         buf = io.BytesIO()
         torch.save(state, buf)
-        _write_file_atomically(buf.getbuffer(), _outer_file(writer, c), writer.parts)
+        write_file_atomically(buf.getbuffer(), _outer_file(writer, c), writer.parts)

@@ -163,7 +163,7 @@ def type_tables(result, quantities: Sequence[str], min_count: int, max_types: in
 
             import pyarrow.parquet as pq
 
-            from normfast.data.io import METADATA_KEY
+            from normfast.data.schema import METADATA_KEY
 
             path = Path(tmp) / "run.parquet"
             table = result.table.replace_schema_metadata(
@@ -179,17 +179,15 @@ def type_tables(result, quantities: Sequence[str], min_count: int, max_types: in
 
 def zipf_of(labels: Sequence[str]) -> np.ndarray | None:
     """English Zipf frequency (wordfreq) of the labels that are alphabetic words; NaN elsewhere."""
-    try:
-        from normfast.data.datasets import zipf_frequency
-    except ImportError:
-        return None
+    from normfast.data.word_frequencies import zipf_frequency  # wordfreq is a dependency: never optional
+
     words = [s for s in labels if s.isalpha()]
     z = np.full(len(labels), np.nan)
     if not words:
         return z
     try:
         got = iter(np.asarray(zipf_frequency(words), float))
-    except (ImportError, LookupError, OSError):
+    except (LookupError, OSError):  # wordfreq's data for the language missing or unreadable
         return None
     for i, s in enumerate(labels):
         if s.isalpha():
