@@ -217,7 +217,7 @@ class TrainingMonitor:
         return parameters_as(((n, named[n]) for n in self._names), dtype=self.dtype)
 
     def _open_writer(self, resume: bool) -> None:
-        from normfast.data.io import ChunkedParquetWriter
+        from normfast.data.runwriter import ChunkedParquetWriter
 
         self.out.mkdir(parents=True, exist_ok=True)
         self._writer = ChunkedParquetWriter(self.out / MONITOR_FILE, self._spec, resume=resume,
