@@ -6,6 +6,7 @@ A page asks for generated content with a marker on a line of its own:
     <!-- cli:COMMAND -->      `normfast COMMAND --help` from the real argparse parser
                               (cli:main: `normfast --help`; cli:commands: every command, one section each)
     <!-- schema:output -->    the Parquet columns and metadata keys (normfast.data.schema)
+    <!-- schema:monitor -->   a training monitor folder's columns and keys (normfast.data.monitor_schema)
     <!-- api:NAME NAME ... --> mkdocstrings blocks for public names of `import normfast`
                               (api:ops: the array backend, normfast.ops)
     <!-- include:PATH -->     a file of the repository, as it is (e.g. bench/NOTES.md)
@@ -84,10 +85,10 @@ def cli_help(command: str) -> str:
     return "```text\n" + text.rstrip() + "\n```"
 
 
-def schema_tables() -> str:
-    from normfast.data import schema
+def schema_tables(which: str = "output") -> str:
+    from normfast.data import monitor_schema, schema
 
-    return schema.render_markdown()
+    return (monitor_schema if which == "monitor" else schema).render_markdown()
 
 
 def _public_path(name: str) -> str:
@@ -141,9 +142,9 @@ def render(kind: str, arg: str) -> str:
     if kind == "cli":
         return cli_help(arg)
     if kind == "schema":
-        if arg != "output":
-            raise MarkerError(f"schema:{arg}: only schema:output exists")
-        return schema_tables()
+        if arg not in ("output", "monitor"):
+            raise MarkerError(f"schema:{arg}: only schema:output and schema:monitor exist")
+        return schema_tables(arg)
     if kind == "api":
         return api_blocks(arg)
     return include(arg)

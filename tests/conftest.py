@@ -278,6 +278,7 @@ QUICK_COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "e5": (["--quick"], ("e5_uncertainty.json",)),
     "calibration": (["--quick", "--models", "mlp", "--M-true", "128", "--replicates", "2"], ("calibration.json",)),
     "adaptive_m": (["--quick"], ("adaptive_m.json",)),
+    "monitor": (["--quick"], ("monitor.json",)),
 }
 
 

@@ -212,6 +212,28 @@ def test_adaptive_m_quick(tmp_path):
     assert 0 <= d["runs"]["adaptive"]["V2_resolved_to_20pct"] <= 1
 
 
+def test_monitor_quick(tmp_path):
+    """The training monitor's end-to-end example at toy size: SentenceTransformerTrainer fine-tunes a head on
+    the real MiniLM with normfast.MonitorCallback on; the report's fits, the monitor's own clock and the
+    control run's are in the JSON, the report's figure beside it."""
+    for extra in ("sentence_transformers", "datasets", "accelerate"):
+        pytest.importorskip(extra, reason="the monitor experiment needs normfast[train]")
+    out, printed = quick(tmp_path, "monitor")
+    assert_reproduces("monitor", out)
+    d = json.loads((out / "monitor.json").read_text())
+    r = d["report"]
+    assert r["optimizer"] == "AdamW" and r["law"] == "adamw" and r["n_items"] == d["config"]["probes"] == 6
+    assert r["recorded_steps"] == d["config"]["steps"] // d["config"]["every"] == 3 and r["virtual"] == 2
+    assert set(r["fits"]) >= {"realized_law", "virtual_law", "virtual_heat_only", "virtual_last_state"}
+    assert len(d["items"]["observed"]) == 6 and np.all(np.asarray(d["items"]["observed"]) > 0)
+    clock = d["timing"]["monitor_clock"]
+    assert clock["steps"] == 6 and clock["terms_seconds"] > 0 and clock["virtual_seconds"] > 0
+    assert d["timing"]["control"]["seconds_per_step_without"] > 0
+    assert (tmp_path / "runs" / "monitor" / "quick_monitor" / "monitor.parquet").is_file()
+    assert (out / "monitor.png").stat().st_size > 10_000
+    assert "| law from the realized terms (window means) |" in printed and "| per recorded step (s) |" in printed
+
+
 def test_e1_drift_quick(tmp_path):
     out, printed = quick(tmp_path, "e1_drift")
     assert_reproduces("e1_drift", out)

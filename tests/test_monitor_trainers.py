@@ -121,8 +121,12 @@ def test_sentence_transformer_trainer_with_a_trained_head(tmp_path, tiny_bert_fo
     pytest.importorskip("datasets", reason="SentenceTransformerTrainer needs datasets (normfast[train])")
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (normfast[train])")
     from datasets import Dataset
-    from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
-                                       SentenceTransformerTrainingArguments, losses, models)
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    try:  # their home since sentence-transformers 6
+        from sentence_transformers.sentence_transformer import losses, modules as models
+    except ImportError:
+        from sentence_transformers import losses, models
 
     torch.manual_seed(0)
     body = models.Transformer(str(tiny_bert_folder), max_seq_length=32)
