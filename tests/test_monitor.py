@@ -131,6 +131,31 @@ def test_law_from_the_realized_means_on_a_stationary_window(toy_data, tmp_path, 
     assert summary["steps"] == 600 and summary["recorded_steps"] == 600 and summary["overhead_terms"] > 0
 
 
+@pytest.mark.parametrize("variant, weight_decay", [("mlp_heavyball", 0.1), ("mlp_adamw", 0.5)])
+def test_the_law_holds_with_momentum_and_adamw(toy_data, tmp_path, variant, weight_decay):
+    """The same check for heavy-ball SGD (lr 0.005, momentum 0.9) and AdamW (lr 0.01; weight decay 0.5, so
+    that 600 steps are six relaxation times of R², as for SGD), recorded at every second step: the law from
+    the realized window means predicts the window-mean norms within E1's target."""
+    from dataclasses import replace
+
+    from normfast.engine.monitor_analysis import analyze
+
+    cfg = replace(TOY, weight_decay=weight_decay)
+    torch.manual_seed(0)
+    n = toy_data.x.shape[0]
+    enc = build_encoder(VARIANT_SPECS[variant], cfg, toy_data)
+    opt = make_optimizer(VARIANT_SPECS[variant], cfg, enc.parameters())
+    mon = normfast.TrainingMonitor(enc, list(range(n)), every=2, out=tmp_path / "run")
+    train_toy(variant, toy_data, 600, lambda step, before, o: mon.before_step(o) if before else mon.after_step(),
+              encoder=enc, optimizer=opt)
+    mon.close()
+    result = analyze(tmp_path / "run", window=0.5)
+    assert result["law"] == ("adamw" if variant == "mlp_adamw" else "sgd")
+    fit = result["fits"]["realized_law"]
+    assert 0.85 <= fit["slope"] <= 1.15 and fit["pearson_r"] >= 0.93, fit
+    assert result["stationarity"]["balance_median"] < 0.15
+
+
 def test_a_resumed_run_writes_the_same_parquet(toy_data, tmp_path):
     """Stopped after a checkpoint (with blocks written after it), resumed from the checkpoint: the same
     monitor.parquet, byte for byte, as an uninterrupted run (heavy-ball: the shadow decay buffer too)."""
