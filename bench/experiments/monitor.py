@@ -270,7 +270,7 @@ def table_monitor(d: dict[str, Any]) -> str:
                  f"{w['first_step']}–{w['last_step']}. Stationarity: |mean ΔR²| / |mean decay| = "
                  f"{fmt(st.get('balance_median'))} (median), mean norm moved "
                  f"{100 * st['norm_halves_median_rel_change']:.1f}% between the window's halves. Held up by heat: "
-                 f"{dom.get('heat', 'n/a')} items, by drift: {dom.get('drift', 'n/a')} ({dom.get('from', '')})."]
+                 f"{dom.get('heat', 'n/a')} items, by drift: {dom.get('drift', 'n/a')}; judged from {dom.get('from', 'n/a')}."]
     return "\n".join(rows)
 
 
