@@ -44,6 +44,96 @@ def _jsonl(path: Path, records: list[dict]) -> Path:
 
 
 # ---------------------------------------------------------------------------
+# 7: "text": null, 5 or a list is refused on every path where the field is text
+
+
+BAD = [None, 5, ["a", "b"]]
+
+
+@pytest.mark.parametrize("bad", BAD, ids=["null", "number", "list"])
+def test_a_probes_or_corpus_file_with_a_text_or_id_that_is_not_text_is_refused(tiny_bert_folder, tmp_path, bad,
+                                                                              capsys):
+    # the text of a probe or a document, and their ids (a null or a list id used to become "None", "['a', 'b']")
+    cases = [("--probes", {"text": bad}, "text"), ("--corpus", {"text": bad}, "text")]
+    if bad != 5:  # an integer id is an id
+        cases += [("--probes", {"text": "a", "id": bad}, "id"), ("--corpus", {"text": "a b", "id": bad}, "id")]
+    for flag, record, field in cases:
+        path = _jsonl(tmp_path / "in.jsonl", [{"text": "river", "id": "r"}, record])
+        argv = _probe(tiny_bert_folder, path, tmp_path / "x.parquet")
+        argv[argv.index("--probes")] = flag
+        assert main(argv) == 2
+        err = _one_error_line(capsys.readouterr().err)
+        assert f"in.jsonl:2: field '{field}' must be a string" in err and type(bad).__name__ in err, err
+    assert not (tmp_path / "x.parquet").exists()
+
+
+@pytest.mark.parametrize("bad", BAD, ids=["null", "number", "list"])
+def test_pair_source_from_jsonl_refuses_an_anchor_positive_or_item_that_is_not_text(tmp_path, bad):
+    good = {"anchor": "a cat", "positive": "a kitten", "text": "x", "y": "b"}
+    for kind, key, extra in (("pairs", "anchor", {}), ("pairs", "positive", {}), ("items", "text", {}),
+                             ("labels", "text", {"label_key": "y"}), ("labels", "y", {"label_key": "y"})):
+        path = _jsonl(tmp_path / "p.jsonl", [good, {**good, key: bad}])
+        if key == "y" and bad == 5:
+            assert PairSource.from_jsonl(path, kind=kind, **extra).classes == ["b", 5]  # an integer label is fine
+            continue
+        with pytest.raises(ValueError, match=rf"PairSource.from_jsonl: .*p\.jsonl:2: field '{key}' must be a string"):
+            PairSource.from_jsonl(path, kind=kind, **extra)
+
+
+def test_the_cli_pairs_file_refuses_a_pair_that_is_not_text(tiny_bert_folder, tmp_path, capsys):
+    words = tmp_path / "words.txt"
+    words.write_text("\n".join(WORDS) + "\n")
+    pairs = _jsonl(tmp_path / "pairs.jsonl", [{"anchor": w, "positive": w.upper()} for w in WORDS[:5]]
+                   + [{"anchor": None, "positive": "x"}])
+    assert main(_probe(tiny_bert_folder, words, tmp_path / "x.parquet", "--objective", "infonce",
+                       "--pairs", str(pairs))) == 2
+    assert "pairs.jsonl:6: field 'anchor' must be a string, got NoneType" in _one_error_line(capsys.readouterr().err)
+    items = _jsonl(tmp_path / "items.jsonl", [{"text": w} for w in WORDS] + [{"text": ["a", "b"]}])
+    assert main(_probe(tiny_bert_folder, words, tmp_path / "x.parquet", "--pairs", str(items))) == 2  # simcse
+    assert "items.jsonl:7: field 'text' must be a string, got list" in _one_error_line(capsys.readouterr().err)
+
+
+# ---------------------------------------------------------------------------
+# 9: SimCSE with a plain --pairs file
+
+
+def test_simcse_reads_a_plain_items_file_or_the_anchors_of_a_pairs_file(tmp_path):
+    from normfast.apps.probe_command import _read_pairs_file
+
+    args = SimpleNamespace(text_key="text", anchor_key="anchor", positive_key="positive", label_key=None)
+    pairs = [("a cat", "a kitten"), ("red", "crimson"), ("big\tdog", "hound")]
+    files = {
+        "items.txt": ("a cat\nred\nbig\tdog\n", ["a cat", "red", "big\tdog"]),  # whole lines
+        "items.tsv": ("a cat\nred\n", ["a cat", "red"]),
+        "pairs.tsv": ("a cat\ta kitten\nred\tcrimson\n", ["a cat", "red"]),  # the failure
+        "items.jsonl": ("".join(json.dumps({"text": a, "anchor": "no"}) + "\n" for a, _ in pairs),
+                        [a for a, _ in pairs]),  # --text-key first
+        "pairs.jsonl": ("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in pairs),
+                        [a for a, _ in pairs]),
+    }
+    for name, (content, want) in files.items():
+        (tmp_path / name).write_text(content)
+        source = _read_pairs_file(tmp_path / name, args, "items")
+        assert source.kind == "items" and source.batch(list(range(len(want)))) == want, name
+    # the other objectives read pairs as before
+    assert _read_pairs_file(tmp_path / "pairs.tsv", args, "pairs").batch([1]) == (["red"], ["crimson"])
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(ValueError, match="pairs file .*empty.txt holds no items"):
+        _read_pairs_file(tmp_path / "empty.txt", args, "items")
+
+
+def test_simcse_runs_with_a_two_column_pairs_file(tiny_bert_folder, tmp_path, capsys):
+    words = tmp_path / "words.txt"
+    words.write_text("\n".join(WORDS) + "\n")
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"{w}\t{w} again\n" for w in WORDS + ["stone", "house"]))
+    out = tmp_path / "run.parquet"
+    assert main(_probe(tiny_bert_folder, words, out, "--pairs", str(pairs))) == 0  # was: kind='items' needs one column
+    meta = json.loads(pq.read_schema(out).metadata[b"normfast"])
+    assert meta["objective"] == "simcse" and meta["n_pairs"] == 8
+
+
+# ---------------------------------------------------------------------------
 # 10: truncation is counted per row, said in the summary and warned once
 
 
@@ -97,3 +187,34 @@ def test_open_clip_text_truncation_is_counted():
     state = enc.prepare(texts)
     assert enc.max_length == 16
     assert enc.truncated_tokens(state).tolist() == [0, 0, 20 + 2 - 16]
+
+
+# ---------------------------------------------------------------------------
+# 12: a file that is not UTF-8 is named with its line, on every reading path
+
+
+@pytest.mark.parametrize("flag, name, good", [
+    ("--probes", "p.txt", "apple\n"), ("--probes", "p.tsv", "apple\tx\n"), ("--probes", "p.jsonl", '{"text": "a"}\n'),
+    ("--corpus", "c.txt", "a document\n"), ("--corpus", "c.jsonl", '{"text": "a document"}\n')])
+def test_a_probes_or_corpus_file_that_is_not_utf8_is_named_with_its_line(tiny_bert_folder, tmp_path, flag, name, good,
+                                                                         capsys):
+    path = tmp_path / name
+    path.write_bytes(good.encode() * 2 + good.encode().replace(b"a", b"caf\xe9", 1))
+    argv = _probe(tiny_bert_folder, path, tmp_path / "x.parquet")
+    argv[argv.index("--probes")] = flag
+    assert main(argv) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert f"{path}: line 3 (byte" in err and "is not UTF-8" in err and "iconv" in err, err
+
+
+@pytest.mark.parametrize("name", ["p.jsonl", "p.tsv", "p.txt"])
+def test_a_pairs_file_that_is_not_utf8_is_named_with_its_line(tmp_path, name):
+    from normfast.apps.probe_command import _read_pairs_file
+
+    path = tmp_path / name
+    line = json.dumps({"anchor": "a", "positive": "b", "text": "c"}) if name.endswith("jsonl") else "a\tb"
+    path.write_bytes((line + "\n").encode() + (line.replace("a", "caf\xe9", 1) + "\n").encode("latin-1"))
+    args = SimpleNamespace(text_key="text", anchor_key="anchor", positive_key="positive", label_key=None)
+    for needs in ("pairs", "items"):
+        with pytest.raises(ValueError, match=rf"{name}: line 2 \(byte \d+\) is not UTF-8"):
+            _read_pairs_file(path, args, needs)
