@@ -218,3 +218,58 @@ def test_a_pairs_file_that_is_not_utf8_is_named_with_its_line(tmp_path, name):
     for needs in ("pairs", "items"):
         with pytest.raises(ValueError, match=rf"{name}: line 2 \(byte \d+\) is not UTF-8"):
             _read_pairs_file(path, args, needs)
+
+
+# ---------------------------------------------------------------------------
+# torch.load(weights_only=True) everywhere: a pickle planted in a run folder never runs
+
+
+class _Planted:
+    """Unpickled by a full unpickler, it creates the file ``marker`` (any call could be made instead)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_planted_pickle_in_a_state_or_checkpoint_folder_is_refused_and_never_runs(tmp_path):
+    from normfast.apps.training import CheckpointSnapshots, Resume, TrainSettings
+
+    marker = tmp_path / "it-ran"
+    planted = pickle.dumps({"settings": _Planted(marker)}, protocol=2)
+    params = [torch.zeros(3)]
+    state = tmp_path / "state.pt"
+    state.write_bytes(planted)
+    with pytest.raises(ValueError, match=r"Resume: the state file .*state\.pt cannot be read safely \(Unsupported "
+                                         r"global: GLOBAL io.open\): .*nothing in it was run"):
+        Resume(state).load(TrainSettings(lr=0.1, weight_decay=0.01, steps=1000), params)
+    snapshots = CheckpointSnapshots(params, tmp_path / "checkpoints")
+    snapshots(0)
+    (tmp_path / "checkpoints" / "00000.result.pt").write_bytes(planted)
+    with pytest.raises(ValueError, match="cannot be read safely"):
+        snapshots.result(0)
+    (tmp_path / "checkpoints" / "00000.params.pt").write_bytes(planted)
+    with pytest.raises(ValueError, match="cannot be read safely"):
+        snapshots.load_into(0)
+    assert not marker.exists()
+
+
+def test_state_files_keep_numpy_values_exactly_and_refuse_what_would_need_a_pickle(tmp_path):
+    from normfast.data.torchfiles import load_plain, save_plain
+
+    state = {"norms": [np.arange(4.0), np.array([[1, 2], [3, 4]], np.int32)], "labels": np.array(["a", "bc"]),
+             "regime": np.array(["ok", None], dtype=object), "x": np.float32(1.5), "n": np.int64(7),
+             "rng": np.random.default_rng(3).bit_generator.state, "pair": (1, "a"), "t": torch.ones(2)}
+    save_plain(state, tmp_path / "s.pt")
+    back = load_plain(tmp_path / "s.pt")
+    assert back.keys() == state.keys() and back["rng"] == state["rng"] and back["pair"] == (1, "a")
+    for got, want in [*zip(back["norms"], state["norms"]), (back["labels"], state["labels"]),
+                      (back["regime"], state["regime"])]:
+        assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all()
+    assert type(back["x"]) is np.float32 and back["x"] == 1.5 and type(back["n"]) is np.int64
+    assert torch.equal(back["t"], state["t"])
+    with pytest.raises(TypeError, match="cannot store a _Planted"):
+        save_plain({"x": _Planted(tmp_path / "m")}, tmp_path / "bad.pt")
+    assert not (tmp_path / "bad.pt").exists()
