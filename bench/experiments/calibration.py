@@ -171,7 +171,7 @@ def build_minilm_head(p: Protocol, cache: Path) -> dict[str, Any]:
     glosses = [gloss(synsets[i]) for i in pick]
     path = cache / f"calibration_minilm_{p.head_synsets}.pt"
     if path.exists():
-        feats = torch.load(path)
+        feats = torch.load(path, weights_only=True)  # a tensor: nothing in the file can run
     else:
         enc = load_encoder("all-MiniLM-L6-v2")
         texts = lemmas + glosses

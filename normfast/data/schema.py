@@ -32,7 +32,7 @@ import pyarrow as pa
 
 #: version of the output format written by this normfast (``metadata["schema_version"]``).
 #: Files without the key predate versioning (version 1).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: the Parquet schema metadata key under which a run's metadata (:data:`METADATA_KEYS`) is stored, as JSON
 METADATA_KEY = b"normfast"
@@ -48,6 +48,7 @@ CHANGES = {
        "regime, regime_reason columns; regime metadata",
     5: "the single-snapshot predictor: r_eq_snapshot, D_snapshot, Q_snapshot columns and snapshot metadata "
        "(snapshot=True); ProbeConfig's snapshot settings in the config metadata",
+    6: "truncation counted: the n_truncated column and the max_length metadata",
 }
 
 
@@ -82,6 +83,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("is_special", "bool", "always",
            "the token was added by the tokenizer (`[CLS]`, `[SEP]`, `<s>`, padding, ...); False for pooled rows. "
            "Summaries and figures leave these rows out"),
+    Column("n_truncated", "int32", "always",
+           "tokens cut off the end of the input because it was longer than the model's maximum length "
+           "(metadata `max_length`), on every row of that input; 0 when it fit, and for inputs normfast does "
+           "not tokenize (images, tensors, corpus windows, which are never cut)"),
     # -- corpus runs (probe items that are windows of documents: `normfast probe --corpus`)
     Column("doc_id", "string", "corpus runs", "the document's id"),
     Column("window", "int32", "corpus runs", "index of the window in its document"),
@@ -180,6 +185,8 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("n_items", "number of probe inputs"),
     MetadataKey("n_pairs", "size of the virtual-batch source"),
     MetadataKey("chunk_size", "probe inputs per streamed chunk"),
+    MetadataKey("max_length", "the longest input, in tokens, the encoder keeps (longer ones are cut to it and "
+                              "counted in `n_truncated`); null when it truncates nothing"),
     MetadataKey("config", "the whole `ProbeConfig` as a JSON object (see its docstring)"),
     MetadataKey("input_fingerprints", "hashes of the probes, the pair source, the ids and given second moments "
                                       "(used to name what changed when a resume is refused)"),
@@ -205,6 +212,7 @@ RELEASED = {
     3: "9f7abe74fd67ec08",
     4: "14ef24a437463f94",
     5: "40fdbeae6940ccae",
+    6: "e06d2ab48ed9b48d",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

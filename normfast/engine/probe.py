@@ -173,6 +173,7 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         "seed": config.seed, "mode": run.mode, "output": config.output, "params": config.params,
         "n_probed_parameters": len(run.names), "cut_stage": run.cut, "branch": run.branch,
         "n_items": n_items, "n_pairs": len(pairs), "chunk_size": config.chunk_size,
+        "max_length": getattr(encoder, "max_length", None),
         "versions": library_versions(), "device": device_name(run.device),
         "config": asdict(config), "input_fingerprints": inputs,
     }

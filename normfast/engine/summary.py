@@ -89,7 +89,8 @@ def summarize(result) -> dict[str, Any]:
     heat, drift = result.heat_column, result.drift_column
     norm = result.column("norm")
     out: dict[str, Any] = {"rows": len(result), "valid": int(result.column("valid").astype(bool).sum()),
-                           "special_rows": int(special.sum()), "reasons": reasons}
+                           "special_rows": int(special.sum()), "reasons": reasons,
+                           "truncated_inputs": _truncated_inputs(result)}
     for col in ("norm", drift, heat, "kappa", "r_eq", "r_eq_heat"):
         out[col] = _quantiles(result.column(col)[valid])
     D = result.column(drift)[valid]
@@ -123,6 +124,14 @@ def summarize(result) -> dict[str, Any]:
     out["regime"] = result_regime(result)
     out["spearman_norm_heat"] = spearman(norm[valid], result.column(heat)[valid])
     return out
+
+
+def _truncated_inputs(result) -> int:
+    """How many inputs were cut at the model's maximum length (0 for runs written before it was counted)."""
+    if "n_truncated" not in result.column_names:
+        return 0
+    cut = result.column("n_truncated") > 0
+    return int(np.unique(result.column("item")[cut]).size)
 
 
 #: The resolutions quoted by format_summary: the 95% half-width within this fraction of the value.
@@ -217,6 +226,10 @@ def format_summary(result, top: int = 8) -> str:
         + "".join(f"; {k}: {v}" for k, v in s["reasons"].items() if k != "ok") + ")"
         + (f"; {s['special_rows']} special-token rows ([CLS], [SEP], ...) left out below"
            if s["special_rows"] else ""))
+    if s["truncated_inputs"]:
+        n = s["truncated_inputs"]
+        lines.append(f"{n} input{'s' if n != 1 else ''} truncated to the model's maximum length of "
+                     f"{meta.get('max_length')} tokens (column n_truncated: the tokens cut per input)")
     lines += ["", f"{'quantity':<12}{'p10':>12}{'median':>12}{'p90':>12}"]
     for col in ("norm", drift, heat, "kappa", "r_eq", "r_eq_heat"):
         q = s[col]
