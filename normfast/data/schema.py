@@ -50,7 +50,7 @@ CHANGES = {
        "(snapshot=True); ProbeConfig's snapshot settings in the config metadata",
     6: "truncation counted: the n_truncated column and the max_length metadata",
     7: "the heat's two parts: heat_loo, heat_rel, se_heat_rel columns and the heat_reference metadata "
-       "(the run's common level and its standard error)",
+       "(the run's common level and its standard error); norm_continued beside r_eq_snapshot",
 }
 
 
@@ -146,6 +146,10 @@ COLUMNS: tuple[Column, ...] = (
                                                       "virtual trajectory and shrunk by empirical Bayes"),
     Column("Q_snapshot", "double", "`snapshot=True`", "the heat it used (Q; AdamW: Q_w), trajectory mean plus "
                                                       "the curvature heat"),
+    Column("norm_continued", "double", "`snapshot=True`",
+           "the plain baseline beside r_eq_snapshot: sqrt of the mean R² over the measured steps of the same "
+           "virtual continuation (the norm the continued copy kept); r_eq_snapshot predicts no better than it, "
+           "its use is the decomposition into heat, drift and decay"),
     Column("n_pos_roots", "int8", "always", "number of positive roots (> 1: bistable)"),
     # -- status
     Column("valid", "bool", "always", "the row's statistics are finite and usable"),
@@ -232,7 +236,7 @@ RELEASED = {
     4: "14ef24a437463f94",
     5: "40fdbeae6940ccae",
     6: "e06d2ab48ed9b48d",
-    7: "c416f78b27eca841",
+    7: "feb8b2f21ad06ca2",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

@@ -133,6 +133,7 @@ def finish_table(run: ProbeRun, meta: dict[str, Any], z: torch.Tensor, stats: Ma
         item = np.asarray(meta["item"], dtype=np.int64)
         for k in ("r_eq", "D", "Q"):
             cols[f"{k}_snapshot"] = getattr(run.snapshot, k)[item]
+        cols["norm_continued"] = run.snapshot.norm_continued[item]
     cols["n_pos_roots"] = np.asarray(n_pos, dtype=np.int8)
     valid = stats["valid"].cpu().numpy().astype(bool)
     reason = np.array([REASONS[int(r)] for r in stats["reason"].cpu().numpy()], dtype=object)
