@@ -269,6 +269,8 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
 
     from tqdm.auto import tqdm
 
+    from normfast.engine.relative_heat import batch_error_bar, heat_replicates, replicate_name, with_replicates
+
     from normfast.data.io import count_rows, iter_batches
     from normfast.data.schema import METADATA_KEY
 
@@ -302,11 +304,11 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
     if metadata.get("output") == "pooled":
         raise ValueError(f"{fn}: the run has pooled rows (one per input); per-type aggregation needs a "
                          f"token-level run (--tokens or --corpus)")
-    replicates = _heat_replicates(metadata) if "heat_rel" in quantities and "heat_loo" in names else []
+    replicates = heat_replicates(metadata) if "heat_rel" in quantities and "heat_loo" in names else []
     if replicates:
         need.add("heat_loo")
     public = list(quantities)
-    quantities = public + [_replicate_name(g) for g in range(len(replicates))]
+    quantities = public + [replicate_name(g) for g in range(len(replicates))]
     columns = sorted(need)
     total = count_rows(files)
     merged = _Merged(quantities, ["occurrences", "count"] + (["pieces"] if by == "word" else []))
@@ -319,7 +321,7 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
         rows_read += batch.num_rows
         bar.update(batch.num_rows)
         if replicates:
-            batch = _with_replicates(batch, replicates)
+            batch = with_replicates(batch, replicates)
         t = _prepared(batch, quantities)
         if t is None:
             continue
@@ -333,53 +335,8 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
                     {METADATA_KEY: json.dumps({"run": metadata, "aggregation": {
                         "by": by, "min_count": min_count, "casefold": casefold, "quantities": public,
                         "rows": total, "files": [str(f) for f in files]}}, default=str).encode()})
-    return _batch_error_bar(table, len(replicates)) if replicates else table
+    return batch_error_bar(table, len(replicates)) if replicates else table
 
-
-# ---------------------------------------------------------------------------
-# the relative heat's batch error bar: the type's mean in each jackknife replicate
-
-
-def _heat_replicates(metadata: dict[str, Any]) -> list[float]:
-    """The run's reference level without each group (empty: the run has no error bars)."""
-    reference = metadata.get("heat_reference") or {}
-    levels = reference.get("loo_log_levels") or []
-    return [float(v) for v in levels] if len(levels) >= 2 else []
-
-
-def _replicate_name(g: int) -> str:
-    return f"_heat_rel_g{g}"
-
-
-def _with_replicates(batch: pa.RecordBatch, levels: Sequence[float]) -> pa.RecordBatch:
-    """The batch with one column per group: the row's relative heat without that group,
-    ``log heat_loo[g] − ref_{−g}`` (averaged per type like any quantity)."""
-    n, k = batch.num_rows, len(levels)
-    loo = batch.column(batch.schema.get_field_index("heat_loo"))
-    flat = np.asarray(pc.list_flatten(loo).to_numpy(zero_copy_only=False), dtype=float)
-    lengths = pc.list_value_length(loo).to_numpy(zero_copy_only=False)
-    if flat.size != n * k or (n and not np.all(lengths == k)):
-        raise ValueError(f"aggregate: expected heat_loo to hold K={k} values per row (the run's "
-                         f"heat_reference.loo_log_levels), got lengths {sorted(set(lengths.tolist()))}")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        values = np.where(flat > 0, np.log(np.where(flat > 0, flat, 1.0)), np.nan).reshape(n, k)
-    values = values - np.asarray(levels)[None, :]
-    arrays = list(batch.columns) + [pa.array(values[:, g]) for g in range(k)]
-    return pa.RecordBatch.from_arrays(arrays, names=list(batch.schema.names) + [_replicate_name(g)
-                                                                                for g in range(k)])
-
-
-def _batch_error_bar(table: pa.Table, k: int) -> pa.Table:
-    """``heat_rel_se_batches`` (the jackknife over the K replicates of each type's mean) in place of the
-    replicate columns, right after the other ``heat_rel`` columns."""
-    from normfast.engine.uncertainty import jackknife_se
-
-    means = np.stack([table.column(f"{_replicate_name(g)}_mean").to_numpy(zero_copy_only=False)
-                      for g in range(k)], 1)
-    se = jackknife_se(means)
-    table = table.drop_columns([c for c in table.column_names if c.startswith("_heat_rel_g")])
-    at = table.column_names.index("heat_rel_n") + 1
-    return table.add_column(at, "heat_rel_se_batches", pa.array(se, pa.float64()))
 
 
 def _finish(merged: _Merged, by: str, key: str, min_count: int, quantities: Sequence[str],

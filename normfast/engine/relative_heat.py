@@ -32,10 +32,11 @@ columns are added when the chunks are joined into the output
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from normfast.engine.uncertainty import jackknife_se
 
@@ -165,3 +166,47 @@ def ranking_resolution(se_heat_rel: np.ndarray, reference: Mapping[str, Any], gr
     if math.isfinite(level_se):
         out["level_half_width"] = math.expm1(t * level_se)
     return out
+
+
+# ---------------------------------------------------------------------------
+# normfast aggregate: a type's mean relative heat in each jackknife replicate, and its error bar
+
+
+def heat_replicates(metadata: dict[str, Any]) -> list[float]:
+    """The run's reference level without each group (empty: the run has no error bars)."""
+    reference = metadata.get("heat_reference") or {}
+    levels = reference.get("loo_log_levels") or []
+    return [float(v) for v in levels] if len(levels) >= 2 else []
+
+
+def replicate_name(g: int) -> str:
+    return f"_heat_rel_g{g}"
+
+
+def with_replicates(batch: pa.RecordBatch, levels: Sequence[float]) -> pa.RecordBatch:
+    """The batch with one column per group: the row's relative heat without that group,
+    ``log heat_loo[g] − ref_{−g}`` (averaged per type like any quantity)."""
+    n, k = batch.num_rows, len(levels)
+    loo = batch.column(batch.schema.get_field_index("heat_loo"))
+    flat = np.asarray(pc.list_flatten(loo).to_numpy(zero_copy_only=False), dtype=float)
+    lengths = pc.list_value_length(loo).to_numpy(zero_copy_only=False)
+    if flat.size != n * k or (n and not np.all(lengths == k)):
+        raise ValueError(f"aggregate: expected heat_loo to hold K={k} values per row (the run's "
+                         f"heat_reference.loo_log_levels), got lengths {sorted(set(lengths.tolist()))}")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values = np.where(flat > 0, np.log(np.where(flat > 0, flat, 1.0)), np.nan).reshape(n, k)
+    values = values - np.asarray(levels)[None, :]
+    arrays = list(batch.columns) + [pa.array(values[:, g]) for g in range(k)]
+    return pa.RecordBatch.from_arrays(arrays, names=list(batch.schema.names) + [replicate_name(g)
+                                                                                for g in range(k)])
+
+
+def batch_error_bar(table: pa.Table, k: int) -> pa.Table:
+    """``heat_rel_se_batches`` (the jackknife over the K replicates of each type's mean) in place of the
+    replicate columns, right after the other ``heat_rel`` columns."""
+    means = np.stack([table.column(f"{replicate_name(g)}_mean").to_numpy(zero_copy_only=False)
+                      for g in range(k)], 1)
+    se = jackknife_se(means)
+    table = table.drop_columns([replicate_name(g) + s for g in range(k) for s in ("_mean", "_std", "_se", "_n")])
+    at = table.column_names.index("heat_rel_n") + 1
+    return table.add_column(at, "heat_rel_se_batches", pa.array(se, pa.float64()))
