@@ -156,3 +156,20 @@ def test_the_common_factor_is_what_moves_when_the_seed_changes():
     # the seed-to-seed change of a relative heat is within its error bars (two runs: sqrt(2) se)
     se_pair = np.sqrt(a.column("se_heat_rel") ** 2 + b.column("se_heat_rel") ** 2)
     assert np.mean(np.abs(d_rel) <= 3 * se_pair) > 0.8
+
+
+def test_a_run_without_group_replicates_still_gets_its_relative_heat(tmp_path):
+    """Head mode's per-batch form (--per-batch) has no leave-one-group-out values: the file still gets
+    heat_rel (no error bar) and the level, and no heat_loo."""
+    enc, items, pairs = _common_factor_problem()
+    cfg = normfast.ProbeConfig(batches=16, drift_batches=16, batch_size=8, seed=0, chunk_size=25, params="head",
+                               mode="head", radial_spread=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = normfast.probe(enc, items, "infonce", pairs, cfg, progress=False, out=tmp_path / "run.parquet")
+    table = pq.read_table(res.path)
+    assert "heat_loo" not in table.column_names
+    v2 = table.column("V2").to_numpy()
+    np.testing.assert_allclose(table.column("heat_rel").to_numpy(), np.log(v2) - np.median(np.log(v2)), atol=1e-12)
+    assert np.isnan(table.column("se_heat_rel").to_numpy()).all()
+    assert np.isnan(res.metadata["heat_reference"]["se_log_level"])

@@ -256,6 +256,10 @@ class ChunkedParquetWriter:
             raise ValueError(f"{path} cannot be read ({first_line(exc)}): the chunk was damaged after it was "
                              f"written; run again with --resume (resume=True) to compute it again") from exc
 
+    def chunk_columns(self, index: int) -> list[str]:
+        """The column names of finished chunk ``index`` (from its footer; no data read)."""
+        return list(pq.read_schema(self._chunk_path(index)).names)
+
     def write_part(self, chunks: Sequence[int], path: str | os.PathLike, metadata: Mapping[str, Any],
                    transform: Callable[[pa.Table], pa.Table] | None = None) -> int:
         """Concatenate the given finished chunks, in order, into ``path`` (one row group per

@@ -229,7 +229,8 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         metadata["seconds"] = seconds
         if writer is not None:
             metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
-            reference = heat_reference(writer.read_chunk(c, heat_inputs(metadata)) for c in range(n_chunks))
+            inputs = heat_inputs(writer.chunk_columns(0))
+            reference = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
             metadata["heat_reference"] = reference
             path = writer.finalize(n_chunks, metadata, lambda t: with_relative_heat(t, reference))
             return ProbeResult.from_files([path], metadata, path)

@@ -49,10 +49,10 @@ def heat_name(names: Iterable[str]) -> str:
     return "V2" if "V2" in set(names) else "V2_w"
 
 
-def heat_inputs(metadata: Mapping[str, Any]) -> list[str]:
-    """The columns of a run's chunks that :func:`heat_reference` reads (from the run's metadata)."""
-    heat = "V2" if "u" in str(metadata.get("branch") or "u") else "V2_w"
-    return ["valid", "is_special", heat] + (["heat_loo"] if metadata.get("uncertainty") else [])
+def heat_inputs(names: Iterable[str]) -> list[str]:
+    """The columns of a run's chunks (with these column ``names``) that :func:`heat_reference` reads."""
+    names = list(names)
+    return ["valid", "is_special", heat_name(names)] + (["heat_loo"] if "heat_loo" in names else [])
 
 
 def _log(x: np.ndarray) -> np.ndarray:

@@ -101,8 +101,8 @@ def _finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path
         except Exception as exc:  # noqa: BLE001 - a missing summary must not hang the other ranks
             metadata["regime"] = {"error": f"{type(exc).__name__}: {exc}"}
         try:
-            metadata["heat_reference"] = heat_reference(writer.read_chunk(c, heat_inputs(metadata))
-                                                        for c in range(n_chunks))
+            inputs = heat_inputs(writer.chunk_columns(0))
+            metadata["heat_reference"] = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
         except Exception as exc:  # noqa: BLE001 - as above
             metadata["heat_reference"] = {"error": f"{type(exc).__name__}: {exc}", "log_level": float("nan")}
     metadata = shard.broadcast_object(metadata)  # rank 0's device string etc. on every part
