@@ -97,6 +97,14 @@ def finish_table(run: ProbeRun, meta: dict[str, Any], z: torch.Tensor, stats: Ma
         stat_names.append("C_uw")
     for k in stat_names:
         cols[k] = to_np(stats[k]) if k in stats else np.full(len(norm), np.nan)
+    heat = "V2" if "u" in run.branches else "V2_w"
+    if "loo" in stats and heat in stats["loo"]:  # for the relative heat's jackknife (normfast.engine.relative_heat)
+        loo_heat = to_np(stats["loo"][heat])
+        n_rows, k = loo_heat.shape
+        offsets = pa.array(np.arange(0, n_rows * k + 1, k, dtype=np.int32))
+        # the item field named as Parquet names it, so the table in memory and the file agree
+        cols["heat_loo"] = pa.ListArray.from_arrays(offsets, pa.array(loo_heat.reshape(-1), pa.float64()),
+                                                    type=pa.list_(pa.field("element", pa.float64())))
     kap = to_np(kappa)
     cols["kappa"] = kap
     law = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
@@ -125,6 +133,7 @@ def finish_table(run: ProbeRun, meta: dict[str, Any], z: torch.Tensor, stats: Ma
         item = np.asarray(meta["item"], dtype=np.int64)
         for k in ("r_eq", "D", "Q"):
             cols[f"{k}_snapshot"] = getattr(run.snapshot, k)[item]
+        cols["norm_continued"] = run.snapshot.norm_continued[item]
     cols["n_pos_roots"] = np.asarray(n_pos, dtype=np.int8)
     valid = stats["valid"].cpu().numpy().astype(bool)
     reason = np.array([REASONS[int(r)] for r in stats["reason"].cpu().numpy()], dtype=object)

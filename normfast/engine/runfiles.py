@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 
 from normfast.engine.regime import REGIME_INPUTS, run_regime
+from normfast.engine.relative_heat import heat_inputs, heat_reference, with_relative_heat
 from normfast.engine.result import ProbeResult
 from normfast.engine.distributed import Shard, part_blocks
 from normfast.data.manifest import manifest_path, part_path, write_manifest
@@ -89,6 +90,8 @@ def _finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path
             merged.update(part)
         table = pa.concat_tables([merged[c] for c in range(n_chunks)])
         metadata["regime"] = run_regime([table])
+        metadata["heat_reference"] = heat_reference([table])
+        table = with_relative_heat(table, metadata["heat_reference"])
         meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
         return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
     metadata["seconds"] = max(shard.exchange(failure, seconds))
@@ -97,13 +100,19 @@ def _finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path
             metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
         except Exception as exc:  # noqa: BLE001 - a missing summary must not hang the other ranks
             metadata["regime"] = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            inputs = heat_inputs(writer.chunk_columns(0))
+            metadata["heat_reference"] = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
+        except Exception as exc:  # noqa: BLE001 - as above
+            metadata["heat_reference"] = {"error": f"{type(exc).__name__}: {exc}", "log_level": float("nan")}
     metadata = shard.broadcast_object(metadata)  # rank 0's device string etc. on every part
+    reference = metadata["heat_reference"]
     block = part_blocks(n_chunks, shard.world_size)[shard.rank]
     path = part_path(out, shard.rank, shard.world_size)
     rows, failure = 0, None
     try:
         if len(block):
-            rows = writer.write_part(block, path, metadata)
+            rows = writer.write_part(block, path, metadata, lambda t: with_relative_heat(t, reference))
     except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
         failure = exc
     written = shard.exchange(failure, rows)
