@@ -61,7 +61,6 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
     "gpu_check": ("tests/test_gpu_check.py::test_dry_run", "tests/test_gpu_check.py::test_tests_stage",
                   "tests/test_gpu_check.py::test_ceilings", "tests/test_gpu_check.py::test_e2e",
                   "tests/test_gpu_check.py::test_a_hung_and_a_failing_stage"),
-    "datasets": ("tests/test_datasets.py::",),
     # the tests that start gloo ranks or forked CLI runs: one fork server (tests/test_distributed.py) for
     # all of them (the fault suite's module fixture, its reference run, is built once there too)
     "gloo_ranks": ("tests/test_distributed.py::test_sharded_runs", "tests/test_distributed.py::test_killed_rank",
@@ -71,8 +70,10 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
              "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[demo_run]"),
     "bench": ("tests/test_benchmark.py::",
               "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[bench_quick]"),
+    # the WordNet tests share the e4 run's WordNet reader (its synsets parsed once, not on two workers)
     "e4": ("tests/test_e3_e4.py::test_e4_",
-           "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e4_quick]"),
+           "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e4_quick]",
+           "tests/test_datasets.py::"),
     "e1": ("tests/test_bench.py::test_e1_quick",),
     "validate": ("tests/test_validate.py::",),
     # the harness's quick runs that start processes or load MiniLM (tests/test_bench.py): handed out early

@@ -258,3 +258,38 @@ def test_real_probe_run_cli_and_figure(tmp_path, capsys):
     assert png.exists() and png.stat().st_size > 1000
     with pytest.raises(ValueError, match="parquet or .csv"):
         write_table(aggregate(out), tmp_path / "x.json")
+
+
+def test_type_level_relative_heat_and_its_batch_error_bar(tmp_path):
+    """heat_rel per type: the mean over its occurrences, and the jackknife over the K groups of that
+    mean (each replicate's relative heats against that replicate's reference), by brute force."""
+    from normfast.engine.relative_heat import heat_reference, with_relative_heat
+    from normfast.engine.uncertainty import jackknife_se
+
+    rng = np.random.default_rng(11)
+    table = synthetic_run(rng)
+    n, k = table.num_rows, 4
+    loo = table.column("V2").to_numpy()[:, None] * rng.lognormal(0.0, 0.3, (n, k))
+    offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32))
+    table = table.append_column("heat_loo", pa.ListArray.from_arrays(offsets, pa.array(loo.reshape(-1))))
+    ref = heat_reference([table])
+    table = with_relative_heat(table, ref)
+    paths = write_parts(table, tmp_path, 3, {"output": "tokens", "heat_reference": ref})
+    got = aggregate(paths, by="token", batch_size=5)
+    assert "heat_rel_mean" in got.column_names and "heat_rel_se_batches" in got.column_names
+    assert not any(c.startswith("_") for c in got.column_names)
+    keep = ((table.column("position").to_numpy() >= 0) & ~table.column("is_special").to_numpy()
+            & table.column("primary").to_numpy() & table.column("valid").to_numpy())
+    tok = table.column("token_id").to_numpy()
+    rel = table.column("heat_rel").to_numpy()
+    rel_g = np.log(loo) - np.asarray(ref["loo_log_levels"])[None, :]
+    ids = got.column("token_id").to_pylist()
+    for i, t in enumerate(ids):
+        rows = keep & (tok == t)
+        assert got.column("heat_rel_n")[i].as_py() == rows.sum()
+        assert math.isclose(got.column("heat_rel_mean")[i].as_py(), rel[rows].mean(), rel_tol=1e-10, abs_tol=1e-12)
+        want = jackknife_se(rel_g[rows].mean(0))
+        assert math.isclose(got.column("heat_rel_se_batches")[i].as_py(), want, rel_tol=1e-9, abs_tol=1e-12)
+    # a run without the split (written before it, or a list of quantities that leaves it out): no such columns
+    plain = aggregate(paths, by="token", quantities=["V2"])
+    assert "heat_rel_mean" not in plain.column_names and "heat_rel_se_batches" not in plain.column_names

@@ -390,7 +390,7 @@ def json_spec(out):
     """The spec a run at ``out`` was written with, rebuilt from its metadata (as probe() builds it)."""
     meta = normfast.read_metadata(out)
     return {k: v for k, v in meta.items() if k not in ("versions", "device", "spec_fingerprint", "world_size",
-                                                        "seconds", "regime")}  # outcomes, not arguments
+                                                        "seconds", "regime", "heat_reference")}  # outcomes, not arguments
 
 
 def pa_mask(table, lo, hi):

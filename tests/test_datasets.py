@@ -24,8 +24,10 @@ def wn_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def wn(wn_cache):
-    return wordnet.load_wordnet(cache=wn_cache)
+def wn():
+    # the process's reader (the user cache, as every other WordNet user in this worker): parsing
+    # WordNet's synsets once per worker, not once per cache folder
+    return wordnet.load_wordnet()
 
 
 # ---------------------------------------------------------------------------
@@ -74,7 +76,7 @@ def test_wordnet_cache_is_reused_and_leaves_no_temporaries(wn, wn_cache):
     assert not any(p.is_symlink() for p in target.iterdir())  # NLTK refuses symlinks
     assert (target / "lexnames").read_text() == wordnet.parse_lexnames_man()
     assert not [p for p in root.parent.iterdir() if p.name.startswith(".wordnet-")]
-    assert wordnet.load_wordnet(cache=wn_cache) is wn  # one reader per process
+    assert wordnet.load_wordnet() is wn  # one reader per process
 
 
 @needs_wordnet

@@ -221,7 +221,7 @@ def test_sharded_runs_equal_single_process_and_manifest_reads_back(tmp_path, cap
     z = torch.randn(9, 5, generator=g, dtype=torch.float64)
     ref = ProbeAccumulator(9, 5, dtype=torch.float64).update(t, z).finalize()
     for r in range(WORLD):
-        got = torch.load(tmp_path / f"merged-rank{r}.pt")
+        got = torch.load(tmp_path / f"merged-rank{r}.pt", weights_only=True)
         assert got["M"] == 6
         for k in ("D", "se_D", "sign_stability", "m2", "V2", "Q"):
             torch.testing.assert_close(got[k], ref[k], rtol=1e-12, atol=1e-14)

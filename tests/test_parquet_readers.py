@@ -38,7 +38,7 @@ DOC = ROOT / "docs" / "view.md"
 N_PARTS = 12
 #: Arrow type of a run column -> the type DuckDB reads it as
 DUCKDB_TYPES = {"int64": "BIGINT", "int32": "INTEGER", "int8": "TINYINT", "double": "DOUBLE", "bool": "BOOLEAN",
-                "string": "VARCHAR"}
+                "string": "VARCHAR", "list<element: double>": "DOUBLE[]"}
 
 
 def blocks(language: str) -> list[str]:
@@ -96,7 +96,9 @@ def _expected(layout: Path) -> dict[str, pa.Table]:
     full = ProbeResult.load(layout / "runs" / "news.parquet").table
     chunks = sorted((layout / "runs" / "live.parquet.parts").glob("chunk-*.parquet"))
     n_live = sum(pq.ParquetFile(c).metadata.num_rows for c in chunks)
-    return {"news": full, "big": full, "live": full.slice(0, n_live)}
+    # an unfinished run's chunks lack the two columns that need every row (docs/view.md says so)
+    live = full.slice(0, n_live).drop_columns(["heat_rel", "se_heat_rel"])
+    return {"news": full, "big": full, "live": live}
 
 
 def test_the_layouts_are_what_a_run_leaves(layout):

@@ -281,7 +281,7 @@ def exact_positive_roots(row: np.ndarray):
     if poly.degree() <= 0:
         return None, 0
     square_free = poly.sqf_part()
-    positive = [(lo, hi) for (lo, hi), _ in square_free.intervals() if hi > 0]
+    positive = [(lo, hi) for (lo, hi), _ in square_free.intervals(inf=0) if hi > 0]
     if not positive:
         return None, 0
     lo, hi = max(positive, key=lambda interval: interval[1])

@@ -137,10 +137,43 @@ def test_snapshot_column_does_not_depend_on_chunking(trained):
     whole = _probe(enc, items, objective, pairs, pcfg)
     chunked = _probe(enc, items, objective, pairs, replace(pcfg, chunk_size=5))
     np.testing.assert_array_equal(whole.column("r_eq_snapshot"), chunked.column("r_eq_snapshot"))
+    np.testing.assert_array_equal(whole.column("norm_continued"), chunked.column("norm_continued"))
     assert whole.metadata["snapshot"]["steps"] == 60
     plain = _probe(enc, items, objective, pairs, replace(pcfg, snapshot=False))
     assert "r_eq_snapshot" not in plain.column_names and "snapshot" not in plain.metadata
     np.testing.assert_array_equal(plain.column("r_eq"), whole.column("r_eq"))
+
+
+class _Norms:
+    """What ``virtual_trajectory``'s ``measure`` returns: the present norms of the items."""
+
+    column_names = ["norm"]
+
+    def __init__(self, model, items):
+        with torch.no_grad():
+            self.norm = model(model.prepare(items)).double().norm(dim=-1).numpy()
+
+    def column(self, name):
+        return self.norm
+
+
+def test_norm_continued_is_the_rms_norm_of_the_continuation(trained):
+    """Brute force: the same continuation replayed with the norms read at every state it measured
+    (the snapshot, then the state after each step but the last), sqrt of their mean square."""
+    from normfast.engine.trajectory import virtual_trajectory
+
+    enc, items, objective, pairs, pcfg = _setup(trained, snapshot_steps=60)
+    res = _probe(enc, items, objective, pairs, pcfg)
+    replay = virtual_trajectory(enc, items, objective, pairs, pcfg, steps=60, points=60, meter=False,
+                                measure=lambda m, step, v: _Norms(m, items), columns=("norm",), progress=False)
+    states = np.vstack([_Norms(enc, items).norm[None], replay.columns["norm"][:-1]])
+    assert states.shape == (60, len(items))
+    want = np.sqrt((states ** 2).mean(0))
+    np.testing.assert_allclose(res.column("norm_continued"), want, rtol=1e-5)
+    assert not np.allclose(want, states[0], rtol=1e-3)  # the continuation moved: not the present norm
+    text = res.format_summary()
+    assert "norm_continued (the continuation's own mean norm, the plain baseline)" in text
+    assert "The law predicts no better than simulating" in text
 
 
 def test_cli_snapshot_flag(tmp_path, tiny_bert_folder, capsys):

@@ -10,7 +10,10 @@ aggregate_description = """\
 Group the token rows of a probe run by vocabulary entry (--by token) or by whole
 word (--by word, corpus runs) and report, per type, how many occurrences back
 it and the mean, standard deviation and standard error of norm, V2, D, kappa,
-r_eq and r_eq_heat over them. Special tokens and overlap duplicates (corpus
+r_eq and r_eq_heat over them; with runs that have it, also the relative heat
+(heat_rel: log V2 minus the run's median, the type's place in the ranking) with
+two error bars: heat_rel_se (its contexts' spread) and heat_rel_se_batches (the
+batch sample's, the jackknife over the run's K groups). Special tokens and overlap duplicates (corpus
 runs with --stride) are left out; only rows with valid statistics count. A
 word's value is the mean over its word pieces. The run is streamed batch by
 batch (pyarrow group-by per batch, exact merge), so it may be larger than
@@ -76,9 +79,20 @@ def format_types(table, by: str, top: int = 10, quantity: str = "V2") -> str:
     lines = [f"{table.num_rows} types; {int(count.sum())} valid occurrences; "
              f"{len(ok)} types seen at least twice"]
 
+    rel = table.column("heat_rel_mean").to_numpy(zero_copy_only=False) if "heat_rel_mean" in table.column_names \
+        else None
+    rel_se = table.column("heat_rel_se_batches").to_numpy(zero_copy_only=False) \
+        if "heat_rel_se_batches" in table.column_names else None
+
+    def relative(i: int) -> str:
+        if rel is None:
+            return ""
+        batches = f" (batches ± {rel_se[i]:.2g})" if rel_se is not None else ""
+        return f"  relative heat {rel[i]:+.3f}{batches}"
+
     def rows(idx) -> list[str]:
         return [f"  {label[i]!s:<18} n={int(count[i]):>6}  {quantity} {mean[i]:.4g} ± {se[i]:.2g}  "
-                f"norm {norm[i]:.3f}" for i in idx]
+                f"norm {norm[i]:.3f}{relative(i)}" for i in idx]
 
     if len(order):
         lines.append(f"hottest (mean {quantity} ± SE):")

@@ -47,14 +47,17 @@ doc_position, is_special, word_id, word and primary. Without --pairs, simcse
 uses the corpus's sentences (NLTK Punkt, trained on the corpus itself) as its
 virtual-batch items. Then: normfast aggregate RUN.parquet --by token|word. For image towers each item is an
 image path. pairs file: .jsonl with --anchor-key/--positive-key (or
---label-key for supcon), or .tsv with two columns. SimCSE needs no pairs
-file: it uses the probes themselves (or --pairs as plain items)."""
+--label-key for supcon, items under --text-key), or .tsv with two columns.
+SimCSE needs no pairs file: it uses the probes themselves. Given --pairs, it
+reads plain items from it: .txt one item per line, .tsv the first column,
+.jsonl --text-key; a pairs file works too and gives SimCSE its anchors (the
+first column, or --anchor-key when the records have no --text-key)."""
 
 
 def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | None]:
     fn = "probes file"
     if path.suffix == ".jsonl":
-        records = [rec for _, rec in read_jsonl(path, fn=fn, text_fields=(text_key,))]
+        records = [rec for _, rec in read_jsonl(path, fn=fn, text_fields=(text_key,), key_fields=("id",))]
         items = [rec[text_key] for rec in records]
         has_ids = any("id" in rec for rec in records)
         ids = [str(rec.get("id", i)) for i, rec in enumerate(records)]
@@ -65,6 +68,29 @@ def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | 
     if not items:
         raise ValueError(f"probes file {path} holds no probe items")
     return items, (ids if has_ids else None)
+
+
+def _read_pairs_file(path: Path, args, needs: str):
+    """The virtual-batch source of ``--pairs``, as the objective needs it (``"pairs"``, ``"labels"`` or
+    ``"items"``); for items (SimCSE), a pairs file gives its anchors."""
+    from normfast.data.pairs import PairSource
+
+    fn = "pairs file"
+    if path.suffix == ".jsonl":
+        if needs != "items":
+            return PairSource.from_jsonl(path, anchor_key=args.anchor_key, positive_key=args.positive_key,
+                                         label_key=args.label_key, text_key=args.text_key, kind=needs)
+        first = next(read_jsonl(path, fn=fn), (0, {}))[1]
+        key = args.anchor_key if args.text_key not in first and args.anchor_key in first else args.text_key
+        return PairSource.from_jsonl(path, text_key=key, kind="items")
+    if needs != "items":
+        return PairSource.from_tsv(path, kind=needs)
+    if path.suffix == ".tsv":  # one column of items, or the anchors of a pairs file
+        return PairSource.from_tsv(path, columns=(0,), kind="items")
+    items = [line for _, line in read_lines(path, fn=fn)]
+    if not items:
+        raise ValueError(f"{fn} {path} holds no items")
+    return PairSource.from_iterable(items, kind="items")
 
 
 def _load_images(paths: list[str]):
@@ -78,7 +104,9 @@ def probe_arguments(p) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--probes", help="probe items file (.txt / .jsonl / .tsv)")
     src.add_argument("--corpus", help="a corpus to probe token by token, in context (.txt or .jsonl; see below)")
-    p.add_argument("--text-key", default="text", help="jsonl key of the probe text (default: text)")
+    p.add_argument("--text-key", default="text",
+                   help="jsonl key of the text: of the probes, the corpus documents, and the items of a --pairs "
+                        "file (default: text)")
     p.add_argument("--id-key", default="id", help="--corpus .jsonl: key of the document id (default: id)")
     p.add_argument("--doc-layout", default="lines", choices=["lines", "blank"],
                    help="--corpus plain text: one document per line (default) or blank-line separated")
@@ -87,7 +115,8 @@ def probe_arguments(p) -> None:
                         "less its special tokens)")
     p.add_argument("--stride", type=int, default=None,
                    help="--corpus: tokens between window starts (default: --window, no overlap)")
-    p.add_argument("--pairs", help="virtual-batch source (.jsonl / .tsv); optional for simcse")
+    p.add_argument("--pairs", help="virtual-batch source (.jsonl / .tsv); optional for simcse, which reads plain "
+                                   "items from it (.txt / .tsv / .jsonl) or a pairs file's anchors")
     p.add_argument("--anchor-key", default="anchor")
     p.add_argument("--positive-key", default="positive")
     p.add_argument("--label-key", default=None, help="jsonl key of class labels (supcon)")
@@ -222,12 +251,7 @@ def _probe_cli(args, device: str, root: bool) -> int:
         pairs = None
         pair_encoder = None
         if args.pairs:
-            path = Path(args.pairs)
-            if path.suffix == ".jsonl":
-                pairs = PairSource.from_jsonl(path, anchor_key=args.anchor_key, positive_key=args.positive_key,
-                                              label_key=args.label_key, kind=objective.needs)
-            else:
-                pairs = PairSource.from_tsv(path, kind=objective.needs)
+            pairs = _read_pairs_file(Path(args.pairs), args, objective.needs)
         elif corpus_pairs is not None:
             if objective.needs != "items":
                 raise ValueError(f"--objective {objective.name} needs --pairs; with --corpus only simcse "

@@ -69,14 +69,20 @@ def load_beir(folder: str | os.PathLike, split: str = "test") -> BeirData:
             raise FileNotFoundError(f"{fn}: missing {name} file {p}{hint}")
 
     corpus: dict[str, dict[str, str]] = {}
-    for lineno, obj in read_jsonl(paths["corpus"], fn=fn, fields=("_id", "text"), error=BeirFormatError):
+    for lineno, obj in read_jsonl(paths["corpus"], fn=fn, fields=("_id", "text"), key_fields=("_id",),
+                                  error=BeirFormatError):
         did = str(obj["_id"])
         if did in corpus:
             raise BeirFormatError(f"{fn}: {paths['corpus']}:{lineno}: duplicate _id {did!r}")
-        corpus[did] = {"title": str(obj.get("title") or ""), "text": str(obj["text"] or "")}
+        for key in ("title", "text"):  # null stands for an empty title or text, as before; nothing else does
+            if not isinstance(obj.get(key), (str, type(None))):
+                raise BeirFormatError(f"{fn}: {paths['corpus']}:{lineno}: field {key!r} must be a string (or "
+                                      f"null), got {type(obj[key]).__name__}")
+        corpus[did] = {"title": obj.get("title") or "", "text": obj["text"] or ""}
     queries: dict[str, str] = {}
     metadata: dict[str, dict[str, Any]] = {}
-    for lineno, obj in read_jsonl(paths["queries"], fn=fn, fields=("_id", "text"), error=BeirFormatError):
+    for lineno, obj in read_jsonl(paths["queries"], fn=fn, text_fields=("text",), key_fields=("_id",),
+                                  fields=("_id",), error=BeirFormatError):
         qid = str(obj["_id"])
         if qid in queries:
             raise BeirFormatError(f"{fn}: {paths['queries']}:{lineno}: duplicate _id {qid!r}")

@@ -59,6 +59,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from normfast.data.records import read_jsonl
+from normfast.data.textfiles import read_text
 
 LAYOUTS = ("lines", "blank")
 
@@ -80,17 +81,17 @@ def read_documents(path: str | os.PathLike, *, layout: str = "lines", text_key: 
         raise ValueError(f"{fn}: layout must be one of {LAYOUTS}, got {layout!r}")
     docs: list[Document] = []
     if path.suffix == ".jsonl":
-        for _, rec in read_jsonl(path, fn=fn, text_fields=(text_key,)):
+        for _, rec in read_jsonl(path, fn=fn, text_fields=(text_key,), key_fields=(id_key,)):
             text = rec[text_key]
             if text.strip():
                 docs.append(Document(str(rec.get(id_key, len(docs))), text.strip()))
     elif layout == "lines":
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in read_text(path, f"{fn}: corpus file").splitlines():
             if line.strip():
                 docs.append(Document(str(len(docs)), line.strip()))
     else:
         block: list[str] = []
-        for line in path.read_text(encoding="utf-8").splitlines() + [""]:
+        for line in read_text(path, f"{fn}: corpus file").splitlines() + [""]:
             if line.strip():
                 block.append(line.rstrip())
             elif block:

@@ -164,7 +164,9 @@ class PairSource:
 
         ``kind=None``: ``"labels"`` when ``label_key`` is given (items under
         ``text_key``), else ``"pairs"`` (``anchor_key``, ``positive_key``).
-        ``kind="items"`` reads ``text_key`` only.
+        ``kind="items"`` reads ``text_key`` only. Anchors, positives and items must be
+        strings (texts, or image paths), labels strings or integers: any other value is
+        refused with the file and the line named.
         """
         fn = "PairSource.from_jsonl"
         if kind is None:
@@ -175,8 +177,9 @@ class PairSource:
             raise ValueError(f"{fn}: kind='labels' needs label_key")
         keys = {"pairs": (anchor_key, positive_key), "labels": (text_key, label_key),
                 "items": (text_key,)}[kind]
+        texts = keys if kind == "pairs" else keys[:1]
         first, second = [], []
-        for _, record in read_jsonl(path, fn=fn, fields=keys):
+        for _, record in read_jsonl(path, fn=fn, fields=keys, text_fields=texts, key_fields=keys[len(texts):]):
             first.append(record[keys[0]])
             if len(keys) == 2:
                 second.append(record[keys[1]])

@@ -37,12 +37,15 @@ def read_lines(path: str | os.PathLike, *, fn: str, comment: str | None = None) 
 
 
 def read_jsonl(path: str | os.PathLike, *, fn: str, fields: Sequence[str] = (), text_fields: Sequence[str] = (),
+               key_fields: Sequence[str] = (),
                error: type[RecordError] = RecordError) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for every non-blank line of a JSON-lines file.
 
     Every line must hold a JSON object with each of ``fields``; each of ``text_fields`` must
-    be there too and hold a string. ``error`` is the :class:`RecordError` subclass raised for
-    a bad line (e.g. a format's own error type).
+    be there too and hold a string (``null``, a number or a list is refused, never read as
+    the text ``"None"``, ``"5"`` or ``"['a']"``). Each of ``key_fields`` (an id, a label), where
+    present, must hold a string or an integer. ``error`` is the :class:`RecordError` subclass
+    raised for a bad line (e.g. a format's own error type).
     """
     for number, line in read_lines(path, fn=fn):
         where = f"{fn}: {path}:{number}"
@@ -57,8 +60,18 @@ def read_jsonl(path: str | os.PathLike, *, fn: str, fields: Sequence[str] = (), 
                 raise error(f"{where}: missing field {key!r} (fields present: {sorted(record)})")
         for key in text_fields:
             if not isinstance(record[key], str):
-                raise error(f"{where}: field {key!r} must be a string, got {type(record[key]).__name__}")
+                raise error(f"{where}: field {key!r} must be a string, got {_shown(record[key])}")
+        for key in key_fields:
+            value = record.get(key, "")
+            if isinstance(value, bool) or not isinstance(value, (str, int)):
+                raise error(f"{where}: field {key!r} must be a string or an integer, got {_shown(value)}")
         yield number, record
+
+
+def _shown(value: Any) -> str:
+    """A JSON value for an error: its type, and the value itself when short."""
+    text = json.dumps(value)
+    return type(value).__name__ + (f" {text}" if len(text) <= 40 else "")
 
 
 def read_tsv(path: str | os.PathLike, *, fn: str, columns: Sequence[int | str] | None = None,

@@ -44,7 +44,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -256,10 +256,16 @@ class ChunkedParquetWriter:
             raise ValueError(f"{path} cannot be read ({first_line(exc)}): the chunk was damaged after it was "
                              f"written; run again with --resume (resume=True) to compute it again") from exc
 
-    def write_part(self, chunks: Sequence[int], path: str | os.PathLike, metadata: Mapping[str, Any]) -> int:
+    def chunk_columns(self, index: int) -> list[str]:
+        """The column names of finished chunk ``index`` (from its footer; no data read)."""
+        return list(pq.read_schema(self._chunk_path(index)).names)
+
+    def write_part(self, chunks: Sequence[int], path: str | os.PathLike, metadata: Mapping[str, Any],
+                   transform: Callable[[pa.Table], pa.Table] | None = None) -> int:
         """Concatenate the given finished chunks, in order, into ``path`` (one row group per
         chunk; ``metadata`` in the schema; page checksums); atomic, through a temporary file in
-        the work folder. Returns the number of rows written.
+        the work folder. Returns the number of rows written. ``transform``, when given, maps
+        each chunk's table before it is written (columns that need every chunk, added last).
 
         Reads one chunk at a time, so memory stays at one chunk whatever the run's size.
         """
@@ -280,6 +286,8 @@ class ChunkedParquetWriter:
         try:
             for i in chunks:
                 table = self.read_chunk(i)
+                if transform is not None:
+                    table = transform(table)
                 if writer is None:
                     schema = table.schema.with_metadata({**(table.schema.metadata or {}), METADATA_KEY: meta_blob})
                     writer = pq.ParquetWriter(tmp, schema, write_page_checksum=True)
@@ -295,7 +303,8 @@ class ChunkedParquetWriter:
             Path(tmp).unlink(missing_ok=True)
         return rows
 
-    def finalize(self, n_chunks: int, metadata: Mapping[str, Any]) -> Path:
+    def finalize(self, n_chunks: int, metadata: Mapping[str, Any],
+                 transform: Callable[[pa.Table], pa.Table] | None = None) -> Path:
         """Concatenate chunks ``0..n_chunks-1`` into the output file and clean up.
 
         A manifest left at the same output by an earlier sharded run (only possible
@@ -305,7 +314,7 @@ class ChunkedParquetWriter:
         if missing:
             raise RuntimeError(f"finalize: chunks {missing[:10]}{'...' if len(missing) > 10 else ''} "
                                f"are missing from {self.parts}")
-        self.write_part(range(n_chunks), self.out, metadata)
+        self.write_part(range(n_chunks), self.out, metadata, transform)
         remove_manifest(manifest_path(self.out))
         self.cleanup()
         return self.out

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 #: version of the output format written by this normfast (``metadata["schema_version"]``).
 #: Files without the key predate versioning (version 1).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 7
 
 #: the Parquet schema metadata key under which a run's metadata (:data:`METADATA_KEYS`) is stored, as JSON
 METADATA_KEY = b"normfast"
@@ -48,6 +48,9 @@ CHANGES = {
        "regime, regime_reason columns; regime metadata",
     5: "the single-snapshot predictor: r_eq_snapshot, D_snapshot, Q_snapshot columns and snapshot metadata "
        "(snapshot=True); ProbeConfig's snapshot settings in the config metadata",
+    6: "truncation counted: the n_truncated column and the max_length metadata",
+    7: "the heat's two parts: heat_loo, heat_rel, se_heat_rel columns and the heat_reference metadata "
+       "(the run's common level and its standard error); norm_continued beside r_eq_snapshot",
 }
 
 
@@ -82,6 +85,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("is_special", "bool", "always",
            "the token was added by the tokenizer (`[CLS]`, `[SEP]`, `<s>`, padding, ...); False for pooled rows. "
            "Summaries and figures leave these rows out"),
+    Column("n_truncated", "int32", "always",
+           "tokens cut off the end of the input because it was longer than the model's maximum length "
+           "(metadata `max_length`), on every row of that input; 0 when it fit, and for inputs normfast does "
+           "not tokenize (images, tensors, corpus windows, which are never cut)"),
     # -- corpus runs (probe items that are windows of documents: `normfast probe --corpus`)
     Column("doc_id", "string", "corpus runs", "the document's id"),
     Column("window", "int32", "corpus runs", "index of the window in its document"),
@@ -111,6 +118,18 @@ COLUMNS: tuple[Column, ...] = (
     Column("se_Q_w", "double", _W, "standard error of Q_w"),
     Column("C_uw", "double", "both branches (parameter groups with different optimizers)",
            "cross term, mean over batches of u·w"),
+    # -- the heat split into the run's common level and each row's relative heat (normfast.engine.relative_heat)
+    Column("heat_loo", "list<element: double>", "error bars (`uncertainty=True`)",
+           "the heat (V2; V2_w for AdamW-only runs) recomputed without each of the K batch groups: the "
+           "jackknife's replicates, from which se_heat_rel and a type-level error bar (`normfast aggregate`) "
+           "are computed"),
+    Column("heat_rel", "double", "always",
+           "relative heat: log(V2) minus the run's reference level (metadata `heat_reference`: the median of "
+           "log V2 over valid non-special rows); natural log, so 0.2 is a factor 1.22 above the typical row"),
+    Column("se_heat_rel", "double", "always",
+           "standard error of heat_rel (the delete-a-group jackknife, the reference recomputed without each "
+           "group): the error of the row's place in the ranking, without the common factor that moves every "
+           "row's V2 together (that one is `heat_reference.se_log_level`); NaN without error bars"),
     # -- the law
     Column("kappa", "double", "always", "radial damping ẑ·(J θ_decayed)/R"),
     Column("r_eq", "double", "always", "equilibrium norm: the largest positive root of the law's quartic (NaN: none)"),
@@ -127,6 +146,10 @@ COLUMNS: tuple[Column, ...] = (
                                                       "virtual trajectory and shrunk by empirical Bayes"),
     Column("Q_snapshot", "double", "`snapshot=True`", "the heat it used (Q; AdamW: Q_w), trajectory mean plus "
                                                       "the curvature heat"),
+    Column("norm_continued", "double", "`snapshot=True`",
+           "the plain baseline beside r_eq_snapshot: sqrt of the mean R² over the measured steps of the same "
+           "virtual continuation (the norm the continued copy kept); r_eq_snapshot predicts no better than it, "
+           "its use is the decomposition into heat, drift and decay"),
     Column("n_pos_roots", "int8", "always", "number of positive roots (> 1: bistable)"),
     # -- status
     Column("valid", "bool", "always", "the row's statistics are finite and usable"),
@@ -180,6 +203,8 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("n_items", "number of probe inputs"),
     MetadataKey("n_pairs", "size of the virtual-batch source"),
     MetadataKey("chunk_size", "probe inputs per streamed chunk"),
+    MetadataKey("max_length", "the longest input, in tokens, the encoder keeps (longer ones are cut to it and "
+                              "counted in `n_truncated`); null when it truncates nothing"),
     MetadataKey("config", "the whole `ProbeConfig` as a JSON object (see its docstring)"),
     MetadataKey("input_fingerprints", "hashes of the probes, the pair source, the ids and given second moments "
                                       "(used to name what changed when a resume is refused)"),
@@ -194,6 +219,11 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("snapshot", "`snapshot=True` only: the virtual trajectory's steps, the relaxation times asked "
                             "and covered, the median κ at the snapshot, the shrinkage (weight, error and signal "
                             "variance, the regression of drift on heat), seconds, and the predictor's scope"),
+    MetadataKey("heat_reference", "the relative heat's reference level: `column` (the heat), `rows` (valid "
+                                  "non-special rows with a positive heat), `log_level` (median of their log "
+                                  "heat), `level` (its exp), `se_log_level` (standard error of the common "
+                                  "level, log units: the factor every row's heat shares) and `loo_log_levels` "
+                                  "(the level without each of the K groups)"),
     MetadataKey("regime", "the run's regime check: `regime` (the class of most valid rows), `reason`, the "
                           "share of rows in each class (`fractions`), the thresholds, and a sentence in plain "
                           "words (see `normfast.engine.regime`)"),
@@ -205,6 +235,8 @@ RELEASED = {
     3: "9f7abe74fd67ec08",
     4: "14ef24a437463f94",
     5: "40fdbeae6940ccae",
+    6: "e06d2ab48ed9b48d",
+    7: "feb8b2f21ad06ca2",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

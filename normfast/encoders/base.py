@@ -12,6 +12,9 @@ State = dict  # dict[str, torch.Tensor]
 
 OUTPUTS = ("pooled", "tokens", "pre_head", "pre_head_tokens")
 
+#: the state entry in which :meth:`Encoder.prepare` counts, per input, the tokens it cut off (int64 ``[B]``)
+TRUNCATED = "n_truncated"
+
 
 @dataclass(frozen=True)
 class LinearHead:
@@ -68,6 +71,9 @@ class Encoder(nn.Module):
     note: str | None = None
     #: whether ``output="tokens"`` is meaningful (sequence models).
     has_tokens: bool = False
+    #: the longest input, in tokens, that :meth:`prepare` keeps (longer texts are cut to it, and the
+    #: tokens cut are counted: :meth:`truncated_tokens`); None: the adapter truncates nothing
+    max_length: int | None = None
     #: whether the engine should batch several update directions in one forward-mode pass
     #: (``torch.func.vmap`` over the tangents); False: one direction per pass.
     batched_directions: bool = True
@@ -99,6 +105,11 @@ class Encoder(nn.Module):
     def token_info(self, state: State) -> tuple[torch.Tensor, list[list[str]]] | None:
         """``(token_ids [B, T], token_texts)`` for the initial state of a text batch, else None."""
         return None
+
+    def truncated_tokens(self, state: State) -> torch.Tensor | None:
+        """int64 ``[B]``: the tokens of each input that :meth:`prepare` cut off at :attr:`max_length`
+        (0 for an input that fits); None when it tokenized nothing (images, tensors, token windows)."""
+        return state.get(TRUNCATED)
 
     def special_token_mask(self, state: State) -> torch.Tensor | None:
         """Bool ``[B, T]``: positions holding a token the tokenizer added around the text ([CLS],

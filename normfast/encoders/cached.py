@@ -313,6 +313,15 @@ class CachedFrontEncoder(Encoder):
             state = self.run_stage(0, state)
         return self.base.token_info(state)
 
+    def truncated_tokens(self, state: State) -> torch.Tensor | None:
+        if "index" in state:
+            state = self.run_stage(0, state)
+        return self.base.truncated_tokens(state)
+
+    @property
+    def max_length(self) -> int | None:
+        return self.base.max_length
+
     def forward(self, state: State, start: int = 0, stop: int | None = None,
                 output: str = "pooled") -> torch.Tensor | State:
         n = self.n_stages

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from .base import Encoder, LinearHead, State
+from .base import TRUNCATED, Encoder, LinearHead, State
 from .pooling import DenseLayer, _pooling_modes, pool_tokens
 from .staging import _block_index, _check_texts, _stage_list
 
@@ -72,7 +72,8 @@ class HFEncoder(Encoder):
             ``Dense`` layers, see :class:`DenseLayer`; plain ``nn.Linear`` works
             too). When the last one is linear it is the :meth:`head`.
         max_length: truncation length (default: the tokenizer's, capped by the
-            model's position table).
+            model's position table). Longer texts are cut to it, and the tokens cut
+            are counted per input (:meth:`truncated_tokens`; a run's ``n_truncated``).
         lowercase: lowercase texts before tokenizing.
         staged: ``"auto"`` splits the model into stages (embeddings, each layer,
             pooling) when it has the ``.embeddings`` + ``.encoder.layer`` layout, no
@@ -258,6 +259,7 @@ class HFEncoder(Encoder):
                 texts = [t.lower() for t in texts]
             batch = self.tokenizer(texts, padding=True, truncation=self.max_length is not None,
                                    max_length=self.max_length, return_tensors="pt")
+            batch[TRUNCATED] = self._truncated(texts, batch)
         device = self.device
         ids = torch.as_tensor(batch["input_ids"]).to(device)
         if ids.dim() != 2:
@@ -270,7 +272,28 @@ class HFEncoder(Encoder):
         token_types = batch.get("token_type_ids")
         if token_types is not None:
             state["token_type_ids"] = torch.as_tensor(token_types).to(device)
+        if TRUNCATED in batch:
+            state[TRUNCATED] = batch[TRUNCATED].to(device)
         return state
+
+    def _truncated(self, texts: list[str], batch: Mapping[str, Any]) -> torch.Tensor:
+        """int64 ``[B]``: the tokens the tokenizer cut off each text at :attr:`max_length`.
+
+        Only a text that fills :attr:`max_length` can have been cut; those few are tokenized
+        again, whole, to count (a single text: the cut is its full length less the maximum).
+        """
+        cut = torch.zeros(len(texts), dtype=torch.long)
+        if self.max_length is None:
+            return cut
+        ids = torch.as_tensor(batch["input_ids"])
+        mask = batch.get("attention_mask")
+        kept = torch.as_tensor(mask).sum(dim=1) if mask is not None else torch.full((len(texts),), ids.shape[1])
+        full = [i for i in range(len(texts)) if int(kept[i]) >= self.max_length]
+        if full:
+            whole = self.tokenizer([texts[i] for i in full], truncation=False, padding=False, verbose=False)
+            for i, row in zip(full, whole["input_ids"]):
+                cut[i] = max(0, len(row) - self.max_length)
+        return cut
 
     def _pad_pretokenized(self, fn: str, items: Sequence[Any]) -> dict[str, torch.Tensor]:
         """Right-pad items that carry their own ``input_ids`` (e.g. corpus token windows)."""

@@ -6,7 +6,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .base import Encoder, LinearHead, State
+from .base import TRUNCATED, Encoder, LinearHead, State
 from .staging import _block_index, _check_texts, _stage_list
 
 
@@ -234,7 +234,27 @@ class OpenCLIPEncoder(Encoder):
             raise ValueError(f"{fn}: expected token ids [B, T] (integer), "
                              f"got shape {tuple(ids.shape)}, dtype={ids.dtype}")
         ids = ids.to(self.device).long()
-        return {"input_ids": ids, "mask": self._text_mask(ids)}
+        state = {"input_ids": ids, "mask": self._text_mask(ids)}
+        if not isinstance(items, torch.Tensor) and self.max_length is not None:
+            state[TRUNCATED] = self._truncated(texts, ids)
+        return state
+
+    @property
+    def max_length(self) -> int | None:
+        """The text tower's context length, when its tokenizer's truncation can be counted (open_clip's
+        ``SimpleTokenizer``: start token, the text's tokens, end token, cut to the context); else None."""
+        tok = self.tokenizer
+        if self.tower != "text" or getattr(tok, "reduction_fn", None) is not None or not all(
+                hasattr(tok, a) for a in ("encode", "context_length", "sot_token_id", "eot_token_id")):
+            return None
+        return int(tok.context_length)
+
+    def _truncated(self, texts: list[str], ids: torch.Tensor) -> torch.Tensor:
+        """int64 ``[B]``: tokens cut off each text; only a text that fills the context can have been cut."""
+        cut = torch.zeros(len(texts), dtype=torch.long, device=ids.device)
+        for i in torch.nonzero(ids[:, -1] != 0).flatten().tolist():
+            cut[i] = max(0, len(self.tokenizer.encode(texts[i])) + 2 - self.max_length)
+        return cut
 
     def run_stage(self, k: int, state: State) -> State:
         out = dict(state)

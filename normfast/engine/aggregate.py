@@ -7,6 +7,16 @@ occurrences and, for each of ``norm, V2, D, kappa, r_eq, r_eq_heat``, the mean, 
 standard deviation over the occurrences (``ddof = 1``) and the standard error of the mean
 (``std / sqrt(n)``).
 
+Relative heat
+    Runs that have the ``heat_rel`` column (:mod:`normfast.engine.relative_heat`) also get
+    ``heat_rel``: the type's mean relative heat (log V2 minus the run's reference level, so
+    the mean log heat relative to the run's typical row), with the same ``_std``, ``_se``,
+    ``_n`` -- ``heat_rel_se`` is the spread over the type's contexts -- and, with error bars
+    (``heat_loo``), ``heat_rel_se_batches``: the error of that mean from the batch sample,
+    the delete-a-group jackknife of the type's mean with the reference recomputed in each
+    replicate (the type-level twin of ``se_heat_rel``). The first says how much the type's
+    contexts differ, the second how well this run measured them.
+
 Rows counted
     Token rows only (``position >= 0``); special tokens are left out (the ``is_special``
     column when the run has one, else the token strings of ``SPECIAL_TOKENS``), and so are
@@ -259,6 +269,8 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
 
     from tqdm.auto import tqdm
 
+    from normfast.engine.relative_heat import batch_error_bar, heat_replicates, replicate_name, with_replicates
+
     from normfast.data.io import count_rows, iter_batches
     from normfast.data.schema import METADATA_KEY
 
@@ -267,6 +279,7 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
         raise ValueError(f"{fn}: by must be one of {BY}, got {by!r}")
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
         raise ValueError(f"{fn}: expected min_count to be a positive int, got {min_count!r}")
+    default = quantities is QUANTITIES
     quantities = list(quantities)
     if not quantities:
         raise ValueError(f"{fn}: expected at least one quantity to aggregate")
@@ -274,6 +287,8 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
     import pyarrow.parquet as pq
 
     names = set(pq.read_schema(files[0]).names)
+    if default and "heat_rel" in names:
+        quantities.append("heat_rel")
     missing = [q for q in quantities if q not in names]
     if missing:
         raise ValueError(f"{fn}: the run has no column(s) {missing}; its columns are {sorted(names)}")
@@ -289,6 +304,11 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
     if metadata.get("output") == "pooled":
         raise ValueError(f"{fn}: the run has pooled rows (one per input); per-type aggregation needs a "
                          f"token-level run (--tokens or --corpus)")
+    replicates = heat_replicates(metadata) if "heat_rel" in quantities and "heat_loo" in names else []
+    if replicates:
+        need.add("heat_loo")
+    public = list(quantities)
+    quantities = public + [replicate_name(g) for g in range(len(replicates))]
     columns = sorted(need)
     total = count_rows(files)
     merged = _Merged(quantities, ["occurrences", "count"] + (["pieces"] if by == "word" else []))
@@ -300,6 +320,8 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
     for batch in batches:
         rows_read += batch.num_rows
         bar.update(batch.num_rows)
+        if replicates:
+            batch = with_replicates(batch, replicates)
         t = _prepared(batch, quantities)
         if t is None:
             continue
@@ -309,10 +331,12 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
     bar.close()
     if rows_read != total:
         raise RuntimeError(f"{fn}: read {rows_read} rows of {total}")
-    return _finish(merged, by, key, min_count, quantities,
-                   {METADATA_KEY: json.dumps({"run": metadata, "aggregation": {
-                       "by": by, "min_count": min_count, "casefold": casefold, "quantities": quantities,
-                       "rows": total, "files": [str(f) for f in files]}}, default=str).encode()})
+    table = _finish(merged, by, key, min_count, quantities,
+                    {METADATA_KEY: json.dumps({"run": metadata, "aggregation": {
+                        "by": by, "min_count": min_count, "casefold": casefold, "quantities": public,
+                        "rows": total, "files": [str(f) for f in files]}}, default=str).encode()})
+    return batch_error_bar(table, len(replicates)) if replicates else table
+
 
 
 def _finish(merged: _Merged, by: str, key: str, min_count: int, quantities: Sequence[str],

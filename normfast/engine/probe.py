@@ -74,6 +74,7 @@ from normfast.engine.distributed import chunks_for_rank, current_shard
 from normfast.engine.objectives import objective_settings
 from normfast.engine.provenance import device_name, hash_items, hash_model, library_versions
 from normfast.engine.regime import REGIME_INPUTS, run_regime
+from normfast.engine.relative_heat import heat_inputs, heat_reference, with_relative_heat
 from normfast.engine.result import ProbeResult
 from normfast.engine.run import ProbeRun
 from normfast.engine.runfiles import _finish_sharded, _open_output
@@ -173,6 +174,7 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         "seed": config.seed, "mode": run.mode, "output": config.output, "params": config.params,
         "n_probed_parameters": len(run.names), "cut_stage": run.cut, "branch": run.branch,
         "n_items": n_items, "n_pairs": len(pairs), "chunk_size": config.chunk_size,
+        "max_length": getattr(encoder, "max_length", None),
         "versions": library_versions(), "device": device_name(run.device),
         "config": asdict(config), "input_fingerprints": inputs,
     }
@@ -227,10 +229,15 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         metadata["seconds"] = seconds
         if writer is not None:
             metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
-            path = writer.finalize(n_chunks, metadata)
+            inputs = heat_inputs(writer.chunk_columns(0))
+            reference = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
+            metadata["heat_reference"] = reference
+            path = writer.finalize(n_chunks, metadata, lambda t: with_relative_heat(t, reference))
             return ProbeResult.from_files([path], metadata, path)
         table = pa.concat_tables([tables[c] for c in range(n_chunks)])
         metadata["regime"] = run_regime([table])
+        metadata["heat_reference"] = heat_reference([table])
+        table = with_relative_heat(table, metadata["heat_reference"])
         meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
         return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
     return _finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds)

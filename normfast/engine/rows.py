@@ -22,11 +22,12 @@ def row_metadata(run: ProbeRun, state: dict, items: Sequence[Any], c: int, ids: 
     item_index = np.arange(c * size, c * size + len(items), dtype=np.int64)
     item_ids = [ids[i] for i in item_index] if ids is not None else [str(i) for i in item_index]
     texts = [it if isinstance(it, str) else str(getattr(it, "text", "")) for it in items]
+    cut = truncation(run, state, item_index)
     if rows is None:
         return {"item": item_index, "id": item_ids, "text": texts,
                 "position": np.full(len(items), -1, np.int32),
                 "token_id": np.full(len(items), -1, np.int64), "token": [""] * len(items),
-                "is_special": np.zeros(len(items), bool)}
+                "is_special": np.zeros(len(items), bool), "n_truncated": cut}
     mask = rows.cpu().numpy()
     b_idx, t_idx = np.nonzero(mask)
     info = run.encoder.token_info(state)
@@ -40,9 +41,28 @@ def row_metadata(run: ProbeRun, state: dict, items: Sequence[Any], c: int, ids: 
         tok_ids = np.full(len(b_idx), -1, np.int64)
         tokens = [""] * len(b_idx)
     meta = {"item": item_index[b_idx], "id": [item_ids[b] for b in b_idx], "text": [texts[b] for b in b_idx],
-            "position": t_idx.astype(np.int32), "token_id": tok_ids, "token": tokens, "is_special": special}
+            "position": t_idx.astype(np.int32), "token_id": tok_ids, "token": tokens, "is_special": special,
+            "n_truncated": cut[b_idx]}
     meta.update(item_token_columns(items, b_idx, t_idx))
     return meta
+
+
+def truncation(run: ProbeRun, state: dict, item_index: np.ndarray) -> np.ndarray:
+    """int32 per input: the tokens the encoder cut off it at the model's maximum length (0: none, or
+    nothing tokenized). The first cut input of a run is warned about; the summary counts them all."""
+    counted = run.encoder.truncated_tokens(state)
+    if counted is None:
+        return np.zeros(len(item_index), np.int32)
+    cut = counted.cpu().numpy().astype(np.int32)
+    if cut.any() and not run.truncation_warned:
+        run.truncation_warned = True
+        first = int(np.argmax(cut > 0))
+        warnings.warn(f"probe: item {int(item_index[first])} is longer than the model's maximum length of "
+                      f"{run.encoder.max_length} tokens and was truncated ({int(cut[first])} tokens cut); every "
+                      f"truncated input is counted in the column n_truncated and in the summary (warned once per "
+                      f"run; split long texts, or probe documents with --corpus, which windows them)", UserWarning,
+                      stacklevel=2)
+    return cut
 
 
 def item_token_columns(items: Sequence[Any], b_idx: np.ndarray, t_idx: np.ndarray) -> dict[str, Any]:
@@ -77,6 +97,14 @@ def finish_table(run: ProbeRun, meta: dict[str, Any], z: torch.Tensor, stats: Ma
         stat_names.append("C_uw")
     for k in stat_names:
         cols[k] = to_np(stats[k]) if k in stats else np.full(len(norm), np.nan)
+    heat = "V2" if "u" in run.branches else "V2_w"
+    if "loo" in stats and heat in stats["loo"]:  # for the relative heat's jackknife (normfast.engine.relative_heat)
+        loo_heat = to_np(stats["loo"][heat])
+        n_rows, k = loo_heat.shape
+        offsets = pa.array(np.arange(0, n_rows * k + 1, k, dtype=np.int32))
+        # the item field named as Parquet names it, so the table in memory and the file agree
+        cols["heat_loo"] = pa.ListArray.from_arrays(offsets, pa.array(loo_heat.reshape(-1), pa.float64()),
+                                                    type=pa.list_(pa.field("element", pa.float64())))
     kap = to_np(kappa)
     cols["kappa"] = kap
     law = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
@@ -105,6 +133,7 @@ def finish_table(run: ProbeRun, meta: dict[str, Any], z: torch.Tensor, stats: Ma
         item = np.asarray(meta["item"], dtype=np.int64)
         for k in ("r_eq", "D", "Q"):
             cols[f"{k}_snapshot"] = getattr(run.snapshot, k)[item]
+        cols["norm_continued"] = run.snapshot.norm_continued[item]
     cols["n_pos_roots"] = np.asarray(n_pos, dtype=np.int8)
     valid = stats["valid"].cpu().numpy().astype(bool)
     reason = np.array([REASONS[int(r)] for r in stats["reason"].cpu().numpy()], dtype=object)

@@ -67,6 +67,7 @@ class ProbeRun:
         self._second_moments: dict[str, torch.Tensor] | None = None
         self.snapshot = None  # the single-snapshot predictor (config.snapshot), for every item at once
         self.writer = None  # set by probe when it writes files (the resume state lives beside them)
+        self.truncation_warned = False  # inputs cut at the model's maximum length: warned once per run
 
     def _choose_mode(self) -> str:
         mode = self.config.mode

@@ -10,11 +10,13 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 
 from normfast.engine.regime import REGIME_INPUTS, run_regime
+from normfast.engine.relative_heat import heat_inputs, heat_reference, with_relative_heat
 from normfast.engine.result import ProbeResult
 from normfast.engine.distributed import Shard, part_blocks
 from normfast.data.manifest import manifest_path, part_path, write_manifest
 from normfast.data.runwriter import ChunkedParquetWriter
 from normfast.data.schema import METADATA_KEY
+from normfast.data.torchfiles import load_plain, save_plain
 
 
 def _open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | None, resume: bool,
@@ -88,6 +90,8 @@ def _finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path
             merged.update(part)
         table = pa.concat_tables([merged[c] for c in range(n_chunks)])
         metadata["regime"] = run_regime([table])
+        metadata["heat_reference"] = heat_reference([table])
+        table = with_relative_heat(table, metadata["heat_reference"])
         meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
         return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
     metadata["seconds"] = max(shard.exchange(failure, seconds))
@@ -96,13 +100,19 @@ def _finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path
             metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
         except Exception as exc:  # noqa: BLE001 - a missing summary must not hang the other ranks
             metadata["regime"] = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            inputs = heat_inputs(writer.chunk_columns(0))
+            metadata["heat_reference"] = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
+        except Exception as exc:  # noqa: BLE001 - as above
+            metadata["heat_reference"] = {"error": f"{type(exc).__name__}: {exc}", "log_level": float("nan")}
     metadata = shard.broadcast_object(metadata)  # rank 0's device string etc. on every part
+    reference = metadata["heat_reference"]
     block = part_blocks(n_chunks, shard.world_size)[shard.rank]
     path = part_path(out, shard.rank, shard.world_size)
     rows, failure = 0, None
     try:
         if len(block):
-            rows = writer.write_part(block, path, metadata)
+            rows = writer.write_part(block, path, metadata, lambda t: with_relative_heat(t, reference))
     except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
         failure = exc
     written = shard.exchange(failure, rows)
@@ -123,38 +133,6 @@ def _finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path
 # ----------------------------------------------------------------------------
 # the directions-outer loop order: its per-chunk state saved after every direction group
 # ----------------------------------------------------------------------------
-def _to_plain(obj: Any) -> Any:
-    """Tensors, numpy arrays, lists, dicts and scalars as what ``torch.load(weights_only=True)`` reads."""
-    import numpy as np
-    import torch
-
-    if isinstance(obj, dict):
-        return {k: _to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_to_plain(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        if obj.dtype == object:
-            return {"__list__": obj.tolist()}
-        return {"__numpy__": torch.from_numpy(np.ascontiguousarray(obj))}
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    return obj
-
-
-def _from_plain(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        if set(obj) == {"__numpy__"}:
-            return obj["__numpy__"].numpy()
-        if set(obj) == {"__list__"}:
-            import numpy as np
-
-            return np.array(obj["__list__"], dtype=object)
-        return {k: _from_plain(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_from_plain(v) for v in obj]
-    return obj
-
-
 def _outer_file(writer: ChunkedParquetWriter, c: int) -> Path:
     return writer.parts / f"outer-{c:07d}.pt"
 
@@ -163,8 +141,6 @@ def restore_outer_state(run: Any, todo: Sequence[int]) -> tuple[dict[int, Any], 
     """Resume of the directions-outer order: ``(accumulators, kept per-chunk state, direction groups
     already in each restored chunk, the first group to compute)``, read from the work folder
     (nothing without one). Sharded: the first group is agreed by every rank (a collective)."""
-    import torch
-
     writer = run.writer
     accs: dict[int, Any] = {}
     kept: dict[int, tuple] = {}
@@ -174,7 +150,7 @@ def restore_outer_state(run: Any, todo: Sequence[int]) -> tuple[dict[int, Any], 
         if not path.exists():
             continue
         try:
-            saved = _from_plain(torch.load(path, map_location="cpu", weights_only=True))
+            saved = load_plain(path, "the directions-outer state")
             meta, z, kappa, drift = saved["kept"]
             acc = run.new_accumulator(z.shape[0], z.shape[-1])
             states = saved["accumulator"]
@@ -196,20 +172,12 @@ def save_outer_state(run: Any, groups_done: int, todo: Sequence[int], accs: Mapp
                      kept: Mapping[int, tuple]) -> None:
     """After a direction group: every chunk's accumulators and kept state into the work folder (atomic
     per chunk), so that a kill loses at most the group in progress."""
-    import io
-
-    import torch
-
     writer = run.writer
     if writer is None:
         return
-    from normfast.data.atomic import write_file_atomically
-
     for c in todo:
         acc = accs[c]
         state = {"groups_done": groups_done,
                  "accumulator": [part.state_dict() for part in getattr(acc, "groups", [acc])],
-                 "kept": _to_plain(list(kept[c]))}
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        write_file_atomically(buf.getbuffer(), _outer_file(writer, c), writer.parts)
+                 "kept": list(kept[c])}
+        save_plain(state, _outer_file(writer, c), writer.parts)

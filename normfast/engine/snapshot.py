@@ -31,6 +31,16 @@ pairs and the optimizer preset. From the snapshot it
    the trajectory's blocks of 25 steps);
 4. solves the law with the means: heat + curvature heat, the shrunk drift, κ.
 
+Beside it the engine writes the continuation's own answer, ``norm_continued``:
+the square root of the mean ``R²`` over the same ``T`` measured steps (the
+norm the copy actually kept). On held-out models the two predict the observed
+stationary norms about equally well (issue 25: ``r_eq_snapshot`` 0.99/0.99 SGD
+and 1.14/0.98 AdamW, slope/r; ``norm_continued`` 0.97/0.99 and 0.94/0.99): the
+law applied to the continuation adds no point-prediction power over simulating.
+What it adds is the decomposition -- how much of each norm is heat, drift and
+decay -- and law-based quantities to reason with; ``norm_continued`` is the
+baseline it should be read against.
+
 In the law's per-step units (the radial-budget ledger's): first-order term
 ``2η'D`` and second-order term ``η'² Q / R²`` for SGD (heavy-ball: η' =
 η/(1−β)); ``2ηR D_w`` and ``η² Q_w`` for AdamW.
@@ -78,6 +88,7 @@ class SnapshotPrediction:
     D: np.ndarray             # the shrunk trajectory drift (``D``; AdamW: ``D_w``)
     Q: np.ndarray             # the trajectory heat plus the curvature heat (``Q``; AdamW: ``Q_w``)
     kappa: np.ndarray         # κ averaged along the trajectory
+    norm_continued: np.ndarray  # sqrt of the mean R² over the continuation's measured steps (the plain baseline)
     info: dict[str, Any]      # steps, relaxations covered, shrinkage, seconds, scope (for the metadata)
     trajectory: Any = None    # the :class:`~normfast.engine.trajectory.Trajectory` (its ``meter`` statistics)
 
@@ -191,4 +202,4 @@ def snapshot_prediction(encoder: Any, probes: Sequence[Any], objective: Any, pai
             "rows_heat_negative": int(np.sum(heat < 0)), "rows_kappa_nonpositive": int(np.sum(m["kappa"] <= 0)),
             "rows_no_root": int(np.sum(~np.isfinite(r_eq))),
             "seconds": round(time.perf_counter() - t0, 1), "scope": SCOPE}
-    return SnapshotPrediction(r_eq, drift, heat, m["kappa"], info, traj)
+    return SnapshotPrediction(r_eq, drift, heat, m["kappa"], np.asarray(m["norm_rms"], dtype=np.float64), info, traj)

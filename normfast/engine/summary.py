@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from normfast.core.stats import loglog_fit, spearman
+from normfast.engine.relative_heat import RESOLUTION_RANK, ranking_resolution
 from normfast.engine.regime import NOT_APPLICABLE, classify_rows, describe_short, fit_context, headline, run_regime
 
 #: special-token texts, for runs written before the ``is_special`` column existed
@@ -89,7 +90,8 @@ def summarize(result) -> dict[str, Any]:
     heat, drift = result.heat_column, result.drift_column
     norm = result.column("norm")
     out: dict[str, Any] = {"rows": len(result), "valid": int(result.column("valid").astype(bool).sum()),
-                           "special_rows": int(special.sum()), "reasons": reasons}
+                           "special_rows": int(special.sum()), "reasons": reasons,
+                           "truncated_inputs": _truncated_inputs(result)}
     for col in ("norm", drift, heat, "kappa", "r_eq", "r_eq_heat"):
         out[col] = _quantiles(result.column(col)[valid])
     D = result.column(drift)[valid]
@@ -101,6 +103,7 @@ def summarize(result) -> dict[str, Any]:
     out["sign_stability_mean"] = float(np.nanmean(ss)) if np.isfinite(ss).any() else math.nan
     out["bistable_fraction"] = float(np.mean(result.column("n_pos_roots")[valid] > 1)) if valid.any() else math.nan
     out.update(_resolution(result, valid, heat))
+    out.update(_ranking(result, valid))
     # numerical conditions, counted here instead of warned chunk by chunk
     kappa = result.column("kappa")
     r_eq = result.column("r_eq")
@@ -120,9 +123,21 @@ def summarize(result) -> dict[str, Any]:
         snap = result.column("r_eq_snapshot")
         out["r_eq_snapshot"] = _quantiles(snap[valid])
         out["norm_vs_r_eq_snapshot"] = loglog_fit(snap[fit], norm[fit])
+        if "norm_continued" in result.column_names:
+            cont = result.column("norm_continued")
+            out["norm_continued"] = _quantiles(cont[valid])
+            out["r_eq_snapshot_vs_norm_continued"] = loglog_fit(snap[valid], cont[valid])
     out["regime"] = result_regime(result)
     out["spearman_norm_heat"] = spearman(norm[valid], result.column(heat)[valid])
     return out
+
+
+def _truncated_inputs(result) -> int:
+    """How many inputs were cut at the model's maximum length (0 for runs written before it was counted)."""
+    if "n_truncated" not in result.column_names:
+        return 0
+    cut = result.column("n_truncated") > 0
+    return int(np.unique(result.column("item")[cut]).size)
 
 
 #: The resolutions quoted by format_summary: the 95% half-width within this fraction of the value.
@@ -153,6 +168,15 @@ def _resolution(result, valid: np.ndarray, heat: str) -> dict[str, Any]:
             out["r_eq_resolved_fraction"] = float(np.mean((hi - lo) / 2 <= RESOLUTION_REQ * r))
     out["error_bar_dof"] = int(k) - 1
     return out
+
+
+def _ranking(result, valid: np.ndarray) -> dict[str, Any]:
+    """The heat's two parts (:mod:`normfast.engine.relative_heat`): the share of rows whose relative heat
+    is resolved to ±20% (95% interval), the median se of the relative heat, the common level's ±."""
+    reference = result.metadata.get("heat_reference") or {}
+    if "se_heat_rel" not in result.column_names:  # runs written before the split
+        return ranking_resolution(np.zeros(0), reference, None)
+    return ranking_resolution(result.column("se_heat_rel")[valid], reference, result.metadata.get("groups"))
 
 
 def _objective_label(meta: dict[str, Any]) -> str:
@@ -217,6 +241,10 @@ def format_summary(result, top: int = 8) -> str:
         + "".join(f"; {k}: {v}" for k, v in s["reasons"].items() if k != "ok") + ")"
         + (f"; {s['special_rows']} special-token rows ([CLS], [SEP], ...) left out below"
            if s["special_rows"] else ""))
+    if s["truncated_inputs"]:
+        n = s["truncated_inputs"]
+        lines.append(f"{n} input{'s' if n != 1 else ''} truncated to the model's maximum length of "
+                     f"{meta.get('max_length')} tokens (column n_truncated: the tokens cut per input)")
     lines += ["", f"{'quantity':<12}{'p10':>12}{'median':>12}{'p90':>12}"]
     for col in ("norm", drift, heat, "kappa", "r_eq", "r_eq_heat"):
         q = s[col]
@@ -232,6 +260,11 @@ def format_summary(result, top: int = 8) -> str:
             f"R_eq to ±{RESOLUTION_REQ:.0%}: {s['r_eq_resolved_fraction']:.0%}; median se({heat})/{heat} "
             f"{s['heat_rse_median']:.3f} (K = {s['error_bar_dof'] + 1} batch groups, t with "
             f"{s['error_bar_dof']} dof){chosen}")
+        if np.isfinite(s["rank_resolved_fraction"]):
+            lines.append(
+                f"heat ranking resolved to ±{RESOLUTION_RANK:.0%} for {s['rank_resolved_fraction']:.0%} of rows "
+                f"(relative heat: log {heat} minus the run's median); common level ±{s['level_half_width']:.0%} "
+                f"(95%; shared by every row, it moves R_eq as {heat}^(1/4) where the heat dominates)")
     lines += [
         f"drift |D| > 2 se: {s['drift_significant_fraction']:.1%} of rows; mean sign stability "
         f"{s['sign_stability_mean']:.3f}; bistable rows {s['bistable_fraction']:.1%}",
@@ -283,6 +316,14 @@ def _snapshot_lines(s: dict[str, Any], info: dict[str, Any]) -> list[str]:
     if math.isfinite(f.get("slope", math.nan)):
         lines.append(f"  present norm vs r_eq_snapshot (log-log): slope {f['slope']:.3f}, Pearson r "
                      f"{f['pearson_r']:.3f} (near 1 when the snapshot already sits at its stationary norms)")
+    if "norm_continued" in s:
+        c, g = s["norm_continued"], s["r_eq_snapshot_vs_norm_continued"]
+        fit = (f"; r_eq_snapshot vs it (log-log): slope {g['slope']:.3f}, r {g['pearson_r']:.3f}"
+               if math.isfinite(g.get("slope", math.nan)) else "")
+        lines.append(f"  norm_continued (the continuation's own mean norm, the plain baseline): median "
+                     f"{c['median']:.4g}{fit}. The law predicts no better than simulating; what it adds is the "
+                     f"decomposition of each norm into heat, drift and decay (r_eq_heat, D_snapshot, "
+                     f"Q_snapshot)")
     return lines
 
 

@@ -119,7 +119,7 @@ class TrajectoryMeter:
         exempt = re.compile(config.no_decay) if config.no_decay else None
         self.decayed = [n for n in self.names if not (exempt and exempt.search(n))]
         n = len(probes)
-        self.sums = {k: torch.zeros(n, dtype=torch.float64) for k in ("D", "Q", "norm", "c")}
+        self.sums = {k: torch.zeros(n, dtype=torch.float64) for k in ("D", "Q", "norm", "norm2", "c")}
         self.kappa_sum = torch.zeros(n, dtype=torch.float64)
         self.n = 0
         self.n_kappa = 0
@@ -165,6 +165,7 @@ class TrajectoryMeter:
             self.sums["D"] += d
             self.sums["Q"] += u.square().sum(-1).double()
             self.sums["norm"] += R.double()
+            self.sums["norm2"] += r2.double()
             if self.curvature:
                 lin = z - self.step * jp
                 moved = self._f({n: params[n] - self.step * p[n] for n in self.names})
@@ -200,6 +201,7 @@ class TrajectoryMeter:
 
     def statistics(self) -> dict[str, np.ndarray]:
         """Means over the samples: ``D``/``Q`` (SGD) or ``D_w``/``Q_w`` (AdamW), ``kappa``, ``norm``,
+        ``norm_rms`` (``sqrt`` of the mean ``R²``: the continuation's own stationary-norm estimate),
         ``se_D`` (from the means of consecutive blocks of samples), ``Q_curv``/``Q_curv_w`` and the
         remainder ``c`` per step when measured; ``D_blocks`` (``[blocks, rows]``) the drift's
         means over consecutive blocks of ``block`` samples; ``n`` the number of samples."""
@@ -207,7 +209,7 @@ class TrajectoryMeter:
             raise ValueError("TrajectoryMeter.statistics: needs at least one sample with kappa")
         mean = {k: (v / self.n).numpy() for k, v in self.sums.items()}
         sfx = "_w" if self.adam else ""
-        out = {f"D{sfx}": mean["D"], f"Q{sfx}": mean["Q"], "norm": mean["norm"],
+        out = {f"D{sfx}": mean["D"], f"Q{sfx}": mean["Q"], "norm": mean["norm"], "norm_rms": np.sqrt(mean["norm2"]),
                "kappa": (self.kappa_sum / self.n_kappa).numpy(), "n": self.n}
         if len(self.blocks) >= 2:
             b = torch.stack(self.blocks)

@@ -39,9 +39,9 @@ from normfast.apps.training.criteria import health
 from normfast.apps.training.selection import pilot
 from normfast.apps.training.settings import HealthThresholds, TrainSettings
 from normfast.apps.training.stationary import Records, mean_cosine, split_decay, train
-from normfast.apps.training.storage import CheckpointSnapshots, Resume, atomic_save
+from normfast.apps.training.storage import CheckpointSnapshots, Resume
 from normfast.apps.training.workers import probe_checkpoints
 
 __all__ = ["CheckpointLaw", "CheckpointSnapshots", "HealthThresholds", "Records", "Resume", "TrainSettings",
-           "atomic_save", "embed_in_chunks", "health", "mean_cosine", "pilot", "probe_checkpoints", "split_decay",
+           "embed_in_chunks", "health", "mean_cosine", "pilot", "probe_checkpoints", "split_decay",
            "train", "train_epochs", "zero_shot_entropy"]

@@ -1,10 +1,11 @@
 """What a run keeps on disk so that an interruption costs little: the resume state of
 :func:`~normfast.apps.training.stationary.train` (:class:`Resume`) and the parameters at every
-checkpoint (:class:`CheckpointSnapshots`), each file written atomically (:func:`atomic_save`)."""
+checkpoint (:class:`CheckpointSnapshots`), each file written atomically and read back with
+``torch.load(weights_only=True)`` (:mod:`normfast.data.torchfiles`): a file planted in a run folder
+is refused, never run."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -13,13 +14,8 @@ from typing import Any, Sequence
 import torch
 
 from normfast.apps.training.settings import TrainSettings
+from normfast.data.torchfiles import load_plain, save_plain
 
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """``torch.save(obj, path)`` through a temporary file renamed into place: never half written."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 
@@ -51,12 +47,12 @@ class Resume:
     def save(self, payload: dict[str, Any]) -> None:
         payload = {**payload, "parts": {k: v.state_dict() for k, v in self.parts.items()}}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_save(payload, self.path)
+        save_plain(payload, self.path)
 
     def load(self, settings: TrainSettings, params: Sequence[torch.Tensor]) -> dict[str, Any] | None:
         if not self.path.exists():
             return None
-        payload = torch.load(self.path, weights_only=False)
+        payload = load_plain(self.path, "Resume: the state file")
         for key, mine in (("settings", asdict(settings)), ("identity", self.identity)):
             if payload.get(key) != mine:
                 raise ValueError(f"Resume: {self.path} was written with {key} {payload.get(key)}, this run "
@@ -97,14 +93,14 @@ class CheckpointSnapshots:
         return self.folder / f"{i:05d}.{kind}.pt"
 
     def __call__(self, i: int) -> None:
-        atomic_save([p.detach().clone() for p in self.params], self._path(i, "params"))
+        save_plain([p.detach().clone() for p in self.params], self._path(i, "params"))
 
     def indices(self) -> list[int]:
         return sorted(int(f.name.split(".")[0]) for f in self.folder.glob("*.params.pt"))
 
     def load_into(self, i: int) -> None:
         """Copy checkpoint ``i``'s parameters into ``params``."""
-        saved = torch.load(self._path(i, "params"), weights_only=True)
+        saved = load_plain(self._path(i, "params"), "CheckpointSnapshots: the checkpoint")
         with torch.no_grad():
             for p, t in zip(self.params, saved):
                 p.copy_(t)
@@ -113,10 +109,10 @@ class CheckpointSnapshots:
         return self._path(i, "result").exists()
 
     def result(self, i: int) -> dict[str, Any]:
-        return torch.load(self._path(i, "result"), weights_only=False)
+        return load_plain(self._path(i, "result"), "CheckpointSnapshots: the result")
 
     def save_result(self, i: int, result: dict[str, Any]) -> None:
-        atomic_save(result, self._path(i, "result"))
+        save_plain(result, self._path(i, "result"))
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
