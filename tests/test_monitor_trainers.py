@@ -110,6 +110,35 @@ def test_trainer_callback_records_and_resumes(tmp_path, minilm_tokenizer):
         (tmp_path / "whole" / "monitor.parquet").read_bytes()
 
 
+class _Planted:
+    """Unpickled by a full unpickler, it creates the file ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_planted_monitor_state_in_a_checkpoint_is_refused_and_never_runs(tmp_path):
+    """The trainer resumes from a checkpoint whose normfast_monitor.pt is a pickle naming a call: a
+    ValueError naming the file, and nothing in it runs (read with weights_only, as every state file)."""
+    import pickle
+    from types import SimpleNamespace
+
+    from normfast.apps.monitor.callbacks import STATE_FILE
+
+    marker = tmp_path / "it-ran"
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / STATE_FILE).write_bytes(pickle.dumps({"step": _Planted(marker)}, protocol=2))
+    callback = normfast.MonitorCallback([torch.randn(4) for _ in range(3)], every=1, out=None)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=2)
+    with pytest.raises(ValueError, match=r"the monitor's state file .*normfast_monitor\.pt cannot be read safely"):
+        callback.on_train_begin(SimpleNamespace(output_dir=str(tmp_path)), state, None,
+                                model=torch.nn.Linear(4, 3, bias=False))
+    assert not marker.exists()
+
+
 # ---------------------------------------------------------------------------
 # sentence-transformers
 

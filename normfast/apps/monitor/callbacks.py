@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-import torch
 from transformers import TrainerCallback
+
+from normfast.data.torchfiles import load_plain, save_plain
 
 #: the monitor's state, beside each checkpoint the trainer writes
 STATE_FILE = "normfast_monitor.pt"
@@ -97,7 +98,7 @@ class MonitorCallback(TrainerCallback):
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"MonitorCallback: the trainer resumed at step {state.global_step} but "
                                         f"{path} is missing (the checkpoint was written without the monitor)")
-            self.monitor.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            self.monitor.load_state_dict(load_plain(path, "MonitorCallback: the monitor's state file"))
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                               **kwargs: Any) -> None:
@@ -113,7 +114,7 @@ class MonitorCallback(TrainerCallback):
             return
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         if os.path.isdir(folder):
-            torch.save(self.monitor.state_dict(), os.path.join(folder, STATE_FILE))
+            save_plain(self.monitor.state_dict(), os.path.join(folder, STATE_FILE))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:
