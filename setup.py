@@ -32,7 +32,8 @@ ext = Pybind11Extension(
 setup(
     packages=["normfast", "normfast.core", "normfast.core.reference", "normfast.engine", "normfast.engine.head",
               "normfast.engine.page", "normfast.encoders", "normfast.data", "normfast.apps", "normfast.apps.validate",
-              "normfast.apps.benchmark", "normfast.apps.retrieval", "normfast.apps.training", "normfast.kernels"],
+              "normfast.apps.benchmark", "normfast.apps.retrieval", "normfast.apps.training", "normfast.apps.monitor",
+              "normfast.kernels"],
     package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
     # the page's template, script and style (normfast view) are read from the installed package
     package_data={"normfast": ["py.typed"], "normfast.core": ["*.pyi"],
