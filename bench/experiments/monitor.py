@@ -1,6 +1,6 @@
 """Monitor: the radial budget of every probe item while sentence-transformers fine-tunes MiniLM's head.
 
-    python -m bench run monitor --out bench/results   # the committed example (~30 minutes on 2 shared CPU cores)
+    python -m bench run monitor --out bench/results   # the committed example (18 minutes on a shared 2-core machine)
     python -m bench run monitor --quick               # toy size: only exercises the code
 
 The end-to-end example of :class:`normfast.TrainingMonitor` (``docs/monitor.md``): a user's
