@@ -29,7 +29,7 @@ import json
 import sys
 from typing import Any
 
-from normfast.data.schema import Column, MetadataKey
+from normfast.data.schema import Column, MetadataKey, column_rows, key_rows, registry_problems, unregistered_keys
 
 #: the ``format`` metadata value of a monitor folder's Parquet file
 MONITOR_FORMAT = "normfast-monitor"
@@ -125,7 +125,6 @@ SUMMARY_KEYS: tuple[MetadataKey, ...] = (
 RELEASED = {1: "83c9bdc138359920"}
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)
-_BY_NAME = {c.name: c for c in COLUMNS}
 
 
 def monitor_fingerprint() -> str:
@@ -137,41 +136,21 @@ def monitor_fingerprint() -> str:
 
 def check_table(schema: Any) -> list[str]:
     """Problems with a monitor table's columns against the registry (empty: it conforms)."""
-    problems = []
-    for field in schema:
-        if field.name not in _BY_NAME:
-            problems.append(f"column {field.name!r} ({field.type}) is not registered in "
-                            f"normfast/data/monitor_schema.py COLUMNS")
-        elif str(field.type) != _BY_NAME[field.name].type:
-            problems.append(f"column {field.name!r} is {field.type}, registered as {_BY_NAME[field.name].type}")
-    order = [n for n in COLUMN_NAMES if n in schema.names]
-    if not problems and list(schema.names) != order:
-        problems.append(f"columns out of the registered order: {list(schema.names)} (registered: {order})")
-    return problems
+    return registry_problems(schema, COLUMNS, "normfast/data/monitor_schema.py COLUMNS")
 
 
 def check_metadata(metadata: dict[str, Any]) -> list[str]:
     """Problems with a monitor's metadata keys against the registry (empty: it conforms)."""
-    known = {k.name for k in METADATA_KEYS}
-    return [f"metadata key {k!r} is not registered in normfast/data/monitor_schema.py METADATA_KEYS"
-            for k in metadata if k not in known]
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    return unregistered_keys(metadata, METADATA_KEYS, "normfast/data/monitor_schema.py METADATA_KEYS")
 
 
 def render_markdown() -> str:
     """The monitor folder's tables (columns, metadata keys, summary keys), as the docs show them."""
     lines = [f"Monitor format version {MONITOR_VERSION} (`normfast.data.monitor_schema.MONITOR_VERSION`).", "",
              f"`{MONITOR_FILE}`: one row per probe item per recorded step.", "",
-             "| column | type | present | meaning |", "|---|---|---|---|"]
-    lines += [f"| `{c.name}` | {c.type} | {_cell(c.when)} | {_cell(c.meaning)} |" for c in COLUMNS]
-    lines += ["", "| metadata key | meaning |", "|---|---|"]
-    lines += [f"| `{k.name}` | {_cell(k.meaning)} |" for k in METADATA_KEYS]
-    lines += ["", f"`{SUMMARY_FILE}`: the run's clock, written when the monitor is closed.", "",
-              "| key | meaning |", "|---|---|"]
-    lines += [f"| `{k.name}` | {_cell(k.meaning)} |" for k in SUMMARY_KEYS]
+             *column_rows(COLUMNS), "", *key_rows(METADATA_KEYS), "",
+             f"`{SUMMARY_FILE}`: the run's clock, written when the monitor is closed.", "",
+             *key_rows(SUMMARY_KEYS, header="key")]
     return "\n".join(lines)
 
 

@@ -259,26 +259,36 @@ def column(name: str) -> Column:
         raise KeyError(f"column {name!r} is not in the output registry normfast.data.schema.COLUMNS") from None
 
 
-def check_table(schema: pa.Schema) -> list[str]:
-    """Problems with a probe table's columns against the registry (empty: it conforms)."""
+def registry_problems(schema: pa.Schema, columns: tuple[Column, ...], where: str) -> list[str]:
+    """Problems with a table's columns against a column registry ``columns`` (named ``where`` in
+    the messages): unregistered columns, other types, another order. Empty: it conforms."""
+    by_name = {c.name: c for c in columns}
     problems = []
     for field in schema:
-        if field.name not in _BY_NAME:
-            problems.append(f"column {field.name!r} ({field.type}) is not registered in "
-                            f"normfast/data/schema.py COLUMNS")
-        elif str(field.type) != _BY_NAME[field.name].type:
-            problems.append(f"column {field.name!r} is {field.type}, registered as {_BY_NAME[field.name].type}")
-    order = [n for n in COLUMN_NAMES if n in schema.names]
+        if field.name not in by_name:
+            problems.append(f"column {field.name!r} ({field.type}) is not registered in {where}")
+        elif str(field.type) != by_name[field.name].type:
+            problems.append(f"column {field.name!r} is {field.type}, registered as {by_name[field.name].type}")
+    order = [c.name for c in columns if c.name in schema.names]
     if not problems and list(schema.names) != order:
         problems.append(f"columns out of the registered order: {list(schema.names)} (registered: {order})")
     return problems
 
 
+def unregistered_keys(metadata: dict[str, Any], keys: tuple[MetadataKey, ...], where: str) -> list[str]:
+    """Problems with metadata keys against a key registry ``keys`` (empty: every key is registered)."""
+    known = {k.name for k in keys}
+    return [f"metadata key {k!r} is not registered in {where}" for k in metadata if k not in known]
+
+
+def check_table(schema: pa.Schema) -> list[str]:
+    """Problems with a probe table's columns against the registry (empty: it conforms)."""
+    return registry_problems(schema, COLUMNS, "normfast/data/schema.py COLUMNS")
+
+
 def check_metadata(metadata: dict[str, Any]) -> list[str]:
     """Problems with a run's metadata keys against the registry (empty: it conforms)."""
-    known = {k.name for k in METADATA_KEYS}
-    return [f"metadata key {k!r} is not registered in normfast/data/schema.py METADATA_KEYS"
-            for k in metadata if k not in known]
+    return unregistered_keys(metadata, METADATA_KEYS, "normfast/data/schema.py METADATA_KEYS")
 
 
 # ----------------------------------------------------------------------------
@@ -290,13 +300,21 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def column_rows(columns: tuple[Column, ...]) -> list[str]:
+    """A column registry as a Markdown table (header included)."""
+    return ["| column | type | present | meaning |", "|---|---|---|---|",
+            *(f"| `{c.name}` | {c.type} | {_cell(c.when)} | {_cell(c.meaning)} |" for c in columns)]
+
+
+def key_rows(keys: tuple[MetadataKey, ...], header: str = "metadata key") -> list[str]:
+    """A key registry as a Markdown table (header included)."""
+    return [f"| {header} | meaning |", "|---|---|", *(f"| `{k.name}` | {_cell(k.meaning)} |" for k in keys)]
+
+
 def render_markdown() -> str:
     """The "Output format" tables (columns, then metadata keys), as the docs page shows them."""
     lines = [f"Schema version {SCHEMA_VERSION} (`normfast.data.schema.SCHEMA_VERSION`).", "",
-             "| column | type | present | meaning |", "|---|---|---|---|"]
-    lines += [f"| `{c.name}` | {c.type} | {_cell(c.when)} | {_cell(c.meaning)} |" for c in COLUMNS]
-    lines += ["", "| metadata key | meaning |", "|---|---|"]
-    lines += [f"| `{k.name}` | {_cell(k.meaning)} |" for k in METADATA_KEYS]
+             *column_rows(COLUMNS), "", *key_rows(METADATA_KEYS)]
     return "\n".join(lines)
 
 
