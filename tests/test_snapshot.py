@@ -171,7 +171,17 @@ def test_norm_continued_is_the_rms_norm_of_the_continuation(trained):
     want = np.sqrt((states ** 2).mean(0))
     np.testing.assert_allclose(res.column("norm_continued"), want, rtol=1e-5)
     assert not np.allclose(want, states[0], rtol=1e-3)  # the continuation moved: not the present norm
+    # its interval: 60 steps = two segments (steps 1-25 and 26-60), each left out in turn
+    # (jackknife se of two replicates: half their difference; t_0.975 at 1 degree of freedom: 12.706)
+    half = 12.706 * np.abs(np.log((states[25:] ** 2).mean(0)) - np.log((states[:25] ** 2).mean(0))) / 4
+    np.testing.assert_allclose(res.column("norm_continued_lo"), want * np.exp(-half), rtol=1e-4)
+    np.testing.assert_allclose(res.column("norm_continued_hi"), want * np.exp(half), rtol=1e-4)
+    snap, lo, hi = (res.column(c) for c in ("r_eq_snapshot", "r_eq_snapshot_lo", "r_eq_snapshot_hi"))
+    ok = np.isfinite(snap)
+    assert ok.sum() >= len(items) // 2 and np.all((lo[ok] < snap[ok]) & (snap[ok] < hi[ok]))
+    assert res.metadata["snapshot"]["interval_segments"] == 2
     text = res.format_summary()
+    assert "95% interval from the continuation's 2 segments: median ±" in text
     assert "norm_continued (the continuation's own mean norm, the plain baseline)" in text
     assert "The law predicts no better than simulating" in text
 
@@ -196,3 +206,29 @@ def test_cli_snapshot_flag(tmp_path, tiny_bert_folder, capsys):
     assert "r_eq_snapshot" in pq.read_schema(out).names
     assert main([*args, "--tokens", "--out", str(tmp_path / "tokens.parquet")]) == 2
     assert "snapshot=True needs output='pooled'" in capsys.readouterr().err
+
+
+def test_meter_jackknife_replicates_are_the_statistics_without_their_segment(trained):
+    """Each replicate equals a second meter fed every sample but that segment's (directions at one
+    state, so the samples are known), its drift blocks included; the last segment takes the rest."""
+    from normfast.engine.trajectory import TrajectoryMeter
+
+    enc, items, _, _, pcfg = _setup(trained)
+    gen = torch.Generator().manual_seed(5)
+    dirs = [{n: torch.randn(p.shape, generator=gen, dtype=p.dtype) for n, p in enc.named_parameters()}
+            for _ in range(110)]
+    whole = TrajectoryMeter(enc, items, pcfg, block=5, segment=30, n_segments=3)
+    for i, d in enumerate(dirs):
+        whole.add(d, kappa=i % 4 == 0)
+    stats = whole.statistics()
+    bounds = [(0, 30), (30, 60), (60, 110)]   # 30-step segments, the last with the 20 left over
+    assert len(stats["jackknife"]) == 3
+    for (a, b), rep in zip(bounds, stats["jackknife"]):
+        part = TrajectoryMeter(enc, items, pcfg, block=5)
+        for i, d in enumerate(dirs):
+            if not a <= i < b:
+                part.add(d, kappa=i % 4 == 0)
+        want = part.statistics()
+        assert rep["n"] == want["n"] == 110 - (b - a)
+        for k in ("D", "Q", "norm", "norm_rms", "kappa", "D_blocks", "se_D"):
+            np.testing.assert_allclose(rep[k], want[k], rtol=1e-9, err_msg=k)

@@ -135,13 +135,21 @@ def table_e1_snapshot(runs: list[tuple[str, dict]]) -> str | None:
         return None
     cands = ("heat_only", "heat_only_curvature", "snapshot_full", "trajectory", "trajectory_curvature",
              "trajectory_shrunk", "trajectory_shrunk_regression")
-    rows = ["| seed | E1 variant (slope / r) | " + " | ".join(c.replace("_", " ") for c in cands)
-            + " | reference: present norm |", "|---" * (len(cands) + 3) + "|"]
+    extra = all("norm_continued_fit" in d["results"][0]["snapshot"] for _, d in runs)
+    head = " | reference: present norm |" + (" reference: norm continued | 95% interval coverage (r_eq snapshot"
+                                             " / norm continued) |" if extra else "")
+    rows = ["| seed | E1 variant (slope / r) | " + " | ".join(c.replace("_", " ") for c in cands) + head,
+            "|---" * (len(cands) + 3 + 2 * extra) + "|"]
     for seed, d in runs:
         for r in d["results"]:
             s = r["snapshot"]
-            rows.append(f"| {seed} | {e1_name(r)} | " + " | ".join(_sr(s["fits"][c]) for c in cands)
-                        + f" | {_sr(s['present_norm_fit'])} |")
+            row = f"| {seed} | {e1_name(r)} | " + " | ".join(_sr(s["fits"][c]) for c in cands) \
+                + f" | {_sr(s['present_norm_fit'])} |"
+            if extra:
+                cov = s["interval_coverage"]
+                row += (f" {_sr(s['norm_continued_fit'])} | {fmt(cov['trajectory_shrunk_regression']['coverage'])}"
+                        f" / {fmt(cov['norm_continued']['coverage'])} |")
+            rows.append(row)
     notes = []
     for seed, d in runs:
         ch = d.get("snapshot_choice", {})

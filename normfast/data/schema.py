@@ -32,7 +32,7 @@ import pyarrow as pa
 
 #: version of the output format written by this normfast (``metadata["schema_version"]``).
 #: Files without the key predate versioning (version 1).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 #: the Parquet schema metadata key under which a run's metadata (:data:`METADATA_KEYS`) is stored, as JSON
 METADATA_KEY = b"normfast"
@@ -51,6 +51,8 @@ CHANGES = {
     6: "truncation counted: the n_truncated column and the max_length metadata",
     7: "the heat's two parts: heat_loo, heat_rel, se_heat_rel columns and the heat_reference metadata "
        "(the run's common level and its standard error); norm_continued beside r_eq_snapshot",
+    8: "intervals of the snapshot predictor: r_eq_snapshot_lo/hi and norm_continued_lo/hi columns; "
+       "interval_segments in the snapshot metadata",
 }
 
 
@@ -142,6 +144,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("r_eq_snapshot", "double", "`snapshot=True` (`--snapshot`)",
            "single-snapshot predictor: the stationary norm from a virtual continuation of the model from this "
            "snapshot (shrunk trajectory drift, heat + curvature heat); scope in `normfast.engine.snapshot`"),
+    Column("r_eq_snapshot_lo", "double", "`snapshot=True`",
+           "lower end of its 95% interval: the predictor recomputed without each of the continuation's "
+           "contiguous segments in turn (jackknife, Student t with segments − 1 degrees of freedom); the "
+           "continuation's sampling error only, not the law's error (E1 measures the coverage)"),
+    Column("r_eq_snapshot_hi", "double", "`snapshot=True`", "upper end of that interval"),
     Column("D_snapshot", "double", "`snapshot=True`", "the drift it used (D; AdamW: D_w), averaged along the "
                                                       "virtual trajectory and shrunk by empirical Bayes"),
     Column("Q_snapshot", "double", "`snapshot=True`", "the heat it used (Q; AdamW: Q_w), trajectory mean plus "
@@ -150,6 +157,8 @@ COLUMNS: tuple[Column, ...] = (
            "the plain baseline beside r_eq_snapshot: sqrt of the mean R² over the measured steps of the same "
            "virtual continuation (the norm the continued copy kept); r_eq_snapshot predicts no better than it, "
            "its use is the decomposition into heat, drift and decay"),
+    Column("norm_continued_lo", "double", "`snapshot=True`", "lower end of its 95% interval (the same jackknife)"),
+    Column("norm_continued_hi", "double", "`snapshot=True`", "upper end of that interval"),
     Column("n_pos_roots", "int8", "always", "number of positive roots (> 1: bistable)"),
     # -- status
     Column("valid", "bool", "always", "the row's statistics are finite and usable"),
@@ -218,7 +227,8 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
                             "quantile of se(V2)/V2"),
     MetadataKey("snapshot", "`snapshot=True` only: the virtual trajectory's steps, the relaxation times asked "
                             "and covered, the median κ at the snapshot, the shrinkage (weight, error and signal "
-                            "variance, the regression of drift on heat), seconds, and the predictor's scope"),
+                            "variance, the regression of drift on heat), the intervals' jackknife segments "
+                            "(`interval_segments`), seconds, and the predictor's scope"),
     MetadataKey("heat_reference", "the relative heat's reference level: `column` (the heat), `rows` (valid "
                                   "non-special rows with a positive heat), `log_level` (median of their log "
                                   "heat), `level` (its exp), `se_log_level` (standard error of the common "
@@ -237,6 +247,7 @@ RELEASED = {
     5: "40fdbeae6940ccae",
     6: "e06d2ab48ed9b48d",
     7: "feb8b2f21ad06ca2",
+    8: "859ee96b1536b587",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

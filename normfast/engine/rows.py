@@ -133,7 +133,10 @@ def finish_table(run: ProbeRun, meta: dict[str, Any], z: torch.Tensor, stats: Ma
         item = np.asarray(meta["item"], dtype=np.int64)
         for k in ("r_eq", "D", "Q"):
             cols[f"{k}_snapshot"] = getattr(run.snapshot, k)[item]
-        cols["norm_continued"] = run.snapshot.norm_continued[item]
+        for k in ("r_eq_lo", "r_eq_hi"):
+            cols[k.replace("r_eq", "r_eq_snapshot")] = getattr(run.snapshot, k)[item]
+        for k in ("norm_continued", "norm_continued_lo", "norm_continued_hi"):
+            cols[k] = getattr(run.snapshot, k)[item]
     cols["n_pos_roots"] = np.asarray(n_pos, dtype=np.int8)
     valid = stats["valid"].cpu().numpy().astype(bool)
     reason = np.array([REASONS[int(r)] for r in stats["reason"].cpu().numpy()], dtype=object)

@@ -75,6 +75,10 @@ import torch
 from normfast.engine.config import ProbeConfig
 from normfast.engine.trajectory import BLOCK
 
+#: contiguous segments of the continuation for the intervals' delete-a-segment jackknife (fewer
+#: when the continuation has fewer blocks)
+SEGMENTS = 8
+
 SCOPE = ("the stationary norm under continued training with this preset, η and λ on the pair source "
          "(validated in E1 on plain-SGD MLPs with and without biases, an embedding table and an AdamW MLP; "
          "outside that scope when the virtual trajectory covers fewer relaxation times than asked)")
@@ -91,6 +95,10 @@ class SnapshotPrediction:
     norm_continued: np.ndarray  # sqrt of the mean R² over the continuation's measured steps (the plain baseline)
     info: dict[str, Any]      # steps, relaxations covered, shrinkage, seconds, scope (for the metadata)
     trajectory: Any = None    # the :class:`~normfast.engine.trajectory.Trajectory` (its ``meter`` statistics)
+    r_eq_lo: np.ndarray | None = None    # 95% interval of r_eq from the continuation's segments (jackknife)
+    r_eq_hi: np.ndarray | None = None
+    norm_continued_lo: np.ndarray | None = None   # the same for norm_continued
+    norm_continued_hi: np.ndarray | None = None
 
 
 def shrink(per_block: np.ndarray, prior: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
@@ -162,7 +170,6 @@ def snapshot_prediction(encoder: Any, probes: Sequence[Any], objective: Any, pai
     ``second_moments``: AdamW's ``v̂`` at the snapshot (else estimated on
     virtual batches). The encoder is not modified.
     """
-    from normfast.core.equilibrium import equilibrium_norm
     from normfast.engine.trajectory import TrajectoryMeter, virtual_trajectory
 
     probes = list(probes)
@@ -174,9 +181,33 @@ def snapshot_prediction(encoder: Any, probes: Sequence[Any], objective: Any, pai
     if steps < 2 * BLOCK:
         raise ValueError(f"snapshot_prediction: the virtual trajectory needs at least {2 * BLOCK} steps (two "
                          f"blocks of {BLOCK} for the drift's error variance), got {steps}")
+    segments = min(SEGMENTS, steps // BLOCK)
     traj = virtual_trajectory(encoder, probes, objective, pairs, config, steps=steps, curvature=True,
-                              second_moments=second_moments, progress=progress)
+                              segments=segments, second_moments=second_moments, progress=progress)
     m = traj.meter
+    r_eq, drift, heat, info = _law(config, m)
+    norm_continued = np.asarray(m["norm_rms"], dtype=np.float64)
+    # the interval: the whole predictor (regression and shrinkage included) recomputed without each
+    # segment of the continuation in turn
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r_lo, r_hi = jackknife_interval(np.log(r_eq), [np.log(_law(config, rep)[0]) for rep in m["jackknife"]])
+        c_lo, c_hi = jackknife_interval(np.log(norm_continued), [np.log(rep["norm_rms"]) for rep in m["jackknife"]])
+    info = {"steps": int(steps), "relaxations_asked": None if explicit else config.snapshot_relaxations,
+            "relaxations_covered": covered,
+            "kappa_median_at_snapshot": float(np.median(kappa0)),
+            "shrinkage": info, "interval_segments": segments,
+            "rows_heat_negative": int(np.sum(heat < 0)), "rows_kappa_nonpositive": int(np.sum(m["kappa"] <= 0)),
+            "rows_no_root": int(np.sum(~np.isfinite(r_eq))),
+            "seconds": round(time.perf_counter() - t0, 1), "scope": SCOPE}
+    return SnapshotPrediction(r_eq, drift, heat, m["kappa"], norm_continued, info, traj,
+                              np.exp(r_lo), np.exp(r_hi), np.exp(c_lo), np.exp(c_hi))
+
+
+def _law(config: ProbeConfig, m: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float]]:
+    """``r_eq_snapshot`` from a trajectory's statistics: shrink each item's first-order drift term toward
+    the items' regression of it on the heat term, then solve the law with heat + curvature heat and κ."""
+    from normfast.core.equilibrium import equilibrium_norm
+
     adam = config.optimizer == "adamw"
     dcol, qcol, ccol = ("D_w", "Q_w", "Q_curv_w") if adam else ("D", "Q", "Q_curv")
     t1_blocks = np.stack([step_terms(config, b, m[qcol], m["norm"])[0] for b in m[f"{dcol}_blocks"]])
@@ -194,12 +225,16 @@ def snapshot_prediction(encoder: Any, probes: Sequence[Any], objective: Any, pai
             r_eq = equilibrium_norm(None, None, m["kappa"], D_w=drift, Q_w=heat, **law)
         else:
             r_eq = equilibrium_norm(drift, heat, m["kappa"], momentum=config.momentum, **law)
-    r_eq = np.asarray(r_eq, dtype=np.float64)
-    info = {"steps": int(steps), "relaxations_asked": None if explicit else config.snapshot_relaxations,
-            "relaxations_covered": covered,
-            "kappa_median_at_snapshot": float(np.median(kappa0)),
-            "shrinkage": dict(info, regression_slope=float(slope), regression_intercept=float(intercept)),
-            "rows_heat_negative": int(np.sum(heat < 0)), "rows_kappa_nonpositive": int(np.sum(m["kappa"] <= 0)),
-            "rows_no_root": int(np.sum(~np.isfinite(r_eq))),
-            "seconds": round(time.perf_counter() - t0, 1), "scope": SCOPE}
-    return SnapshotPrediction(r_eq, drift, heat, m["kappa"], np.asarray(m["norm_rms"], dtype=np.float64), info, traj)
+    info = dict(info, regression_slope=float(slope), regression_intercept=float(intercept))
+    return np.asarray(r_eq, dtype=np.float64), drift, heat, info
+
+
+def jackknife_interval(full: np.ndarray, replicates: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """95% interval ``full ± t_{0.975, G−1} · se`` from G delete-one replicates (NaN where any is NaN)."""
+    from normfast.engine.uncertainty import t_quantile
+
+    rep = np.stack(replicates)
+    G = rep.shape[0]
+    se = np.sqrt((G - 1) / G * np.sum((rep - rep.mean(0)) ** 2, axis=0))
+    half = t_quantile(G - 1) * se
+    return full - half, full + half

@@ -123,13 +123,26 @@ def summarize(result) -> dict[str, Any]:
         snap = result.column("r_eq_snapshot")
         out["r_eq_snapshot"] = _quantiles(snap[valid])
         out["norm_vs_r_eq_snapshot"] = loglog_fit(snap[fit], norm[fit])
+        if "r_eq_snapshot_lo" in result.column_names:
+            out["r_eq_snapshot_halfwidth"] = _log_halfwidth(result, "r_eq_snapshot", valid)
         if "norm_continued" in result.column_names:
             cont = result.column("norm_continued")
             out["norm_continued"] = _quantiles(cont[valid])
             out["r_eq_snapshot_vs_norm_continued"] = loglog_fit(snap[valid], cont[valid])
+            if "norm_continued_lo" in result.column_names:
+                out["norm_continued_halfwidth"] = _log_halfwidth(result, "norm_continued", valid)
     out["regime"] = result_regime(result)
     out["spearman_norm_heat"] = spearman(norm[valid], result.column(heat)[valid])
     return out
+
+
+def _log_halfwidth(result, column: str, rows: np.ndarray) -> float:
+    """Median relative half-width of a column's 95% interval, ``exp((log hi − log lo)/2) − 1``."""
+    lo, hi = result.column(f"{column}_lo")[rows], result.column(f"{column}_hi")[rows]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.expm1((np.log(hi) - np.log(lo)) / 2)
+    w = w[np.isfinite(w)]
+    return float(np.median(w)) if w.size else math.nan
 
 
 def _truncated_inputs(result) -> int:
@@ -306,6 +319,10 @@ def _snapshot_lines(s: dict[str, Any], info: dict[str, Any]) -> list[str]:
     lines = ["", f"single-snapshot predictor r_eq_snapshot ({span}): median {q['median']:.4g} "
                  f"(p10 {q['p10']:.4g}, p90 {q['p90']:.4g}) -- the norm each item keeps on average under "
                  f"continued training like the virtual one, not a reading of its present norm"]
+    if math.isfinite(s.get("r_eq_snapshot_halfwidth", math.nan)):
+        lines.append(f"  95% interval from the continuation's {info.get('interval_segments', '?')} segments: median "
+                     f"±{100 * s['r_eq_snapshot_halfwidth']:.2g}% (the continuation's sampling error, not the "
+                     f"law's; norm_continued ±{100 * s.get('norm_continued_halfwidth', math.nan):.2g}%)")
     if asked is not None and covered is not None and math.isfinite(covered) and covered < asked:
         lines.append(f"  the trajectory covered fewer relaxation times than asked ({covered:.2g} < {asked:g}; "
                      f"capped at snapshot_max_steps): outside the validated scope, treat it as indicative")

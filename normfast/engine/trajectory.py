@@ -90,7 +90,7 @@ class TrajectoryMeter:
     """
 
     def __init__(self, encoder: Any, probes: Sequence[Any], config: ProbeConfig, *, curvature: bool = False,
-                 block: int = BLOCK, dtype: torch.dtype = torch.float64):
+                 block: int = BLOCK, segment: int | None = None, n_segments: int = 0, dtype: torch.dtype = torch.float64):
         from normfast.engine.directions import resolve_parameters
 
         fn = "TrajectoryMeter"
@@ -127,6 +127,19 @@ class TrajectoryMeter:
         self._block_sum = torch.zeros(n, dtype=torch.float64)
         self._block_n = 0
         self.blocks: list[torch.Tensor] = []
+        if segment is not None and (segment < block or segment % block):
+            raise ValueError(f"{fn}: segment must be a positive multiple of block={block}, got {segment}")
+        self.segment = segment
+        self.n_segments = n_segments
+        self.segments: list[dict[str, torch.Tensor]] = []
+        self._segment_start = self._snapshot_sums()
+
+    def _snapshot_sums(self) -> dict[str, Any]:
+        """The running sums and counts as they stand (a segment is the difference of two of these)."""
+        out: dict[str, Any] = {k: v.clone() for k, v in self.sums.items()}
+        out["kappa"] = self.kappa_sum.clone()
+        out["n"], out["n_kappa"] = self.n, self.n_kappa
+        return out
 
     def _f(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
         from torch.func import functional_call
@@ -180,6 +193,13 @@ class TrajectoryMeter:
             self.blocks.append(self._block_sum / self.block)
             self._block_sum = torch.zeros_like(self._block_sum)
             self._block_n = 0
+        if self.segment is not None and self.n % self.segment == 0 and len(self.segments) < self.n_segments - 1:
+            self._close_segment()
+
+    def _close_segment(self) -> None:
+        now = self._snapshot_sums()
+        self.segments.append({k: now[k] - self._segment_start[k] for k in now})
+        self._segment_start = now
 
     def _kappa(self, params: dict[str, torch.Tensor], z: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
         """κ = ẑ·(J θ_decayed)/R per row at ``params`` (one jvp along the decayed probed parameters)."""
@@ -199,22 +219,42 @@ class TrajectoryMeter:
             z = self._f(params)
             return self._kappa(params, z, z.square().sum(-1)).numpy()
 
-    def statistics(self) -> dict[str, np.ndarray]:
+    def statistics(self) -> dict[str, Any]:
         """Means over the samples: ``D``/``Q`` (SGD) or ``D_w``/``Q_w`` (AdamW), ``kappa``, ``norm``,
         ``norm_rms`` (``sqrt`` of the mean ``R²``: the continuation's own stationary-norm estimate),
         ``se_D`` (from the means of consecutive blocks of samples), ``Q_curv``/``Q_curv_w`` and the
         remainder ``c`` per step when measured; ``D_blocks`` (``[blocks, rows]``) the drift's
-        means over consecutive blocks of ``block`` samples; ``n`` the number of samples."""
+        means over consecutive blocks of ``block`` samples; ``n`` the number of samples.
+
+        With segments (``n_segments``), also ``jackknife``: one dict of the same statistics per
+        segment, computed from every sample but that segment's (its blocks left out of
+        ``D_blocks``), for a delete-a-segment jackknife of anything derived from them."""
         if self.n == 0 or self.n_kappa == 0:
             raise ValueError("TrajectoryMeter.statistics: needs at least one sample with kappa")
-        mean = {k: (v / self.n).numpy() for k, v in self.sums.items()}
+        total = self._snapshot_sums()
+        blocks = torch.stack(self.blocks).numpy() if self.blocks else None
+        out = self._means(total, blocks)
+        if self.segments:  # the last segment: the samples after the others (one segment or more of them)
+            segs = [*self.segments, {k: total[k] - self._segment_start[k] for k in total}]
+            per = self.segment // self.block
+            out["jackknife"] = []
+            for j, seg in enumerate(segs):
+                keep = np.ones(len(self.blocks), dtype=bool)
+                keep[j * per: (j + 1) * per if j < len(segs) - 1 else None] = False
+                out["jackknife"].append(self._means({k: total[k] - seg[k] for k in total},
+                                                    blocks[keep] if blocks is not None else None))
+        return out
+
+    def _means(self, sums: Mapping[str, Any], blocks: np.ndarray | None) -> dict[str, Any]:
+        n = sums["n"]
+        mean = {k: (sums[k] / n).numpy() for k in self.sums}
         sfx = "_w" if self.adam else ""
         out = {f"D{sfx}": mean["D"], f"Q{sfx}": mean["Q"], "norm": mean["norm"], "norm_rms": np.sqrt(mean["norm2"]),
-               "kappa": (self.kappa_sum / self.n_kappa).numpy(), "n": self.n}
-        if len(self.blocks) >= 2:
-            b = torch.stack(self.blocks)
-            out[f"se_D{sfx}"] = (b.std(0) / np.sqrt(len(self.blocks))).numpy()
-            out[f"D{sfx}_blocks"] = b.numpy()
+               "kappa": (sums["kappa"] / sums["n_kappa"]).numpy(), "n": n}
+        if blocks is not None and len(blocks) >= 1:
+            out[f"D{sfx}_blocks"] = blocks
+            if len(blocks) >= 2:
+                out[f"se_D{sfx}"] = blocks.std(0, ddof=1) / np.sqrt(len(blocks))
         if self.curvature:
             out["c"] = mean["c"]
             out[f"Q_curv{sfx}"] = mean["c"] / self.step ** 2 * (1.0 if self.adam else mean["norm"] ** 2)
@@ -223,7 +263,7 @@ class TrajectoryMeter:
 
 def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pairs: Any,
                        config: ProbeConfig, *, steps: int, points: int = 0, meter: bool = True,
-                       curvature: bool = False, kappa_every: int = 10,
+                       curvature: bool = False, kappa_every: int = 10, segments: int = 0,
                        second_moments: Mapping[str, torch.Tensor] | None = None,
                        measure: Callable[[Any, int, Mapping[str, torch.Tensor] | None], Any] | None = None,
                        columns: Sequence[str] = AVERAGED, progress: bool = True) -> Trajectory:
@@ -232,7 +272,9 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
     With ``meter`` (the default) every step also feeds a :class:`TrajectoryMeter`
     with its own batch's direction, taken at the state the gradient was computed
     at (pooled output; ``curvature`` adds the curvature heat; κ every
-    ``kappa_every`` steps). With ``points > 0`` the engine's full probe also runs
+    ``kappa_every`` steps; ``segments`` > 0 also keeps the meter's sums over that many
+    contiguous segments of whole blocks (the last one takes the remaining steps), for a
+    delete-a-segment jackknife). With ``points > 0`` the engine's full probe also runs
     at ``points`` evenly spaced steps (the last at ``steps``): ``measure(model, step,
     second_moments)`` runs there and returns a probe result (``column_names``,
     ``column(name)``), e.g. ``lambda m, step, v: normfast.probe(m, probes, objective,
@@ -290,7 +332,14 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
         _start_adam(opt, model, names, v)
 
     at = sorted({int(round(steps * (k + 1) / points)) for k in range(points)}) if points else []
-    tracker = TrajectoryMeter(model, probes, config, curvature=curvature) if meter else None
+    segment = None
+    if segments:
+        if isinstance(segments, bool) or not isinstance(segments, int) or segments < 2 or steps < segments * BLOCK:
+            raise ValueError(f"{fn}: expected segments to be an integer >= 2 with steps >= segments x {BLOCK}, "
+                             f"got segments={segments!r}, steps={steps}")
+        segment = BLOCK * (steps // segments // BLOCK)
+    tracker = TrajectoryMeter(model, probes, config, curvature=curvature, segment=segment,
+                              n_segments=segments) if meter else None
     params = [model.get_parameter(n) for n in names]
     cols: dict[str, list[np.ndarray]] = {}
     losses: list[float] = []

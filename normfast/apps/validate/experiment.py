@@ -100,13 +100,29 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
         out["snapshot"] = {
             "fits": {k: loglog_fit(v, observed) for k, v in snap["predicted"].items()},
             "present_norm_fit": loglog_fit(snap["present_norm"], observed),
+            "norm_continued_fit": loglog_fit(snap["norm_continued"], observed),
+            "interval_coverage": {k: interval_coverage(lo, hi, observed) for k, (lo, hi) in snap["intervals"].items()},
             "shrinkage": snap["shrinkage"],
             "trajectory_steps": snap["trajectory_steps"],
             "seconds": snap["seconds"],
             "predicted": {k: np.asarray(v).tolist() for k, v in snap["predicted"].items()},
+            "norm_continued": np.asarray(snap["norm_continued"]).tolist(),
+            "intervals": {k: [np.asarray(lo).tolist(), np.asarray(hi).tolist()]
+                          for k, (lo, hi) in snap["intervals"].items()},
         }
     led = ledger_result(run, probed, cfg, observed) if ledger else None
     return out, led
+
+
+def interval_coverage(lo: np.ndarray, hi: np.ndarray, observed: np.ndarray) -> dict[str, float]:
+    """How often the observed norm lies inside ``[lo, hi]`` (rows with a finite interval), and the median
+    relative half-width ``exp((log hi − log lo)/2) − 1``."""
+    ok = np.isfinite(lo) & np.isfinite(hi)
+    inside = (observed[ok] >= lo[ok]) & (observed[ok] <= hi[ok])
+    width = np.expm1((np.log(hi[ok]) - np.log(lo[ok])) / 2)
+    return {"coverage": float(inside.mean()) if ok.any() else float("nan"), "rows": int(ok.sum()),
+            "below": float((observed[ok] < lo[ok]).mean()) if ok.any() else float("nan"),
+            "median_halfwidth": float(np.median(width)) if ok.any() else float("nan")}
 
 
 def _lag_correlations(series: np.ndarray, lags: tuple[int, ...]) -> dict[str, float]:

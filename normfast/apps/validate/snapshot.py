@@ -48,6 +48,15 @@ Choice: the candidate that meets the target (slope in [0.85, 1.15], r >= 0.93) o
 {mlp, mlp_bias, table, mlp_adamw} at seed 0; ties: the smaller mean |log slope|, then the larger
 mean r. Confirmation: the whole run repeated at seed 1 (fresh data, initialization, batches) with
 nothing changed; every candidate reported for every variant at both seeds.
+
+Addendum v2 (written before the runs that report it; the candidates and the choice are unchanged):
+baselines beside the chosen candidate: the present norm and norm_continued (sqrt of the mean R² over
+the chosen candidate's own continuation, the engine's column). Intervals: the engine's 95% intervals
+of r_eq_snapshot and norm_continued (delete-a-segment jackknife over 8 contiguous segments of the
+continuation, Student t with 7 degrees of freedom). Coverage: the fraction of items whose observed
+window-mean norm lies inside the interval, for both, at both seeds. No target: the intervals hold the
+continuation's sampling error only, not the law's bias nor the observed norms' own noise, so a
+coverage below 0.95 measures how much of the error is not sampling error.
 """
 
 CANDIDATES = ("heat_only", "heat_only_curvature", "snapshot_full", "trajectory", "trajectory_curvature",
@@ -119,6 +128,9 @@ def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts
     return {
         "predicted": {k: np.asarray(v) for k, v in predicted.items()},
         "present_norm": at["norm"],
+        "norm_continued": chosen.norm_continued,
+        "intervals": {"trajectory_shrunk_regression": (chosen.r_eq_lo, chosen.r_eq_hi),
+                      "norm_continued": (chosen.norm_continued_lo, chosen.norm_continued_hi)},
         "shrinkage": {"toward_mean": info_mean, "toward_regression_on_heat": chosen.info["shrinkage"]},
         "trajectory_steps": steps,
         "seconds": {"snapshot_probe_and_curvature": round(t_snapshot, 1), "trajectory": round(t_traj, 1)},
