@@ -280,6 +280,7 @@ QUICK_COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "calibration": (["--quick", "--models", "mlp", "--M-true", "128", "--replicates", "2"], ("calibration.json",)),
     "adaptive_m": (["--quick"], ("adaptive_m.json",)),
     "monitor": (["--quick"], ("monitor.json",)),
+    "e1_counterfactual": (["--quick"], ("e1_counterfactual.json",)),
 }
 
 

@@ -234,6 +234,22 @@ def test_monitor_quick(tmp_path):
     assert "| law from the realized terms (window means) |" in printed and "| per recorded step (s) |" in printed
 
 
+def test_e1_counterfactual_quick(tmp_path):
+    """One change (λ x4) asked of a toy E1 snapshot: the observed continuation moved the norms the way
+    more decay does, every T was asked (at least 50 steps), and the verdict and table are written."""
+    out, printed = quick(tmp_path, "e1_counterfactual")
+    assert_reproduces("e1_counterfactual", out)
+    d = json.loads((out / "e1_counterfactual.json").read_text())
+    (r,) = d["results"]
+    (c,) = r["changes"]
+    assert r["variant"] == "mlp" and c["change"] == "wd x4" and c["observed_over_present_median"] < 0.9
+    assert [a["T_relaxations_asked"] for a in c["answers"]] == [0.25, 0.5, 1.0, 2.0, 4.0]
+    assert all(a["steps"] >= 50 and a["T_relaxations"] >= 0.99 * a["T_relaxations_asked"] for a in c["answers"])
+    assert d["verdict"]["per_change"][0]["change"] == "wd x4" and "Protocol (v1" not in d["protocol"]
+    assert (out / "e1_counterfactual.png").stat().st_size > 10_000
+    assert "| MLP, no biases | wd x4 |" in printed and "`r_eq_snapshot`" in printed
+
+
 def test_e1_drift_quick(tmp_path):
     out, printed = quick(tmp_path, "e1_drift")
     assert_reproduces("e1_drift", out)
