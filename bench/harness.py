@@ -46,7 +46,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 #: every experiment, in the order ``python -m bench list`` shows them
-EXPERIMENTS = ("e1", "e1_drift", "e1_counterfactual", "e2", "e3", "e4", "e5", "corpus", "judgments", "calibration", "adaptive_m",
+EXPERIMENTS = ("e1", "e1_drift", "e1_counterfactual", "e1_adamw", "e2", "e3", "e4", "e5", "corpus", "judgments", "calibration", "adaptive_m",
                "monitor", "streaming", "quartic", "head_stats", "accumulate", "kernel_resources", "roofline", "gpu_check",
                "throughput")
 #: the committed results

@@ -281,6 +281,7 @@ QUICK_COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "adaptive_m": (["--quick"], ("adaptive_m.json",)),
     "monitor": (["--quick"], ("monitor.json",)),
     "e1_counterfactual": (["--quick"], ("e1_counterfactual.json",)),
+    "e1_adamw": (["--quick"], ("e1_adamw.json",)),
 }
 
 

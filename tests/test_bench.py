@@ -250,6 +250,21 @@ def test_e1_counterfactual_quick(tmp_path):
     assert "| MLP, no biases | wd x4 |" in printed and "`r_eq_snapshot`" in printed
 
 
+def test_e1_adamw_quick(tmp_path):
+    """Two of the AdamW investigation's runs at toy size: each is measured at every step (the meter's
+    sample count is the run's length), its own mean norm is a norm of the same model (close to the
+    observed), and every read-out is in the JSON and the table."""
+    out, printed = quick(tmp_path, "e1_adamw")
+    assert_reproduces("e1_adamw", out)
+    (r,) = json.loads((out / "e1_adamw.json").read_text())["results"]
+    assert r["variant"] == "mlp_adamw" and set(r["runs"]) == {"V0", "R1"}
+    assert r["runs"]["V0"]["ingredients"]["steps"] == 600 and r["runs"]["R1"]["ingredients"]["steps"] == 400
+    for x in r["runs"].values():
+        assert 0.8 < x["own_mean_norm_over_observed_median"] < 1.25
+        assert np.isfinite([x["law"]["slope"], x["law_with_curvature"]["pearson_r"], x["Q_w_over_real_median"]]).all()
+    assert "| MLP, AdamW β1 = 0.9 | R1 | window start | seeded | 400 | e1 | fresh |" in printed
+
+
 def test_e1_drift_quick(tmp_path):
     out, printed = quick(tmp_path, "e1_drift")
     assert_reproduces("e1_drift", out)

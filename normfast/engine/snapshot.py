@@ -41,6 +41,14 @@ What it adds is the decomposition -- how much of each norm is heat, drift and
 decay -- and law-based quantities to reason with; ``norm_continued`` is the
 baseline it should be read against.
 
+Its interval: the continuation's sums are also kept over ``SEGMENTS`` contiguous
+segments (whole blocks; the last takes the remaining steps), and steps 3-4 are
+redone with each segment left out in turn; the spread of those replicates gives a
+delete-a-segment jackknife standard error of ``log r_eq_snapshot`` and a 95%
+Student-t interval (``r_eq_snapshot_lo/hi``; the same for ``norm_continued``). It
+is the continuation's sampling error only: segments half a relaxation time long
+are not independent, and the law's bias is not in it (E1 reports the coverage).
+
 In the law's per-step units (the radial-budget ledger's): first-order term
 ``2η'D`` and second-order term ``η'² Q / R²`` for SGD (heavy-ball: η' =
 η/(1−β)); ``2ηR D_w`` and ``η² Q_w`` for AdamW.

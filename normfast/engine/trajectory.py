@@ -329,7 +329,7 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
         if v is None:
             v = estimate_second_moments(model, objective, pairs, names, batches[: max(config.batches, 2)],
                                         seed=config.seed, progress=False, check_invariance=False)
-        _start_adam(opt, model, names, v)
+        start_adam(opt, model, names, v)
 
     at = sorted({int(round(steps * (k + 1) / points)) for k in range(points)}) if points else []
     segment = None
@@ -369,7 +369,7 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
                       tracker.statistics() if tracker is not None else None)
 
 
-def _start_adam(opt: torch.optim.Optimizer, model: Any, names: Sequence[str],
+def start_adam(opt: torch.optim.Optimizer, model: Any, names: Sequence[str],
                 v: Mapping[str, torch.Tensor]) -> None:
     """Seed AdamW's state with ``v̂`` (bias correction spent) and a zero first moment."""
     big_step = 1e6  # 1 - beta**step == 1 for any beta < 1 in float arithmetic
