@@ -262,7 +262,7 @@ def test_e1_adamw_quick(tmp_path):
     for x in r["runs"].values():
         assert 0.8 < x["own_mean_norm_over_observed_median"] < 1.25
         assert np.isfinite([x["law"]["slope"], x["law_with_curvature"]["pearson_r"], x["Q_w_over_real_median"]]).all()
-    assert "| MLP, AdamW β1 = 0.9 | R1 | window start | seeded | 400 | e1 | fresh |" in printed
+    assert "| 0 | MLP, AdamW β1 = 0.9 | R1 | window start | seeded | 400 | e1 | fresh |" in printed
 
 
 def test_e1_drift_quick(tmp_path):

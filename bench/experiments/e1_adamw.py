@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -60,7 +60,7 @@ from bench.common import fmt
 from bench.experiments.e1 import e1_name
 from bench.harness import Context, UsageError
 
-RESULTS = ("e1_adamw.json",)
+RESULTS = ("e1_adamw.json", "e1_seed1/e1_adamw.json")
 FIGURES = ()
 TABLES = ("e1-adamw",)
 
@@ -210,31 +210,39 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     if config.steps:
         cfg = replace(cfg, steps=config.steps)
     data = make_concepts(cfg)
-    return {"protocol": __doc__.split("Protocol")[1].strip(),
+    return {"config": asdict(config), "protocol": __doc__.split("Protocol")[1].strip(),
             "results": [run_variant(v, cfg, data, config, ctx.progress) for v in variants]}
 
 
 def tables(result: dict[str, Any]) -> dict[str, str]:
-    return {"e1-adamw": table_adamw(result)}
+    """The table for this run alone."""
+    return {"e1-adamw": table_adamw([(str(result["config"]["seed"]), result)])}
 
 
-def table_adamw(d: dict[str, Any]) -> str:
-    rows = ["| E1 variant | run | start | optimizer state | steps | sampler | meter batch | law (slope / r) | "
+def blocks(load) -> dict[str, str | None]:
+    """The committed runs, seed 0 and the fresh seed 1, in one table."""
+    runs = [(seed, d) for seed, path in (("0", RESULTS[0]), ("1 (fresh)", RESULTS[1])) if (d := load(path))]
+    return {"e1-adamw": table_adamw(runs) if runs else None}
+
+
+def table_adamw(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    rows = ["| seed | E1 variant | run | start | optimizer state | steps | sampler | meter batch | law (slope / r) | "
             "law + curvature | run's own mean norm | D_w / real (median, r) | Q_w / real |",
-            "|---" * 12 + "|"]
-    for r in d["results"]:
-        rw = r["real_window"]
-        rows.append(f"| {e1_name(r)} | real window (E1) | window | training | {r['window_steps']} | E1 | fresh | "
-                    f"{fmt(rw['law']['slope'])} / {fmt(rw['law']['pearson_r'])} | "
-                    f"{fmt(rw['law_with_curvature']['slope'])} / {fmt(rw['law_with_curvature']['pearson_r'])} "
-                    f"| (the observed norms) | 1 | 1 |")
-        for key, x in r["runs"].items():
-            i = x["ingredients"]
-            rows.append(f"| {e1_name(r)} | {key} | {i['start'].replace('_', ' ')} | {i['optimizer_state']} | "
-                        f"{i['steps']} | {i['sampler']} | {i['meter_batch']} | "
-                        f"{fmt(x['law']['slope'])} / {fmt(x['law']['pearson_r'])} | "
-                        f"{fmt(x['law_with_curvature']['slope'])} / {fmt(x['law_with_curvature']['pearson_r'])} | "
-                        f"{fmt(x['own_mean_norm']['slope'])} / {fmt(x['own_mean_norm']['pearson_r'])} | "
-                        f"{fmt(x['D_w_over_real_median'])}, {fmt(x['D_w_vs_real_r'])} | "
-                        f"{fmt(x['Q_w_over_real_median'])} |")
+            "|---" * 13 + "|"]
+    for seed, d in runs:
+        for r in d["results"]:
+            rw = r["real_window"]
+            rows.append(f"| {seed} | {e1_name(r)} | real window (E1) | window | training | {r['window_steps']} | E1 | "
+                        f"fresh | {fmt(rw['law']['slope'])} / {fmt(rw['law']['pearson_r'])} | "
+                        f"{fmt(rw['law_with_curvature']['slope'])} / {fmt(rw['law_with_curvature']['pearson_r'])} "
+                        f"| (the observed norms) | 1 | 1 |")
+            for key, x in r["runs"].items():
+                i = x["ingredients"]
+                rows.append(f"| {seed} | {e1_name(r)} | {key} | {i['start'].replace('_', ' ')} | "
+                            f"{i['optimizer_state']} | {i['steps']} | {i['sampler']} | {i['meter_batch']} | "
+                            f"{fmt(x['law']['slope'])} / {fmt(x['law']['pearson_r'])} | "
+                            f"{fmt(x['law_with_curvature']['slope'])} / {fmt(x['law_with_curvature']['pearson_r'])} | "
+                            f"{fmt(x['own_mean_norm']['slope'])} / {fmt(x['own_mean_norm']['pearson_r'])} | "
+                            f"{fmt(x['D_w_over_real_median'])}, {fmt(x['D_w_vs_real_r'])} | "
+                            f"{fmt(x['Q_w_over_real_median'])} |")
     return "\n".join(rows)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +227,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     if config.steps:
         cfg = replace(cfg, steps=config.steps)
     data = make_concepts(cfg)
-    result: dict[str, Any] = {"protocol": __doc__.split("Protocol")[1].strip(),
+    result: dict[str, Any] = {"config": asdict(config), "protocol": __doc__.split("Protocol")[1].strip(),
                               "results": [run_variant(v.strip(), cfg, data, config, ctx.progress)
                                           for v in config.variants.split(",") if v.strip()]}
     result["verdict"] = verdict(result)
