@@ -4,6 +4,7 @@
     python -m bench run NAME [--quick] [--seed N] [--out DIR] [--no-progress] [options]
     python -m bench run NAME --help            # NAME's options (its Config's fields)
     python -m bench tables [--check FILE ...] [--write FILE ...]
+    python -m bench figures NAME --json FILE --out DIR   # redraw NAME's figures from a result JSON
 
 ``run`` writes under ``runs/NAME`` unless ``--out`` says otherwise; the
 committed results in ``bench/results`` change only with an explicit
@@ -195,9 +196,35 @@ def cmd_tables(argv: Sequence[str]) -> int:
     return 1 if bad else 0
 
 
+def cmd_figures(argv: Sequence[str]) -> int:
+    """Redraw an experiment's figures from a result JSON it wrote (after a change to the drawing alone)."""
+    p = argparse.ArgumentParser(prog=f"{PROG} figures", description=cmd_figures.__doc__)
+    p.add_argument("name", choices=harness.EXPERIMENTS)
+    p.add_argument("--json", type=Path, required=True, help="the result JSON the experiment's run wrote")
+    p.add_argument("--out", type=Path, required=True, help="where to write the figures")
+    args = p.parse_args(list(argv))
+    module = harness.load(args.name)
+    draw = getattr(module, "figures", None)
+    if draw is None or getattr(module, "WRITES_OWN_FILES", False):
+        print(f"{PROG} figures: {args.name} has no figures to redraw from its JSON", file=sys.stderr)
+        return 2
+    if not args.json.is_file():
+        print(f"{PROG} figures: no such result file: {args.json}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        written = draw(harness.read_json(args.json), args.out)
+    except KeyError as exc:  # a figure that needs the run's live objects, not only its JSON
+        print(f"{PROG} figures: {args.name}'s figures need {exc} (not in the JSON): rerun the experiment",
+              file=sys.stderr)
+        return 2
+    print("wrote " + ", ".join(str(w) for w in written))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"list": lambda rest: cmd_list(), "run": cmd_run, "tables": cmd_tables}
+    commands = {"list": lambda rest: cmd_list(), "run": cmd_run, "tables": cmd_tables, "figures": cmd_figures}
     if not argv or argv[0] not in commands:
         print(__doc__.strip(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if argv and argv[0] in ("-h", "--help") else 2

@@ -250,6 +250,19 @@ def test_e1_counterfactual_quick(tmp_path):
     assert "| MLP, no biases | wd x4 |" in printed and "`r_eq_snapshot`" in printed
 
 
+def test_figures_are_redrawn_from_a_result_json(tmp_path, capsys):
+    """``python -m bench figures NAME --json FILE --out DIR``: the figure from the committed quick JSON; clear
+    errors for a missing file and for an experiment whose figures are not drawn from its JSON."""
+    from bench.cli import main
+
+    src = QUICK_DIR / "e1_counterfactual.json"
+    assert main(["figures", "e1_counterfactual", "--json", str(src), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "e1_counterfactual.png").stat().st_size > 10_000
+    assert main(["figures", "e1_counterfactual", "--json", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
+    assert main(["figures", "e1", "--json", str(src), "--out", str(tmp_path)]) == 2
+    assert "no such result file" in capsys.readouterr().err
+
+
 def test_e1_adamw_quick(tmp_path):
     """Two of the AdamW investigation's runs at toy size: each is measured at every step (the meter's
     sample count is the run's length), its own mean norm is a norm of the same model (close to the
