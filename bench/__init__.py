@@ -29,9 +29,15 @@ from typing import Any
 STABLE: dict[str, tuple[str, ...]] = {
     # products wrapped by the harness (e1, throughput), and E1's parts that e1_drift reuses
     "normfast.apps.validate": ("VARIANTS", "validate_main"),
-    "normfast.apps.validate.data": ("E1Config", "VARIANT_SPECS", "make_concepts", "probe_config"),
-    "normfast.apps.validate.laws": ("law_norms",),
-    "normfast.apps.validate.training": ("train", "load_checkpoint"),
+    "normfast.apps.validate.data": ("E1Config", "VARIANT_SPECS", "make_concepts", "make_optimizer", "probe_config"),
+    "normfast.apps.validate.laws": ("TARGET_R", "TARGET_SLOPE", "law_norms"),
+    "normfast.apps.validate.training": ("train", "load_checkpoint", "window_start"),
+    "normfast.apps.validate.experiment": ("interval_coverage",),
+    # the trajectory pieces E1's counterfactual and AdamW studies continue training with
+    "normfast.engine.snapshot": ("relaxation_steps", "snapshot_prediction"),
+    "normfast.engine.trajectory": ("TrajectoryMeter", "start_adam"),
+    "normfast.engine.directions": ("adam_second_moments",),
+    "normfast.data.pairs": ("virtual_batches",),
     "normfast.apps.benchmark": ("bench_main", "apply_per_batch", "cpu_model", "head_directions_backward",
                                 "library_versions", "make_head_problem", "percentiles"),
     "normfast.apps.benchmark.head": ("HEAD_FORMS", "form_gemms", "gemm_floor"),

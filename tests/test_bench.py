@@ -234,10 +234,19 @@ def test_monitor_quick(tmp_path):
     assert "| law from the realized terms (window means) |" in printed and "| per recorded step (s) |" in printed
 
 
-def test_e1_counterfactual_quick(tmp_path):
+def quick_in_process(tmp_path: Path, name: str, capsys) -> tuple[Path, str]:
+    """:func:`quick` without a new interpreter (no second torch import: the suite's time budget)."""
+    from bench.cli import main
+
+    out = tmp_path / name
+    assert main(["run", name, *QUICK_COMMANDS[name][0], "--no-progress", "--out", str(out)]) == 0
+    return out, capsys.readouterr().out
+
+
+def test_e1_counterfactual_quick(tmp_path, capsys):
     """One change (λ x4) asked of a toy E1 snapshot: the observed continuation moved the norms the way
     more decay does, every T was asked (at least 50 steps), and the verdict and table are written."""
-    out, printed = quick(tmp_path, "e1_counterfactual")
+    out, printed = quick_in_process(tmp_path, "e1_counterfactual", capsys)
     assert_reproduces("e1_counterfactual", out)
     d = json.loads((out / "e1_counterfactual.json").read_text())
     (r,) = d["results"]
@@ -263,11 +272,11 @@ def test_figures_are_redrawn_from_a_result_json(tmp_path, capsys):
     assert "no such result file" in capsys.readouterr().err
 
 
-def test_e1_adamw_quick(tmp_path):
+def test_e1_adamw_quick(tmp_path, capsys):
     """Two of the AdamW investigation's runs at toy size: each is measured at every step (the meter's
     sample count is the run's length), its own mean norm is a norm of the same model (close to the
     observed), and every read-out is in the JSON and the table."""
-    out, printed = quick(tmp_path, "e1_adamw")
+    out, printed = quick_in_process(tmp_path, "e1_adamw", capsys)
     assert_reproduces("e1_adamw", out)
     (r,) = json.loads((out / "e1_adamw.json").read_text())["results"]
     assert r["variant"] == "mlp_adamw" and set(r["runs"]) == {"V0", "R1"}

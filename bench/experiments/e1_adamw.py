@@ -101,7 +101,7 @@ def walk(run, cfg, data, *, start: str, state: str, steps: int, sampler: str, me
     from normfast.apps.validate.training import load_checkpoint
     from normfast.data.pairs import virtual_batches
     from normfast.engine.directions import adam_second_moments
-    from normfast.engine.objectives import InfoNCE
+    from normfast import InfoNCE
     from normfast.engine.trajectory import TrajectoryMeter, start_adam
 
     variant = run.variant

@@ -96,7 +96,7 @@ def observe(run, cfg2, variant, data, steps_burn: int, steps_window: int, seed: 
     from tqdm.auto import tqdm
 
     from normfast.apps.validate.data import make_optimizer
-    from normfast.engine.objectives import InfoNCE
+    from normfast import InfoNCE
 
     enc = copy.deepcopy(run.encoder)
     opt = make_optimizer(variant, cfg2, enc.parameters())
