@@ -93,6 +93,22 @@ def _sr(fit: dict) -> str:
     return f"{fmt(fit['slope'])} / {fmt(fit['pearson_r'])}"
 
 
+def e1_setup(size: str, seed: int, steps: int | None = None, **overrides: Any) -> tuple[Any, Any]:
+    """E1's configuration (``E1Config()`` or its ``quick()``, with ``seed``, ``steps`` and ``overrides``) and
+    its data, for the studies that train as E1 does; torch runs single-threaded (their runs are compared
+    number for number)."""
+    from dataclasses import replace
+
+    import torch
+
+    from normfast.apps.validate.data import E1Config, make_concepts
+
+    torch.set_num_threads(1)
+    cfg = replace(E1Config.quick() if size == "quick" else E1Config(), seed=seed,
+                  **({"steps": steps} if steps else {}), **{k: v for k, v in overrides.items() if v})
+    return cfg, make_concepts(cfg)
+
+
 def e1_name(r: dict) -> str:
     return E1_NAMES.get(r["variant"], r["variant"])
 

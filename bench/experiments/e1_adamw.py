@@ -51,13 +51,13 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from bench.common import fmt
-from bench.experiments.e1 import e1_name
+from bench.experiments.e1 import e1_name, e1_setup
 from bench.harness import Context, UsageError
 
 RESULTS = ("e1_adamw.json", "e1_seed1/e1_adamw.json")
@@ -97,11 +97,11 @@ def walk(run, cfg, data, *, start: str, state: str, steps: int, sampler: str, me
     import torch
     from tqdm.auto import tqdm
 
+    from normfast import InfoNCE
     from normfast.apps.validate.data import make_optimizer, probe_config
     from normfast.apps.validate.training import load_checkpoint
     from normfast.data.pairs import virtual_batches
     from normfast.engine.directions import adam_second_moments
-    from normfast import InfoNCE
     from normfast.engine.trajectory import TrajectoryMeter, start_adam
 
     variant = run.variant
@@ -195,9 +195,7 @@ def run_variant(name: str, cfg, data, config: Config, progress: bool) -> dict[st
 
 
 def run(config: Config, ctx: Context) -> dict[str, Any]:
-    import torch
-
-    from normfast.apps.validate.data import VARIANT_SPECS, E1Config, make_concepts
+    from normfast.apps.validate.data import VARIANT_SPECS
 
     variants = [v.strip() for v in config.variants.split(",") if v.strip()]
     wrong = [v for v in variants if v not in VARIANT_SPECS or VARIANT_SPECS[v].optimizer != "adamw"]
@@ -205,11 +203,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     if wrong or bad_runs:
         raise UsageError(f"e1_adamw: expected AdamW variants (mlp_adamw, mlp_adamw_b0) and runs from "
                          f"{', '.join(RUNS)}, got variants {wrong} and runs {bad_runs}")
-    torch.set_num_threads(1)
-    cfg = replace(E1Config.quick() if config.size == "quick" else E1Config(), seed=config.seed)
-    if config.steps:
-        cfg = replace(cfg, steps=config.steps)
-    data = make_concepts(cfg)
+    cfg, data = e1_setup(config.size, config.seed, config.steps)
     return {"config": asdict(config), "protocol": __doc__.split("Protocol")[1].strip(),
             "results": [run_variant(v, cfg, data, config, ctx.progress) for v in variants]}
 

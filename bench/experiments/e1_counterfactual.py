@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import fmt
-from bench.experiments.e1 import e1_name
+from bench.experiments.e1 import e1_name, e1_setup
 from bench.harness import Context, UsageError
 
 RESULTS = ("e1_counterfactual.json",)
@@ -95,8 +95,8 @@ def observe(run, cfg2, variant, data, steps_burn: int, steps_window: int, seed: 
     import torch
     from tqdm.auto import tqdm
 
-    from normfast.apps.validate.data import make_optimizer
     from normfast import InfoNCE
+    from normfast.apps.validate.data import make_optimizer
 
     enc = copy.deepcopy(run.encoder)
     opt = make_optimizer(variant, cfg2, enc.parameters())
@@ -209,8 +209,6 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(config: Config, ctx: Context) -> dict[str, Any]:
-    import torch
-
     from normfast.apps.validate import VARIANTS
 
     unknown = [v for v in config.variants.split(",") if v.strip() and v.strip() not in VARIANTS]
@@ -219,14 +217,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     if unknown or bad:
         raise UsageError(f"e1_counterfactual: unknown variants {unknown} or changes {bad}; variants come from "
                          f"{', '.join(VARIANTS)}, changes from {', '.join(sorted(known))}")
-
-    from normfast.apps.validate.data import E1Config, make_concepts
-
-    torch.set_num_threads(1)
-    cfg = replace(E1Config.quick() if config.size == "quick" else E1Config(), seed=config.seed)
-    if config.steps:
-        cfg = replace(cfg, steps=config.steps)
-    data = make_concepts(cfg)
+    cfg, data = e1_setup(config.size, config.seed, config.steps)
     result: dict[str, Any] = {"config": asdict(config), "protocol": __doc__.split("Protocol")[1].strip(),
                               "results": [run_variant(v.strip(), cfg, data, config, ctx.progress)
                                           for v in config.variants.split(",") if v.strip()]}

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import fmt
-from bench.experiments.e1 import e1_name
+from bench.experiments.e1 import e1_name, e1_setup
 from bench.harness import Context, JsonStyle
 
 RESULTS = ("e1_drift.json",)
@@ -130,17 +130,7 @@ def run_variant(name: str, cfg, data, groups: int, group_batches: int, progress:
 
 
 def run(config: Config, ctx: Context) -> dict[str, Any]:
-    import torch
-
-    from normfast.apps.validate.data import E1Config, make_concepts
-
-    torch.set_num_threads(1)
-    cfg = replace(E1Config.quick() if config.size == "quick" else E1Config(), seed=config.seed)
-    if config.probe_every:
-        cfg = replace(cfg, probe_every=config.probe_every)
-    if config.steps:
-        cfg = replace(cfg, steps=config.steps)
-    data = make_concepts(cfg)
+    cfg, data = e1_setup(config.size, config.seed, config.steps, probe_every=config.probe_every)
     results = [run_variant(v.strip(), cfg, data, config.groups, config.group_batches, ctx.progress, config.last)
                for v in config.variants.split(",") if v.strip()]
     return {"results": results}
