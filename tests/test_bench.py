@@ -280,11 +280,11 @@ def test_e1_adamw_quick(tmp_path, capsys):
     assert_reproduces("e1_adamw", out)
     (r,) = json.loads((out / "e1_adamw.json").read_text())["results"]
     assert r["variant"] == "mlp_adamw" and set(r["runs"]) == {"V0", "R1"}
-    assert r["runs"]["V0"]["ingredients"]["steps"] == 600 and r["runs"]["R1"]["ingredients"]["steps"] == 400
+    assert r["runs"]["V0"]["ingredients"]["steps"] == 300 and r["runs"]["R1"]["ingredients"]["steps"] == 200
     for x in r["runs"].values():
         assert 0.8 < x["own_mean_norm_over_observed_median"] < 1.25
         assert np.isfinite([x["law"]["slope"], x["law_with_curvature"]["pearson_r"], x["Q_w_over_real_median"]]).all()
-    assert "| 0 | MLP, AdamW β1 = 0.9 | R1 | window start | seeded | 400 | e1 | fresh |" in printed
+    assert "| 0 | MLP, AdamW β1 = 0.9 | R1 | window start | seeded | 200 | e1 | fresh |" in printed
 
 
 def test_e1_drift_quick(tmp_path):

@@ -88,7 +88,7 @@ class Config:
 
     @classmethod
     def quick(cls) -> "Config":
-        return cls(variants="mlp_adamw", runs="V0,R1", size="quick", steps=1000, long_steps=600)
+        return cls(variants="mlp_adamw", runs="V0,R1", size="quick", steps=500, long_steps=300)
 
 
 def walk(run, cfg, data, *, start: str, state: str, steps: int, sampler: str, meter_batch: str, seed: int,

@@ -77,7 +77,7 @@ class Config:
 
     @classmethod
     def quick(cls) -> "Config":
-        return cls(variants="mlp", size="quick", steps=1000, changes="wd x4", max_steps=3000)
+        return cls(variants="mlp", size="quick", steps=500, changes="wd x4", max_steps=3000)
 
 
 def changed(cfg, variant, change: str):
