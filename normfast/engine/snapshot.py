@@ -198,8 +198,8 @@ def snapshot_prediction(encoder: Any, probes: Sequence[Any], objective: Any, pai
     # the interval: the whole predictor (regression and shrinkage included) recomputed without each
     # segment of the continuation in turn
     with np.errstate(divide="ignore", invalid="ignore"):
-        r_lo, r_hi = jackknife_interval(np.log(r_eq), [np.log(_law(config, rep)[0]) for rep in m["jackknife"]])
-        c_lo, c_hi = jackknife_interval(np.log(norm_continued), [np.log(rep["norm_rms"]) for rep in m["jackknife"]])
+        r_lo, r_hi = _interval(np.log(r_eq), [np.log(_law(config, rep)[0]) for rep in m["jackknife"]])
+        c_lo, c_hi = _interval(np.log(norm_continued), [np.log(rep["norm_rms"]) for rep in m["jackknife"]])
     info = {"steps": int(steps), "relaxations_asked": None if explicit else config.snapshot_relaxations,
             "relaxations_covered": covered,
             "kappa_median_at_snapshot": float(np.median(kappa0)),
@@ -237,12 +237,8 @@ def _law(config: ProbeConfig, m: Mapping[str, Any]) -> tuple[np.ndarray, np.ndar
     return np.asarray(r_eq, dtype=np.float64), drift, heat, info
 
 
-def jackknife_interval(full: np.ndarray, replicates: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """95% interval ``full ± t_{0.975, G−1} · se`` from G delete-one replicates (NaN where any is NaN)."""
-    from normfast.engine.uncertainty import t_quantile
+def _interval(full: np.ndarray, replicates: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """95% interval around ``full`` from G delete-one replicates (the probe's own jackknife helpers)."""
+    from normfast.engine.uncertainty import interval, jackknife_se
 
-    rep = np.stack(replicates)
-    G = rep.shape[0]
-    se = np.sqrt((G - 1) / G * np.sum((rep - rep.mean(0)) ** 2, axis=0))
-    half = t_quantile(G - 1) * se
-    return full - half, full + half
+    return interval(full, jackknife_se(np.stack(replicates, -1)), len(replicates) - 1)
