@@ -25,7 +25,23 @@ def tiny_data():
 @pytest.fixture(scope="module")
 def tiny_runs(tiny_data):
     torch.set_num_threads(1)
-    return {v: train(VARIANT_SPECS[v], TINY, tiny_data, ledger=True, progress=False) for v in ("mlp", "table")}
+    return {v: train(VARIANT_SPECS[v], TINY, tiny_data, ledger=True, fresh_meter=(v == "mlp"), progress=False)
+            for v in ("mlp", "table")}
+
+
+def test_dense_meter_samples_the_steps_own_batch(tiny_runs):
+    """E1's dense meter (protocol v4) samples each state along the batch the step then takes: for plain
+    SGD its drift sample is the realized first-order task term over 2η (task1 = 2z·J(−ηg) = 2η D), so
+    the window means agree to the float32 step's rounding; the fresh-batch meter (v3) samples the same
+    states along other batches and does not."""
+    run = tiny_runs["mlp"]
+    task1 = run.ledger.means()["task1"]
+    own = 2 * TINY.lr * run.meter["D"]
+    scale = np.abs(task1).max()
+    assert run.meter["n"] == run.ledger.steps == run.meter_fresh["n"]
+    np.testing.assert_allclose(own, task1, rtol=0, atol=1e-6 * scale)
+    fresh = 2 * TINY.lr * run.meter_fresh["D"]
+    assert np.max(np.abs(fresh - task1)) > 1e-2 * scale
 
 
 def test_table_terms_are_exact(tiny_runs):

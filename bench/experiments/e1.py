@@ -120,20 +120,21 @@ def table_e1(runs: list[tuple[str, dict]], ledger_timing: dict | None) -> str | 
         return None
     cols = (("dense_corrected_law", "dense, corrected law"), ("dense_law_without_curvature", "dense, no curvature"),
             ("dense_heat_only_law", "dense, heat-only"), ("full_law", "checkpoints, full law"),
-            ("heat_only_law", "checkpoints, heat-only"))
+            ("heat_only_law", "checkpoints, heat-only"), ("dense_fresh_batch_corrected_law", "dense, fresh batch (v3)"))
     rows = ["| seed | E1 variant (slope / r) | " + " | ".join(c for _, c in cols) + " | target met |",
             "|---" * (len(cols) + 3) + "|"]
     for seed, d in runs:
         for r in d["results"]:
-            rows.append(f"| {seed} | {e1_name(r)} | " + " | ".join(_sr(r["fits"][k]) for k, _ in cols)
+            rows.append(f"| {seed} | {e1_name(r)} | " + " | ".join(_sr(r["fits"][k]) if k in r["fits"] else "n/a"
+                                                                  for k, _ in cols)
                         + f" | {'yes' if r['target']['met'] else 'no'} |")
     d = runs[0][1]
     cfg, r0 = d["config"], d["results"][0]
     rows.append("")
     rows.append(f"{cfg['concepts']} concepts x {cfg['items_per_concept']} items, {cfg['steps']} steps, window = last "
                 f"{int(cfg['window'] * 100)}% ({r0['dense_samples']} steps); SGD lr {cfg['lr']}, heavy-ball lr "
-                f"{cfg['heavyball_lr']}, AdamW lr {cfg['adamw_lr']}, wd {cfg['weight_decay']} throughout. Dense: one "
-                f"fresh virtual batch at every step of the window. Checkpoints: {r0['checkpoints']} x (M = {cfg['M']}, "
+                f"{cfg['heavyball_lr']}, AdamW lr {cfg['adamw_lr']}, wd {cfg['weight_decay']} throughout. Dense: at every step "
+                f"of the window, along the batch the step takes{_meter_note(r0)}. Checkpoints: {r0['checkpoints']} x (M = {cfg['M']}, "
                 f"M_D = {cfg['drift_batches']}). Target: slope in [0.85, 1.15], r >= 0.93 (on the dense corrected law).")
     for seed, d in runs:
         t = d.get("timing")
@@ -143,6 +144,12 @@ def table_e1(runs: list[tuple[str, dict]], ledger_timing: dict | None) -> str | 
                         f"{t['wall_seconds'] / 60:.0f} min wall, {t['cpu_seconds'] / 60:.0f} min CPU on the shared "
                         f"2-core machine.")
     return "\n".join(rows)
+
+
+def _meter_note(r0: dict) -> str:
+    if r0.get("dense_meter_batch") == "own":
+        return "; fresh batch (v3): one fresh virtual batch per step instead"
+    return " (this run predates protocol v4: its dense meter took one fresh virtual batch per step)"
 
 
 def table_e1_snapshot(runs: list[tuple[str, dict]]) -> str | None:

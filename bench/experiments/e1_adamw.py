@@ -164,7 +164,7 @@ def run_variant(name: str, cfg, data, config: Config, progress: bool) -> dict[st
 
     variant = VARIANT_SPECS[name]
     t0 = time.perf_counter()
-    run = train(variant, cfg, data, progress=progress)
+    run = train(variant, cfg, data, meter=False, progress=progress)   # R: the fresh-batch meter
     observed = run.observed
     window = cfg.steps - window_start(cfg)
 
@@ -173,7 +173,7 @@ def run_variant(name: str, cfg, data, config: Config, progress: bool) -> dict[st
         return {"law": loglog_fit(law_norms(variant, s, cfg), observed),
                 "law_with_curvature": loglog_fit(law_norms(variant, corrected, cfg), observed)}
 
-    dense = run.meter
+    dense = run.meter_fresh
     out = {"variant": name, "beta1": variant.beta1, "window_steps": window,
            "real_window": dict(fits(dense), seconds=round(time.perf_counter() - t0, 1)), "runs": {}}
     for k, key in enumerate(r.strip() for r in config.runs.split(",")):

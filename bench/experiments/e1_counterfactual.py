@@ -136,7 +136,7 @@ def run_variant(name: str, cfg, data, config: Config, progress: bool) -> dict[st
 
     variant = VARIANT_SPECS[name]
     t0 = time.perf_counter()
-    run = train(variant, cfg, data, meter=False, progress=progress)
+    run = train(variant, cfg, data, meter=False, fresh_meter=False, progress=progress)
     n = data.x.shape[0]
     items = list(range(n))
     pairs = normfast.PairSource.from_iterable([(int(a), int(b)) for a, b in data.pairs])

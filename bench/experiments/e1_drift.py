@@ -65,7 +65,7 @@ def run_variant(name: str, cfg, data, groups: int, group_batches: int, progress:
     PairSource, InfoNCE, probe = normfast.PairSource, normfast.InfoNCE, normfast.probe
     variant = VARIANT_SPECS[name]
     t0 = time.perf_counter()
-    run = train(variant, cfg, data, progress=progress)
+    run = train(variant, cfg, data, meter=False, fresh_meter=False, progress=progress)
     if last:
         run.checkpoints = run.checkpoints[-last:]
     n = data.x.shape[0]

@@ -7,21 +7,28 @@ compared with the norm the item actually keeps. ``--ledger`` adds the
 radial-budget ledger: every step's realized change of every item's squared
 norm, split into its terms, beside the engine's estimates of the same terms.
 
-Protocol (v3; fixed before any fit of this version was computed; v2 was the
-same without the dense estimator, the curvature heat and the snapshot
-candidates):
+Protocol (v4; fixed before any fit of this version was computed; v3 fed the
+dense meter of step 3 a fresh batch instead of the step's own; v2 was v3
+without the dense estimator, the curvature heat and the snapshot candidates):
 
 1. train for ``steps`` steps with torch's own optimizer on batches drawn from
    a fixed pool of pairs;
 2. over the late window (the last ``window`` fraction of steps) record every
    item's norm every ``record_every`` steps and average -> observed norm;
-3. trajectory average, dense (the headline): at every step of the window draw
-   one fresh virtual batch (its own generator, independent of the training
-   batches) and sample the state's drift, heat and curvature heat along its
-   update direction (:class:`normfast.engine.trajectory.TrajectoryMeter`; κ
-   every 10 steps); solve the corrected law (heat + curvature heat,
+3. trajectory average, dense (the headline): at every step of the window
+   sample the state's drift, heat and curvature heat along the update
+   direction of the batch the training step then takes (its gradient before
+   the step; AdamW: the optimizer's v̂ as it stands)
+   (:class:`normfast.engine.trajectory.TrajectoryMeter`; κ every 10 steps);
+   solve the corrected law (heat + curvature heat,
    :mod:`normfast.core.equilibrium`) with the window means; also without the
-   curvature heat, and heat-only;
+   curvature heat, and heat-only; beside it, v3's dense meter (one fresh
+   virtual batch per step from its own generator, independent of the training
+   batches), corrected law; the target is read on the own-batch meter.
+   Why the step's own batch: both are one-batch samples of the same state
+   statistics, but the own-batch samples are the terms that actually moved
+   the norms (``python -m bench run e1_adamw``: every AdamW run metered along
+   its own batch fits, the same run metered along a fresh batch misses);
 4. trajectory average, checkpoints: at checkpoints every ``probe_every`` steps
    run the engine (``normfast.engine.probe``, jvp mode over all parameters,
    virtual batches from the same pool, same batch size, lr, weight decay and

@@ -46,10 +46,13 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
     r_dense = law_norms(variant, dict(dense, **{qcol: dense[qcol] + dense[ccol]}), cfg)
     r_dense_plain = law_norms(variant, dense, cfg)
     r_dense_heat = law_norms(variant, dict(dense, **{qcol: dense[qcol] + dense[ccol]}), cfg, heat_only=True)
+    fresh = run.meter_fresh
+    r_fresh = law_norms(variant, dict(fresh, **{qcol: fresh[qcol] + fresh[ccol]}), cfg)
     fits = {
         "dense_corrected_law": loglog_fit(r_dense, observed),
         "dense_law_without_curvature": loglog_fit(r_dense_plain, observed),
         "dense_heat_only_law": loglog_fit(r_dense_heat, observed),
+        "dense_fresh_batch_corrected_law": loglog_fit(r_fresh, observed),
         "full_law": loglog_fit(r_full, observed),
         "heat_only_law": loglog_fit(r_heat, observed),
         "last_checkpoint_full_law": loglog_fit(r_last, observed),
@@ -79,6 +82,8 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
         "target_checkpoint_law": _target(fits["full_law"]),
         "dense_samples": int(dense["n"]),
         "dense_seconds": round(run.meter_seconds, 1),
+        "dense_fresh_batch_seconds": round(run.meter_fresh_seconds, 1),
+        "dense_meter_batch": "own",
         "curvature_over_heat_median": float(np.median(dense[ccol] / dense[qcol])),
         "kappa": {"min": float(np.min(avg["kappa"])), "max": float(np.max(avg["kappa"]))},
         "drift_over_heat_median": float(np.median(np.abs(drift) / heat_scale)),
@@ -89,6 +94,7 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
         "probe_seconds": round(probed.seconds, 1),
         "observed": observed.tolist(),
         "predicted_dense": np.asarray(r_dense).tolist(),
+        "predicted_dense_fresh_batch": np.asarray(r_fresh).tolist(),
         "predicted_full": np.asarray(r_full).tolist(),
         "predicted_heat": np.asarray(r_heat).tolist(),
         "predicted_last_full": np.asarray(r_last).tolist(),

@@ -92,7 +92,8 @@ def _f(x: Any, digits: int = 3) -> str:
 
 TRAJECTORY_COLUMNS = (("dense_corrected_law", "dense, corrected"), ("dense_law_without_curvature", "dense, no curv."),
                       ("dense_heat_only_law", "dense, heat-only"), ("full_law", "checkpoints"),
-                      ("heat_only_law", "ckpt heat-only"), ("last_checkpoint_full_law", "last ckpt"))
+                      ("heat_only_law", "ckpt heat-only"), ("last_checkpoint_full_law", "last ckpt"),
+                      ("dense_fresh_batch_corrected_law", "dense, fresh batch"))
 
 
 def _fit(f: dict[str, float]) -> str:
@@ -104,7 +105,7 @@ def format_table(summary: dict[str, Any]) -> str:
     head = " | ".join(label for _, label in TRAJECTORY_COLUMNS)
     rows = [f"| variant | {head} | target met |", "|---" * (len(TRAJECTORY_COLUMNS) + 2) + "|"]
     for r in summary["results"]:
-        cells = " | ".join(_fit(r["fits"][k]) for k, _ in TRAJECTORY_COLUMNS)
+        cells = " | ".join(_fit(r["fits"][k]) if k in r["fits"] else "n/a" for k, _ in TRAJECTORY_COLUMNS)
         rows.append(f"| {r['variant']} | {cells} | {'yes' if r['target']['met'] else 'no'} |")
     if summary["results"] and "snapshot" in summary["results"][0]:
         from normfast.apps.validate.snapshot import CANDIDATES

@@ -38,8 +38,10 @@ class TrainingRun:
     losses: list[float]
     train_seconds: float
     ledger: Any = None                    # RealizedLedger when asked for
-    meter: dict[str, np.ndarray] | None = None   # dense trajectory statistics (TrajectoryMeter)
+    meter: dict[str, np.ndarray] | None = None   # dense trajectory statistics, own batch (TrajectoryMeter)
     meter_seconds: float = 0.0
+    meter_fresh: dict[str, np.ndarray] | None = None   # the same along a fresh batch (protocol v3's meter)
+    meter_fresh_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -48,13 +50,16 @@ def window_start(cfg: E1Config) -> int:
 
 
 def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: bool = False,
-          meter: bool = True, progress: bool = True) -> TrainingRun:
+          meter: bool = True, fresh_meter: bool = True, progress: bool = True) -> TrainingRun:
     """Train the variant's encoder for ``cfg.steps`` steps; record the window (see the module docstring).
 
-    ``meter``: at every step of the window, also draw one fresh virtual batch (from
-    its own generator, independent of the training batches) and feed its update
-    direction at the present state to a :class:`normfast.engine.trajectory.TrajectoryMeter`
+    ``meter``: at every step of the window, feed the update direction of the batch the
+    step then takes (its gradient, before the step; AdamW: the optimizer's ``v̂`` as it
+    stands) at the present state to a :class:`normfast.engine.trajectory.TrajectoryMeter`
     (drift, heat, curvature heat; κ every 10 steps): the dense trajectory average.
+    ``fresh_meter``: also a second meter fed one fresh virtual batch per step (its own
+    generator, independent of the training batches): protocol v3's dense meter, kept
+    beside it. Neither touches the training's random stream.
     """
     from normfast.apps.validate.ledger import RealizedLedger
     from normfast.engine.directions import adam_second_moments
@@ -69,18 +74,20 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
     rng = np.random.default_rng(cfg.seed + 2)
     pairs_t = torch.as_tensor(data.pairs)
     realized = RealizedLedger(enc, state_all, variant, cfg) if ledger else None
-    tracker = None
-    if meter:
-        from normfast.apps.validate.data import probe_config
-        from normfast.engine.trajectory import TrajectoryMeter
+    from normfast.apps.validate.data import probe_config
+    from normfast.engine.trajectory import TrajectoryMeter
 
-        tracker = TrajectoryMeter(enc, list(range(n_items)), probe_config(variant, cfg, n_items, batches=cfg.M,
-                                                                          drift_batches=cfg.drift_batches),
-                                  curvature=True)
-        fresh = np.random.default_rng(cfg.seed + 3)
-        params = list(enc.parameters())
-        names = [n for n, _ in enc.named_parameters()]
-    meter_seconds = 0.0
+    def new_meter() -> TrajectoryMeter:
+        return TrajectoryMeter(enc, list(range(n_items)), probe_config(variant, cfg, n_items, batches=cfg.M,
+                                                                       drift_batches=cfg.drift_batches),
+                               curvature=True)
+
+    tracker = new_meter() if meter else None
+    fresh_tracker = new_meter() if fresh_meter else None
+    fresh = np.random.default_rng(cfg.seed + 3)
+    params = list(enc.parameters())
+    names = [n for n, _ in enc.named_parameters()]
+    meter_seconds = fresh_seconds = 0.0
     observed: list[torch.Tensor] = []
     checkpoints: list[Checkpoint] = []
     losses: list[float] = []
@@ -94,15 +101,20 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
         opt.zero_grad(set_to_none=True)
         loss.backward()
         in_window = step >= start
-        if tracker is not None and in_window:
+        sm = adam_second_moments(opt, enc) if in_window and variant.optimizer == "adamw" else None
+        if tracker is not None and in_window:   # the step's own batch, at the state before the step
+            t1 = time.perf_counter()
+            grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in zip(names, params)}
+            tracker.add(tracker.direction(grads, sm), kappa=(step - start) % 10 == 0)
+            meter_seconds += time.perf_counter() - t1
+        if fresh_tracker is not None and in_window:   # a fresh batch (v3)
             t1 = time.perf_counter()
             jdx = torch.as_tensor(fresh.integers(0, len(pairs_t), cfg.batch_size))
             fresh_loss = objective.loss(enc(enc.prepare(pairs_t[jdx, 0].tolist())),
                                         enc(enc.prepare(pairs_t[jdx, 1].tolist())))
             grads = dict(zip(names, torch.autograd.grad(fresh_loss, params)))
-            sm = adam_second_moments(opt, enc) if variant.optimizer == "adamw" else None
-            tracker.add(tracker.direction(grads, sm), kappa=(step - start) % 10 == 0)
-            meter_seconds += time.perf_counter() - t1
+            fresh_tracker.add(fresh_tracker.direction(grads, sm), kappa=(step - start) % 10 == 0)
+            fresh_seconds += time.perf_counter() - t1
         if realized is not None:
             realized.before_step(record=in_window)
         opt.step()
@@ -124,7 +136,8 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
     return TrainingRun(variant, enc, opt, stacked.mean(0).numpy(),
                        (stacked[:half].mean(0).numpy(), stacked[half:].mean(0).numpy()),
                        checkpoints, losses, train_seconds, realized,
-                       tracker.statistics() if tracker is not None else None, meter_seconds)
+                       tracker.statistics() if tracker is not None else None, meter_seconds,
+                       fresh_tracker.statistics() if fresh_tracker is not None else None, fresh_seconds)
 
 
 def load_checkpoint(encoder: Any, ck: Checkpoint) -> None:
