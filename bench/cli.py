@@ -205,7 +205,7 @@ def cmd_figures(argv: Sequence[str]) -> int:
     args = p.parse_args(list(argv))
     module = harness.load(args.name)
     draw = getattr(module, "figures", None)
-    if draw is None or getattr(module, "WRITES_OWN_FILES", False):
+    if draw is None:
         print(f"{PROG} figures: {args.name} has no figures to redraw from its JSON", file=sys.stderr)
         return 2
     if not args.json.is_file():

@@ -268,8 +268,13 @@ def test_figures_are_redrawn_from_a_result_json(tmp_path, capsys):
     assert main(["figures", "e1_counterfactual", "--json", str(src), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "e1_counterfactual.png").stat().st_size > 10_000
     assert main(["figures", "e1_counterfactual", "--json", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
-    assert main(["figures", "e1", "--json", str(src), "--out", str(tmp_path)]) == 2
     assert "no such result file" in capsys.readouterr().err
+    assert main(["figures", "e1", "--json", str(src), "--out", str(tmp_path)]) == 2   # not an E1 result
+    assert "figures need 'observed'" in capsys.readouterr().err
+    assert main(["figures", "e1", "--json", str(QUICK_DIR / "equilibrium.json"), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "equilibrium.png").stat().st_size > 10_000
+    assert main(["figures", "e1_adamw", "--json", str(src), "--out", str(tmp_path)]) == 2
+    assert "has no figures to redraw" in capsys.readouterr().err
 
 
 def test_e1_adamw_quick(tmp_path, capsys):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from argparse import Namespace
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from bench.common import fmt, product_protocol
@@ -58,6 +59,15 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
         result["ledger"] = read_json(ctx.out / "ledger.json")
         result["_written"] += ["ledger.json", "ledger.png"]
     return result
+
+
+def figures(result: dict[str, Any], out: Path) -> list[Path]:
+    """Redraw equilibrium.png from an equilibrium.json (``python -m bench figures e1 --json F --out D``;
+    a run draws its own)."""
+    from normfast.apps.validate.report import plot
+
+    plot(result["results"], out / "equilibrium.png")
+    return [out / "equilibrium.png"]
 
 
 def tables(result: dict[str, Any]) -> dict[str, str]:

@@ -19,27 +19,58 @@ def _plt():
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
-    """Observed stationary norm against each predictor, one panel per variant."""
+    """Observed stationary norm against each trajectory-average law, one panel per variant: the dense
+    law along the steps' own batches (the headline), along fresh batches (protocol v3) and the
+    checkpoints' law."""
+    from matplotlib.ticker import FuncFormatter
+
     plt = _plt()
     n = len(results)
-    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.8), squeeze=False)
-    for ax, res in zip(axes[0], results):
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4.1 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+
+    def ticks(axis: Any) -> tuple[FuncFormatter, FuncFormatter]:
+        """Plain-number labels; minor ticks labelled at 2, 3 and 5 x 10^k, or all of them when the axis
+        spans less than a factor of 3 (else a narrow range would carry no label at all)."""
+        def minor(v: float, _: Any) -> str:
+            lo, hi = axis.get_view_interval()
+            lead = round(v / 10 ** np.floor(np.log10(v)), 6)
+            return f"{v:.2g}" if hi / lo < 3 or lead in (2, 3, 5) else ""
+        return FuncFormatter(lambda v, _: f"{v:.2g}"), FuncFormatter(minor)
+
+    for ax, res in zip(axes.flat, results):
         obs = np.asarray(res["observed"])
-        series = [("predicted_full", "tab:blue", "full law"), ("predicted_heat", "tab:orange", "heat only")]
-        if "predicted_snapshot" in res:
-            series.append(("predicted_snapshot", "tab:green", "single snapshot"))
-        for key, color, label in series:
+        series = (("predicted_full", "tab:blue", "checkpoints, full law", "full_law"),
+                  ("predicted_dense_fresh_batch", "tab:orange", "dense, fresh batch (v3)",
+                   "dense_fresh_batch_corrected_law"),
+                  ("predicted_dense", "tab:red", "dense, own batch", "dense_corrected_law"))
+        shown = [s for s in series if s[0] in res]
+        values = [obs]
+        for key, color, label, fit in shown:
             pred = np.asarray(res[key], dtype=float)
-            ax.loglog(pred, obs, ".", ms=3, color=color, alpha=0.6, label=label)
-        lo = np.nanmin([obs.min(), np.nanmin(np.asarray(res["predicted_full"], dtype=float))])
-        hi = np.nanmax([obs.max(), np.nanmax(np.asarray(res["predicted_full"], dtype=float))])
+            values.append(pred[np.isfinite(pred)])
+            f = res["fits"].get(fit)
+            tag = f" ({f['slope']:.2f} / {f['pearson_r']:.3f})" if f else ""
+            ax.loglog(pred, obs, ".", ms=3, color=color, alpha=0.6, label=label + tag)
+        lo = min(float(v.min()) for v in values if v.size)
+        hi = max(float(v.max()) for v in values if v.size)
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-        f = res["fits"]["full_law"]
-        ax.set_title(f"{res['variant']} ({res['optimizer']})\nfull law: slope {f['slope']:.2f}, r {f['pearson_r']:.3f}",
-                     fontsize=9)
+        head = "dense_corrected_law" if "predicted_dense" in res else "full_law"
+        f = res["fits"][head]
+        ax.set_title(f"{res['variant']} ({res['optimizer']})\n{head.replace('_', ' ')}: slope {f['slope']:.2f}, "
+                     f"r {f['pearson_r']:.3f}", fontsize=9)
+        for axis in (ax.xaxis, ax.yaxis):
+            major, minor = ticks(axis)
+            axis.set_major_formatter(major)
+            axis.set_minor_formatter(minor)
+        ax.tick_params(which="minor", labelsize=6)
+        ax.tick_params(axis="x", which="both", labelrotation=45)
         ax.set_xlabel("predicted R_eq")
         ax.set_ylabel("observed stationary norm")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper left", title="law (slope / r)", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
