@@ -33,6 +33,7 @@ STABLE: dict[str, tuple[str, ...]] = {
     "normfast.apps.validate.laws": ("TARGET_R", "TARGET_SLOPE", "law_norms"),
     "normfast.apps.validate.training": ("train", "load_checkpoint", "window_start"),
     "normfast.apps.validate.experiment": ("interval_coverage",),
+    "normfast.apps.validate.report": ("plot",),
     # the trajectory pieces E1's counterfactual and AdamW studies continue training with
     "normfast.engine.snapshot": ("relaxation_steps", "snapshot_prediction"),
     "normfast.engine.trajectory": ("TrajectoryMeter", "start_adam"),

@@ -34,7 +34,8 @@ def table_headline() -> str | None:
         return None
 
     def span(xs: list[float], fmt: str = ".3f") -> str:
-        return f"{min(xs):{fmt}}–{max(xs):{fmt}}"
+        lo, hi = f"{min(xs):{fmt}}", f"{max(xs):{fmt}}"
+        return lo if lo == hi else f"{lo}–{hi}"
 
     def ci(f: dict, key: str) -> str:
         lo, hi = f[f"{key}_ci95"]
@@ -47,8 +48,13 @@ def table_headline() -> str | None:
                          ("AdamW, β1 = 0.9 and 0", [r for r in runs if r["optimizer"] == "adamw"])):
         fits = [r["fits"]["dense_corrected_law"] for r in group]
         met = sum(r["target"]["met"] for r in group)
-        rows.append(f"| E1, small encoders trained to equilibrium, {label} (2 seeds) | slope "
-                    f"{span([f['slope'] for f in fits])}, r {span([f['pearson_r'] for f in fits])} | "
+        fresh = [r["fits"]["dense_fresh_batch_corrected_law"] for r in group
+                 if "dense_fresh_batch_corrected_law" in r["fits"]]
+        v3 = (f"; along fresh batches (v3): slope {span([f['slope'] for f in fresh])}, r "
+              f"{span([f['pearson_r'] for f in fresh])}") if fresh and "AdamW" in label else ""
+        rows.append(f"| E1, small encoders trained to equilibrium, {label} (2 seeds) | dense law along the steps' "
+                    f"own batches: slope {span([f['slope'] for f in fits])}, r {span([f['pearson_r'] for f in fits])}"
+                    f"{v3} | "
                     f"{target.format(runs[0]['target']['pearson_r'])} | met in {met} of {len(group)} runs |")
     snap = [d["snapshot_choice"]["scores"][d["snapshot_choice"]["winner"]]["targets_met"] for d in e1]
     rows.append(f"| E1, single-snapshot predictor `r_eq_snapshot` | met on {snap[0]} of 4 choice variants at "
@@ -69,9 +75,12 @@ def table_headline() -> str | None:
                 f"{sum(g['ci_low'] > 0 for g in gains)} of {len(gains)} gains above 0 (95% CI) | "
                 f"a gain | no gain |")
     k = str(cal["decision"]["default_K"])
-    cov = {q: [m[k][q]["coverage"] for m in cal["results"].values()] for q in ("D", "V2")}
-    rows.append(f"| Error bars, coverage of the 95% intervals at K = {k} | D {span(cov['D'])}, "
-                f"V2 {span(cov['V2'])} | [{cal['band'][0]:.2f}, {cal['band'][1]:.2f}] | "
+    parts = [q for q in ("D", "V2", "heat_rel") if q in next(iter(cal["results"].values()))[k]]
+    cov = {q: [m[k][q]["coverage"] for m in cal["results"].values()] for q in parts}
+    names = {"D": "D", "V2": "V2", "heat_rel": "relative heat"}
+    rows.append(f"| Error bars, coverage of the 95% intervals at K = {k} | "
+                + ", ".join(f"{names[q]} {span(cov[q])}" for q in parts) + " | "
+                f"[{cal['band'][0]:.2f}, {cal['band'][1]:.2f}] | "
                 f"{'met (point estimates)' if cal['decision']['met'] else 'not met'} |")
     r = be["ratios"]
     head = [v for key, v in r.items() if key.startswith("head/")]
