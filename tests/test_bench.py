@@ -256,7 +256,7 @@ def test_e1_counterfactual_quick(tmp_path, capsys):
     assert all(a["steps"] >= 50 and a["T_relaxations"] >= 0.99 * a["T_relaxations_asked"] for a in c["answers"])
     assert d["verdict"]["per_change"][0]["change"] == "wd x4" and "Protocol (v1" not in d["protocol"]
     assert (out / "e1_counterfactual.png").stat().st_size > 10_000
-    assert "| MLP, no biases | wd x4 |" in printed and "`r_eq_snapshot`" in printed
+    assert "| 0 | MLP, no biases | wd x4 |" in printed and "`r_eq_snapshot`" in printed
 
 
 def test_figures_are_redrawn_from_a_result_json(tmp_path, capsys):

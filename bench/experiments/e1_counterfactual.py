@@ -52,8 +52,8 @@ from bench.common import fmt
 from bench.experiments.e1 import e1_name, e1_setup
 from bench.harness import Context, UsageError
 
-RESULTS = ("e1_counterfactual.json",)
-FIGURES = ("e1_counterfactual.png",)
+RESULTS = ("e1_counterfactual.json", "e1_seed1/e1_counterfactual.json")
+FIGURES = ("e1_counterfactual.png", "e1_seed1/e1_counterfactual.png")
 TABLES = ("e1-counterfactual", "e1-counterfactual-level")
 
 #: the relaxation times asked of the snapshot (protocol step 4)
@@ -276,7 +276,16 @@ def figures(result: dict[str, Any], out: Path) -> list[Path]:
 
 
 def tables(result: dict[str, Any]) -> dict[str, str]:
-    return {"e1-counterfactual": table_counterfactual(result), "e1-counterfactual-level": table_level(result)}
+    """The tables for this run alone."""
+    runs = [(str(result.get("config", {}).get("seed", "")), result)]
+    return {"e1-counterfactual": table_counterfactual(runs), "e1-counterfactual-level": table_level(runs)}
+
+
+def blocks(load) -> dict[str, str | None]:
+    """The committed runs, seed 0 and the fresh seed 1, in one table each."""
+    runs = [(seed, d) for seed, path in zip(("0", "1 (fresh)"), RESULTS) if (d := load(path))]
+    return {"e1-counterfactual": table_counterfactual(runs) if runs else None,
+            "e1-counterfactual-level": table_level(runs) if runs else None}
 
 
 def level(values: list[float], observed: list[float]) -> float:
@@ -284,42 +293,46 @@ def level(values: list[float], observed: list[float]) -> float:
     return float(np.nanmedian(np.asarray(values, dtype=float) / np.asarray(observed, dtype=float)))
 
 
-def table_level(d: dict[str, Any]) -> str:
+def table_level(runs: list[tuple[str, dict[str, Any]]]) -> str:
     """The read-out added after the first full run (not in protocol v1): each answer's level, the median
     of answer / observed, and the coverage of its 95% interval."""
     Ts = " | ".join(f"T = {t:g}" for t in T_RELAXATIONS)
-    rows = [f"| E1 variant | change | answer: median answer / observed (interval coverage) | present norm | {Ts} |",
-            "|---" * (4 + len(T_RELAXATIONS)) + "|"]
-    for r in d["results"]:
-        for c in r["changes"]:
-            if "answers" not in c:
-                continue
-            pres = fmt(level(r["present_norm_values"], c["observed"]))
-            for key in ("r_eq_snapshot", "norm_continued"):
-                cells = " | ".join(f"{fmt(level(a[key + '_values'], c['observed']))} "
-                                   f"({fmt(a['coverage'][key]['coverage'], 2)})" for a in c["answers"])
-                rows.append(f"| {e1_name(r)} | {c['change']} | `{key}` | {pres} | {cells} |")
+    rows = [f"| seed | E1 variant | change | answer: median answer / observed (interval coverage) | present norm | "
+            f"{Ts} |", "|---" * (5 + len(T_RELAXATIONS)) + "|"]
+    for seed, d in runs:
+        for r in d["results"]:
+            for c in r["changes"]:
+                if "answers" not in c:
+                    continue
+                pres = fmt(level(r["present_norm_values"], c["observed"]))
+                for key in ("r_eq_snapshot", "norm_continued"):
+                    cells = " | ".join(f"{fmt(level(a[key + '_values'], c['observed']))} "
+                                       f"({fmt(a['coverage'][key]['coverage'], 2)})" for a in c["answers"])
+                    rows.append(f"| {seed} | {e1_name(r)} | {c['change']} | `{key}` | {pres} | {cells} |")
     return "\n".join(rows)
 
 
-def table_counterfactual(d: dict[str, Any]) -> str:
+def table_counterfactual(runs: list[tuple[str, dict[str, Any]]]) -> str:
     Ts = " | ".join(f"T = {t:g}" for t in T_RELAXATIONS)
-    rows = [f"| E1 variant | change | observed / present (median) | answer (slope / r) | present norm | {Ts} |",
-            "|---" * (5 + len(T_RELAXATIONS)) + "|"]
-    for r in d["results"]:
-        for c in r["changes"]:
-            if "answers" not in c:
-                rows.append(f"| {e1_name(r)} | {c['change']} | skipped: {c['skipped']} |" + " |" * (3 + len(T_RELAXATIONS)))
-                continue
-            for key in ("r_eq_snapshot", "norm_continued"):
-                cells = " | ".join(f"{fmt(a[key]['slope'])} / {fmt(a[key]['pearson_r'])}" for a in c["answers"])
-                pres = f"{fmt(c['present_norm']['slope'])} / {fmt(c['present_norm']['pearson_r'])}"
-                rows.append(f"| {e1_name(r)} | {c['change']} | {fmt(c['observed_over_present_median'])} | "
-                            f"`{key}` | {pres} | {cells} |")
-    v = d.get("verdict", {})
+    rows = [f"| seed | E1 variant | change | observed / present (median) | answer (slope / r) | present norm | {Ts} |",
+            "|---" * (6 + len(T_RELAXATIONS)) + "|"]
+    for seed, d in runs:
+        for r in d["results"]:
+            for c in r["changes"]:
+                if "answers" not in c:
+                    rows.append(f"| {seed} | {e1_name(r)} | {c['change']} | skipped: {c['skipped']} |"
+                                + " |" * (3 + len(T_RELAXATIONS)))
+                    continue
+                for key in ("r_eq_snapshot", "norm_continued"):
+                    cells = " | ".join(f"{fmt(a[key]['slope'])} / {fmt(a[key]['pearson_r'])}" for a in c["answers"])
+                    pres = f"{fmt(c['present_norm']['slope'])} / {fmt(c['present_norm']['pearson_r'])}"
+                    rows.append(f"| {seed} | {e1_name(r)} | {c['change']} | {fmt(c['observed_over_present_median'])} | "
+                                f"`{key}` | {pres} | {cells} |")
     rows.append("")
     rows.append("T in relaxation times of R² at the new settings (at least 50 virtual steps: for the fast changes "
                 "the first columns cover more than asked, see the JSON). Target met (the law at T <= 1 where the "
-                f"continuation is not): {'yes' if v.get('target_met_anywhere') else 'no'} in some case, "
-                f"{'yes' if v.get('target_met_everywhere') else 'no'} in all.")
+                "continuation is not): " + "; ".join(
+                    f"seed {seed}: {'yes' if d.get('verdict', {}).get('target_met_anywhere') else 'no'} in some "
+                    f"case, {'yes' if d.get('verdict', {}).get('target_met_everywhere') else 'no'} in all"
+                    for seed, d in runs) + ".")
     return "\n".join(rows)
