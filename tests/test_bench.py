@@ -343,3 +343,14 @@ def test_gensim_experiments_quick(tmp_path, name):
     d = json.loads((out / load(name).RESULTS[0]).read_text())
     assert d["quick"] is True and list(d["models"]) == ["all-MiniLM-L6-v2"]
     assert f"## {name}" in printed
+
+
+def test_e1_ledger_table_says_na_for_a_lag_the_window_cannot_hold():
+    """A short window has too few blocks for the lag-5 autocorrelation: the table says n/a (it used to raise)."""
+    from bench.experiments.e1 import table_e1_ledger
+
+    ledger = json.loads((QUICK_DIR / "ledger.json").read_text())
+    for r in ledger["results"]:
+        r["drift_time_structure"]["block_autocorrelation_by_lag"].pop("5", None)
+    text = table_e1_ledger(ledger)
+    assert " / n/a, r " in text and "MLP, no biases" in text

@@ -99,6 +99,12 @@ E1_NAMES = {"mlp": "MLP, no biases", "mlp_bias": "MLP, biases", "table": "embedd
             "mlp_heavyball": "MLP, heavy-ball SGD β = 0.9"}
 
 
+def _lag(t: dict, lag: str) -> str:
+    """A block autocorrelation, or n/a when the window holds too few blocks for that lag."""
+    v = t["block_autocorrelation_by_lag"].get(lag)
+    return "n/a" if v is None else f"{v:+.2f}"
+
+
 def _sr(fit: dict) -> str:
     return f"{fmt(fit['slope'])} / {fmt(fit['pearson_r'])}"
 
@@ -225,7 +231,7 @@ def table_e1_ledger(d: dict) -> str:
                     "1 and 5, and the per-item r of the last checkpoint's estimate against the window's realized "
                     "term: " + "; ".join(
                         f"{e1_name(r)} {t['median_block_std_over_abs_window_mean']:.1f}, "
-                        f"{t['block_autocorrelation_by_lag']['1']:+.2f} / {t['block_autocorrelation_by_lag']['5']:+.2f}, "
+                        f"{_lag(t, '1')} / {_lag(t, '5')}, "
                         f"r {t['per_item_r_last_checkpoint_drift_vs_window_realized']:+.2f}" for r, t in ts) + ".")
     return "\n".join(rows)
 
