@@ -187,10 +187,14 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 
 def on_files(files, config):
-    """bench/results/*.png become results/*.png of the site (read from where they are)."""
+    """bench/results/**/*.png become results/**/*.png of the site (read from where they are; the
+    toy-size bench/results/quick/ is not a result)."""
     from mkdocs.structure.files import File
 
-    for png in sorted(RESULTS.glob("*.png")):
-        files.append(File(f"results/{png.name}", src_dir=str(RESULTS.parent), dest_dir=config["site_dir"],
+    for png in sorted(RESULTS.rglob("*.png")):
+        rel = png.relative_to(RESULTS)
+        if rel.parts[0] == "quick":
+            continue
+        files.append(File(f"results/{rel.as_posix()}", src_dir=str(RESULTS.parent), dest_dir=config["site_dir"],
                           use_directory_urls=config["use_directory_urls"]))
     return files

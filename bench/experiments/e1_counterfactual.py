@@ -266,7 +266,8 @@ def figures(result: dict[str, Any], out: Path) -> list[Path]:
                 Line2D([], [], color="k", marker="s", ls="--", mfc="none", label="norm_continued"),
                 Line2D([], [], color="k", marker="x", ls="none", label="present norm (left of the axis)")]
     fig.legend(handles=handles, loc="lower center", ncol=6, frameon=False, fontsize=9)
-    fig.suptitle("Other settings asked of one snapshot: the law (solid) is mostly nearer the observed level than "
+    seed = result.get("config", {}).get("seed", 0)   # the first committed run predates the config in the JSON
+    fig.suptitle(f"Seed {seed}. Other settings asked of one snapshot: the law (solid) is mostly nearer the observed level than "
                  "the continuation (dashed); few reach ±10% (grey) by T = 1", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     path = out / "e1_counterfactual.png"
