@@ -1,6 +1,7 @@
 """E1 counterfactual: where would the norms settle at other settings, asked of one snapshot?
 
     python -m bench run e1_counterfactual --out bench/results            # seed 0
+    python -m bench run e1_counterfactual --seed 1 --out bench/results/e1_seed1   # the fresh seed
     python -m bench run e1_counterfactual --quick                         # toy size: no evidence
 
 E1's snapshot sits at the stationary state of the very settings it is asked about,
