@@ -43,11 +43,14 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
     r_last_heat = law_norms(variant, last, cfg, heat_only=True)
     dense = run.meter
     qcol, ccol = ("Q_w", "Q_curv_w") if adam else ("Q", "Q_curv")
-    r_dense = law_norms(variant, dict(dense, **{qcol: dense[qcol] + dense[ccol]}), cfg)
+
+    def corrected(m: dict[str, Any]) -> dict[str, Any]:   # heat plus curvature heat
+        return dict(m, **{qcol: m[qcol] + m[ccol]})
+
+    r_dense = law_norms(variant, corrected(dense), cfg)
     r_dense_plain = law_norms(variant, dense, cfg)
-    r_dense_heat = law_norms(variant, dict(dense, **{qcol: dense[qcol] + dense[ccol]}), cfg, heat_only=True)
-    fresh = run.meter_fresh
-    r_fresh = law_norms(variant, dict(fresh, **{qcol: fresh[qcol] + fresh[ccol]}), cfg)
+    r_dense_heat = law_norms(variant, corrected(dense), cfg, heat_only=True)
+    r_fresh = law_norms(variant, corrected(run.meter_fresh), cfg)
     fits = {
         "dense_corrected_law": loglog_fit(r_dense, observed),
         "dense_law_without_curvature": loglog_fit(r_dense_plain, observed),

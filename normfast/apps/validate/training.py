@@ -101,11 +101,13 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
         opt.zero_grad(set_to_none=True)
         loss.backward()
         in_window = step >= start
-        sm = adam_second_moments(opt, enc) if in_window and variant.optimizer == "adamw" else None
+        metered = in_window and (tracker is not None or fresh_tracker is not None)
+        sm = adam_second_moments(opt, enc) if metered and variant.optimizer == "adamw" else None
+        kappa = (step - start) % 10 == 0
         if tracker is not None and in_window:   # the step's own batch, at the state before the step
             t1 = time.perf_counter()
             grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in zip(names, params)}
-            tracker.add(tracker.direction(grads, sm), kappa=(step - start) % 10 == 0)
+            tracker.add(tracker.direction(grads, sm), kappa=kappa)
             meter_seconds += time.perf_counter() - t1
         if fresh_tracker is not None and in_window:   # a fresh batch (v3)
             t1 = time.perf_counter()
@@ -113,7 +115,7 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
             fresh_loss = objective.loss(enc(enc.prepare(pairs_t[jdx, 0].tolist())),
                                         enc(enc.prepare(pairs_t[jdx, 1].tolist())))
             grads = dict(zip(names, torch.autograd.grad(fresh_loss, params)))
-            fresh_tracker.add(fresh_tracker.direction(grads, sm), kappa=(step - start) % 10 == 0)
+            fresh_tracker.add(fresh_tracker.direction(grads, sm), kappa=kappa)
             fresh_seconds += time.perf_counter() - t1
         if realized is not None:
             realized.before_step(record=in_window)
