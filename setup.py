@@ -30,14 +30,32 @@ ext = Pybind11Extension(
 )
 
 setup(
-    packages=["normfast", "normfast.core", "normfast.core.reference", "normfast.engine", "normfast.engine.head",
-              "normfast.engine.page", "normfast.encoders", "normfast.data", "normfast.apps", "normfast.apps.validate",
-              "normfast.apps.benchmark", "normfast.apps.retrieval", "normfast.apps.training", "normfast.apps.monitor",
-              "normfast.kernels"],
+    packages=[
+        "normfast",
+        "normfast.apps",
+        "normfast.apps.retrieval",
+        "normfast.apps.throughput",
+        "normfast.core",
+        "normfast.core.reference",
+        "normfast.data",
+        "normfast.encoders",
+        "normfast.engine",
+        "normfast.engine.diagnostics",
+        "normfast.engine.directions",
+        "normfast.engine.estimators",
+        "normfast.engine.monitor",
+        "normfast.engine.report",
+        "normfast.engine.report.page",
+        "normfast.engine.runner",
+        "normfast.engine.trajectory",
+        "normfast.engine.transmission",
+        "normfast.engine.transmission.head",
+        "normfast.kernels",
+    ],
     package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
     # the page's template, script and style (normfast view) are read from the installed package
     package_data={"normfast": ["py.typed"], "normfast.core": ["*.pyi"],
-                  "normfast.engine.page": ["*.j2", "*.js", "*.css"]},
+                  "normfast.engine.report.page": ["*.j2", "*.js", "*.css"]},
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
 )

@@ -7,8 +7,8 @@
     python -m bench figures NAME --json FILE --out DIR   # redraw NAME's figures from a result JSON
 
 ``run`` writes under ``runs/NAME`` unless ``--out`` says otherwise; the
-committed results in ``bench/results`` change only with an explicit
-``--out bench/results``. The options of an experiment are generated from its
+committed results in ``bench/results/NAME`` change only with an explicit
+``--out bench/results/NAME``. The options of an experiment are generated from its
 ``Config`` dataclass: a field ``batch_size`` is ``--batch-size``; a boolean
 field is a flag (``--name``, or ``--no-name`` when it defaults to true); a
 tuple takes several values. ``--quick`` starts from ``Config.quick()``, and
@@ -62,7 +62,7 @@ def config_parser(name: str, module: Any) -> argparse.ArgumentParser:
                    "config's seed, else 0); Python, numpy and torch are seeded with it")
     p.add_argument("--out", type=Path, default=None,
                    help=f"output folder (default {default_out(name)}, git-ignored; the committed results: "
-                        f"--out bench/results)")
+                        f"--out bench/results/{name})")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     g = p.add_argument_group(f"{name} options (fields of its Config)")
     hints = _types(module.Config)

@@ -23,7 +23,7 @@ def offline() -> None:
 
 
 def product_protocol(module: str) -> str:
-    """The docstring of a product's package (``normfast.apps.validate``, ...), read without importing
+    """The docstring of a product's package (``bench.experiments.e1``, ...), read without importing
     it (they import torch): a product experiment states the protocol its command states."""
     import ast
     import importlib.util
@@ -173,11 +173,3 @@ def binned(values: np.ndarray, keys: np.ndarray, edges: Sequence[float] | None) 
         rows.append({"lo": lo, "hi": hi, "center": (lo + hi) / 2, "n": n, "mean": mean,
                      "ci_low": mean - half, "ci_high": mean + half})
     return rows
-
-
-def quantiles(v: np.ndarray) -> dict[str, float]:
-    v = v[np.isfinite(v)]
-    if not v.size:
-        return {"p10": math.nan, "median": math.nan, "p90": math.nan}
-    p10, p50, p90 = np.percentile(v, [10, 50, 90])
-    return {"p10": float(p10), "median": float(p50), "p90": float(p90)}

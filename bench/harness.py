@@ -5,7 +5,7 @@ needs several modules) with:
 
 * its protocol in the module docstring (the first line is its title);
 * ``RESULTS``, ``FIGURES``, ``TABLES``: the JSON and PNG file names it writes
-  (as committed under ``bench/results``) and the README/docs blocks it renders;
+  (as committed under ``bench/results/NAME``) and the README/docs blocks it renders;
 * ``Config``: one dataclass; every field is a command-line option of
   ``python -m bench run NAME`` (:mod:`bench.cli`); ``Config.quick()`` gives
   the quick size; an optional ``validate()`` raises ``ValueError`` on bad
@@ -21,10 +21,10 @@ needs several modules) with:
   ``result_name(config)`` (when the JSON's name depends on the config) and
   ``JSON`` (a :class:`JsonStyle`; the format each committed file has).
 
-Products (``e1`` runs ``normfast validate``, ``throughput`` runs ``normfast
-bench``) and ``gpu_check`` (which rewrites its report after every stage, so
-that a crash keeps what was measured) write their own files:
-``WRITES_OWN_FILES = True``.
+``e1`` (two result files, written as it goes), ``throughput`` (it runs the
+product command ``normfast throughput``) and ``gpu_check`` (which rewrites its
+report after every stage, so that a crash keeps what was measured) write their
+own files: ``WRITES_OWN_FILES = True``.
 
 The runner (:func:`execute`) seeds Python, numpy and torch, times the run,
 writes the JSON, calls the figure function and returns what to print. Raise
@@ -51,8 +51,18 @@ EXPERIMENTS = ("e1", "e1_drift", "e1_counterfactual", "e1_adamw", "e2", "e3", "e
                "throughput")
 #: the committed results
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-#: the quick runs whose JSON is committed (bench/results/quick): ``--quick`` reproduces them exactly
-QUICK_DIR = RESULTS_DIR / "quick"
+#: the quick runs whose JSON is committed (bench/results/NAME/quick): ``--quick`` reproduces them exactly
+QUICK = "quick"
+
+
+def results_dir(name: str) -> Path:
+    """Where experiment ``name``'s committed results live: ``bench/results/NAME``."""
+    return RESULTS_DIR / name
+
+
+def quick_dir(name: str) -> Path:
+    """Where experiment ``name``'s committed quick results live: ``bench/results/NAME/quick``."""
+    return RESULTS_DIR / name / QUICK
 
 
 class UsageError(Exception):

@@ -16,7 +16,7 @@ def _load(name: str) -> dict | None:
 
 def table_demo_excerpt() -> str | None:
     """The README's excerpt of the demo's output: its head, up to the error-bar lines."""
-    path = RESULTS_DIR / "demo_output.txt"
+    path = RESULTS_DIR / "demo" / "demo_output.txt"
     if not path.exists():
         return None
     lines = path.read_text().splitlines()
@@ -26,10 +26,11 @@ def table_demo_excerpt() -> str | None:
 
 def table_headline() -> str | None:
     """The README's one small table: the headline of each study, from the same JSON as its own table."""
-    e1 = [_load("equilibrium.json"), _load("e1_seed1/equilibrium.json")]
-    a, b = _load("e2_real_encoder_A.json"), _load("e2_real_encoder_B.json")
-    e4, hj, cal, be, st = (_load(n) for n in ("e4_retrieval.json", "human_judgments.json", "calibration.json",
-                                              "bench.json", "streaming.json"))
+    e1 = [_load("e1/equilibrium.json"), _load("e1/seed1/equilibrium.json")]
+    a, b = _load("e2/e2_real_encoder_A.json"), _load("e2/e2_real_encoder_B.json")
+    e4, hj, cal, be, st = (_load(n) for n in ("e4/e4_retrieval.json", "judgments/human_judgments.json",
+                                              "calibration/calibration.json", "throughput/throughput.json",
+                                              "streaming/streaming.json"))
     if None in (*e1, a, b, e4, hj, cal, be, st):
         return None
 

@@ -22,14 +22,15 @@ from bench.headline import table_demo_excerpt, table_headline
 
 
 def committed(name: str) -> dict[str, Any] | None:
-    """The committed result file ``bench/results/<name>`` (a relative path), or None when absent."""
+    """The committed result file ``bench/results/<name>`` (a path relative to bench/results), or None
+    when absent."""
     path = RESULTS_DIR / name
     return read_json(path) if path.exists() else None
 
 
 def table_demo() -> str | None:
-    """What ``normfast demo`` printed (bench/results/demo_output.txt): a product's output, no experiment's."""
-    path = RESULTS_DIR / "demo_output.txt"
+    """What ``normfast demo`` printed (bench/results/demo/demo_output.txt): a product's output, no experiment's."""
+    path = RESULTS_DIR / "demo" / "demo_output.txt"
     if not path.exists():
         return None
     return "```\n" + path.read_text().rstrip("\n") + "\n```"
@@ -47,9 +48,9 @@ def experiment_blocks(name: str) -> dict[str, str]:
     """The blocks of experiment ``name`` from the committed results (only those it has data for)."""
     module = load(name)
     if hasattr(module, "blocks"):
-        found = module.blocks(committed)
+        found = module.blocks(lambda rel: committed(f"{name}/{rel}"))
     else:
-        d = committed(module.RESULTS[0])
+        d = committed(f"{name}/{module.RESULTS[0]}")
         found = {} if d is None else module.tables(d)
     return {k: v for k, v in found.items() if k in module.TABLES and v is not None}
 

@@ -6,13 +6,14 @@ A page asks for generated content with a marker on a line of its own:
     <!-- cli:COMMAND -->      `normfast COMMAND --help` from the real argparse parser
                               (cli:main: `normfast --help`; cli:commands: every command, one section each)
     <!-- schema:output -->    the Parquet columns and metadata keys (normfast.data.schema)
-    <!-- schema:monitor -->   a training monitor folder's columns and keys (normfast.data.monitor_schema)
+    <!-- schema:monitor -->   a training monitor folder's columns and keys (normfast.engine.monitor.schema)
     <!-- api:NAME NAME ... --> mkdocstrings blocks for public names of `import normfast`
                               (api:ops: the array backend, normfast.ops)
+    <!-- stable:modules -->   the stable internals and what each offers (normfast.stable)
     <!-- include:PATH -->     a file of the repository, as it is (e.g. bench/NOTES.md)
 
-A marker that names nothing known fails the build. The figures in bench/results/*.png join the
-site as results/NAME.png (on_files), so pages link them as ../results/NAME.png without a copy in
+A marker that names nothing known fails the build. The figures in bench/results/**/*.png join the
+site as results/EXPERIMENT/NAME.png (on_files), so pages link them as ../results/EXPERIMENT/NAME.png without a copy in
 docs/. `expand()` needs neither mkdocs nor a build: the tests call it on every page.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-MARKER = re.compile(r"^<!-- (?P<kind>results|cli|schema|api|include):(?P<arg>[^>]*?) -->[ \t]*$", re.M)
+MARKER = re.compile(r"^<!-- (?P<kind>results|cli|schema|api|stable|include):(?P<arg>[^>]*?) -->[ \t]*$", re.M)
 HELP_WIDTH = "100"  # argparse wraps help to $COLUMNS: a fixed width makes the pages reproducible
 
 
@@ -86,7 +87,8 @@ def cli_help(command: str) -> str:
 
 
 def schema_tables(which: str = "output") -> str:
-    from normfast.data import monitor_schema, schema
+    from normfast.data import schema
+    from normfast.engine.monitor import schema as monitor_schema
 
     return (monitor_schema if which == "monitor" else schema).render_markdown()
 
@@ -125,6 +127,22 @@ def api_blocks(arg: str) -> str:
     return "\n".join(out)
 
 
+def stable_table(arg: str) -> str:
+    """The stable internals (normfast.stable): one row per module, with the names of its __all__."""
+    import importlib
+
+    from normfast import stable
+
+    if arg != "modules":
+        raise MarkerError(f"stable:{arg}: only stable:modules exists")
+    rows = [f"Version {stable.VERSION} (`normfast.stable.VERSION`).", "",
+            "| module | what it offers | its `__all__` |", "|---|---|---|"]
+    for module, what in stable.MODULES.items():
+        names = ", ".join(f"`{n}`" for n in importlib.import_module(module).__all__)
+        rows.append(f"| `{module}` | {what} | {names} |")
+    return "\n".join(rows)
+
+
 def include(arg: str) -> str:
     path = (ROOT / arg).resolve()
     if ROOT not in path.parents or not path.is_file():
@@ -147,6 +165,8 @@ def render(kind: str, arg: str) -> str:
         return schema_tables(arg)
     if kind == "api":
         return api_blocks(arg)
+    if kind == "stable":
+        return stable_table(arg)
     return include(arg)
 
 
@@ -188,12 +208,12 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 def on_files(files, config):
     """bench/results/**/*.png become results/**/*.png of the site (read from where they are; the
-    toy-size bench/results/quick/ is not a result)."""
+    toy-size bench/results/NAME/quick/ is not a result)."""
     from mkdocs.structure.files import File
 
     for png in sorted(RESULTS.rglob("*.png")):
         rel = png.relative_to(RESULTS)
-        if rel.parts[0] == "quick":
+        if "quick" in rel.parts[:-1]:
             continue
         files.append(File(f"results/{rel.as_posix()}", src_dir=str(RESULTS.parent), dest_dir=config["site_dir"],
                           use_directory_urls=config["use_directory_urls"]))

@@ -265,3 +265,7 @@ def accumulate(
         # the autotuner's trial runs must not fold the directions in twice
         restore=("MEAN_ptr", "MEANW_ptr", "MOM_ptr", "CNT_ptr", "CROSS_ptr", "REASON_ptr"),
     ))
+
+
+#: the jitted kernel itself: its source hash is part of the resource report (:mod:`.resources`)
+KERNEL = _accumulate_kernel

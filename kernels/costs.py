@@ -12,13 +12,24 @@ read once per launch, are amortized away unless ``n`` is given). FLOPs count
 * ``executed_flops``: the products the tensor or FMA units execute,
   including the padding of the last tiles (``useful_flops`` without it).
 
-The torch-path counts follow :func:`normfast.engine.ops.head_stats` and
+The torch-path counts follow :func:`normfast.ops.head_stats` and
 ``ProbeAccumulator``'s torch update on the same device: fp32 compute, every
 intermediate written to and read back from memory.
 """
 from __future__ import annotations
 
 import math
+
+__all__ = [
+    "ELEMENT_BYTES",
+    "accumulate_cost",
+    "accumulate_torch_cost",
+    "floor_seconds",
+    "head_epilogue_bytes",
+    "head_stack_cost",
+    "head_stack_shape",
+    "head_torch_cost",
+]
 
 #: Bytes per element of the kernels' input dtypes.
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

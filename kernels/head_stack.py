@@ -306,3 +306,12 @@ def _check_stack_operands(fn: str, A: torch.Tensor, Z: torch.Tensor, G: torch.Te
         raise ValueError(f"{fn}: expected d_out * d_in and d_in**2 below 2**31 (one direction "
                          f"or second-moment matrix per offset range), got G.shape={tuple(G.shape)}")
     return n, d_in, d_out, G.shape[0], S.shape[0], S
+
+
+#: the jitted kernel itself: its source hash is part of the resource report (:mod:`.resources`)
+KERNEL = _head_stack_kernel
+
+__all__ = [
+    "head_stack",
+    "head_stack_operands",
+]

@@ -21,7 +21,7 @@ import torch
 from .head_stack import head_stack
 from .utils import capturing
 
-# Reason codes of normfast.engine.ops.REASONS (literal here: kernels import nothing from the engine).
+# Reason codes of normfast.ops.REASONS (literal here: kernels import nothing from the engine).
 _ZERO_NORM, _NON_FINITE_EMBEDDING, _NON_FINITE_DISPLACEMENT = 1, 2, 3
 
 

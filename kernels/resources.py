@@ -33,6 +33,22 @@ import triton
 
 from .utils import KernelLaunch, capture_launches, interpreted
 
+__all__ = [
+    "REGISTER_CAP",
+    "SM_LIMITS",
+    "SWEEP",
+    "compile_key",
+    "compile_launch",
+    "config_label",
+    "describe_variant",
+    "kernel_source_keys",
+    "occupancy",
+    "planned_variants",
+    "shipped_launches",
+    "to_json",
+    "variant_problems",
+]
+
 #: Per-SM limits used for the theoretical occupancy (CUDA programming guide,
 #: "Compute capabilities", table of technical specifications; the register
 #: file is allocated per warp in units of 256 registers, shared memory in
@@ -289,10 +305,10 @@ def describe_variant(entry: dict) -> dict:
 
 def kernel_source_keys() -> dict[str, str]:
     """Triton's source hash of every kernel (changes with the kernel or anything it calls)."""
-    from .accumulate import _accumulate_kernel
-    from .head_stack import _head_stack_kernel
+    from .accumulate import KERNEL as accumulate_kernel
+    from .head_stack import KERNEL as head_stack_kernel
 
-    return {k.__name__: k.cache_key for k in (_accumulate_kernel, _head_stack_kernel)}
+    return {k.__name__: k.cache_key for k in (accumulate_kernel, head_stack_kernel)}
 
 
 def to_json(obj: Any) -> Any:

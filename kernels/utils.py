@@ -23,6 +23,26 @@ from typing import Any, Callable, Iterator
 import torch
 import triton
 
+__all__ = [
+    "KERNEL_INPUT_DTYPES",
+    "KernelLaunch",
+    "MAX_BLOCK_ROWS",
+    "MAX_FUSED_DIM",
+    "accumulate_configs",
+    "autotuning",
+    "block_sizes",
+    "capture_launches",
+    "capturing",
+    "check_kernel_device",
+    "check_kernel_dtype",
+    "head_configs",
+    "head_operand_class",
+    "interpreted",
+    "last_config",
+    "launch",
+    "operand_dtype",
+]
+
 #: Input dtypes every kernel accepts. Accumulation is always fp32.
 KERNEL_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

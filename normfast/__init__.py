@@ -38,13 +38,13 @@ _LAZY = {
     "ModuleEncoder": "normfast.encoders",
     "PairSource": "normfast.data.pairs",
     "virtual_batches": "normfast.data.pairs",
-    "Objective": "normfast.engine.objectives",
-    "check_scale_invariance": "normfast.engine.objectives",
-    "InfoNCE": "normfast.engine.objectives",
-    "CLIPLoss": "normfast.engine.objectives",
-    "SupCon": "normfast.engine.objectives",
-    "SimCSE": "normfast.engine.objectives",
-    "get_objective": "normfast.engine.objectives",
+    "Objective": "normfast.engine.directions.objectives",
+    "check_scale_invariance": "normfast.engine.directions.objectives",
+    "InfoNCE": "normfast.engine.directions.objectives",
+    "CLIPLoss": "normfast.engine.directions.objectives",
+    "SupCon": "normfast.engine.directions.objectives",
+    "SimCSE": "normfast.engine.directions.objectives",
+    "get_objective": "normfast.engine.directions.objectives",
     "solve_quartic": "normfast.core.equilibrium",
     "equilibrium_coefficients": "normfast.core.equilibrium",
     "equilibrium_norm": "normfast.core.equilibrium",
@@ -54,12 +54,12 @@ _LAZY = {
     "rescale_documents": "normfast.apps.retrieval.scoring",
     "alpha_sweep": "normfast.apps.retrieval.sweep",
     "export_faiss": "normfast.apps.retrieval.scoring",
-    "TrainingMonitor": "normfast.engine.monitor",
-    "MonitorCallback": "normfast.apps.monitor.callbacks",
-    "LightningMonitor": "normfast.apps.monitor.lightning",
+    "TrainingMonitor": "normfast.engine.monitor.recorder",
+    "MonitorCallback": "normfast.engine.monitor.callbacks",
+    "LightningMonitor": "normfast.engine.monitor.lightning",
 }
 # public sub-modules reachable as attributes
-_MODULES = {"ops": "normfast.engine.ops"}
+_MODULES = {"ops": "normfast.ops"}
 
 __all__ = ["__version__", *_LAZY, *_MODULES]
 

@@ -57,39 +57,39 @@ REQUIRE_DATA = os.environ.get("NORMFAST_REQUIRE_DATA", "") not in ("", "0")
 #: unit -> node-id prefixes of its tests, slowest first (the order they are handed out in); a unit
 #: of one test only moves that test to the front
 WORK_UNITS: dict[str, tuple[str, ...]] = {
-    "e2": ("tests/test_e2.py::", "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e2_quick]"),
-    "gpu_check": ("tests/test_gpu_check.py::test_dry_run", "tests/test_gpu_check.py::test_tests_stage",
-                  "tests/test_gpu_check.py::test_ceilings", "tests/test_gpu_check.py::test_e2e",
-                  "tests/test_gpu_check.py::test_a_hung_and_a_failing_stage"),
-    # the tests that start gloo ranks or forked CLI runs: one fork server (tests/test_distributed.py) for
+    "e2": ("tests/experiments/test_e2.py::", "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e2_quick]"),
+    "gpu_check": ("tests/experiments/test_gpu_check.py::test_dry_run", "tests/experiments/test_gpu_check.py::test_tests_stage",
+                  "tests/experiments/test_gpu_check.py::test_ceilings", "tests/experiments/test_gpu_check.py::test_e2e",
+                  "tests/experiments/test_gpu_check.py::test_a_hung_and_a_failing_stage"),
+    # the tests that start gloo ranks or forked CLI runs: one fork server (tests/engine/runner/test_distributed.py) for
     # all of them (the fault suite's module fixture, its reference run, is built once there too)
-    "gloo_ranks": ("tests/test_distributed.py::test_sharded_runs", "tests/test_distributed.py::test_killed_rank",
-                   "tests/test_corpus.py::test_corpus_run_shards_over_ranks", "tests/test_faults.py::"),
-    "e5": ("tests/test_e5.py::", "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e5_quick]"),
-    "demo": ("tests/test_outputs.py::test_demo_",
-             "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[demo_run]"),
-    "bench": ("tests/test_benchmark.py::",
-              "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[bench_quick]"),
+    "gloo_ranks": ("tests/engine/runner/test_distributed.py::test_sharded_runs", "tests/engine/runner/test_distributed.py::test_killed_rank",
+                   "tests/data/test_corpus.py::test_corpus_run_shards_over_ranks", "tests/faults/test_runs.py::"),
+    "e5": ("tests/experiments/test_e5.py::", "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e5_quick]"),
+    "demo": ("tests/apps/test_outputs.py::test_demo_",
+             "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[demo_run]"),
+    "bench": ("tests/apps/test_throughput.py::",
+              "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[bench_quick]"),
     # the WordNet tests share the e4 run's WordNet reader (its synsets parsed once, not on two workers)
-    "e4": ("tests/test_e3_e4.py::test_e4_",
-           "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e4_quick]",
-           "tests/test_datasets.py::"),
-    "e1": ("tests/test_bench.py::test_e1_quick",),
-    "validate": ("tests/test_validate.py::",),
-    # the harness's quick runs that start processes or load MiniLM (tests/test_bench.py): handed out early
-    "streaming": ("tests/test_bench.py::test_streaming_quick",),
-    "kernel_resources_quick": ("tests/test_bench.py::test_kernel_resources_quick",),
-    "kernel_resources": ("tests/test_kernel_resources.py::",),
+    "e4": ("tests/experiments/test_e3_e4.py::test_e4_",
+           "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e4_quick]",
+           "tests/data/test_datasets.py::"),
+    "e1": ("tests/experiments/test_harness.py::test_e1_quick",),
+    "validate": ("tests/experiments/test_e1.py::",),
+    # the harness's quick runs that start processes or load MiniLM (tests/experiments/test_harness.py): handed out early
+    "streaming": ("tests/experiments/test_harness.py::test_streaming_quick",),
+    "kernel_resources_quick": ("tests/experiments/test_harness.py::test_kernel_resources_quick",),
+    "kernel_resources": ("tests/kernels/test_resources.py::",),
     # adaptive M loads MiniLM as E3 does: on the same worker, transformers is imported once
-    "e3": ("tests/test_e3_e4.py::test_e3_",
-           "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[e3_quick]",
-           "tests/test_bench.py::test_adaptive_m_quick"),
-    "cli": ("tests/test_outputs.py::test_cli_quick_paths",
-            "tests/test_outputs.py::test_quick_path_leaves_the_repository_clean[cli_runs]"),
-    "finetune_resume": ("tests/test_finetune.py::test_an_interrupted_run_resumes",),
+    "e3": ("tests/experiments/test_e3_e4.py::test_e3_",
+           "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e3_quick]",
+           "tests/experiments/test_harness.py::test_adaptive_m_quick"),
+    "cli": ("tests/apps/test_outputs.py::test_cli_quick_paths",
+            "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[cli_runs]"),
+    "finetune_resume": ("tests/experiments/test_training.py::test_an_interrupted_run_resumes",),
     # module fixtures of small real runs (and one browser) shared by every test of the module
-    "view": ("tests/test_view.py::",),
-    "parquet_readers": ("tests/test_parquet_readers.py::",),
+    "view": ("tests/engine/report/test_view.py::",),
+    "parquet_readers": ("tests/data/test_parquet_readers.py::",),
 }
 #: quick-run fixture -> the unit of every test that reads it (checked at collection)
 QUICK_RUN_UNITS = {"e2_quick": "e2", "e3_quick": "e3", "e4_quick": "e4", "e5_quick": "e5",
@@ -187,7 +187,7 @@ def single_thread():
 #
 # Each quick path runs once per session, in a copy of the working tree that is its own git
 # repository, with the default output location: the tests read the results from there, and
-# tests/test_outputs.py checks that `git status` of each copy stays clean (every default output
+# tests/apps/test_outputs.py checks that `git status` of each copy stays clean (every default output
 # lands in the ignored runs/, never in bench/results/). A copy per quick path (a fraction of a
 # second each) lets the quick runs spread over the workers, and a dirty copy names its path.
 
@@ -266,7 +266,7 @@ def run_cli(copy: Path, *args: str) -> str:
     return _run_main(copy, main, list(args), "normfast")
 
 
-#: the committed quick results (bench/results/quick, its README lists the commands): experiment ->
+#: the committed quick results (bench/results/NAME/quick; bench/results/README.md lists the commands): experiment ->
 #: (the options after ``python -m bench run NAME``, the files it writes there); the quick-run
 #: fixtures below run exactly these
 QUICK_COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
@@ -286,16 +286,16 @@ QUICK_COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
 
 
 def assert_reproduces(name: str, out: Path) -> None:
-    """The run in ``out`` equals the committed quick result of ``name`` (bench/results/quick), apart
-    from the fields that describe the clock or the machine (bench.harness.comparable)."""
-    from bench.harness import QUICK_DIR, comparable
+    """The run in ``out`` equals the committed quick result of ``name`` (bench/results/NAME/quick),
+    apart from the fields that describe the clock or the machine (bench.harness.comparable)."""
+    from bench.harness import comparable, quick_dir
 
     for file in QUICK_COMMANDS[name][1]:
-        committed = json.loads((QUICK_DIR / file).read_text())
+        committed = json.loads((quick_dir(name) / file).read_text())
         got = json.loads((out / file).read_text())
         assert comparable(got) == comparable(committed), (
-            f"{out / file} differs from bench/results/quick/{file}: rerun python -m bench run {name} "
-            f"{' '.join(QUICK_COMMANDS[name][0])} --out bench/results/quick if the change is meant")
+            f"{out / file} differs from bench/results/{name}/quick/{file}: rerun python -m bench run {name} "
+            f"{' '.join(QUICK_COMMANDS[name][0])} --out bench/results/{name}/quick if the change is meant")
 
 
 @pytest.fixture(scope="session")
@@ -337,11 +337,11 @@ def e2_quick(repo_copies) -> tuple[dict, Path, str]:
 
 @pytest.fixture(scope="session")
 def bench_quick(repo_copies) -> tuple[int, Path, dict]:
-    # the product `normfast bench`, through the harness (python -m bench run throughput)
+    # the product `normfast throughput`, through the harness (python -m bench run throughput)
     copy = repo_copies("bench_quick")
     run_bench(copy, "throughput", "--quick", "--no-progress", "--threads", "1")
     out = copy / "runs" / "throughput"
-    return 0, out, json.loads((out / "bench.json").read_text())
+    return 0, out, json.loads((out / "throughput.json").read_text())
 
 
 @pytest.fixture(scope="session")
@@ -368,7 +368,7 @@ def minilm_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_bert_folder(tmp_path_factory, minilm_tokenizer) -> Path:
     """A saved 2-layer random BERT with MiniLM's tokenizer: a local model folder for the CLI."""
-    from _models import tiny_bert
+    from tests._models import tiny_bert
 
     folder = tmp_path_factory.mktemp("tiny-bert")
     tiny_bert(minilm_tokenizer).save_pretrained(folder)

@@ -6,7 +6,7 @@
 Both sides fold ``K`` directions of displacements ``t [K, N, d]`` for ``N``
 probes into per-probe running statistics, repeatedly, on the same data:
 
-* ``normfast``: :meth:`normfast.engine.ops.ProbeAccumulator.update`. On CUDA this
+* ``normfast``: :meth:`normfast.ops.ProbeAccumulator.update`. On CUDA this
   is the fused Triton kernel (one read of ``t``: branch scaling, radial dot,
   squared norm and the shifted-sum merge in one pass). On CPU there is no
   Triton kernel: the accumulator runs its torch path, so the CPU ratio only
@@ -16,7 +16,7 @@ probes into per-probe running statistics, repeatedly, on the same data:
 
 Accuracy is checked first (both against a float64 brute force), then each
 side is timed (p20/p50/p80 of per-update time). Writes OUT/accumulate.json
-(OUT: runs/accumulate by default; the committed result: --out bench/results)
+(OUT: runs/accumulate by default; the committed result: --out bench/results/accumulate)
 and prints a markdown table. Only the ratios measured in the same run are
 claims.
 """
@@ -167,7 +167,7 @@ def run_case(n, d, k, dtype, device, updates, repeats, check_rows):
 def run(config: Config, ctx: Context) -> dict[str, Any]:
     import torch
 
-    from normfast.apps.benchmark import cpu_model
+    from normfast.apps.throughput import cpu_model
 
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, config.dtype)

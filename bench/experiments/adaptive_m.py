@@ -1,6 +1,6 @@
 """Adaptive M on the demo's words: how many heat batches a target precision takes, and what it costs.
 
-    python -m bench run adaptive_m [--words 500] [--target-rse 0.1] [--out bench/results]
+    python -m bench run adaptive_m [--words 500] [--target-rse 0.1] [--out bench/results/adaptive_m]
 
 The demo's probe (all-MiniLM-L6-v2, token rows, SimCSE, the last transformer
 layer probed, batch size 32, lr 1e-3, wd 1e-2, the default drift from
@@ -55,7 +55,7 @@ class Config:
 
 
 def summarize(res, pilot_rows: int, quantile: float) -> dict:
-    from normfast.engine.uncertainty import t_quantile
+    from normfast.engine.estimators import t_quantile
 
     valid = res.column("valid").astype(bool)
     rse = res.column("se_V2") / res.column("V2")
@@ -77,7 +77,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
 
     import normfast
     from normfast.data.word_frequencies import top_words
-    from normfast.engine.provenance import library_versions
+    from normfast.engine.runner import library_versions
 
     args = config
     torch.set_num_threads(args.threads)

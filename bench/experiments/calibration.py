@@ -1,6 +1,6 @@
 """Calibration of the error bars: do the nominal 95% intervals cover the truth 95% of the time?
 
-    python -m bench run calibration [--quick] [--out bench/results]
+    python -m bench run calibration [--quick] [--out bench/results/calibration]
 
 Protocol (fixed before any coverage was computed; the default number of
 groups K is chosen by it, not by speed):
@@ -52,7 +52,7 @@ The heat's two parts (added for issue 25; written before their first run):
   hits cannot place a coverage within a band of 0.08).
 
 Writes OUT/calibration.json and OUT/calibration.png (OUT defaults to
-runs/calibration; the committed result is written with ``--out bench/results``).
+runs/calibration; the committed result is written with ``--out bench/results/calibration``).
 """
 from __future__ import annotations
 
@@ -238,7 +238,7 @@ def truth(model: dict[str, Any], p: Protocol) -> dict[str, np.ndarray]:
 
 
 def intervals(cols: dict[str, np.ndarray], k: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    from normfast.engine.uncertainty import t_quantile
+    from normfast.engine.estimators import t_quantile
 
     tq = t_quantile(k - 1)
     out = {}
@@ -266,7 +266,7 @@ def evaluate(model: dict[str, Any], true: dict[str, np.ndarray], p: Protocol, k:
     from tqdm.auto import tqdm
 
     from normfast import ProbeConfig, probe
-    from normfast.engine.uncertainty import t_quantile
+    from normfast.engine.estimators import t_quantile
 
     hits = {q: [] for q in QUANTITIES}
     widths = {q: [] for q in QUANTITIES}
@@ -345,7 +345,7 @@ def figures(summary: dict[str, Any], out: Path) -> list[Path]:
 def run(args: Config, ctx: Context) -> dict[str, Any]:
     import torch
 
-    from normfast.engine.provenance import library_versions as _library_versions
+    from normfast.engine.runner import library_versions as _library_versions
 
     torch.set_num_threads(args.threads)
     p = args.protocol()

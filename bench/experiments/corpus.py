@@ -2,7 +2,7 @@
 all-MiniLM-L6-v2 and all-mpnet-base-v2, aggregated per vocabulary entry and per word.
 
     python -m bench run corpus                         # the protocol below, into runs/corpus
-    python -m bench run corpus --out bench/results     # the committed result
+    python -m bench run corpus --out bench/results/corpus     # the committed result
     python -m bench run corpus --quick                 # 6 documents, MiniLM, M = 4
 
 Needs gensim's test data (``pip install "normfast[gensim]"``) and, for MPNet, the
@@ -37,7 +37,7 @@ Protocol (fixed from a timing pilot before any result was computed):
   probe (A-B-A); the ratio is probe time / mean forward time, in wall and in CPU
   seconds of this process. tokens/s counts every token row (special tokens
   included) over the probe's wall time, directions and solve included.
-* Aggregation (:func:`normfast.engine.aggregate.aggregate`): by vocabulary entry
+* Aggregation (:func:`normfast.engine.report.aggregate.aggregate`): by vocabulary entry
   (``token_id``) and by whole word (case-folded, value = mean over the word's
   pieces); special tokens left out. Hottest / coldest types: mean V2 among types
   with at least ``MIN_COUNT`` = 5 valid occurrences, with their counts and SEs.
@@ -155,7 +155,7 @@ def extremes(table: Any, by: str) -> dict[str, list[dict[str, Any]]]:
 def run_model(name: str, args: Config, docs: list[str], probe_dir: Path, progress: bool) -> dict[str, Any]:
     from normfast import ProbeConfig, load_encoder, probe
     from normfast.data.corpus import CorpusWindows, split_sentences
-    from normfast.engine.aggregate import aggregate
+    from normfast.engine.report import aggregate
 
     spec, params = MODELS[name]
     n_docs = args.documents or DOCUMENTS[name]
@@ -206,7 +206,7 @@ def run_model(name: str, args: Config, docs: list[str], probe_dir: Path, progres
 
 
 def figures(summary: dict[str, Any], out: Path) -> list[Path]:
-    from normfast.engine.aggregate import plot_type_heat
+    from normfast.engine.report import plot_type_heat
 
     plt = pyplot()
     results, tables_of = summary["models"], summary["_token_tables"]
@@ -246,7 +246,7 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
     import torch
 
     from normfast.data.gensim_data import lee_background
-    from normfast.engine.provenance import library_versions as _library_versions
+    from normfast.engine.runner import library_versions as _library_versions
 
     torch.set_num_threads(args.threads)
     try:

@@ -1,7 +1,7 @@
 """E1 AdamW: why the law fails on the real training window but holds on a virtual continuation.
 
-    python -m bench run e1_adamw --out bench/results                     # seed 0, both AdamW variants
-    python -m bench run e1_adamw --seed 1 --out bench/results/e1_seed1   # the fresh seed
+    python -m bench run e1_adamw --out bench/results/e1_adamw                     # seed 0, both AdamW variants
+    python -m bench run e1_adamw --seed 1 --out bench/results/e1_adamw/seed1   # the fresh seed
     python -m bench run e1_adamw --quick                                  # toy size: no evidence
 
 On E1's AdamW variants the law fed the dense means along the real training window
@@ -60,7 +60,7 @@ from bench.common import fmt
 from bench.experiments.e1 import e1_name, e1_setup
 from bench.harness import Context, UsageError
 
-RESULTS = ("e1_adamw.json", "e1_seed1/e1_adamw.json")
+RESULTS = ("e1_adamw.json", "seed1/e1_adamw.json")
 FIGURES = ()
 TABLES = ("e1-adamw",)
 
@@ -98,8 +98,8 @@ def walk(run, cfg, data, *, start: str, state: str, steps: int, sampler: str, me
     from tqdm.auto import tqdm
 
     from normfast import InfoNCE
-    from normfast.apps.validate.data import make_optimizer, probe_config
-    from normfast.apps.validate.training import load_checkpoint
+    from bench.experiments.e1.data import variant_optimizer, probe_config
+    from bench.experiments.e1.training import load_checkpoint
     from normfast.data.pairs import virtual_batches
     from normfast.engine.directions import adam_second_moments
     from normfast.engine.trajectory import TrajectoryMeter, start_adam
@@ -107,7 +107,7 @@ def walk(run, cfg, data, *, start: str, state: str, steps: int, sampler: str, me
     variant = run.variant
     enc = copy.deepcopy(run.encoder)
     names = [n for n, _ in enc.named_parameters()]
-    opt = make_optimizer(variant, cfg, enc.parameters())
+    opt = variant_optimizer(variant, cfg, enc.parameters())
     if state == "training":   # the training optimizer's own state at the end of training
         opt.load_state_dict(run.optimizer.state_dict())
     else:                     # the engine's way: the snapshot's v̂, a zero first moment
@@ -157,9 +157,9 @@ def walk(run, cfg, data, *, start: str, state: str, steps: int, sampler: str, me
 
 
 def run_variant(name: str, cfg, data, config: Config, progress: bool) -> dict[str, Any]:
-    from normfast.apps.validate.data import VARIANT_SPECS
-    from normfast.apps.validate.laws import law_norms
-    from normfast.apps.validate.training import train, window_start
+    from bench.experiments.e1.data import VARIANT_SPECS
+    from bench.experiments.e1.laws import law_norms
+    from bench.experiments.e1.training import train, window_start
     from normfast.core.stats import loglog_fit
 
     variant = VARIANT_SPECS[name]
@@ -195,7 +195,7 @@ def run_variant(name: str, cfg, data, config: Config, progress: bool) -> dict[st
 
 
 def run(config: Config, ctx: Context) -> dict[str, Any]:
-    from normfast.apps.validate.data import VARIANT_SPECS
+    from bench.experiments.e1.data import VARIANT_SPECS
 
     variants = [v.strip() for v in config.variants.split(",") if v.strip()]
     wrong = [v for v in variants if v not in VARIANT_SPECS or VARIANT_SPECS[v].optimizer != "adamw"]

@@ -1,7 +1,7 @@
 """E1 counterfactual: where would the norms settle at other settings, asked of one snapshot?
 
-    python -m bench run e1_counterfactual --out bench/results            # seed 0
-    python -m bench run e1_counterfactual --seed 1 --out bench/results/e1_seed1   # the fresh seed
+    python -m bench run e1_counterfactual --out bench/results/e1_counterfactual            # seed 0
+    python -m bench run e1_counterfactual --seed 1 --out bench/results/e1_counterfactual/seed1   # the fresh seed
     python -m bench run e1_counterfactual --quick                         # toy size: no evidence
 
 E1's snapshot sits at the stationary state of the very settings it is asked about,
@@ -53,8 +53,8 @@ from bench.common import fmt
 from bench.experiments.e1 import e1_name, e1_setup
 from bench.harness import Context, UsageError
 
-RESULTS = ("e1_counterfactual.json", "e1_seed1/e1_counterfactual.json")
-FIGURES = ("e1_counterfactual.png", "e1_seed1/e1_counterfactual.png")
+RESULTS = ("e1_counterfactual.json", "seed1/e1_counterfactual.json")
+FIGURES = ("e1_counterfactual.png", "seed1/e1_counterfactual.png")
 TABLES = ("e1-counterfactual", "e1-counterfactual-level")
 
 #: the relaxation times asked of the snapshot (protocol step 4)
@@ -97,10 +97,10 @@ def observe(run, cfg2, variant, data, steps_burn: int, steps_window: int, seed: 
     from tqdm.auto import tqdm
 
     from normfast import InfoNCE
-    from normfast.apps.validate.data import make_optimizer
+    from bench.experiments.e1.data import variant_optimizer
 
     enc = copy.deepcopy(run.encoder)
-    opt = make_optimizer(variant, cfg2, enc.parameters())
+    opt = variant_optimizer(variant, cfg2, enc.parameters())
     opt.load_state_dict(run.optimizer.state_dict())
     for g in opt.param_groups:  # the loaded state carries the old settings: set the new ones
         g["lr"], g["weight_decay"] = variant.lr(cfg2), cfg2.weight_decay
@@ -127,12 +127,12 @@ def run_variant(name: str, cfg, data, config: Config, progress: bool) -> dict[st
     import torch
 
     import normfast
-    from normfast.apps.validate.data import VARIANT_SPECS, probe_config
-    from normfast.apps.validate.experiment import interval_coverage
-    from normfast.apps.validate.training import train
+    from bench.experiments.e1.data import VARIANT_SPECS, probe_config
+    from bench.experiments.e1.experiment import interval_coverage
+    from bench.experiments.e1.training import train
     from normfast.core.stats import loglog_fit
     from normfast.engine.directions import adam_second_moments
-    from normfast.engine.snapshot import relaxation_steps, snapshot_prediction
+    from normfast.engine.trajectory import relaxation_steps, snapshot_prediction
     from normfast.engine.trajectory import TrajectoryMeter
 
     variant = VARIANT_SPECS[name]
@@ -186,7 +186,7 @@ def run_variant(name: str, cfg, data, config: Config, progress: bool) -> dict[st
 
 def verdict(result: dict[str, Any]) -> dict[str, Any]:
     """Protocol step 6, per (variant, change): the smallest T at which each answer meets the target."""
-    from normfast.apps.validate.laws import TARGET_R, TARGET_SLOPE
+    from bench.experiments.e1.laws import TARGET_R, TARGET_SLOPE
 
     lo, hi = TARGET_SLOPE
 
@@ -210,7 +210,7 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(config: Config, ctx: Context) -> dict[str, Any]:
-    from normfast.apps.validate import VARIANTS
+    from bench.experiments.e1.data import VARIANTS
 
     unknown = [v for v in config.variants.split(",") if v.strip() and v.strip() not in VARIANTS]
     known = {c for cs in CHANGES.values() for c in cs}

@@ -1,6 +1,6 @@
 """E1 drift diagnostics: how precise must the drift be, and how fast does it move along the window?
 
-For each variant: train as E1 does (``normfast.apps.validate``), then at every
+For each variant: train as E1 does (``bench.experiments.e1``), then at every
 checkpoint of the window probe the model ``--groups`` times, each time on
 ``--group-batches`` fresh virtual batches (independent seeds). From the per
 checkpoint, per group drifts:
@@ -57,9 +57,9 @@ def run_variant(name: str, cfg, data, groups: int, group_batches: int, progress:
     from tqdm.auto import tqdm
 
     import normfast
-    from normfast.apps.validate.data import VARIANT_SPECS, probe_config
-    from normfast.apps.validate.laws import law_norms
-    from normfast.apps.validate.training import load_checkpoint, train
+    from bench.experiments.e1.data import VARIANT_SPECS, probe_config
+    from bench.experiments.e1.laws import law_norms
+    from bench.experiments.e1.training import load_checkpoint, train
     from normfast.core.stats import loglog_fit
 
     PairSource, InfoNCE, probe = normfast.PairSource, normfast.InfoNCE, normfast.probe

@@ -44,7 +44,7 @@ Protocol (fixed before any run; see DESIGN §5, E3):
 
 Writes ``e3_token_norms.json``, ``e3_zipf_bins.png`` and ``e3_depth_bins.png``
 into ``--out`` (default ``runs/e3``, ignored by git; the committed results come
-from ``--out bench/results``).
+from ``--out bench/results/e3``).
 """
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.common import binned, bootstrap_rank_corrs, offline, pyplot, quantiles, save
+from bench.common import binned, bootstrap_rank_corrs, offline, pyplot, save
+from normfast.core.stats import quantiles
 from bench.harness import Context
 
 RESULTS = ("e3_token_norms.json",)
@@ -171,7 +172,7 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
     from normfast.core.stats import loglog_fit
     from normfast.data.wordnet import load_wordnet
     from normfast.data.word_frequencies import top_words, zipf_frequency
-    from normfast.engine.provenance import library_versions as _library_versions
+    from normfast.engine.runner import library_versions as _library_versions
 
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)

@@ -32,7 +32,7 @@ Protocol (fixed before any run):
 
 Writes ``e4_retrieval.json`` and ``e4_ndcg_vs_alpha.png`` into ``--out``
 (default ``runs/e4``, ignored by git; the committed results come from
-``--out bench/results``); with ``--beir DIR`` the names get ``_<DIR name>``.
+``--out bench/results/e4``); with ``--beir DIR`` the names get ``_<DIR name>``.
 """
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
     from normfast.apps.retrieval import DEFAULT_ALPHAS, METRICS
     from normfast.encoders.text import encode_texts, wordpiece_lengths
     from normfast.core.bootstrap import paired_bootstrap_means, spearman_ci
-    from normfast.engine.provenance import library_versions as _library_versions
+    from normfast.engine.runner import library_versions as _library_versions
 
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """Head mode's forms against the naive per-batch loop and against their own GEMM floors.
 
-    python -m bench run head_stats [--n 50000] [--dim 256] [--m 64 256] [--rounds 5] [--out bench/results]
+    python -m bench run head_stats [--n 50000] [--dim 256] [--m 64 256] [--rounds 5] [--out bench/results/head_stats]
 
 For a linear head ``z = W a + b`` (N probes, d_in = d_out = d, M virtual
 InfoNCE batches, directions from one ordinary backward per batch), in one
@@ -9,14 +9,14 @@ so that load drifting on a shared machine hits all alike; medians reported):
 
 * ``naive``: the per-batch loop a user writes without normfast -- for every
   batch ``T = A G_Bᵀ + g_B`` for all probes, then the radial dots and sums
-  (:func:`normfast.apps.benchmark.apply_per_batch`);
-* ``grouped``: :func:`normfast.engine.ops.head_stats` with its defaults (D, m2,
+  (:func:`normfast.apps.throughput.apply_per_batch`);
+* ``grouped``: :func:`normfast.ops.head_stats` with its defaults (D, m2,
   V2, Q with se_D, sign_stability, se_V2, se_Q from K batch groups);
 * ``S``: the bare S form (``uncertainty=False``: no error bars);
 * ``per_batch``: the per-batch form (``radial_spread=True``: se_D per batch);
 * for each normfast form its *floor*: only the GEMMs it needs (forming its
   matrices from the directions, and the per-probe products over the same row
-  chunks; :func:`normfast.apps.benchmark.head.gemm_floor`).
+  chunks; :func:`normfast.apps.throughput.head.gemm_floor`).
 
 Timed from the directions ``G_B`` on (their backward is the same for all and
 is not timed). Before timing, every method is checked against a float64
@@ -61,7 +61,7 @@ class Config:
 
 
 def forms(groups: int) -> dict[str, dict]:
-    from normfast.apps.benchmark.head import HEAD_FORMS
+    from normfast.apps.throughput.head import HEAD_FORMS
 
     return {f: (dict(kw, groups=groups) if f == "grouped" else kw) for f, kw in HEAD_FORMS.items()}
 
@@ -70,9 +70,9 @@ def check(A, Z, G, g, n_check: int, groups: int) -> dict[str, float]:
     """Each method against a float64 brute force of its own estimator (first n_check probes)."""
     import torch
 
-    from normfast.apps.benchmark import apply_per_batch
+    from normfast.apps.throughput import apply_per_batch
     from normfast.core.reference import brute_force_grouped, brute_force_stats, stat_errors
-    from normfast.engine.uncertainty import effective_groups
+    from normfast.engine.estimators import effective_groups
     from normfast import ops
 
     A64, Z64 = A[:n_check].double(), Z[:n_check].double()
@@ -86,8 +86,8 @@ def check(A, Z, G, g, n_check: int, groups: int) -> dict[str, float]:
 
 
 def run_m(m: int, args: Config) -> dict:
-    from normfast.apps.benchmark import apply_per_batch, head_directions_backward, make_head_problem
-    from normfast.apps.benchmark.head import gemm_floor
+    from normfast.apps.throughput import apply_per_batch, head_directions_backward, make_head_problem
+    from normfast.apps.throughput.head import gemm_floor
     from normfast import ops
 
     W, b, A, Z, anchors, positives = make_head_problem(args.n, args.dim, args.dim, m, 32, seed=m)
@@ -107,9 +107,9 @@ def run_m(m: int, args: Config) -> dict:
 def run(config: Config, ctx: Context) -> dict[str, Any]:
     import torch
 
-    from normfast.apps.benchmark import cpu_model
-    from normfast.apps.benchmark.head import HEAD_FORMS, form_gemms
-    from normfast.engine.uncertainty import DEFAULT_GROUPS, effective_groups
+    from normfast.apps.throughput import cpu_model
+    from normfast.apps.throughput.head import HEAD_FORMS, form_gemms
+    from normfast.engine.estimators import DEFAULT_GROUPS, effective_groups
     from normfast import ops
 
     args = replace(config, groups=DEFAULT_GROUPS if config.groups is None else config.groups)

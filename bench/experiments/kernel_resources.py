@@ -1,7 +1,7 @@
 """Registers, spills, shared memory and occupancy of every shipped kernel configuration, no GPU needed.
 
     python -m bench run kernel_resources                       # writes runs/kernel_resources/
-    python -m bench run kernel_resources --out bench/results   # the committed report
+    python -m bench run kernel_resources --out bench/results/kernel_resources   # the committed report
     python -m bench run kernel_resources --jobs 2              # two compiler processes
 
 Every public launcher (``accumulate``, ``head_stack``, ``head_stats``,
@@ -24,7 +24,7 @@ or leaves room for fewer than two programs per SM; the exit status is 1 if
 any does. The run compiles for real (``TRITON_INTERPRET=0``): it needs a
 process in which the kernels were not imported under the interpreter. The full sweep takes about 15 minutes on one core with a cold Triton cache
 (seconds with a warm one: Triton caches compiled kernels on disk); the CI test
-(tests/test_kernel_resources.py) compiles a representative subset and
+(tests/kernels/test_resources.py) compiles a representative subset and
 checks that every planned variant is in the committed report and passes.
 """
 from __future__ import annotations
@@ -210,13 +210,13 @@ def resources_table(d: dict) -> str:
                     f"{' / '.join(tc.get(k, '-') for k in ('sm_90', 'sm_80'))} |")
     rows.append("")
     # the footer's command is the one the committed README block states (today the runner's
-    # `python -m bench run kernel_resources --out bench/results`): changing it changes the README
+    # `python -m bench run kernel_resources --out bench/results/kernel_resources`): changing it changes the README
     n = len(d["variants"])
     rows.append(f"Each cell: sm_90 / sm_80. {n} distinct compiled variants (every tile "
                 f"configuration the launchers may choose on a GPU, over fp32/bf16/fp16 inputs, "
                 f"branches, bias, IEEE/TF32 and d from 1 to 2048), {d['failing']} of them spilling, "
                 f"at the register cap ({d['register_cap']}) or below two programs per SM. "
                 f"Triton {d['toolchain']['triton']}, {d['toolchain']['ptxas']}; "
-                f"`python -m bench run kernel_resources --out bench/results`, no GPU needed.")
+                f"`python -m bench run kernel_resources --out bench/results/kernel_resources`, no GPU needed.")
     return "\n".join(rows)
 

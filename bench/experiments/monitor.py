@@ -1,6 +1,6 @@
 """Monitor: the radial budget of every probe item while sentence-transformers fine-tunes MiniLM's head.
 
-    python -m bench run monitor --out bench/results   # the committed example (18 minutes on a shared 2-core machine)
+    python -m bench run monitor --out bench/results/monitor   # the committed example (18 minutes on a shared 2-core machine)
     python -m bench run monitor --quick               # toy size: only exercises the code
 
 The end-to-end example of :class:`normfast.TrainingMonitor` (``docs/monitor.md``): a user's
@@ -202,7 +202,7 @@ def run(cfg: Config, ctx: Context) -> dict[str, Any]:
     import torch
 
     import normfast
-    from normfast.apps.monitor.report import FIGURE_FILE, REPORT_FILE, monitor_report
+    from normfast.engine.monitor import FIGURE_FILE, REPORT_FILE, monitor_report
 
     offline()
     torch.set_num_threads(cfg.threads)

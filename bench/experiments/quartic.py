@@ -20,7 +20,7 @@ time summed over threads). normfast runs with OpenMP's default thread count and
 with one thread. On a shared machine the wall-time gain of the second thread
 depends on what else runs; the CPU-time ratio of the one-thread run is the
 load-independent figure. Writes OUT/quartic.json (OUT: runs/quartic by default;
-the committed result: --out bench/results) and prints a markdown table.
+the committed result: --out bench/results/quartic) and prints a markdown table.
 
 Only ratios measured in the same run are claims; the absolute times depend on
 the machine and, on a shared one, on its load (recorded in the JSON).
@@ -118,15 +118,15 @@ def time_methods(methods: dict[str, Callable[[], object]], repeats: int, n_rows:
 
 def run(config: Config, ctx: Context) -> dict[str, Any]:
     import normfast
-    from normfast.apps.benchmark import cpu_model
-    from normfast.core import _quartic
+    from normfast.apps.throughput import cpu_model
+    from normfast.core.equilibrium import solver_threads
 
     solve_quartic = normfast.solve_quartic
     rng = np.random.default_rng(config.seed)
     general = rng.standard_normal((config.rows, 5))
     biquad = rng.standard_normal((config.rows, 5))
     biquad[:, [1, 3]] = 0.0
-    threads = _quartic.default_threads()
+    threads = solver_threads()
     load_before = os.getloadavg()
 
     # agreement first

@@ -1,7 +1,7 @@
 """Roofline on paper: predicted H200 time of every kernel, form and tile configuration.
 
     python -m bench run roofline                        # prints, writes runs/roofline/roofline.json
-    python -m bench run roofline --out bench/results    # the committed prediction
+    python -m bench run roofline --out bench/results/roofline    # the committed prediction
 
 No measurement: FLOPs and bytes per probe row from
 :mod:`normfast.kernels.costs`, the tile configurations the launchers ship
@@ -52,7 +52,7 @@ PEAKS = {
 
 def protocol() -> dict[str, Any]:
     """The sizes of the prediction (the gpu_check cases use the same d, M and N)."""
-    from normfast.engine.uncertainty import DEFAULT_GROUPS
+    from normfast.engine.estimators import DEFAULT_GROUPS
 
     return {"dims": (384, 768), "rows": 2**20, "m": 16, "groups": DEFAULT_GROUPS, "bias": True,
             "accumulate_k": 8,
@@ -222,7 +222,7 @@ def roofline_table(d: dict, dim: int = 384) -> str:
                     f"{'-' if speed is None else f'{speed:.1f}x'} | "
                     f"{'-' if l2 is None else f'{l2:.1f}'} |")
     # the footer's command is the one the committed README block states (today the runner's
-    # `python -m bench run roofline --out bench/results`): changing it changes the README
+    # `python -m bench run roofline --out bench/results/roofline`): changing it changes the README
     rows.append("")
     rows.append(f"Peaks: FP32 {pk['fp32_fma'] / 1e12:.0f}, TF32 {pk['tf32_dense'] / 1e12:.1f} and "
                 f"BF16 {pk['bf16_dense'] / 1e12:.1f} TFLOP/s dense, HBM "
@@ -230,7 +230,7 @@ def roofline_table(d: dict, dim: int = 384) -> str:
                 f"{proto['groups_note']}. Prediction = max(compute floor on the padded tiles, "
                 f"HBM floor); L2 is not a ceiling here (no published figure): the last column is "
                 f"the L2 bandwidth the tiled kernel would need to hold its prediction. "
-                f"`python -m bench run roofline --out bench/results`.")
+                f"`python -m bench run roofline --out bench/results/roofline`.")
     return "\n".join(rows)
 
 

@@ -17,7 +17,7 @@ SIGKILL once about half of its chunks are on disk, and rerun with
 same table as the uninterrupted run.
 
 Writes ``OUT/streaming.json`` and ``OUT/streaming.png`` (OUT: ``runs/streaming``
-by default; the committed result: ``--out bench/results``). A child is
+by default; the committed result: ``--out bench/results/streaming``). A child is
 ``python -m bench.experiments.streaming '<settings JSON>'``.
 Claims are ratios within this run (the 10M run's peak RSS against the 1M
 run's); absolute CPU times on a shared VM are recorded, not claimed.

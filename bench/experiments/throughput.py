@@ -1,12 +1,12 @@
-"""Throughput: the probe-throughput suite (the product ``normfast bench``).
+"""Throughput: the probe-throughput suite (the product ``normfast throughput``).
 
-    python -m bench run throughput --out bench/results    # the committed suite (15-25 min on 2 cores)
+    python -m bench run throughput --out bench/results/throughput    # the committed suite (15-25 min on 2 cores)
     python -m bench run throughput --only head,scaling    # some sections
     python -m bench run throughput --quick                # every path at tiny sizes (the tests)
 
-The suite is a product command (its code lives in :mod:`normfast.apps.benchmark`);
+The suite is a product command (its code lives in :mod:`normfast.apps.throughput`);
 this module runs it through the command's own entry point, which writes
-``bench.json``, ``jvp_minilm.json`` and the ``bench_*.png`` figures, and renders
+``throughput.json``, ``jvp_minilm.json`` and the ``throughput_*.png`` figures, and renders
 its README table. The protocol, as the command states it:
 
 """
@@ -19,14 +19,14 @@ from typing import Any
 from bench.common import product_protocol
 from bench.harness import Context, UsageError, read_json
 
-RESULTS = ("bench.json", "jvp_minilm.json")
-FIGURES = ("bench_head.png", "bench_jvp.png", "bench_scaling.png")
-TABLES = ("bench",)
+RESULTS = ("throughput.json", "jvp_minilm.json")
+FIGURES = ("throughput_head.png", "throughput_jvp.png", "throughput_scaling.png")
+TABLES = ("throughput",)
 #: the product writes its report after every section, and its figures
 WRITES_OWN_FILES = True
 
 
-__doc__ += product_protocol("normfast.apps.benchmark")
+__doc__ += product_protocol("normfast.apps.throughput")
 
 
 @dataclass
@@ -45,15 +45,15 @@ class Config:
 
 
 def run(config: Config, ctx: Context) -> dict[str, Any]:
-    from normfast.apps.benchmark import bench_main
+    from normfast.apps.throughput import throughput_main
 
     args = Namespace(quick=config.size == "quick", only=config.only, out=str(ctx.out), repeats=config.repeats,
                      threads=config.threads, head_n=config.head_n, no_progress=not ctx.progress)
-    status = bench_main(args)
+    status = throughput_main(args)
     if status == 2:
-        raise UsageError("normfast bench refused the settings (its message is above)")
-    report = read_json(ctx.out / "bench.json")
-    report["_written"] = ["bench.json", *report.get("figures", [])] + (
+        raise UsageError("normfast throughput refused the settings (its message is above)")
+    report = read_json(ctx.out / "throughput.json")
+    report["_written"] = ["throughput.json", *report.get("figures", [])] + (
         ["jvp_minilm.json"] if "minilm" in report else [])
     if status:
         report["_failed"] = "accuracy checks failed (those methods were not timed)"
@@ -61,7 +61,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
 
 
 def tables(report: dict[str, Any]) -> dict[str, str]:
-    return {"bench": table_bench(report)}
+    return {"throughput": table_throughput(report)}
 
 
 def _check(d: dict, name: str) -> str:
@@ -86,7 +86,7 @@ def _ratio_rows(d: dict, section: str, ours: str, comparison: str, baselines: di
     return rows
 
 
-def table_bench(d: dict) -> str:
+def table_throughput(d: dict) -> str:
     env = d["environment"]
     rows = [f"Machine: {env['device']}, torch {env['versions'].get('torch', '?')}, "
             f"{env['threads']} torch thread(s) (the jacrev section: 1). Ratios are medians of methods "

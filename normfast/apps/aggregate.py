@@ -1,5 +1,5 @@
 """``normfast aggregate``: per-type statistics of a token-level run (driver over
-:func:`normfast.engine.aggregate.aggregate`)."""
+:func:`normfast.engine.report.aggregate.aggregate`)."""
 from __future__ import annotations
 
 import argparse
@@ -42,7 +42,7 @@ def aggregate_arguments(p: argparse.ArgumentParser) -> None:
 def aggregate_main(args: argparse.Namespace) -> int:
     from normfast.core.paths import check_outputs
     from normfast.data.manifest import run_inputs
-    from normfast.engine.aggregate import aggregate, plot_type_heat, write_table
+    from normfast.engine.report.aggregate import aggregate, plot_type_heat, write_table
 
     run = Path(args.run)
     try:

@@ -86,8 +86,8 @@ def demo_main(args: argparse.Namespace) -> int:
 
 def reading(result, lr: float, wd: float) -> str:
     """The demo's law figures in plain words, from the run's regime check and statistics."""
-    from normfast.engine.regime import share_text
-    from normfast.engine.summary import result_regime, used_rows
+    from normfast.engine.diagnostics.regime import share_text
+    from normfast.engine.report.summary import result_regime, used_rows
 
     regime = result_regime(result)
     valid = used_rows(result)  # valid word-piece rows: the special tokens are left out, as in the summary

@@ -8,8 +8,8 @@ import torch
 from normfast.data.records import read_jsonl, read_lines, read_tsv
 from normfast.engine.config import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODES, ProbeConfig
 from normfast.engine.probe import probe
-from normfast.engine.presets import PRESETS
-from normfast.engine.distributed import current_shard
+from normfast.engine.directions.presets import PRESETS
+from normfast.engine.runner.distributed import current_shard
 
 
 probe_description = """\
@@ -170,7 +170,7 @@ def probe_arguments(p) -> None:
     p.add_argument("--snapshot", action="store_true",
                    help="add the single-snapshot predictor r_eq_snapshot: continue the model virtually from this "
                         "snapshot on the pairs for a few relaxation times and solve the law with the trajectory's "
-                        "shrunk drift and heat (pooled output; costly: see normfast.engine.snapshot)")
+                        "shrunk drift and heat (pooled output; costly: see normfast.engine.trajectory.snapshot)")
     p.add_argument("--snapshot-steps", type=int, default=None,
                    help="with --snapshot: the virtual trajectory's steps (default: 4 relaxation times of R², "
                         "500 to 20000 steps)")
@@ -186,7 +186,7 @@ def probe_arguments(p) -> None:
 
 
 def probe_main(args) -> int:
-    from normfast.engine.distributed import init_from_env
+    from normfast.engine.runner.distributed import init_from_env
 
     # under torchrun: join the process group (gloo on CPU, NCCL on GPU) and shard the run
     device, created = init_from_env(args.device)
@@ -205,7 +205,7 @@ def _probe_cli(args, device: str, root: bool) -> int:
     import sys
 
     from normfast.encoders import load_encoder
-    from normfast.engine.objectives import get_objective
+    from normfast.engine.directions.objectives import get_objective
     from normfast.data.pairs import PairSource
 
     try:

@@ -1,11 +1,11 @@
 """``normfast report``: print a probe run's summary and draw its figures (or a training monitor folder's:
-:mod:`normfast.apps.monitor.report`)."""
+:mod:`normfast.engine.monitor.report`)."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from normfast.engine.summary import format_summary, make_plots
+from normfast.engine.report.summary import format_summary, make_plots
 
 
 def report_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +35,7 @@ def report_main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"normfast report: error: {exc}", file=sys.stderr)
         return 2
-    from normfast.engine.monitor_analysis import is_monitor
+    from normfast.engine.monitor.analysis import is_monitor
 
     if is_monitor(path):
         return _monitor_main(path, args)
@@ -56,7 +56,7 @@ def report_main(args: argparse.Namespace) -> int:
 def _monitor_main(path: Path, args: argparse.Namespace) -> int:
     import sys
 
-    from normfast.apps.monitor.report import monitor_report
+    from normfast.engine.monitor.report import monitor_report
 
     try:
         text, written = monitor_report(path, out=args.out, window=args.window, top=args.top, plots=not args.no_plots)

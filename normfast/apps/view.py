@@ -1,5 +1,5 @@
 """``normfast view``: a run's page, one self-contained HTML file (driver over
-:mod:`normfast.engine.page`); ``--screenshot`` also renders it to PNG in headless Chromium."""
+:mod:`normfast.engine.report.page`); ``--screenshot`` also renders it to PNG in headless Chromium."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from normfast.engine.page.collect import DEFAULT_DOCS, DEFAULT_MAX_ROWS, DEFAULT_MAX_TYPES
+from normfast.engine.report.page.collect import DEFAULT_DOCS, DEFAULT_MAX_ROWS, DEFAULT_MAX_TYPES
 
 view_description = """\
 Write one HTML file that shows a probe run: the header in words (model,

@@ -12,6 +12,15 @@ from typing import Any
 
 import numpy as np
 
+__all__ = [
+    "correlation_with_ci",
+    "paired_bootstrap_means",
+    "partial_spearman_with_ci",
+    "ranks",
+    "rowwise_pearson",
+    "spearman_ci",
+]
+
 
 def ranks(x: np.ndarray) -> np.ndarray:
     """Average ranks along the last axis (ties share their mean rank); NaNs stay NaN."""

@@ -25,7 +25,7 @@ activation patterns it flips). Each term, in expectation over the batch:
 
 * SGD, ``Δθ_t = −η ĝ``: first-order task ``2η D``; second-order
   ``η² Q / R²``; remainder ``η² Q_curv / R²`` (``Q_curv``: the curvature heat,
-  :mod:`normfast.engine.curvature`); decay ``−2ηλ κ R²``. Zero expected change,
+  :mod:`normfast.engine.trajectory.curvature`); decay ``−2ηλ κ R²``. Zero expected change,
   times ``R²/η``: ``2λκ R⁴ − 2D R² − η (Q + Q_curv) = 0``.
 * AdamW, ``Δθ_t = −η ĝ/(sqrt(v̂)+eps)`` (the scale-free branch): first-order
   ``2η R D_w``; second-order ``η² Q_w``; remainder ``η² Q_curv_w``; decay
@@ -39,7 +39,7 @@ activation patterns it flips). Each term, in expectation over the batch:
   ``(1−β1)/(1+β1)`` of the second-order term is realized as ``|JΔθ|²``; the
   rest appears in the first-order term, through the correlation of the
   buffer's past gradients with the present ``z`` (measured by E1's ledger:
-  ``normfast validate --ledger``). The law is a long-run balance and needs no
+  ``python -m bench run e1 --ledger``). The law is a long-run balance and needs no
   β1 correction. Heavy-ball SGD as torch implements it (``b ← βb + ĝ + λθ``,
   ``Δθ = −ηb``: the decay is *coupled*, it goes through the buffer) gives each
   gradient and each decay contribution a total weight ``1/(1−β)``: long-run
@@ -69,6 +69,7 @@ from normfast.core.checks import as_tensor, check_finite_scalar, check_positive_
 
 __all__ = [
     "solve_quartic",
+    "solver_threads",
     "equilibrium_coefficients",
     "equilibrium_norm",
     "TOUCH_FACTOR",
@@ -127,6 +128,13 @@ def _threads(fn: str, threads: int | None) -> int:
 
 
 # --------------------------------------------------------------------- solver
+
+
+def solver_threads() -> int:
+    """The OpenMP team size :func:`solve_quartic` uses when ``threads`` is not given."""
+    from . import _quartic
+
+    return int(_quartic.default_threads())
 
 
 def solve_quartic(coeffs: Any, *, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -205,7 +213,7 @@ def equilibrium_coefficients(D: Any, Q: Any, kappa: Any, *, lr: float, weight_de
             (``None``: zero).
         momentum: heavy-ball ``beta`` in ``[0, 1)``.
         Q_curv, Q_curv_w: the curvature heat of each branch (the linearization's
-            remainder in heat units, :func:`normfast.engine.curvature.curvature_heat`;
+            remainder in heat units, :func:`normfast.engine.trajectory.curvature.curvature_heat`;
             ``None``: zero, the law without it).
 
     All per-probe inputs are scalars or 1-D arrays that broadcast together

@@ -1,10 +1,28 @@
-"""Small statistics shared by the summaries and the experiments: log-log fits, rank correlation."""
+"""Small statistics shared by the summaries and the experiments: quantiles, log-log fits, rank correlation."""
 from __future__ import annotations
 
 import math
 from typing import Any
 
 import numpy as np
+
+__all__ = [
+    "correlation",
+    "loglog_fit",
+    "loglog_fit_ci",
+    "paired_bootstrap",
+    "quantiles",
+    "spearman",
+]
+
+
+def quantiles(v: np.ndarray) -> dict[str, float]:
+    """``p10``, ``median`` and ``p90`` of the finite values of ``v`` (NaN where none is finite)."""
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return {"p10": math.nan, "median": math.nan, "p90": math.nan}
+    p10, p50, p90 = np.percentile(v, [10, 50, 90])
+    return {"p10": float(p10), "median": float(p50), "p90": float(p90)}
 
 
 def loglog_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float]:

@@ -61,6 +61,17 @@ import numpy as np
 from normfast.data.records import read_jsonl
 from normfast.data.textfiles import read_text
 
+__all__ = [
+    "CorpusWindows",
+    "Document",
+    "LAYOUTS",
+    "TokenWindow",
+    "as_documents",
+    "read_documents",
+    "special_template",
+    "split_sentences",
+]
+
 LAYOUTS = ("lines", "blank")
 
 

@@ -12,6 +12,12 @@ import numpy as np
 
 from normfast.data.system import FASHION_APT, FASHION_FILES, FASHION_MNIST_DIR
 
+__all__ = [
+    "FASHION_MNIST_CLASSES",
+    "load_fashion_mnist",
+    "read_idx",
+]
+
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                          "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),

@@ -25,6 +25,17 @@ import numpy as np
 
 from normfast.data.records import RecordError, read_tsv
 
+__all__ = [
+    "GENSIM_EXTRA",
+    "gensim_test_data",
+    "lee_background",
+    "lee_documents",
+    "lee_pairs",
+    "lee_similarity",
+    "simlex999",
+    "wordsim353",
+]
+
 GENSIM_EXTRA = 'pip install "normfast[gensim]"'
 
 

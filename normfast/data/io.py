@@ -24,6 +24,16 @@ import pyarrow.parquet as pq
 from normfast.data.manifest import data_files, is_manifest, read_manifest
 from normfast.data.schema import METADATA_KEY
 
+__all__ = [
+    "count_rows",
+    "describe_spec_change",
+    "fingerprint",
+    "iter_batches",
+    "json_ready",
+    "read_metadata",
+    "read_table",
+]
+
 
 def fingerprint(spec: Mapping[str, Any]) -> str:
     """Stable hash of the arguments that determine a run's rows."""

@@ -1,6 +1,6 @@
 """The manifest of a sharded run, and finding the files of a run.
 
-A sharded run (``normfast.engine.distributed``) ends with one part per rank,
+A sharded run (``normfast.engine.runner.distributed``) ends with one part per rank,
 ``RUN.rank{r}-of-{W}.parquet`` (the ``r``-th contiguous block of chunks, so the
 parts in order are the items in order), and rank 0 writes ``RUN.manifest.json``,
 which names the parts, their row counts and chunk ranges, the run metadata and

@@ -22,6 +22,14 @@ import torch
 from normfast.core.checks import as_tensor, check_positive_int
 from normfast.data.records import read_jsonl, read_tsv
 
+__all__ = [
+    "KINDS",
+    "PairSource",
+    "as_pair_source",
+    "check_batch_indices",
+    "virtual_batches",
+]
+
 KINDS = ("pairs", "labels", "items")
 
 

@@ -9,7 +9,7 @@ an atomic rename, then removes the work folder. A run restarted with the
 same arguments finds the finished chunks and skips them; a run restarted with
 different arguments is refused instead of mixing two runs in one table.
 
-Sharded runs (``normfast.engine.distributed``) share the same work folder: every
+Sharded runs (``normfast.engine.runner.distributed``) share the same work folder: every
 rank writes the chunks it computed there, and each writes its part
 (:meth:`ChunkedParquetWriter.write_part`); the manifest that names the parts is
 :mod:`normfast.data.manifest`'s.

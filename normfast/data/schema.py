@@ -16,7 +16,7 @@ Adding, removing, renaming or retyping a column or a metadata key:
    normfast.data.schema --fingerprint`` prints it), with one line in
    :data:`CHANGES`.
 
-``tests/test_schema.py`` fails, with these steps in its message, when any of
+``tests/data/test_schema.py`` fails, with these steps in its message, when any of
 this is forgotten.
 """
 from __future__ import annotations
@@ -120,7 +120,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("se_Q_w", "double", _W, "standard error of Q_w"),
     Column("C_uw", "double", "both branches (parameter groups with different optimizers)",
            "cross term, mean over batches of u·w"),
-    # -- the heat split into the run's common level and each row's relative heat (normfast.engine.relative_heat)
+    # -- the heat split into the run's common level and each row's relative heat (normfast.engine.diagnostics.relative_heat)
     Column("heat_loo", "list<element: double>", "error bars (`uncertainty=True`)",
            "the heat (V2; V2_w for AdamW-only runs) recomputed without each of the K batch groups: the "
            "jackknife's replicates, from which se_heat_rel and a type-level error bar (`normfast aggregate`) "
@@ -143,7 +143,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("r_eq_heat_hi", "double", "always", "upper end of the 95% interval of r_eq_heat"),
     Column("r_eq_snapshot", "double", "`snapshot=True` (`--snapshot`)",
            "single-snapshot predictor: the stationary norm from a virtual continuation of the model from this "
-           "snapshot (shrunk trajectory drift, heat + curvature heat); scope in `normfast.engine.snapshot`"),
+           "snapshot (shrunk trajectory drift, heat + curvature heat); scope in `normfast.engine.trajectory.snapshot`"),
     Column("r_eq_snapshot_lo", "double", "`snapshot=True`",
            "lower end of its 95% interval: the predictor recomputed without each of the continuation's "
            "contiguous segments in turn (jackknife, Student t with segments − 1 degrees of freedom); the "
@@ -165,7 +165,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("reason", "string", "always",
            "`ok`, or why the row is not valid: `zero_norm`, `non_finite_embedding`, "
            "`non_finite_displacement`, `non_finite_kappa`, `no_positive_root`"),
-    # -- the regime check (normfast.engine.regime): does the law apply to this row?
+    # -- the regime check (normfast.engine.diagnostics.regime): does the law apply to this row?
     Column("kappa_exempt", "double", "always",
            "radial grip of the probed parameters exempt from decay, ẑ·(J θ_exempt)/R (0 when none is exempt); "
            "when it outweighs kappa, the exempt parameters set the scale and the law has no equilibrium"),
@@ -236,7 +236,7 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
                                   "(the level without each of the K groups)"),
     MetadataKey("regime", "the run's regime check: `regime` (the class of most valid rows), `reason`, the "
                           "share of rows in each class (`fractions`), the thresholds, and a sentence in plain "
-                          "words (see `normfast.engine.regime`)"),
+                          "words (see `normfast.engine.diagnostics.regime`)"),
 )
 
 #: schema version -> fingerprint of the registry it was released with

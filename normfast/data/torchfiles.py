@@ -23,6 +23,13 @@ import torch
 
 from normfast.data.atomic import write_file_atomically
 
+__all__ = [
+    "from_plain",
+    "load_plain",
+    "save_plain",
+    "to_plain",
+]
+
 _ARRAY, _OBJECTS, _SCALAR = "__numpy__", "__list__", "__numpy_scalar__"
 
 

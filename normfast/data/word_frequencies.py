@@ -8,6 +8,11 @@ import numpy as np
 
 from normfast.core.checks import check_positive_int
 
+__all__ = [
+    "top_words",
+    "zipf_frequency",
+]
+
 
 def _check_wordfreq_lang(fn: str, lang: str) -> None:
     import wordfreq

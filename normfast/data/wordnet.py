@@ -18,6 +18,18 @@ import numpy as np
 
 from normfast.data.system import LEXNAMES_MAN, WORDNET_APT, WORDNET_DIR, WORDNET_FILES, cache_dir
 
+__all__ = [
+    "gloss",
+    "hypernym_depth",
+    "lemma_names",
+    "load_wordnet",
+    "noun_synsets",
+    "noun_table",
+    "parse_lexnames_man",
+    "prepare_wordnet",
+    "wordnet_gloss_pairs",
+]
+
 _SYNTACTIC_CATEGORY = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
 
 
@@ -258,6 +270,6 @@ def _lemma_gloss_pairs(wn: Any) -> list[tuple[str, str]]:
 
     Read from the cached noun table (seconds faster than walking the synsets);
     its lemma field joins the lemma names with ", ", which no WordNet 3.0 noun
-    lemma contains (``tests/test_datasets.py`` checks the two agree).
+    lemma contains (``tests/data/test_datasets.py`` checks the two agree).
     """
     return [(lemma, row[3]) for row in noun_table(wn) for lemma in row[1].split(", ")]

@@ -11,6 +11,11 @@ from normfast.core.checks import check_positive_int
 from normfast.data.beir import write_beir
 from normfast.data.wordnet import load_wordnet, noun_table
 
+__all__ = [
+    "DEPTH_BUCKETS",
+    "build_wordnet_collection",
+]
+
 #: (stratum, min depth, max depth inclusive or None) over hypernym_depth, fixed up front.
 DEPTH_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
     ("shallow", 0, 5), ("mid", 6, 8), ("deep", 9, None))

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .base import Encoder, LinearHead, State
-from .staging import _StageView
+from .staging import StageView
 
 
 # ---------------------------------------------------------------------------
@@ -254,8 +254,8 @@ class CachedFrontEncoder(Encoder):
     # -- contract ---------------------------------------------------------------
     @property
     def stages(self) -> list[tuple[str, nn.Module]]:
-        return [("cached front", _StageView(self, []))] + [
-            (label, _StageView(self, names)) for label, names in self._tail]
+        return [("cached front", StageView(self, []))] + [
+            (label, StageView(self, names)) for label, names in self._tail]
 
     def prepare(self, items: Sequence[int]) -> State:
         """Items are indices into the ``items`` the cache was built from."""

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from .base import TRUNCATED, Encoder, LinearHead, State
-from .pooling import DenseLayer, _pooling_modes, pool_tokens
-from .staging import _block_index, _check_texts, _stage_list
+from .pooling import DenseLayer, pooling_modes, pool_tokens
+from .staging import block_index, check_texts, stage_list
 
 
 # ---------------------------------------------------------------------------
@@ -111,7 +111,7 @@ class HFEncoder(Encoder):
         self.training = model.training  # wrapping does not change train/eval mode
         _use_eager_attention(model)
         self.tokenizer = tokenizer
-        self.pooling_modes = _pooling_modes(fn, pooling, model)
+        self.pooling_modes = pooling_modes(fn, pooling, model)
         self.dense = nn.ModuleList(list(dense)).train(model.training)
         self.lowercase = bool(lowercase)
         self.max_length = self._default_max_length(max_length)
@@ -225,7 +225,7 @@ class HFEncoder(Encoder):
     @property
     def stages(self) -> list[tuple[str, nn.Module]]:
         if not self.staged:
-            return _stage_list(self, ["model"], lambda name: 0)
+            return stage_list(self, ["model"], lambda name: 0)
         n_layers = len(self.model.encoder.layer)
         layer_labels = [f"model.encoder.layer.{i}" for i in range(n_layers)]
         labels = ["model.embeddings", *layer_labels, "pool"]
@@ -235,10 +235,10 @@ class HFEncoder(Encoder):
                 return 0
             if name.startswith("model.encoder.relative_attention_bias."):
                 return 1  # shared by every layer: it enters at the first one
-            k = _block_index(name, "model.encoder.layer.")
+            k = block_index(name, "model.encoder.layer.")
             return n_layers + 1 if k is None else k + 1
 
-        return _stage_list(self, labels, assign)
+        return stage_list(self, labels, assign)
 
     def prepare(self, items: Sequence[str] | Mapping[str, Any]) -> State:
         fn = "HFEncoder.prepare"
@@ -250,7 +250,7 @@ class HFEncoder(Encoder):
         elif _is_pretokenized(items):
             batch = self._pad_pretokenized(fn, items)
         else:
-            texts = _check_texts(fn, items)
+            texts = check_texts(fn, items)
             if self.tokenizer is None:
                 raise ValueError(f"{fn}: raw strings need a tokenizer; build the encoder with "
                                  "tokenizer=..., or pass a mapping with input_ids and "

@@ -17,7 +17,7 @@ from normfast.core.checks import first_line
 from normfast.core.paths import inside_folder
 
 
-class _ModelFiles:
+class ModelFiles:
     """Files of a model: a local folder, or a hub repository read through the hub cache."""
 
     def __init__(self, source: str):
@@ -74,7 +74,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", 
                    "tokenizer.model", "sentencepiece.model")
 
 
-def _load_transformers(name_or_path: str, extra: dict,
+def load_transformers(name_or_path: str, extra: dict,
                        trust_remote_code: bool) -> tuple[nn.Module, Any]:
     """Model (fp32, eager attention, safetensors preferred) and tokenizer, via the Auto classes.
 
@@ -121,7 +121,7 @@ def _load_failure(folder: str, exc: BaseException) -> str:
     return text
 
 
-def _activation_from_name(fn: str, dotted: str | None, trust_remote_code: bool) -> nn.Module:
+def activation_from_name(fn: str, dotted: str | None, trust_remote_code: bool) -> nn.Module:
     if dotted is None:
         return nn.Tanh()  # sentence-transformers' default for Dense
     if not dotted.startswith("torch.") and not trust_remote_code:
@@ -137,7 +137,7 @@ def _activation_from_name(fn: str, dotted: str | None, trust_remote_code: bool) 
     return cls()
 
 
-def _legacy_pooling(config: dict) -> tuple[str, ...]:
+def legacy_pooling(config: dict) -> tuple[str, ...]:
     flags = {
         "pooling_mode_cls_token": "cls",
         "pooling_mode_max_tokens": "max",

@@ -11,7 +11,7 @@ from normfast.core.checks import first_line
 
 from .base import Encoder
 from .hf import HFEncoder
-from .hf_files import _ModelFiles, _load_transformers
+from .hf_files import ModelFiles, load_transformers
 from .module import ModuleEncoder
 from .openclip import OpenCLIPEncoder
 from .packaged import MPNET_ALIASES, minilm_source, mpnet_path
@@ -179,7 +179,7 @@ def load_encoder(spec: Any, *, tower: str | None = None, pooling: Any = None,
                                                  device=device,
                                                  trust_remote_code=trust_remote_code)
         elif os.path.isfile(os.path.join(path, "config.json")):
-            model, tokenizer = _load_transformers(path, {}, trust_remote_code)
+            model, tokenizer = load_transformers(path, {}, trust_remote_code)
             encoder = HFEncoder(model, tokenizer,
                                 pooling="mean" if pooling is None else pooling).to(device)
         else:
@@ -232,10 +232,10 @@ def _load_hub(fn: str, repo_id: str, pooling: Any, projection: bool, device: str
 
     _check_hub(fn, repo_id)
     try:
-        if _ModelFiles(repo_id).path("modules.json") is not None:
+        if ModelFiles(repo_id).path("modules.json") is not None:
             return SentenceTransformerEncoder(repo_id, pooling=pooling, projection=projection,
                                               device=device, trust_remote_code=trust_remote_code)
-        model, tokenizer = _load_transformers(repo_id, {}, trust_remote_code)
+        model, tokenizer = load_transformers(repo_id, {}, trust_remote_code)
     except (OSError, HFValidationError) as exc:
         raise ValueError(f"{fn}: {repo_id!r} is not a local folder, and loading it as a hub id "
                          f"failed (offline, or no such repository?): {exc}") from exc

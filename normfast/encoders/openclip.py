@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .base import TRUNCATED, Encoder, LinearHead, State
-from .staging import _block_index, _check_texts, _stage_list
+from .staging import block_index, check_texts, stage_list
 
 
 # ---------------------------------------------------------------------------
@@ -170,13 +170,13 @@ class OpenCLIPEncoder(Encoder):
     def stages(self) -> list[tuple[str, nn.Module]]:
         root = "visual" if self.tower == "image" else "text"
         if not self._staged:
-            return _stage_list(self, [root], lambda name: 0)
+            return stage_list(self, [root], lambda name: 0)
         n_blocks = len(self._transformer.resblocks)
         block_labels = [f"{self._blocks_prefix}{i}" for i in range(n_blocks)]
         labels = [f"{root}.embed", *block_labels, f"{root}.head"]
 
         def assign(name: str) -> int:
-            k = _block_index(name, self._blocks_prefix)
+            k = block_index(name, self._blocks_prefix)
             if k is not None:
                 return k + 1
             if name in self._head_params or name.startswith(self._head_names):
@@ -184,7 +184,7 @@ class OpenCLIPEncoder(Encoder):
             # everything else feeds the first block; the earliest stage is always safe
             return 0
 
-        return _stage_list(self, labels, assign)
+        return stage_list(self, labels, assign)
 
     def prepare(self, items: Any) -> State:
         return self._prepare_images(items) if self.tower == "image" else self._prepare_text(items)
@@ -225,7 +225,7 @@ class OpenCLIPEncoder(Encoder):
         if isinstance(items, torch.Tensor):
             ids = items
         else:
-            texts = _check_texts(fn, items)
+            texts = check_texts(fn, items)
             if self.tokenizer is None:
                 raise ValueError(f"{fn}: raw strings need a tokenizer; build the encoder with "
                                  "tokenizer=open_clip.get_tokenizer(arch), or pass token ids")

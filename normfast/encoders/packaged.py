@@ -26,6 +26,21 @@ import zipfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
+__all__ = [
+    "ConcatenatedFiles",
+    "MPNET_ALIASES",
+    "MPNET_EXTRA",
+    "MPNET_HUB_ID",
+    "MPNET_PARTS",
+    "MPNET_VERSION",
+    "MPNET_WEIGHTS_SHA256",
+    "cache_root",
+    "minilm_path",
+    "minilm_source",
+    "mpnet_part_files",
+    "mpnet_path",
+]
+
 MPNET_ALIASES = ("all-mpnet-base-v2", "mpnet")
 MPNET_HUB_ID = "sentence-transformers/all-mpnet-base-v2"
 MPNET_VERSION = "0.0.1"

@@ -53,7 +53,7 @@ def pool_tokens(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Te
     return out.to(hidden.dtype)
 
 
-def _pooling_modes(fn: str, pooling: str | Sequence[str], model: nn.Module) -> tuple[str, ...]:
+def pooling_modes(fn: str, pooling: str | Sequence[str], model: nn.Module) -> tuple[str, ...]:
     modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)
     if not modes:
         raise ValueError(f"{fn}: expected a pooling mode, got an empty sequence")

@@ -10,7 +10,7 @@ from torch import nn
 from normfast.core.checks import first_line
 
 from .hf import HFEncoder
-from .hf_files import _ModelFiles, _activation_from_name, _legacy_pooling, _load_transformers
+from .hf_files import ModelFiles, activation_from_name, legacy_pooling, load_transformers
 from .pooling import DenseLayer, L2Normalize
 
 
@@ -57,7 +57,7 @@ class SentenceTransformerEncoder(HFEncoder):
                  trust_remote_code: bool = False, staged: bool | str = "auto"):
         fn = "SentenceTransformerEncoder"
         source = os.fspath(source)
-        files = _ModelFiles(source)
+        files = ModelFiles(source)
         modules = files.json("modules.json")
         if modules is None:
             raise ValueError(f"{fn}: {source!r} has no modules.json, so it is not a "
@@ -84,12 +84,12 @@ class SentenceTransformerEncoder(HFEncoder):
         bert_config = files.json(f"{subfolder}/sentence_bert_config.json" if subfolder
                                  else "sentence_bert_config.json") or {}
         name_or_path, extra = files.model_location(subfolder)
-        model, tokenizer = _load_transformers(name_or_path, extra, trust_remote_code)
+        model, tokenizer = load_transformers(name_or_path, extra, trust_remote_code)
 
         # Pooling
         pooling_path = str(entries[kinds.index("Pooling")].get("path", ""))
         pooling_config = files.json(f"{pooling_path}/config.json") if pooling_path else None
-        folder_modes = _legacy_pooling(pooling_config or {}) or ("mean",)
+        folder_modes = legacy_pooling(pooling_config or {}) or ("mean",)
         modes = folder_modes if pooling is None else pooling
 
         # Dense / Normalize after the pooling; a trailing Normalize is dropped
@@ -118,7 +118,7 @@ class SentenceTransformerEncoder(HFEncoder):
         self.to(device)
 
     @staticmethod
-    def _load_dense(fn: str, files: _ModelFiles, path: str, trust_remote_code: bool) -> DenseLayer:
+    def _load_dense(fn: str, files: ModelFiles, path: str, trust_remote_code: bool) -> DenseLayer:
         config = files.json(f"{path}/config.json")
         if config is None:
             raise ValueError(f"{fn}: {files.source!r}: Dense module {path!r} has no config.json")
@@ -127,7 +127,7 @@ class SentenceTransformerEncoder(HFEncoder):
             raise ValueError(f"{fn}: {files.source!r}: Dense module {path!r} reads {source!r}; "
                              "only Dense layers on the sentence embedding are supported")
         try:
-            activation = _activation_from_name(fn, config.get("activation_function"),
+            activation = activation_from_name(fn, config.get("activation_function"),
                                                trust_remote_code)
             layer = DenseLayer(config["in_features"], config["out_features"],
                                bias=config.get("bias", True), activation=activation,

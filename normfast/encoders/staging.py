@@ -63,7 +63,7 @@ def _resolve(root: nn.Module, dotted: str) -> torch.Tensor:
     return obj
 
 
-class _StageView(nn.Module):
+class StageView(nn.Module):
     """The parameters of one stage, listed under their encoder-level names.
 
     Names are resolved on the encoder each time they are listed, so the view
@@ -93,16 +93,16 @@ class _StageView(nn.Module):
         return f"{len(self.parameter_names)} parameters"
 
 
-def _stage_list(encoder: nn.Module, labels: Sequence[str], assign: Callable[[str], int]
+def stage_list(encoder: nn.Module, labels: Sequence[str], assign: Callable[[str], int]
                 ) -> list[tuple[str, nn.Module]]:
     """Group ``encoder.named_parameters()`` into stages: ``assign(name)`` gives the stage index."""
     names: list[list[str]] = [[] for _ in labels]
     for name, _ in encoder.named_parameters():
         names[assign(name)].append(name)
-    return [(label, _StageView(encoder, group)) for label, group in zip(labels, names)]
+    return [(label, StageView(encoder, group)) for label, group in zip(labels, names)]
 
 
-def _block_index(name: str, prefix: str) -> int | None:
+def block_index(name: str, prefix: str) -> int | None:
     """``k`` when ``name`` starts with ``prefix + "k."``, else None."""
     if not name.startswith(prefix):
         return None
@@ -110,7 +110,7 @@ def _block_index(name: str, prefix: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def _check_texts(fn: str, items: Any) -> list[str]:
+def check_texts(fn: str, items: Any) -> list[str]:
     if isinstance(items, str):
         raise TypeError(f"{fn}: expected a sequence of strings, got a single str "
                         "(wrap it in a list)")

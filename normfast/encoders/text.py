@@ -6,6 +6,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+__all__ = [
+    "encode_texts",
+    "wordpiece_lengths",
+]
+
 
 def wordpiece_lengths(tokenizer: Any, texts: Sequence[str]) -> np.ndarray:
     """Word-pieces per text as ``tokenizer`` splits it, without special tokens and without truncation."""

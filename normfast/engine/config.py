@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from normfast.core.checks import check_groups
-from normfast.engine.presets import PRESETS, OptimizerPreset
-from normfast.engine.uncertainty import DEFAULT_GROUPS
+from normfast.engine.directions.presets import PRESETS, OptimizerPreset
+from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS
 
 
 MODES = ("auto", "jvp", "head")
@@ -16,6 +17,10 @@ MODES = ("auto", "jvp", "head")
 DEFAULT_DRIFT_BATCHES = 1024
 
 OUTPUTS = ("pooled", "tokens")
+
+
+#: the configs validate() has passed, by id (a weak reference each; a field's change removes the entry)
+_CHECKED: dict[int, weakref.ref] = {}
 
 
 @dataclass
@@ -44,7 +49,7 @@ class ProbeConfig:
         groups: K, the groups of virtual batches behind every error bar (batch ``b`` belongs to
             group ``b mod K``; capped at M): ``se_D`` and ``sign_stability`` come from the K group
             drifts, ``se_V2``, ``se_Q`` and the R_eq intervals from the delete-a-group jackknife,
-            with K−1 degrees of freedom (:mod:`normfast.engine.uncertainty`). ≥ 2.
+            with K−1 degrees of freedom (:mod:`normfast.engine.estimators.uncertainty`). ≥ 2.
         batch_size: pairs / items per virtual batch (≥ 2).
         seed: drives batch sampling and dropout; equal seeds give equal tables.
         batch_indices: the virtual batches themselves instead of a random draw (e.g. a training
@@ -76,7 +81,7 @@ class ProbeConfig:
         snapshot: add the single-snapshot predictor ``r_eq_snapshot`` (with ``D_snapshot``,
             ``Q_snapshot``): a virtual continuation of the model from this snapshot on the pair
             source, the law solved with its shrunk drift and its heat plus curvature heat
-            (:mod:`normfast.engine.snapshot`, which states its validated scope). Pooled output, one
+            (:mod:`normfast.engine.trajectory.snapshot`, which states its validated scope). Pooled output, one
             optimizer preset. Costly: ``T`` virtual steps, each one backward over a batch and two
             jvps over every probe item.
         snapshot_relaxations, snapshot_min_steps, snapshot_max_steps: ``T`` = this many relaxation
@@ -116,7 +121,23 @@ class ProbeConfig:
     snapshot_max_steps: int = 20000
     snapshot_steps: int | None = None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # any change of a field calls for a fresh check (validate() skips a config it has checked)
+        _CHECKED.pop(id(self), None)
+        object.__setattr__(self, name, value)
+
     def validate(self) -> None:
+        """Check every field; raises ``ValueError``/``TypeError`` naming the field. A config is
+        checked once: the stages a probe call passes it through (the snapshot's trajectory, the
+        curvature heat) call this again at no cost until a field changes."""
+        ref = _CHECKED.get(id(self))
+        if ref is not None and ref() is self:
+            return
+        self._check()
+        key = id(self)
+        _CHECKED[key] = weakref.ref(self, lambda _, key=key: _CHECKED.pop(key, None))
+
+    def _check(self) -> None:
         fn = "ProbeConfig"
         if self.mode not in MODES:
             raise ValueError(f"{fn}: mode must be one of {MODES}, got {self.mode!r}")
@@ -239,7 +260,7 @@ class ProbeConfig:
     @property
     def effective_groups(self) -> int:
         """K actually used: ``groups``, capped at M (every batch its own group)."""
-        from normfast.engine.uncertainty import effective_groups
+        from normfast.engine.estimators.uncertainty import effective_groups
 
         return effective_groups(self.groups, self.batches)
 

@@ -12,20 +12,20 @@ heat's): the gradients are summed per batch group as they are computed, and
 each chunk takes K more directional derivatives (jvp mode) or one more GEMM
 (head mode) along the K group means; ``D`` and ``m2`` are those of the
 overall mean, ``se_D`` and ``sign_stability`` come from the group drifts
-(:func:`normfast.engine.drift.drift_from_groups`). ``drift_batches=None``
+(:func:`normfast.engine.estimators.drift.drift_from_groups`). ``drift_batches=None``
 keeps the per-batch drift of the M heat batches.
 
 Loop structure
 --------------
 1. Resolve the probed parameters ``P`` and the *cut*: the first encoder stage
    that owns a parameter of ``P``. Everything before it is frozen.
-2. Virtual batches -> update directions ``p_B`` (``normfast.engine.directions``).
+2. Virtual batches -> update directions ``p_B`` (``normfast.engine.directions.gradients``).
    With the mean-direction drift, one pass over all ``M_D`` batches keeps the
    first ``M`` directions and sums the rest per group.
 3. Probe items in chunks. Per chunk the frozen front runs once (``no_grad``),
-   then either head mode (closed form, ``normfast.engine.ops.head_stats``) or jvp
-   mode (``normfast.engine.transmission.Tail``, K directions per pass) feeds
-   ``normfast.engine.ops.ProbeAccumulator``; κ by one JVP along the decayed
+   then either head mode (closed form, ``normfast.ops.head_stats``) or jvp
+   mode (``normfast.engine.transmission.jvp.Tail``, K directions per pass) feeds
+   ``normfast.ops.ProbeAccumulator``; κ by one JVP along the decayed
    parameters; the equilibrium quartic is solved by the C++ extension.
 4. Each finished chunk is written to Parquet at once (``normfast.data.runwriter``); an
    interrupted run restarted with ``resume=True`` skips finished chunks.
@@ -48,7 +48,7 @@ The progress bar counts probe items, so its ETA holds for uneven chunks.
 Scale-out: inside a ``torch.distributed`` process group (e.g. under
 ``torchrun``) the chunks are sharded over the ranks, the directions computed
 once on rank 0 and broadcast, and the output is a manifest over one Parquet
-part per rank -- see ``normfast.engine.distributed``.
+part per rank -- see ``normfast.engine.runner.distributed``.
 """
 from __future__ import annotations
 
@@ -68,16 +68,16 @@ from normfast.data.io import fingerprint
 from normfast.data.pairs import as_pair_source
 from normfast.data.schema import METADATA_KEY, SCHEMA_VERSION
 from normfast.encoders import Encoder
-from normfast.engine.chunks import run_chunks
+from normfast.engine.runner.chunks import run_chunks
 from normfast.engine.config import ProbeConfig
-from normfast.engine.distributed import chunks_for_rank, current_shard
-from normfast.engine.objectives import objective_settings
-from normfast.engine.provenance import device_name, hash_items, hash_model, library_versions
-from normfast.engine.regime import REGIME_INPUTS, run_regime
-from normfast.engine.relative_heat import heat_inputs, heat_reference, with_relative_heat
+from normfast.engine.runner.distributed import chunks_for_rank, current_shard
+from normfast.engine.directions.objectives import objective_settings
+from normfast.engine.runner.provenance import device_name, hash_items, hash_model, library_versions
+from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
+from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
 from normfast.engine.result import ProbeResult
-from normfast.engine.run import ProbeRun
-from normfast.engine.runfiles import _finish_sharded, _open_output
+from normfast.engine.runner.state import ProbeRun
+from normfast.engine.runner.files import finish_sharded, open_output
 
 
 def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objective: Any = "simcse",
@@ -114,11 +114,11 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         ids: optional string id per probe item (default: the item's index).
         model_name: recorded in the metadata (default: the spec string or class name).
         second_moments: AdamW's bias-corrected ``v̂`` per parameter name (e.g. from
-            :func:`normfast.engine.directions.adam_second_moments` of the real optimizer); without
+            :func:`normfast.engine.directions.gradients.adam_second_moments` of the real optimizer); without
             it ``v̂`` is the mean of ``ĝ²`` over the virtual batches.
         distributed: inside an initialized ``torch.distributed`` default group of two or more
             ranks, shard the probe items over the ranks (every rank calls ``probe`` with the same
-            arguments; see :mod:`normfast.engine.distributed`). With ``out`` a sharded run writes
+            arguments; see :mod:`normfast.engine.runner.distributed`). With ``out`` a sharded run writes
             ``OUT.manifest.json`` and one part per rank instead of one file. ``False``: this
             process runs alone.
 
@@ -127,7 +127,7 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         give the same table, sharded or not.
     """
     from normfast.encoders import load_encoder
-    from normfast.engine.objectives import get_objective
+    from normfast.engine.directions.objectives import get_objective
 
     config = config or ProbeConfig()
     config.validate()
@@ -192,7 +192,7 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
     done: set[int] = set()
     if out is not None:
         out = Path(out)
-        finished, writer, done = _open_output(out, spec, key, shard, resume, overwrite)
+        finished, writer, done = open_output(out, spec, key, shard, resume, overwrite)
         run.writer = writer
         if finished is not None:
             return finished
@@ -205,7 +205,7 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
             tables[c] = table
 
     if config.snapshot:  # before the chunks: every chunk's rows take their slice of it
-        from normfast.engine.snapshot import snapshot_prediction
+        from normfast.engine.trajectory.snapshot import snapshot_prediction
 
         run.snapshot = snapshot_prediction(encoder, probes, objective, pairs, config, second_moments=second_moments,
                                            progress=run.progress)
@@ -240,7 +240,7 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
         table = with_relative_heat(table, metadata["heat_reference"])
         meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
         return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
-    return _finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds)
+    return finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds)
 
 
 def _as_probe_sequence(probes: Any) -> Sequence[Any]:

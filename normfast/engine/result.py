@@ -121,17 +121,17 @@ class ProbeResult:
         return "D" if "D" in self.column_names else "D_w"
 
     def summary(self) -> dict[str, Any]:
-        from normfast.engine.summary import summarize
+        from normfast.engine.report.summary import summarize
 
         return summarize(self)
 
     def format_summary(self) -> str:
-        from normfast.engine.summary import format_summary
+        from normfast.engine.report.summary import format_summary
 
         return format_summary(self)
 
     def plots(self, outdir: str | Path, prefix: str = "probe") -> list[Path]:
-        from normfast.engine.summary import make_plots
+        from normfast.engine.report.summary import make_plots
 
         return make_plots(self, outdir, prefix=prefix)
 
@@ -140,20 +140,20 @@ class ProbeResult:
         in words, the type and row tables, the text colored by a statistic and the figures.
 
         ``options``: ``stat``, ``docs``, ``min_count``, ``max_rows``, ``max_types``, ``seed``,
-        ``notes`` (see :func:`normfast.engine.page.page_html`). Returns ``path``.
+        ``notes`` (see :func:`normfast.engine.report.page.page_html`). Returns ``path``.
         """
-        from normfast.engine.page import write_page
+        from normfast.engine.report.page import write_page
 
         return write_page(self, path, **options)
 
     def view(self, height: int = 900, **options: Any):
         """The page inline in a notebook (an object whose ``_repr_html_`` is the page in an iframe)."""
-        from normfast.engine.page import InlinePage, page_html
+        from normfast.engine.report.page import InlinePage, page_html
 
         return InlinePage(page_html(self, **options), height=height)
 
     def _repr_html_(self) -> str:
-        from normfast.engine.page import summary_html
+        from normfast.engine.report.page import summary_html
 
         return summary_html(self)
 

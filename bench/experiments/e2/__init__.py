@@ -6,8 +6,8 @@
     python -m bench run e2 --quick --protocol B     # a toy size that only exercises the code
 
 Output goes to ``runs/e2`` unless ``--out`` says otherwise; the committed
-results in ``bench/results`` change only with an explicit ``--out bench/results``.
-A full run keeps its state in ``runs/e2/state/`` (:class:`normfast.apps.training.Resume`,
+results in ``bench/results`` change only with an explicit ``--out bench/results/e2``.
+A full run keeps its state in ``runs/e2/state/`` (:class:`bench.training.Resume`,
 and the checkpoints' parameter snapshots and probe results beside it): started
 again with the same settings after an interruption, it goes on from its last
 checkpoint, or with the checkpoints not yet probed, and gives the result an
@@ -18,7 +18,7 @@ with plain SGD + weight decay on real text pairs until its embedding norms are
 stationary; the engine's prediction of each probe item's equilibrium norm is
 then compared with the norm the item actually keeps. The training, the health
 criteria, the pilot and the checkpoint averaging are
-:mod:`normfast.apps.training`; the statistics are :func:`normfast.probe`'s.
+:mod:`bench.training`; the statistics are :func:`normfast.probe`'s.
 
 Data (every protocol). WordNet 3.0 noun (lemma, gloss) pairs
 (:func:`normfast.data.wordnet.wordnet_gloss_pairs`): a pool of ``n_pairs``
@@ -80,7 +80,7 @@ its time), and runs all four when A's chose none.
 
 Fixed: temperature 0.05, batches of 32 pairs, 200-step linear warm-up, window =
 the last 40% of the steps (it starts after 3 equilibration times 1/(ηλ)), 200
-probe lemmas, seed 0. Criteria (:class:`normfast.apps.training.HealthThresholds`):
+probe lemmas, seed 0. Criteria (:class:`bench.training.HealthThresholds`):
 (a) every 100-step mean loss in the window below 0.75 ln(32); (b) the mean
 pairwise cosine of the probe embeddings below 0.9 at every record; (c) the
 median relative change of the window-mean probe norm between the window halves
@@ -107,7 +107,7 @@ torch's own thread count, every core by default (``OMP_NUM_THREADS`` or
 training step 1.7x faster than one. The checkpoints are probed after training:
 the trained parameters are saved at each checkpoint (``runs/e2/state/``, with
 the resume state) and the engine runs on every snapshot in one worker process
-per thread (:func:`normfast.apps.training.probe_checkpoints`), which gives what
+per thread (:func:`bench.training.probe_checkpoints`), which gives what
 probing during training gives (the same parameters and seeds). The engine takes
 one direction per forward-mode pass on the cached front
 (``CachedFrontEncoder.batched_directions``): batching the directions with vmap

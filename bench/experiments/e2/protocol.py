@@ -139,10 +139,10 @@ def _run(cfg: E2Config, progress: bool, pilot_record: dict[str, Any] | None, set
          resume_path: str | Path | None, scratch: Path) -> dict[str, Any]:
     import torch
 
-    from normfast.apps.training import (CheckpointLaw, CheckpointSnapshots, HealthThresholds, Resume, health,
+    from bench.training import (CheckpointLaw, CheckpointSnapshots, HealthThresholds, Resume, health,
                                         probe_checkpoints, split_decay, train)
     from normfast.core.stats import correlation, loglog_fit_ci
-    from normfast.engine.provenance import library_versions
+    from normfast.engine.runner import library_versions
 
     t_start, c_start = time.perf_counter(), time.process_time()
     setup = setup or build_setup(cfg, progress=progress)
@@ -272,7 +272,7 @@ def run_pilot(cfg: E2Config, n_probes: int = 200, progress: bool = True, setup: 
     (no probe, no fit). At the quick size every candidate runs ``cfg.steps`` steps."""
     import torch
 
-    from normfast.apps.training import pilot
+    from bench.training import pilot
 
     cfg.validate()  # the pilot never runs the engine
     t0, c0 = time.perf_counter(), time.process_time()

@@ -109,7 +109,7 @@ def e2_regime(d: dict, probe: str = "jvp") -> dict | None:
     stored = (d.get("regime") or {}).get(probe)
     if stored:
         return stored
-    from normfast.engine.regime import classify_rows, run_regime
+    from normfast.engine.diagnostics import classify_rows, run_regime
 
     it, c = d["items"], d["config"]
     n = len(it["D"])

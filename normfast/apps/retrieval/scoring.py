@@ -14,14 +14,14 @@ from normfast.core.checks import as_tensor, check_float, check_ndim, check_posit
 
 METRICS = ("ndcg@10", "recall@100", "mrr")
 # our name -> the key pytrec_eval reports it under
-_TREC_MEASURES = {"ndcg@10": "ndcg_cut_10", "recall@100": "recall_100", "mrr": "recip_rank"}
-_TREC_REQUEST = {"ndcg_cut.10", "recall.100", "recip_rank"}  # as pytrec_eval takes them
+TREC_MEASURES = {"ndcg@10": "ndcg_cut_10", "recall@100": "recall_100", "mrr": "recip_rank"}
+TREC_REQUEST = {"ndcg_cut.10", "recall.100", "recip_rank"}  # as pytrec_eval takes them
 CONTROLS = ("norm", "length")
 #: -1.0, -0.9, ..., 1.0
 DEFAULT_ALPHAS = tuple(round(i / 10, 1) for i in range(-10, 11))
 UNLABELLED = "(unlabelled)"
 
-_SCORE_MEMORY_MB = 256  # budget for one chunk of the query x document score matrix
+SCORE_MEMORY_MB = 256  # budget for one chunk of the query x document score matrix
 
 
 # ---------------------------------------------------------------------------
@@ -46,7 +46,7 @@ def invalid_rows(x: Any) -> dict[int, str]:
     return dict(sorted(bad.items()))
 
 
-def _describe_invalid(bad: Mapping[Any, str], limit: int = 5) -> str:
+def describe_invalid(bad: Mapping[Any, str], limit: int = 5) -> str:
     shown = "; ".join(f"row {i}: {why}" for i, why in list(bad.items())[:limit])
     more = f"; ... ({len(bad) - limit} more)" if len(bad) > limit else ""
     return shown + more
@@ -68,7 +68,7 @@ def _check_invalid_policy(fn: str, invalid: str) -> None:
         raise ValueError(f"{fn}: expected invalid to be 'raise' or 'nan', got {invalid!r}")
 
 
-def _scale_rows(t: torch.Tensor, factor: torch.Tensor, bad: Sequence[int]) -> torch.Tensor:
+def scale_rows(t: torch.Tensor, factor: torch.Tensor, bad: Sequence[int]) -> torch.Tensor:
     """``t * factor[:, None]`` with the rows in ``bad`` set to NaN."""
     factor = factor.clone()
     if bad:
@@ -82,10 +82,10 @@ def _rescale(fn: str, D: Any, factor_fn, invalid: str) -> torch.Tensor:
     bad = invalid_rows(t)
     if bad and invalid == "raise":
         raise ValueError(
-            f"{fn}: D has {len(bad)} row(s) without a direction ({_describe_invalid(bad)}); "
+            f"{fn}: D has {len(bad)} row(s) without a direction ({describe_invalid(bad)}); "
             "fix or remove them, or pass invalid='nan' to get NaN rows (see invalid_rows())")
     norms = torch.linalg.vector_norm(t.double(), dim=1)
-    return _scale_rows(t, factor_fn(norms), list(bad))
+    return scale_rows(t, factor_fn(norms), list(bad))
 
 
 def rescale_documents(D: Any, alpha: float, *, invalid: str = "raise") -> torch.Tensor:
@@ -102,7 +102,7 @@ def rescale_documents(D: Any, alpha: float, *, invalid: str = "raise") -> torch.
         A new ``[n, d]`` tensor (float32 for half-precision input, else D's
         dtype) whose inner product with a unit query is the score.
     """
-    a = _finite_float("rescale_documents", "alpha", alpha)
+    a = finite_float("rescale_documents", "alpha", alpha)
     return _rescale("rescale_documents", D, lambda n: n ** (a - 1.0), invalid)
 
 
@@ -113,13 +113,13 @@ def rescale_by_length(D: Any, lengths: Any, beta: float, *, invalid: str = "rais
     tokens, words or characters.
     """
     fn = "rescale_by_length"
-    b = _finite_float(fn, "beta", beta)
+    b = finite_float(fn, "beta", beta)
     t = _float_matrix(fn, "D", D)
-    lens = _lengths_vector(fn, lengths, t.shape[0])
+    lens = lengths_vector(fn, lengths, t.shape[0])
     return _rescale(fn, t, lambda n: lens ** b / n, invalid)
 
 
-def _lengths_vector(fn: str, lengths: Any, n: int) -> torch.Tensor:
+def lengths_vector(fn: str, lengths: Any, n: int) -> torch.Tensor:
     if isinstance(lengths, (list, tuple)):
         lengths = np.asarray(lengths)
     lens = as_tensor(fn, "lengths", lengths)
@@ -143,7 +143,7 @@ def scores(Q: Any, D: Any, alpha: float) -> torch.Tensor:
     direction give NaN.
     """
     fn = "scores"
-    a = _finite_float(fn, "alpha", alpha)
+    a = finite_float(fn, "alpha", alpha)
     q = _float_matrix(fn, "Q", Q).double()
     d = _float_matrix(fn, "D", D).double()
     if q.shape[1] != d.shape[1]:
@@ -155,7 +155,7 @@ def scores(Q: Any, D: Any, alpha: float) -> torch.Tensor:
     return cos * dn.T ** a
 
 
-def _finite_float(fn: str, name: str, value: Any) -> float:
+def finite_float(fn: str, name: str, value: Any) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -169,7 +169,7 @@ def _finite_float(fn: str, name: str, value: Any) -> float:
 # Exact top-k search
 # ---------------------------------------------------------------------------
 
-def search(queries: Any, docs: Any, k: int, *, memory_mb: float = _SCORE_MEMORY_MB
+def search(queries: Any, docs: Any, k: int, *, memory_mb: float = SCORE_MEMORY_MB
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-``k`` by inner product, ties broken by document row (lower row first).
 
@@ -232,7 +232,7 @@ def _topk_stable(s: torch.Tensor, k: int) -> torch.Tensor:
 # Alpha sweep
 # ---------------------------------------------------------------------------
 
-def _embedding_table(fn: str, name: str, x: Any) -> tuple[list[str], torch.Tensor]:
+def embedding_table(fn: str, name: str, x: Any) -> tuple[list[str], torch.Tensor]:
     """``(ids, matrix)`` from a ``{id: vector}`` mapping or an ``(ids, matrix)`` pair."""
     if isinstance(x, Mapping):
         ids = [str(i) for i in x]
@@ -261,7 +261,7 @@ def _embedding_table(fn: str, name: str, x: Any) -> tuple[list[str], torch.Tenso
     return ids, mat
 
 
-def _check_qrels(fn: str, qrels: Any) -> dict[str, dict[str, int]]:
+def check_qrels(fn: str, qrels: Any) -> dict[str, dict[str, int]]:
     if not isinstance(qrels, Mapping):
         raise TypeError(f"{fn}: expected qrels to be a {{query_id: {{doc_id: relevance}}}} "
                         f"mapping, got {type(qrels).__name__}")
@@ -298,14 +298,14 @@ def export_faiss(docs: Any, alpha: float, path: str | os.PathLike | None = None,
 
     fn = "export_faiss"
     if isinstance(docs, Mapping) or (isinstance(docs, (tuple, list)) and len(docs) == 2):
-        ids, mat = _embedding_table(fn, "docs", docs)
+        ids, mat = embedding_table(fn, "docs", docs)
     else:
         mat = _float_matrix(fn, "docs", docs)
         ids = [str(i) for i in (doc_ids if doc_ids is not None else range(mat.shape[0]))]
         if len(ids) != mat.shape[0]:
             raise ValueError(f"{fn}: expected one doc id per row, got {len(ids)} ids and "
                              f"{describe('docs', mat)}")
-    a = _finite_float(fn, "alpha", alpha)
+    a = finite_float(fn, "alpha", alpha)
     scaled = rescale_documents(mat, a).detach().to("cpu", torch.float32).contiguous().numpy()
     index = faiss.IndexFlatIP(scaled.shape[1])
     index.add(scaled)

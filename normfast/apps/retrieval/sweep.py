@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from normfast.apps.retrieval.plot import plot_sweep
-from normfast.apps.retrieval.scoring import (_SCORE_MEMORY_MB, _TREC_MEASURES, _TREC_REQUEST, CONTROLS,
-                                             DEFAULT_ALPHAS, METRICS, UNLABELLED, _check_qrels, _describe_invalid,
-                                             _embedding_table, _finite_float, _lengths_vector, _scale_rows,
+from normfast.apps.retrieval.scoring import (SCORE_MEMORY_MB, TREC_MEASURES, TREC_REQUEST, CONTROLS,
+                                             DEFAULT_ALPHAS, METRICS, UNLABELLED, check_qrels, describe_invalid,
+                                             embedding_table, finite_float, lengths_vector, scale_rows,
                                              invalid_rows, search)
 from normfast.core.checks import check_positive_int, describe
 
@@ -234,7 +234,7 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
                 alphas: Iterable[float] = DEFAULT_ALPHAS, *, k: int = 100,
                 strata: Mapping[str, str] | None = None, lengths: Any = None,
                 select_on: str = "all", dev_fraction: float = 0.5, seed: int = 0,
-                memory_mb: float = _SCORE_MEMORY_MB, progress: bool = False) -> SweepResult:
+                memory_mb: float = SCORE_MEMORY_MB, progress: bool = False) -> SweepResult:
     """Retrieval quality of ``cos(q, d) * ||d||**alpha`` over a grid of alphas.
 
     Args:
@@ -266,16 +266,16 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
     k = check_positive_int(fn, "k", k)
     if select_on not in ("all", "dev"):
         raise ValueError(f"{fn}: expected select_on to be 'all' or 'dev', got {select_on!r}")
-    frac = _finite_float(fn, "dev_fraction", dev_fraction)
+    frac = finite_float(fn, "dev_fraction", dev_fraction)
     if select_on == "dev" and not 0 < frac < 1:
         raise ValueError(f"{fn}: expected 0 < dev_fraction < 1, got {dev_fraction!r}")
-    grid = sorted({round(_finite_float(fn, "alphas[...]", a), 12) for a in alphas} | {0.0, 1.0})
-    q_ids, Q = _embedding_table(fn, "queries", queries)
-    d_ids, D = _embedding_table(fn, "docs", docs)
+    grid = sorted({round(finite_float(fn, "alphas[...]", a), 12) for a in alphas} | {0.0, 1.0})
+    q_ids, Q = embedding_table(fn, "queries", queries)
+    d_ids, D = embedding_table(fn, "docs", docs)
     if Q.shape[1] != D.shape[1]:
         raise ValueError(f"{fn}: expected queries and docs with the same dimension, got "
                          f"{describe('queries', Q)} and {describe('docs', D)}")
-    qrels = _check_qrels(fn, qrels)
+    qrels = check_qrels(fn, qrels)
     notes: list[str] = []
     if k < 100:
         notes.append(f"k={k} < 100: recall@100 counts only the top {k}")
@@ -288,7 +288,7 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
                 raise ValueError(f"{fn}: lengths has no entry for {len(missing)} document(s), "
                                  f"e.g. {missing[0]!r}")
             lengths = [lengths[d] for d in d_ids]
-        lens = _lengths_vector(fn, lengths, len(d_ids))
+        lens = lengths_vector(fn, lengths, len(d_ids))
 
     # documents in id order: ties are broken by it
     order = sorted(range(len(d_ids)), key=d_ids.__getitem__)
@@ -300,7 +300,7 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
     invalid_docs = {d_ids[i]: why for i, why in bad_docs.items()}
     if bad_docs:
         warnings.warn(f"{fn}: {len(bad_docs)} document(s) without a direction are never retrieved "
-                      f"({_describe_invalid(invalid_docs)}); see SweepResult.invalid_docs",
+                      f"({describe_invalid(invalid_docs)}); see SweepResult.invalid_docs",
                       stacklevel=2)
     bad_q = invalid_rows(Q)
     invalid_queries = {q_ids[i]: why for i, why in bad_q.items()}
@@ -348,8 +348,8 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
 
     import pytrec_eval
 
-    evaluator = pytrec_eval.RelevanceEvaluator({q: judged[q] for q in eval_ids}, _TREC_REQUEST)
-    trec_keys = [_TREC_MEASURES[m] for m in METRICS]
+    evaluator = pytrec_eval.RelevanceEvaluator({q: judged[q] for q in eval_ids}, TREC_REQUEST)
+    trec_keys = [TREC_MEASURES[m] for m in METRICS]
 
     def evaluate(doc_matrix: torch.Tensor) -> np.ndarray:
         idx, val = search(Qn, doc_matrix, k, memory_mb=memory_mb)
@@ -372,9 +372,9 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
     # the same as rescale_documents / rescale_by_length(invalid="nan"), norms computed once
     norms = torch.linalg.vector_norm(D.double(), dim=1)
     bad_rows = list(bad_docs)
-    controls = {"norm": lambda a: _scale_rows(D, norms ** (a - 1.0), bad_rows)}
+    controls = {"norm": lambda a: scale_rows(D, norms ** (a - 1.0), bad_rows)}
     if lens is not None:
-        controls["length"] = lambda b: _scale_rows(D, lens ** b / norms, bad_rows)
+        controls["length"] = lambda b: scale_rows(D, lens ** b / norms, bad_rows)
     per_query = {c: np.zeros((len(grid), len(eval_ids), len(METRICS))) for c in controls}
     jobs = [(c, i) for c in controls for i in range(len(grid))]
     bar = None

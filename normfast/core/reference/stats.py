@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# Codes of normfast.engine.statkeys.REASONS (kept literal here so this module imports
+# Codes of normfast.engine.estimators.statkeys.REASONS (kept literal here so this module imports
 # nothing from the package it checks).
 _OK, _ZERO_NORM, _NON_FINITE_EMBEDDING, _NON_FINITE_DISPLACEMENT = 0, 1, 2, 3
 

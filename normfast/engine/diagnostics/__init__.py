@@ -1,0 +1,23 @@
+"""What a run's statistics can be trusted for, row by row and as a whole.
+
+* :mod:`.regime` -- does the law apply (decay grips the scale), is the row heat-dominated, or is
+  the law not applicable; the run's tally and its one-line headline;
+* :mod:`.relative_heat` -- the heat split into a run-level common level and each row's relative
+  heat, with the ranking's error bar.
+"""
+from normfast.engine.diagnostics.regime import REGIMES, REGIME_INPUTS, RegimeThresholds, THRESHOLDS, classify_rows, run_regime, headline
+from normfast.engine.diagnostics.relative_heat import heat_reference, relative_heat, with_relative_heat, ranking_resolution
+
+__all__ = [
+    "REGIMES",
+    "REGIME_INPUTS",
+    "RegimeThresholds",
+    "THRESHOLDS",
+    "classify_rows",
+    "headline",
+    "heat_reference",
+    "ranking_resolution",
+    "relative_heat",
+    "run_regime",
+    "with_relative_heat",
+]

@@ -1,0 +1,33 @@
+"""Stage 1 of a probe: virtual batches -> update directions ``p_B`` over the probed parameters.
+
+* :mod:`.objectives` -- the scale-invariant virtual objectives (InfoNCE, CLIP, SupCon, SimCSE) and
+  the check that a loss ignores the embedding norm;
+* :mod:`.presets` -- how an optimizer maps a gradient to an update direction (``sgd``: the
+  scale-invariant branch ``u``; ``adamw``: the scale-free branch ``w``);
+* :mod:`.gradients` -- the probed parameters, the batch gradients, AdamW's second moments, and the
+  M heat directions plus the drift's group means (:class:`Directions`).
+"""
+from normfast.engine.directions.objectives import Objective, InfoNCE, CLIPLoss, SupCon, SimCSE, get_objective, objective_settings, check_scale_invariance
+from normfast.engine.directions.presets import PRESETS, OptimizerPreset
+from normfast.engine.directions.gradients import Directions, DriftMeans, resolve_parameters, adam_second_moments, batch_loss, iter_gradients, estimate_second_moments, compute_directions
+
+__all__ = [
+    "CLIPLoss",
+    "Directions",
+    "DriftMeans",
+    "InfoNCE",
+    "Objective",
+    "OptimizerPreset",
+    "PRESETS",
+    "SimCSE",
+    "SupCon",
+    "adam_second_moments",
+    "batch_loss",
+    "check_scale_invariance",
+    "compute_directions",
+    "estimate_second_moments",
+    "get_objective",
+    "iter_gradients",
+    "objective_settings",
+    "resolve_parameters",
+]

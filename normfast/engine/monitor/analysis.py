@@ -1,0 +1,199 @@
+"""What a monitor folder says: the law's window-averaged prediction per item, beside the norms it kept.
+
+:func:`analyze` reads the rows a :class:`normfast.TrainingMonitor` wrote and, over a
+window (the last ``window`` fraction of the recorded steps), gives per item:
+
+* ``observed``: the mean norm over the window;
+* ``r_eq_realized``: the law solved with coefficients read off the window means of the
+  realized terms (:func:`normfast.engine.monitor.realized.realized_law`). When the window is
+  stationary the realized balance closes, so this reproduces the observed norm (E1's
+  ledger: slope ≈ 1): it says that the law's form holds for this run, term by term;
+* ``r_eq_virtual`` (with ``virtual=M``): the law from the engine's own estimates of drift,
+  heat and κ at the recorded states, averaged over the window (what a user without the
+  training run's steps would predict), and its heat-only form;
+* the window means of the four terms, and whether the item is held up by heat or by drift:
+  the larger of the first-order task term and the heat (second-order task term plus the
+  curvature remainder). With momentum (heavy-ball, or AdamW's β1 > 0) the realized per-step
+  split moves most of the heat into the first-order term (E1's ledger), so the split is then
+  taken from the virtual estimate when there is one.
+
+The window is checked for stationarity: the median over items of ``|⟨ΔR²⟩| / |⟨decay⟩|``
+(0 when the norms have stopped moving on average) and the relative change of the mean norm
+between the window's halves.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from normfast.core.stats import loglog_fit
+from normfast.engine.monitor.schema import MONITOR_FILE, MONITOR_FORMAT, SUMMARY_FILE
+
+WINDOW_TERMS = ("task1", "task2", "decay", "remainder", "delta_r2")
+
+
+def is_monitor(path: str | Path) -> bool:
+    """Whether ``path`` is a monitor folder (finished, or with its blocks still being written) or its Parquet."""
+    path = Path(path)
+    if path.is_dir():
+        return (path / MONITOR_FILE).is_file() or (path / (MONITOR_FILE + ".parts")).is_dir()
+    if path.suffix == ".parquet" and path.is_file():
+        from normfast.data.io import read_metadata
+
+        try:
+            return read_metadata(path).get("format") == MONITOR_FORMAT
+        except Exception:  # noqa: BLE001 - not ours
+            return False
+    return False
+
+
+def load_monitor(path: str | Path) -> tuple[pa.Table, dict[str, Any], dict[str, Any] | None, bool]:
+    """``(rows, metadata, summary or None, finished)`` of a monitor folder (or its ``monitor.parquet``).
+
+    An unfinished folder (training still running, or stopped) is read from its finished blocks;
+    its metadata is then the settings of its work folder only.
+    """
+    import pyarrow.parquet as pq
+
+    from normfast.data.io import read_metadata
+
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    final = folder / MONITOR_FILE
+    summary = None
+    if (folder / SUMMARY_FILE).is_file():
+        summary = json.loads((folder / SUMMARY_FILE).read_text())
+    if final.is_file():
+        return pq.read_table(final), read_metadata(final), summary, True
+    parts = folder / (MONITOR_FILE + ".parts")
+    chunks = sorted(parts.glob("chunk-*.parquet"))
+    if not chunks:
+        raise ValueError(f"{folder}: no monitor.parquet and no finished block of recorded steps yet")
+    spec = json.loads((parts / "run.json").read_text()).get("spec", {})
+    return pa.concat_tables(pq.read_table(c) for c in chunks), spec, summary, False
+
+
+def _matrix(table: pa.Table, column: str, n_steps: int, n_items: int) -> np.ndarray:
+    return np.asarray(table[column].to_numpy(zero_copy_only=False), dtype=float).reshape(n_steps, n_items)
+
+
+def _fit(predicted: np.ndarray, observed: np.ndarray) -> dict[str, float]:
+    fit = loglog_fit(predicted, observed)
+    fit["n_no_prediction"] = int(np.sum(~(np.isfinite(predicted) & (predicted > 0))))
+    return fit
+
+
+def _beta1(metadata: dict[str, Any]) -> float:
+    for group in metadata.get("param_groups") or ():
+        if group.get("monitored_tensors") and "betas" in group:
+            return float(group["betas"][0])
+    return 0.0
+
+
+def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
+    """The monitor folder's report (see the module docstring): settings, window, stationarity, fits, the
+    per-item columns (``items``) and the norm trajectories (``trajectory``: steps and ``[steps, items]``
+    norms, not JSON-ready: the caller drops it)."""
+    from normfast.core.equilibrium import equilibrium_norm
+    from normfast.engine.monitor.realized import estimated_terms, realized_law
+
+    if not 0 < window <= 1:
+        raise ValueError(f"analyze: expected 0 < window <= 1 (a fraction of the recorded steps), got {window!r}")
+    table, meta, summary, finished = load_monitor(path)
+    table = table.sort_by([("step", "ascending"), ("item", "ascending")])
+    steps = np.unique(table["step"].to_numpy())
+    n_items = int(meta.get("n_items") or len(np.unique(table["item"].to_numpy())))
+    S = len(steps)
+    if table.num_rows != S * n_items:
+        raise ValueError(f"analyze: {path}: {table.num_rows} rows for {S} steps x {n_items} items; the folder is damaged")
+    if S < 2:
+        raise ValueError(f"analyze: {path}: {S} recorded step; the report needs at least 2")
+    w = max(2, int(math.ceil(window * S)))
+    first = S - w
+    names = table.column_names
+    norms = _matrix(table, "norm", S, n_items)
+    win = slice(first, S)
+    observed = norms[win].mean(0)
+    halves = (norms[first:first + w // 2].mean(0), norms[first + w // 2:].mean(0))
+    law = meta.get("law") or "sgd"
+    lr = float(np.mean(_matrix(table, "lr", S, n_items)[win, 0]))
+    lr_all = _matrix(table, "lr", S, n_items)[win, 0]
+    wd = float(meta.get("weight_decay") or 0.0)
+    momentum = float(meta.get("momentum") or 0.0)
+    beta1 = _beta1(meta) if law == "adamw" else momentum
+    ids = table["id"].to_pylist()[:n_items]
+    notes: list[str] = []
+    if lr_all.max() > 1.05 * lr_all.min():
+        notes.append(f"the learning rate changes over the window ({lr_all.min():.3g} to {lr_all.max():.3g}): the "
+                     f"law assumes a constant one and is solved at its mean")
+    items: dict[str, Any] = {"item": list(range(n_items)), "id": ids, "observed": observed}
+    out: dict[str, Any] = {
+        "folder": str(path), "finished": finished, "law": law, "optimizer": meta.get("optimizer"), "lr": lr,
+        "weight_decay": wd, "momentum": momentum, "beta1": beta1 if law == "adamw" else None,
+        "n_items": n_items, "every": meta.get("every"), "recorded_steps": S,
+        "window": {"fraction": window, "recorded_steps": w, "first_step": int(steps[first]),
+                   "last_step": int(steps[-1])},
+        "stationarity": {"norm_halves_median_rel_change": float(np.median(
+            np.abs(halves[1] - halves[0]) / np.maximum(observed, 1e-300)))},
+        "fits": {}, "dominant": None, "virtual": int(meta.get("virtual") or 0), "timing": summary, "notes": notes,
+    }
+    has_terms = "task1" in names
+    realized_split = None
+    if has_terms:
+        means = {k: _matrix(table, k, S, n_items)[win].mean(0) for k in WINDOW_TERMS}
+        means["R2"] = np.square(norms[win]).mean(0)
+        means["R"] = observed
+        items.update({k: means[k] for k in WINDOW_TERMS})
+        decay = np.abs(means["decay"])
+        out["stationarity"]["balance_median"] = float(np.median(np.abs(means["delta_r2"]) / np.maximum(decay, 1e-300)))
+        if wd > 0:
+            for key, rem in (("r_eq_realized", True), ("r_eq_realized_no_remainder", False)):
+                items[key] = realized_law(means, adamw=law == "adamw", lr=lr, weight_decay=wd, momentum=momentum,
+                                          with_remainder=rem)
+            out["fits"]["realized_law"] = _fit(items["r_eq_realized"], observed)
+            out["fits"]["realized_law_no_remainder"] = _fit(items["r_eq_realized_no_remainder"], observed)
+        else:
+            notes.append("no weight decay on the monitored parameters: the law has no equilibrium to predict")
+        realized_split = (means["task1"], means["task2"] + means["remainder"])
+    if "virtual_D" in names and wd > 0:
+        v = {k: _matrix(table, f"virtual_{k}", S, n_items)[win].mean(0) for k in ("D", "Q", "kappa")}
+        zero = np.zeros(n_items)
+        if law == "adamw":
+            full = equilibrium_norm(None, None, v["kappa"], D_w=v["D"], Q_w=v["Q"], lr=lr, weight_decay=wd)
+            heat = equilibrium_norm(None, None, v["kappa"], D_w=zero, Q_w=v["Q"], lr=lr, weight_decay=wd)
+            stats = {"norm": observed, "kappa": v["kappa"], "D_w": v["D"], "Q_w": v["Q"]}
+        else:
+            full = equilibrium_norm(v["D"], v["Q"], v["kappa"], lr=lr, weight_decay=wd, momentum=momentum)
+            heat = equilibrium_norm(zero, v["Q"], v["kappa"], lr=lr, weight_decay=wd, momentum=momentum)
+            stats = {"norm": observed, "kappa": v["kappa"], "D": v["D"], "Q": v["Q"]}
+        items.update({"r_eq_virtual": full, "r_eq_virtual_heat": heat, "virtual_D": v["D"], "virtual_Q": v["Q"],
+                      "virtual_kappa": v["kappa"]})
+        last = _matrix(table, "virtual_r_eq", S, n_items)[-1]
+        out["fits"]["virtual_law"] = _fit(full, observed)
+        out["fits"]["virtual_heat_only"] = _fit(heat, observed)
+        out["fits"]["virtual_last_state"] = _fit(last, observed)
+        est = estimated_terms(law, stats, lr=lr, weight_decay=wd, momentum=momentum)
+        virtual_split = (est["task1"], est["task2"])
+    else:
+        virtual_split = None
+    if beta1 > 0 and virtual_split is not None:
+        split, source = virtual_split, "the virtual estimate (momentum moves the realized heat into the first order)"
+    elif realized_split is not None:
+        split, source = realized_split, "the realized terms"
+        if beta1 > 0:
+            notes.append("with momentum the realized first-order term carries most of the heat (E1's ledger): "
+                         "the heat/drift split below understates the heat; run with virtual=M for the law's split")
+    else:
+        split, source = None, None
+    if split is not None:
+        drift_dominated = np.abs(split[0]) > np.abs(split[1])
+        items["dominant"] = np.where(drift_dominated, "drift", "heat")
+        out["dominant"] = {"heat": int((~drift_dominated).sum()), "drift": int(drift_dominated.sum()), "from": source}
+    out["items"] = items
+    out["trajectory"] = {"steps": steps, "norms": norms}
+    return out

@@ -1,0 +1,121 @@
+"""``MonitorCallback``: :class:`normfast.TrainingMonitor` as a ``transformers.TrainerCallback``.
+
+Works with ``transformers.Trainer`` and every trainer built on it (sentence-transformers'
+``SentenceTransformerTrainer``): the monitor's ``before_step`` runs in
+``on_pre_optimizer_step`` (after the gradients are clipped), its ``after_step`` in
+``on_optimizer_step`` (before the scheduler moves the learning rate), with the trainer's
+``global_step`` as the step. Its state is saved beside every checkpoint the trainer writes
+(``checkpoint-N/normfast_monitor.pt``) and read back when the trainer resumes from one, so a
+resumed run writes the same monitor folder as an uninterrupted one. Only the main process
+records (``state.is_world_process_zero``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from transformers import TrainerCallback
+
+from normfast.data.torchfiles import load_plain, save_plain
+
+#: the monitor's state, beside each checkpoint the trainer writes
+STATE_FILE = "normfast_monitor.pt"
+
+
+def probe_items(source: Any, n_probes: int, column: str | None = None) -> list[Any]:
+    """The first ``n_probes`` items of ``source``: a sequence of items, or a dataset of rows (a
+    ``datasets.Dataset`` or a dict of columns) whose ``column`` (default: the first column of strings)
+    holds them."""
+    fn = "MonitorCallback"
+    names = getattr(source, "column_names", None)
+    if names is None and isinstance(source, dict):
+        names = list(source)
+    if names is not None:
+        if column is None:
+            first = source[: 1] if hasattr(source, "column_names") else {k: v[:1] for k, v in source.items()}
+            column = next((c for c in names if first[c] and isinstance(first[c][0], str)), None)
+            if column is None:
+                raise ValueError(f"{fn}: the probe dataset has no column of strings ({names}); pass column=")
+        elif column not in names:
+            raise ValueError(f"{fn}: column={column!r} is not a column of the probe dataset ({names})")
+        return list(source[:n_probes][column]) if hasattr(source, "column_names") else list(source[column][:n_probes])
+    if isinstance(source, (str, bytes)) or not hasattr(source, "__len__"):
+        raise TypeError(f"{fn}: expected probes to be a sequence of items or a dataset, got {type(source).__name__}")
+    return list(source[:n_probes]) if hasattr(source, "__getitem__") else list(source)[:n_probes]
+
+
+class MonitorCallback(TrainerCallback):
+    """Record every probe item's radial budget while a ``transformers`` trainer trains.
+
+    Example (sentence-transformers)::
+
+        monitor = normfast.MonitorCallback(eval_dataset, every=10, out="runs/train_monitor")
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train,
+                                             eval_dataset=eval_dataset, loss=loss, callbacks=[monitor])
+        trainer.train()          # then: normfast report runs/train_monitor
+
+    Args:
+        probes: the probe items, or a dataset whose first ``n_probes`` rows are the probe set
+            (``column``: which column; default the first column of strings). The trainer does not
+            show its datasets to callbacks before it evaluates, so pass the evaluation set here.
+        n_probes: how many rows of a dataset to take.
+        column: the dataset column holding the items.
+        encoder: a normfast ``Encoder`` sharing the trained model's parameters; default: the
+            trainer's model, wrapped by :func:`normfast.load_encoder` (a ``SentenceTransformer``
+            is wrapped with its own modules; a plain ``transformers`` model needs an encoder,
+            e.g. ``normfast.encoders.HFEncoder(model.bert, tokenizer)`` for its mean-pooled body).
+        **monitor: the :class:`normfast.TrainingMonitor` settings (``every``, ``out``, ``terms``,
+            ``virtual`` with ``objective`` and ``pairs``, ``ids``, ...).
+
+    The monitor is built when training starts (:attr:`monitor`) and closed when it ends.
+    """
+
+    def __init__(self, probes: Any, *, n_probes: int = 64, column: str | None = None, encoder: Any = None,
+                 **monitor: Any):
+        if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < 1:
+            raise ValueError(f"MonitorCallback: expected n_probes to be an int >= 1, got {n_probes!r}")
+        self.items: Sequence[Any] = probe_items(probes, n_probes, column)
+        if not self.items:
+            raise ValueError("MonitorCallback: the probe set is empty")
+        self.encoder = encoder
+        self.settings = monitor
+        self.monitor: Any = None
+
+    def _build(self, model: Any) -> None:
+        from normfast.engine.monitor.recorder import TrainingMonitor
+
+        target = self.encoder if self.encoder is not None else model
+        if target is None:
+            raise ValueError("MonitorCallback: the trainer passed no model; give encoder=")
+        self.monitor = TrainingMonitor(target, self.items, **self.settings)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        self._build(model)
+        if state.global_step > 0:  # resumed from a checkpoint: continue its monitor
+            path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", STATE_FILE)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"MonitorCallback: the trainer resumed at step {state.global_step} but "
+                                        f"{path} is missing (the checkpoint was written without the monitor)")
+            self.monitor.load_state_dict(load_plain(path, "MonitorCallback: the monitor's state file"))
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
+                              **kwargs: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.before_step(optimizer, step=state.global_step)
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.after_step(optimizer)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is None:
+            return
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(folder):
+            save_plain(self.monitor.state_dict(), os.path.join(folder, STATE_FILE))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.close()

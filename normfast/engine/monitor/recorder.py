@@ -1,0 +1,485 @@
+"""normfast in the training loop: every probe item's radial budget while a model trains.
+
+:class:`TrainingMonitor` hooks around ``optimizer.step()`` of any training loop and,
+at every ``every``-th step, records for each probe item its norm and the realized
+terms of that step's change of ``R²`` (:mod:`normfast.engine.monitor.realized`: a jvp of the
+item forward along the optimizer's actual step, split into its task and weight-decay
+parts as torch's SGD, heavy-ball SGD and AdamW applied them, with AdamW's real state),
+optionally beside the engine's virtual drift and heat at that state
+(:func:`normfast.engine.probe.probe` with ``M`` virtual batches). Rows stream to
+Parquet in blocks of recorded steps; the monitor's :meth:`~TrainingMonitor.state_dict`
+goes into the training run's checkpoint, and a run resumed from it writes the same
+file as an uninterrupted one. ``normfast report FOLDER`` turns the folder into the
+law's window-averaged prediction per item (:mod:`normfast.engine.monitor`).
+
+Cost per recorded step: the trained parameters copied in float64 (twice), two jvps
+and one forward of the probe items through the trained tail (the frozen front --
+the stages before the first trained parameter -- runs once, when the monitor
+starts); with ``virtual=M`` also one probe of ``M`` virtual batches. Heavy-ball SGD
+with weight decay also needs a float64 copy of its parameters at every step (the
+shadow decay buffer). Everything runs in eval mode (no dropout) under
+``torch.no_grad``; the training's random streams are not touched.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from normfast.engine.monitor.schema import (COLUMNS, MONITOR_FILE, MONITOR_FORMAT, MONITOR_VERSION,
+                                          SUMMARY_FILE)
+from normfast.engine.monitor.parts import device_of, eval_mode, optimizer_info, unwrap_optimizer, virtual_probe
+from normfast.engine.monitor.realized import DecaySplit, StepRule, parameters_as, step_rules, step_terms
+
+_TERM_COLUMNS = ("task1", "task2", "decay", "remainder", "delta_r2")
+_VIRTUAL_COLUMNS = ("virtual_D", "virtual_Q", "virtual_kappa", "virtual_r_eq", "virtual_r_eq_heat")
+_TYPES = {"int64": pa.int64(), "string": pa.string(), "double": pa.float64()}
+_STATE_VERSION = 1
+
+
+class TrainingMonitor:
+    """Record every probe item's norm and realized radial budget while a model trains.
+
+    Call :meth:`before_step` right before ``optimizer.step()`` and :meth:`after_step` right
+    after it, on every training step (or :meth:`step` for both), and :meth:`close` at the end::
+
+        mon = normfast.TrainingMonitor(model, probes, every=10, out="runs/train_monitor")
+        for batch in loader:
+            loss = ...; loss.backward()
+            mon.before_step(optimizer)
+            optimizer.step()
+            mon.after_step()
+            optimizer.zero_grad()
+        mon.close()
+
+    Args:
+        model: the model being trained, or a normfast :class:`~normfast.encoders.Encoder` that
+            shares its parameters: an ``Encoder`` is used as is, anything else goes through
+            :func:`~normfast.encoders.load_encoder` (an ``nn.Module`` mapping a batch of probe
+            items to embeddings; a ``sentence_transformers.SentenceTransformer``).
+        probes: the probe items (texts, tensors, ids: whatever the encoder's ``prepare`` takes).
+        every: record steps ``0, every, 2·every, ...``.
+        out: the monitor folder (``monitor.parquet``, ``summary.json``); None keeps the rows in
+            memory (:meth:`table`).
+        terms: compute the realized terms (False: norms only, one forward per recorded step).
+        virtual: M ≥ 2 runs the engine's probe with M virtual batches at every recorded state
+            (drift, heat, κ, the law at that state); needs ``objective`` and ``pairs``. 0: none.
+        objective, pairs: the virtual batches' objective and pair source (as for :func:`probe`).
+        virtual_batch_size, virtual_seed: the virtual batches' size, and the seed of their
+            draw (step ``s`` draws with ``virtual_seed + s``).
+        optimizer: the optimizer, when :meth:`before_step` is called without one.
+        ids: a string id per probe item (default: the index).
+        flush_every: recorded steps per streamed block (the unit of resume).
+        dtype: precision of the jvps (float64: the terms are small differences).
+        model_name: recorded in the metadata (default: the model's class name).
+        overwrite: replace a finished monitor folder, or an unfinished one that is not resumed.
+
+    Only the parameters the optimizer updates (and that require grad) are monitored; the
+    encoder stages before the first of them are frozen and run once. Bad settings raise
+    ``ValueError``/``TypeError`` naming the argument.
+    """
+
+    def __init__(self, model: Any, probes: Sequence[Any], *, every: int = 10,
+                 out: str | os.PathLike | None = "runs/train_monitor", terms: bool = True, virtual: int = 0,
+                 objective: Any = None, pairs: Any = None, virtual_batch_size: int = 32, virtual_seed: int = 0,
+                 optimizer: Any = None, ids: Sequence[str] | None = None, flush_every: int = 16,
+                 dtype: torch.dtype = torch.float64, model_name: str | None = None, overwrite: bool = False):
+        fn = "TrainingMonitor"
+        for name, value, low in (("every", every, 1), ("flush_every", flush_every, 1),
+                                 ("virtual_batch_size", virtual_batch_size, 2)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{fn}: expected {name} to be an int >= {low}, got {value!r}")
+        if isinstance(virtual, bool) or not isinstance(virtual, int) or virtual < 0 or virtual == 1:
+            raise ValueError(f"{fn}: expected virtual to be 0 (off) or an int >= 2 (virtual batches), got {virtual!r}")
+        if virtual and objective is None:
+            raise ValueError(f"{fn}: virtual={virtual} needs the virtual batches' objective= (and pairs=)")
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"{fn}: expected dtype torch.float64 or torch.float32, got {dtype!r}")
+        if isinstance(probes, (str, bytes)) or not hasattr(probes, "__len__"):
+            raise TypeError(f"{fn}: expected probes to be a sequence of items, got {type(probes).__name__}")
+        probes = list(probes)
+        if not probes:
+            raise ValueError(f"{fn}: expected at least one probe item, got none")
+        if ids is not None:
+            ids = [str(i) for i in ids]
+            if len(ids) != len(probes):
+                raise ValueError(f"{fn}: expected one id per probe item ({len(probes)}), got len(ids)={len(ids)}")
+        self.out = None if out is None else Path(out)
+        if self.out is not None and self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"{fn}: out={str(self.out)!r} is a file; expected a folder for the monitor")
+        self.encoder = self._as_encoder(model)
+        self.probes = probes
+        self.ids = ids if ids is not None else [str(i) for i in range(len(probes))]
+        self.every, self.terms, self.virtual = every, bool(terms), virtual
+        self.objective, self.pairs = objective, pairs
+        self.virtual_batch_size, self.virtual_seed = virtual_batch_size, int(virtual_seed)
+        self.flush_every, self.dtype, self.overwrite = flush_every, dtype, overwrite
+        self.model_name = model_name or str(getattr(self.encoder, "name", "") or type(model).__name__)
+        self._optimizer = None if optimizer is None else unwrap_optimizer(optimizer)
+        self._spec = self._make_spec()
+
+        self.next_step = 0           # the step the next before_step() refers to (without step=)
+        self.recorded = 0            # recorded steps so far
+        self.steps_seen = 0
+        self.chunks = 0              # blocks written
+        self._pending: list[dict[str, Any]] = []
+        self._memory: list[pa.Table] = []
+        self._decay = DecaySplit()
+        self._decay_mode: str | None = None
+        self._info: dict[str, Any] | None = None   # optimizer settings at the first recorded step
+        self._first_step: int | None = None
+        self._last_step: int | None = None
+        self._timing = {"train_seconds": 0.0, "terms_seconds": 0.0, "virtual_seconds": 0.0, "timed_steps": 0}
+        self._monitor_since_last = 0.0
+        self._t_last: float | None = None
+        self._names: list[str] | None = None      # monitored parameters (set up at the first step)
+        self._current: tuple[int, dict | None, dict, dict | None] | None = None
+        self._writer: Any = None
+        self._closed = False
+
+    # -- set-up -------------------------------------------------------------------
+    @staticmethod
+    def _as_encoder(model: Any) -> Any:
+        from normfast.encoders import Encoder, load_encoder
+
+        if isinstance(model, Encoder):
+            return model
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"TrainingMonitor: expected the model being trained (an nn.Module) or a normfast "
+                            f"Encoder sharing its parameters, got {type(model).__name__}")
+        return load_encoder(model, device=device_of(model))
+
+    def _make_spec(self) -> dict[str, Any]:
+        from normfast.engine.runner.provenance import hash_items
+
+        virtual_settings = None
+        if self.virtual:
+            from normfast.engine.directions.objectives import objective_settings
+
+            virtual_settings = {"objective": getattr(self.objective, "name", str(self.objective)),
+                                "objective_settings": objective_settings(self.objective),
+                                "batch_size": self.virtual_batch_size, "seed": self.virtual_seed,
+                                "drift": "per batch over the M batches (averaged over the window's states)"}
+        return {"format": MONITOR_FORMAT, "monitor_version": MONITOR_VERSION, "model": self.model_name,
+                "n_items": len(self.probes), "probes_fingerprint": hash_items([*self.probes, *self.ids]),
+                "every": self.every, "terms": self.terms, "virtual": self.virtual,
+                "virtual_settings": virtual_settings, "flush_every": self.flush_every,
+                "dtype": str(self.dtype).replace("torch.", "")}
+
+    def _bind(self, optimizer: Any) -> torch.optim.Optimizer:
+        if optimizer is not None:
+            self._optimizer = unwrap_optimizer(optimizer)
+        if self._optimizer is None:
+            raise ValueError("TrainingMonitor: no optimizer: pass it to before_step(optimizer) or to "
+                             "TrainingMonitor(..., optimizer=...)")
+        return self._optimizer
+
+    def _setup(self, optimizer: torch.optim.Optimizer) -> None:
+        enc = self.encoder
+        by_id = {id(p): n for n, p in enc.named_parameters()}
+        in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"] if p.requires_grad}
+        names = [n for n, p in enc.named_parameters() if id(p) in in_optimizer]
+        if not names:
+            raise ValueError(f"TrainingMonitor: the optimizer updates none of the parameters of the monitored "
+                             f"{type(enc).__name__} (does the encoder share the trained model's parameters?)")
+        stage = enc.stage_of_parameters()
+        self._names = names
+        chosen = set(names)
+        self._param_names = {i: n for i, n in by_id.items() if n in chosen}
+        self._cut = min(stage[n] for n in names)
+        self._frozen = {n: p.detach().to(self.dtype) for n, p in enc.named_parameters()
+                        if n not in chosen and stage[n] >= self._cut}
+        self._frozen.update({n: b.detach().to(self.dtype) for n, b in enc.named_buffers() if b.is_floating_point()})
+        with eval_mode(enc), torch.no_grad():
+            state = enc.prepare(self.probes)
+            front = enc(state, 0, self._cut) if self._cut > 0 else state
+        self._front = {k: (v.to(self.dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
+                       for k, v in front.items()}
+        if self.out is not None and self._writer is None:
+            self._open_writer(resume=False)
+
+    def _f(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        from torch.func import functional_call
+
+        return functional_call(self.encoder, {**self._frozen, **params}, (self._front,),
+                               {"start": self._cut, "output": "pooled"}, strict=False)
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        named = dict(self.encoder.named_parameters())
+        return parameters_as(((n, named[n]) for n in self._names), dtype=self.dtype)
+
+    def _open_writer(self, resume: bool) -> None:
+        from normfast.data.runwriter import ChunkedParquetWriter
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._writer = ChunkedParquetWriter(self.out / MONITOR_FILE, self._spec, resume=resume,
+                                            overwrite=self.overwrite)
+
+    # -- the steps ------------------------------------------------------------------
+    def before_step(self, optimizer: Any = None, *, step: int | None = None) -> None:
+        """Call right before ``optimizer.step()``, on every step. ``step``: the step's index
+        (default: the monitor's own count, from 0)."""
+        if self._closed:
+            raise RuntimeError("TrainingMonitor.before_step: the monitor is closed")
+        t0 = time.perf_counter()
+        opt = self._bind(optimizer)
+        if self._names is None:
+            self._setup(opt)
+        s = self.next_step if step is None else int(step)
+        rules = step_rules(opt, self._param_names)
+        record = s % self.every == 0
+        buffered = {n: r for n, r in rules.items() if r.shadow_buffer}
+        theta = self._params() if (record or buffered) else None
+        if buffered:
+            if self._decay_mode is None:
+                self._decay_mode = self._start_buffers(opt, theta, buffered)
+            self._decay.before_step(theta, buffered)
+        virtual = None
+        if record and self.virtual:
+            t1 = time.perf_counter()
+            virtual = virtual_probe(self, opt, rules, s)
+            self._timing["virtual_seconds"] += time.perf_counter() - t1
+            t0 += time.perf_counter() - t1  # the virtual probe's time is counted apart
+        self._current = (s, theta if record else None, rules, virtual)
+        self._timing["terms_seconds"] += time.perf_counter() - t0
+
+    def _start_buffers(self, opt: torch.optim.Optimizer, theta: dict, buffered: Mapping[str, StepRule]) -> str:
+        named = dict(self.encoder.named_parameters())
+        started = [n for n in buffered if opt.state.get(named[n], {}).get("momentum_buffer") is not None]
+        if started:
+            warnings.warn("TrainingMonitor: the optimizer's momentum buffers already exist (the monitor joined a "
+                          "running heavy-ball SGD with weight decay): the decay part of its steps starts from an "
+                          "estimate whose error decays as momentum^t (metadata decay_buffer='warm-started')",
+                          RuntimeWarning, stacklevel=3)
+            self._decay.warm_start(theta, {n: buffered[n] for n in started})
+            return "warm-started"
+        return "exact"
+
+    def after_step(self, optimizer: Any = None) -> None:
+        """Call right after ``optimizer.step()``, on every step."""
+        if self._current is None:
+            raise RuntimeError("TrainingMonitor.after_step: no before_step() for this step")
+        t0 = time.perf_counter()
+        if optimizer is not None:
+            self._bind(optimizer)
+        s, theta, rules, virtual = self._current
+        self._current = None
+        if theta is not None:
+            self._record(s, theta, rules, virtual)
+        self.next_step = s + 1
+        self.steps_seen += 1
+        now = time.perf_counter()
+        spent = now - t0
+        self._timing["terms_seconds"] += spent
+        # the step's wall time without the monitor: from the end of the previous after_step to now
+        monitor_total = self._timing["terms_seconds"] + self._timing["virtual_seconds"]
+        if self._t_last is not None:
+            self._timing["train_seconds"] += max(0.0, (now - self._t_last) - (monitor_total - self._monitor_since_last))
+            self._timing["timed_steps"] += 1
+        self._t_last, self._monitor_since_last = now, monitor_total
+
+    def step(self, optimizer: Any, closure: Any = None) -> Any:
+        """``before_step``, ``optimizer.step(closure)``, ``after_step``; returns what the step returns."""
+        self.before_step(optimizer)
+        out = optimizer.step() if closure is None else optimizer.step(closure)
+        self.after_step()
+        return out
+
+    @torch.no_grad()
+    def _record(self, s: int, theta: dict, rules: Mapping[str, StepRule], virtual: dict | None) -> None:
+        from normfast.encoders import forward_ad_safe
+
+        n = len(self.probes)
+        with eval_mode(self.encoder), forward_ad_safe():
+            if self.terms:
+                t = step_terms(self._f, theta, self._params(), self._decay.decay(theta, rules))
+                cols = {k: t[k] for k in ("task1", "task2", "decay", "remainder")}
+                cols["delta_r2"] = t["r2_new"] - t["r2"]
+                r2 = t["r2"]
+            else:
+                cols = {}
+                r2 = self._f(theta).square().sum(-1)
+        first = rules[self._names[0]]
+        row: dict[str, Any] = {"step": np.full(n, s, dtype=np.int64), "item": np.arange(n, dtype=np.int64),
+                               "id": list(self.ids), "lr": np.full(n, first.lr, dtype=np.float64),
+                               "norm": r2.sqrt().double().cpu().numpy()}
+        row.update({k: v.double().cpu().numpy() for k, v in cols.items()})
+        if virtual is not None:
+            row.update(virtual)
+        if self._info is None:
+            self._info = optimizer_info(self._optimizer, self._param_names, self._names, rules)
+        if self._first_step is None:
+            self._first_step = s
+        self._last_step = s
+        self._pending.append(row)
+        self.recorded += 1
+        if len(self._pending) == self.flush_every:
+            self._flush()
+
+    # -- output -------------------------------------------------------------------------
+    def _schema(self) -> pa.Schema:
+        present = {"step", "item", "id", "lr", "norm"}
+        if self.terms:
+            present.update(_TERM_COLUMNS)
+        if self.virtual:
+            present.update(_VIRTUAL_COLUMNS)
+        return pa.schema([pa.field(c.name, _TYPES[c.type]) for c in COLUMNS if c.name in present])
+
+    def _rows_table(self, rows: list[dict[str, Any]]) -> pa.Table:
+        schema = self._schema()
+        arrays = [pa.array([i for r in rows for i in r["id"]], type=pa.string()) if f.name == "id" else
+                  pa.array(np.concatenate([np.asarray(r[f.name]) for r in rows]), type=f.type) for f in schema]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        table = self._rows_table(self._pending)
+        if self._writer is not None:
+            self._writer.write_chunk(self.chunks, table)
+        else:
+            self._memory.append(table)
+        self.chunks += 1
+        self._pending = []
+
+    def metadata(self) -> dict[str, Any]:
+        """The settings written into ``monitor.parquet`` (no clock: see :meth:`summary`)."""
+        from normfast.data.io import fingerprint
+        from normfast.engine.runner.provenance import library_versions
+
+        info = self._info or {}
+        return {**self._spec, "optimizer": info.get("optimizer"), "law": info.get("law"), "lr": info.get("lr"),
+                "weight_decay": info.get("weight_decay"), "momentum": info.get("momentum"),
+                "param_groups": info.get("param_groups"), "decay_buffer": self._decay_mode,
+                "n_trained_parameters": len(self._names or ()), "trained_parameters": list(self._names or ())[:50],
+                "cut_stage": getattr(self, "_cut", None), "first_step": self._first_step,
+                "last_step": self._last_step, "recorded_steps": self.recorded,
+                "spec_fingerprint": fingerprint(self._spec), "versions": library_versions()}
+
+    def summary(self) -> dict[str, Any]:
+        """The run's clock: the monitor's time against the training's (``summary.json``)."""
+        t = self._timing
+        train = t["train_seconds"]
+
+        def frac(x: float) -> float:
+            return x / train if train > 0 else math.nan
+
+        return {"steps": self.steps_seen, "recorded_steps": self.recorded, "train_seconds": train,
+                "terms_seconds": t["terms_seconds"], "virtual_seconds": t["virtual_seconds"],
+                "overhead_terms": frac(t["terms_seconds"]), "overhead_virtual": frac(t["virtual_seconds"]),
+                "overhead": frac(t["terms_seconds"] + t["virtual_seconds"]),
+                "seconds_per_recorded_step": {
+                    "terms": t["terms_seconds"] / self.recorded if self.recorded else math.nan,
+                    "virtual": t["virtual_seconds"] / self.recorded if self.recorded else math.nan},
+                "seconds_per_train_step": train / t["timed_steps"] if t["timed_steps"] else math.nan}
+
+    def table(self) -> pa.Table:
+        """Every row recorded so far (from memory, or the blocks written and the pending ones; after
+        :meth:`close`, ``monitor.parquet``)."""
+        if self._closed and self.out is not None:
+            import pyarrow.parquet as pq
+
+            return pq.read_table(self.out / MONITOR_FILE)
+        if self._writer is not None:
+            tables = [self._writer.read_chunk(i) for i in range(self.chunks)]
+        else:
+            tables = list(self._memory)
+        if self._pending:
+            tables.append(self._rows_table(self._pending))
+        return pa.concat_tables(tables) if tables else self._schema().empty_table()
+
+    def close(self) -> Path | None:
+        """Write the last block and ``monitor.parquet`` and ``summary.json``; returns the Parquet path
+        (None without ``out``). Idempotent."""
+        if self._closed:
+            return None if self.out is None else self.out / MONITOR_FILE
+        if self._current is not None:
+            raise RuntimeError("TrainingMonitor.close: before_step() without its after_step()")
+        self._flush()
+        self._closed = True
+        if self.out is None:
+            return None
+        if self._writer is None:
+            if not self.recorded:
+                warnings.warn("TrainingMonitor.close: no step was recorded; nothing written", RuntimeWarning,
+                              stacklevel=2)
+                return None
+            self._open_writer(resume=False)
+        path = self._writer.finalize(self.chunks, self.metadata())
+        tmp = self.out / (SUMMARY_FILE + ".tmp")
+        from normfast.data.io import json_ready
+
+        tmp.write_text(json.dumps(json_ready(self.summary()), indent=1) + "\n")
+        os.replace(tmp, self.out / SUMMARY_FILE)
+        return path
+
+    def release(self) -> None:
+        """Stop without finishing: the folder keeps the blocks written so far, and a run resumed from a
+        :meth:`state_dict` continues them (a crash does the same)."""
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
+        self._closed = True
+
+    def __enter__(self) -> "TrainingMonitor":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.release()
+
+    # -- resume -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a training checkpoint must hold to resume the monitor (tensors, lists, numbers and
+        strings only: ``torch.load(weights_only=True)`` reads it)."""
+        from normfast.data.io import fingerprint
+
+        if self._current is not None:
+            raise RuntimeError("TrainingMonitor.state_dict: called between before_step() and after_step()")
+        pending = [{k: (list(v) if k == "id" else torch.from_numpy(np.asarray(v).copy())) for k, v in r.items()}
+                    for r in self._pending]
+        return {"format": MONITOR_FORMAT, "state_version": _STATE_VERSION, "spec_fingerprint": fingerprint(self._spec),
+                "next_step": self.next_step, "steps_seen": self.steps_seen, "recorded": self.recorded,
+                "chunks": self.chunks, "pending": pending, "decay_buffers": self._decay.state_dict(),
+                "decay_buffer": self._decay_mode, "info": json.dumps(self._info),
+                "first_step": self._first_step, "last_step": self._last_step, "timing": dict(self._timing)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue a monitor from a checkpoint's :meth:`state_dict` (call before the first step of the
+        resumed run). The monitor must have the same settings, probes and ``out``."""
+        from normfast.data.io import fingerprint
+
+        fn = "TrainingMonitor.load_state_dict"
+        if state.get("format") != MONITOR_FORMAT or state.get("state_version") != _STATE_VERSION:
+            raise ValueError(f"{fn}: not a monitor state (format={state.get('format')!r}, "
+                             f"state_version={state.get('state_version')!r})")
+        if state["spec_fingerprint"] != fingerprint(self._spec):
+            raise ValueError(f"{fn}: the checkpoint's monitor was made with other settings or probes "
+                             f"(fingerprint {state['spec_fingerprint']} != {fingerprint(self._spec)})")
+        if self._names is not None:
+            raise RuntimeError(f"{fn}: call it before the first step of the resumed run")
+        self.next_step, self.steps_seen = int(state["next_step"]), int(state["steps_seen"])
+        self.recorded, self.chunks = int(state["recorded"]), int(state["chunks"])
+        self._pending = [{k: (list(v) if k == "id" else v.numpy()) for k, v in r.items()} for r in state["pending"]]
+        self._decay.load_state_dict(state["decay_buffers"], device_of(self.encoder))
+        self._decay_mode = state["decay_buffer"]
+        self._info = json.loads(state["info"])
+        self._first_step, self._last_step = state["first_step"], state["last_step"]
+        self._timing = dict(state["timing"])
+        if self.out is not None:
+            self._open_writer(resume=True)
+            missing = sorted(set(range(self.chunks)) - self._writer.done())
+            if missing:
+                self.release()
+                raise ValueError(f"{fn}: {self.out} lacks blocks {missing[:5]} written before the checkpoint; "
+                                 f"the folder does not belong to this checkpoint")

@@ -1,0 +1,35 @@
+"""The probe loop around the stages: run state, chunks, adaptive M, row tables, output files,
+sharding and provenance.
+
+* :mod:`.state` -- :class:`ProbeRun`, one run's shared state (what is probed, how, the directions,
+  the accumulators, the progress bar);
+* :mod:`.chunks` -- probe items in chunks through head or jvp mode, each chunk finished into rows;
+* :mod:`.adaptive` -- adaptive M: as many heat batches as the error bars ask for;
+* :mod:`.rows` -- a chunk's output table (metadata, statistics, the law per row, validity, regime);
+* :mod:`.files` -- opening, resuming and finishing a run's Parquet output;
+* :mod:`.distributed` -- sharding the items over ``torch.distributed`` ranks;
+* :mod:`.provenance` -- content hashes of the inputs and the model, library versions, the device.
+"""
+from normfast.engine.runner.state import ProbeRun
+from normfast.engine.runner.chunks import run_chunks
+from normfast.engine.runner.adaptive import adaptive_plan
+from normfast.engine.runner.rows import finish_table
+from normfast.engine.runner.files import open_output, finish_sharded
+from normfast.engine.runner.distributed import Shard, current_shard, init_from_env
+from normfast.engine.runner.provenance import hash_items, hash_model, library_versions, device_name
+
+__all__ = [
+    "ProbeRun",
+    "Shard",
+    "adaptive_plan",
+    "current_shard",
+    "device_name",
+    "finish_sharded",
+    "finish_table",
+    "hash_items",
+    "hash_model",
+    "init_from_env",
+    "library_versions",
+    "open_output",
+    "run_chunks",
+]

@@ -1,0 +1,160 @@
+"""Adaptive M: as many heat batches as the error bars need (``ProbeConfig.target_rse``).
+
+The heat's relative standard error ``se(V2)/V2`` falls like ``1/sqrt(M)``.
+Protocol: start from ``M = batches``; measure the rows of the first chunk of
+probe items (the *pilot*: the same rows whatever the run's streaming,
+resuming or sharding, so the M chosen depends only on the seed and the
+arguments); while the ``target_quantile`` of their ``se(V2)/V2`` exceeds
+``target_rse`` and ``M < max_batches``, grow M to
+``min(max_batches, max(M + K, ceil_K(M · (q/target)²)))`` (``ceil_K``: the
+next multiple of K, so the K groups stay balanced) with the next virtual
+batches of the same seed, and measure again. The directions computed on the
+way are kept when they fit the memory budget (head mode always), so nothing
+is computed twice; otherwise the run streams them again in groups
+(directions-outer). Sharded: rank 0 decides and every rank receives M and the
+directions. The rounds (M, quantile) go into the run's metadata.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from normfast.engine.directions.gradients import Directions
+from normfast.engine.transmission.head.stats import head_stats
+from normfast.engine.runner.state import ProbeRun
+from normfast.engine.transmission.head.inputs import head_inputs, prepared_head
+from normfast.engine.transmission.jvp import Tail
+
+
+@dataclass
+class AdaptivePlan:
+    """The outcome: the chosen M, its directions (None: recompute them in groups) and the drift's."""
+
+    M: int
+    directions: Directions | None
+    drift: Directions | None
+    rounds: list[dict[str, float]]
+
+
+def next_M(M: int, quantile_rse: float, target: float, groups: int, cap: int) -> int:
+    """The M that the 1/sqrt(M) law says reaches ``target``, rounded up to a multiple of K, at least M + K."""
+    want = M * (quantile_rse / target) ** 2 if math.isfinite(quantile_rse) else 2 * M
+    want = int(math.ceil(want / groups)) * groups
+    return int(min(cap, max(M + groups, want)))
+
+
+def quantile_rse(se: torch.Tensor, v2: torch.Tensor, q: float) -> float:
+    """The ``q`` quantile of ``se(V2)/V2`` over the rows where it is finite (inf when none is)."""
+    rse = (se.double() / v2.double()).cpu().numpy()
+    rse = rse[np.isfinite(rse)]
+    return float(np.quantile(rse, q)) if rse.size else math.inf
+
+
+def _concat(parts: Sequence[Directions]) -> Directions:
+    first = parts[0]
+    dirs = [d for p in parts for d in p.directions]
+    losses = [x for p in parts for x in p.losses]
+    return Directions(first.names, first.branch_of, dirs, first.decayed, losses, first.drift,
+                      first.second_moments, first.first_batch)
+
+
+class _HeadPilot:
+    def __init__(self, run: ProbeRun, items: Sequence[Any]):
+        self.run = run
+        _, front, rows = run.front(items)
+        self.a, self.z = head_inputs(run.encoder, front, run.cut, rows)
+        self.parts: list[Directions] = []
+
+    def add(self, dirs: Directions) -> None:
+        self.parts.append(dirs)
+
+    def rse(self) -> float:
+        run = self.run
+        dirs = prepared_head(run.encoder, _concat(self.parts), dtype=run.acc_dtype, groups=run.groups)
+        stats = head_stats(self.a, self.z, dirs, branch=run.branch)
+        sfx = "" if run.branch == "u" else "_w"
+        return quantile_rse(stats["se_V2" + sfx], stats["V2" + sfx], run.config.target_quantile)
+
+
+class _JvpPilot:
+    def __init__(self, run: ProbeRun, items: Sequence[Any]):
+        self.run = run
+        _, self.front, self.rows = run.front(items)
+        self.tail = Tail(run.encoder, run.names, run.cut, run.output)
+        self.z = self.tail.primal(self.front, self.rows)
+        self.acc = run.new_accumulator(self.z.shape[0], self.z.shape[-1])
+
+    def add(self, dirs: Directions) -> None:
+        self.run.jvp_update(self.acc, self.tail, self.front, self.rows, self.z, dirs)
+
+    def rse(self) -> float:
+        stats = self.acc.finalize()
+        branch = self.run.branches[0]
+        sfx = "" if branch == "u" else "_w"
+        return quantile_rse(stats["se_V2" + sfx], stats["V2" + sfx], self.run.config.target_quantile)
+
+
+def _plan_on_root(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
+    cfg = run.config
+    K, target, cap = run.groups, float(cfg.target_rse), int(cfg.max_batches)
+    first = run.compute_directions(list(range(run.M)), cfg.drift_from_mean)
+    pilot = _HeadPilot(run, pilot_items) if run.mode == "head" else _JvpPilot(run, pilot_items)
+    pilot.add(first)
+    keep_limit = math.inf if run.mode == "head" else run.direction_group_for(cap)
+    kept: list[Directions] | None = [first] if first.M <= keep_limit else None
+    M, rounds = run.M, []
+    while True:
+        q = pilot.rse()
+        rounds.append({"M": M, "quantile_rse": q})
+        if q <= target or M >= cap:
+            break
+        M_next = next_M(M, q, target, K, cap)
+        step = int(min(M_next - M, keep_limit))
+        for lo in range(M, M_next, step):
+            part = run.compute_directions(list(range(lo, min(lo + step, M_next))), False)
+            pilot.add(part)
+            if kept is not None and M_next <= keep_limit:
+                kept.append(part)
+            else:
+                kept = None
+        M = M_next
+    directions = _concat(kept) if kept is not None else None
+    drift = first if cfg.drift_from_mean else None
+    return AdaptivePlan(M, directions, drift, rounds)
+
+
+def adaptive_plan(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
+    """Choose M (see the module docstring) on the probe items of the first chunk; sets ``run.M`` and
+    ``run.adaptive``. A collective when sharded."""
+    cfg = run.config
+    shard = run.shard
+    if shard is None:
+        plan = _plan_on_root(run, pilot_items)
+    else:
+        plan, failure = None, None
+        if shard.is_root:
+            try:
+                plan = _plan_on_root(run, pilot_items)
+            except Exception as exc:  # noqa: BLE001 - re-raised on every rank
+                failure = exc
+        shard.raise_if_root_failed(failure)
+        header = shard.broadcast_object(None if plan is None else
+                                        (plan.M, plan.rounds, plan.directions is not None, plan.drift is not None))
+        M, rounds, has_dirs, has_drift = header
+        dirs = shard.share_directions(plan.directions if plan else None, run.device) if has_dirs else None
+        if has_drift and dirs is None:
+            drift = shard.share_directions(plan.drift if plan else None, run.device)
+        else:
+            drift = dirs if has_drift else None
+        plan = AdaptivePlan(M, dirs, drift, rounds)
+    run.M = plan.M
+    final = plan.rounds[-1]
+    run.adaptive = {"target_rse": cfg.target_rse, "target_quantile": cfg.target_quantile,
+                    "max_batches": cfg.max_batches, "M": plan.M, "quantile_rse": final["quantile_rse"],
+                    "reached": bool(final["quantile_rse"] <= cfg.target_rse), "rounds": plan.rounds,
+                    "pilot_items": len(pilot_items)}
+    return plan

@@ -1,0 +1,183 @@
+"""A probe run's output files: opening, resuming and finishing (single process and sharded), and the
+saved state of the directions-outer loop order (resumed after a kill, a group at most lost)."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+
+from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
+from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
+from normfast.engine.result import ProbeResult
+from normfast.engine.runner.distributed import Shard, part_blocks
+from normfast.data.manifest import manifest_path, part_path, write_manifest
+from normfast.data.runwriter import ChunkedParquetWriter
+from normfast.data.schema import METADATA_KEY
+from normfast.data.torchfiles import load_plain, save_plain
+
+
+def open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | None, resume: bool,
+                 overwrite: bool) -> tuple[ProbeResult | None, ChunkedParquetWriter | None, set[int]]:
+    """Open (or create) the run's work folder; a finished run is returned instead when resuming.
+
+    Sharded: rank 0 checks and creates, then shares the outcome and the finished chunks.
+    """
+    finished = writer = failure = None
+    done: set[int] = set()
+    if shard is None or shard.is_root:
+        try:
+            finished = _finished_run(out, key, resume, overwrite, spec)
+            if finished is None:
+                writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite)
+                done = writer.done()
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank
+            if shard is None:
+                raise
+            failure = exc
+    if shard is None:
+        return finished, writer, done
+    shard.raise_if_root_failed(failure)
+    state = shard.broadcast_object(None if finished is not None else sorted(done))
+    if state is None:
+        if finished is None:
+            finished = ProbeResult.load(_existing_output(out))
+        return finished, None, set()
+    if writer is None:
+        writer = ChunkedParquetWriter(out, spec, attach=True)
+    return None, writer, set(state)
+
+
+def _existing_output(out: Path) -> Path | None:
+    for p in (manifest_path(out), out):
+        if p.exists():
+            return p
+    return None
+
+
+def _finished_run(out: Path, key: str, resume: bool, overwrite: bool,
+                  spec: Mapping[str, Any] | None = None) -> ProbeResult | None:
+    """With ``resume``: the finished run at ``out`` if it was made with the same arguments."""
+    existing = _existing_output(out)
+    if not resume or existing is None or out.with_name(out.name + ".parts").exists():
+        return None
+    result = ProbeResult.load(existing)
+    previous = result.metadata.get("spec_fingerprint")
+    if previous == key:
+        return result
+    if previous is not None and not overwrite:
+        from normfast.data.io import describe_spec_change
+
+        old = {k: v for k, v in result.metadata.items() if spec is not None and k in spec}
+        changed = describe_spec_change(old, spec or {})
+        raise ValueError(f"cannot resume: {existing} holds a finished run made with different arguments; "
+                         f"changed: {changed}. Pass overwrite=True (CLI: --overwrite) to replace it")
+    return None
+
+
+def finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path | None, key: str,
+                    metadata: dict[str, Any], n_chunks: int, tables: dict[int, pa.Table],
+                    failure: BaseException | None, seconds: float) -> ProbeResult:
+    """After the chunk loop of a sharded run: exchange outcomes, then assemble the result."""
+    if writer is None:
+        # in memory: every rank gets every rank's rows
+        gathered = shard.exchange(failure, (seconds, tables))
+        metadata["seconds"] = max(s for s, _ in gathered)
+        merged: dict[int, pa.Table] = {}
+        for _, part in gathered:
+            merged.update(part)
+        table = pa.concat_tables([merged[c] for c in range(n_chunks)])
+        metadata["regime"] = run_regime([table])
+        metadata["heat_reference"] = heat_reference([table])
+        table = with_relative_heat(table, metadata["heat_reference"])
+        meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
+        return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
+    metadata["seconds"] = max(shard.exchange(failure, seconds))
+    if shard.is_root:  # every chunk is written once the exchange returns
+        try:
+            metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
+        except Exception as exc:  # noqa: BLE001 - a missing summary must not hang the other ranks
+            metadata["regime"] = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            inputs = heat_inputs(writer.chunk_columns(0))
+            metadata["heat_reference"] = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
+        except Exception as exc:  # noqa: BLE001 - as above
+            metadata["heat_reference"] = {"error": f"{type(exc).__name__}: {exc}", "log_level": float("nan")}
+    metadata = shard.broadcast_object(metadata)  # rank 0's device string etc. on every part
+    reference = metadata["heat_reference"]
+    block = part_blocks(n_chunks, shard.world_size)[shard.rank]
+    path = part_path(out, shard.rank, shard.world_size)
+    rows, failure = 0, None
+    try:
+        if len(block):
+            rows = writer.write_part(block, path, metadata, lambda t: with_relative_heat(t, reference))
+    except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
+        failure = exc
+    written = shard.exchange(failure, rows)
+    parts = [{"path": str(part_path(out, r, shard.world_size)), "rows": written[r], "chunks": [b.start, b.stop]}
+             for r, b in enumerate(part_blocks(n_chunks, shard.world_size)) if len(b)]
+    failure = None
+    if shard.is_root:
+        try:
+            write_manifest(manifest_path(out), parts, metadata, key, tmp_dir=writer.parts)
+            out.unlink(missing_ok=True)  # a single-file result of an earlier run would contradict the manifest
+            writer.cleanup()
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank
+            failure = exc
+    shard.raise_if_root_failed(failure)
+    return ProbeResult.from_files([p["path"] for p in parts], metadata, manifest_path(out))
+
+
+# ----------------------------------------------------------------------------
+# the directions-outer loop order: its per-chunk state saved after every direction group
+# ----------------------------------------------------------------------------
+def _outer_file(writer: ChunkedParquetWriter, c: int) -> Path:
+    return writer.parts / f"outer-{c:07d}.pt"
+
+
+def restore_outer_state(run: Any, todo: Sequence[int]) -> tuple[dict[int, Any], dict[int, tuple], dict[int, int], int]:
+    """Resume of the directions-outer order: ``(accumulators, kept per-chunk state, direction groups
+    already in each restored chunk, the first group to compute)``, read from the work folder
+    (nothing without one). Sharded: the first group is agreed by every rank (a collective)."""
+    writer = run.writer
+    accs: dict[int, Any] = {}
+    kept: dict[int, tuple] = {}
+    ahead: dict[int, int] = {}
+    for c in (todo if writer is not None else ()):
+        path = _outer_file(writer, c)
+        if not path.exists():
+            continue
+        try:
+            saved = load_plain(path, "the directions-outer state")
+            meta, z, kappa, drift = saved["kept"]
+            acc = run.new_accumulator(z.shape[0], z.shape[-1])
+            states = saved["accumulator"]
+            for part, state in zip(getattr(acc, "groups", [acc]), states):
+                part.load_state_dict({k: v.to(run.device) for k, v in state.items()})
+        except Exception as exc:  # noqa: BLE001 - a damaged state file: that chunk starts over
+            warnings.warn(f"resume: {path} cannot be used ({type(exc).__name__}: {exc}); its chunk starts over",
+                          RuntimeWarning, stacklevel=3)
+            continue
+        accs[c], ahead[c] = acc, int(saved["groups_done"])
+        kept[c] = (meta, z, tuple(kappa), drift)
+    first = min((ahead.get(c, 0) for c in todo), default=0)
+    if run.shard is not None:
+        first = min(run.shard.all_gather_object(first))
+    return accs, kept, ahead, first
+
+
+def save_outer_state(run: Any, groups_done: int, todo: Sequence[int], accs: Mapping[int, Any],
+                     kept: Mapping[int, tuple]) -> None:
+    """After a direction group: every chunk's accumulators and kept state into the work folder (atomic
+    per chunk), so that a kill loses at most the group in progress."""
+    writer = run.writer
+    if writer is None:
+        return
+    for c in todo:
+        acc = accs[c]
+        state = {"groups_done": groups_done,
+                 "accumulator": [part.state_dict() for part in getattr(acc, "groups", [acc])],
+                 "kept": list(kept[c])}
+        save_plain(state, _outer_file(writer, c), writer.parts)

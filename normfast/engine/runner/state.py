@@ -1,0 +1,246 @@
+"""The state of one probe run (:class:`ProbeRun`), shared by its chunks: what is probed, how
+(mode, presets, branches), the virtual batches and their update directions, the accumulators,
+and the progress bar over the chunks."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from normfast.encoders import Encoder
+from normfast.engine.estimators.accumulator import ProbeAccumulator
+from normfast.engine.config import ProbeConfig
+from normfast.engine.directions.gradients import Directions, compute_directions, estimate_second_moments, resolve_parameters
+from normfast.engine.runner.distributed import Shard
+from normfast.engine.estimators.drift import drift_from_groups
+from normfast.engine.estimators.grouped import GroupedAccumulator
+from normfast.engine.transmission.jvp import Tail
+
+
+class ProbeRun:
+    """State shared by the chunks of one probe run: the probed parameters and the cut, the presets,
+    the mode, the virtual batches, the directions (computed once, shared across ranks) and the
+    accumulators."""
+
+    def __init__(self, encoder: Encoder, objective: Any, pairs: Any, config: ProbeConfig,
+                 pair_encoder: Encoder | None, progress: bool,
+                 second_moments: Mapping[str, torch.Tensor] | None = None, shard: Shard | None = None,
+                 n_items: int = 0):
+        self.shard = shard
+        self.n_items = n_items
+        self.encoder = encoder
+        self.objective = objective
+        self.pairs = pairs
+        self.config = config
+        self.pair_encoder = pair_encoder
+        self.progress = progress
+        self.device = encoder.device
+        self.names = resolve_parameters(encoder, config.params)
+        stage_of = encoder.stage_of_parameters()
+        self.cut = min(stage_of[n] for n in self.names)
+        self.presets = config.presets(self.names, second_moments)
+        self.branches = tuple(b for b in ("u", "w") if b in {p.branch for p in self.presets.values()})
+        self.branch = "uw" if len(self.branches) == 2 else self.branches[0]
+        self.mode = self._choose_mode()
+        self.output = config.output
+        if self.output == "tokens" and not encoder.has_tokens:
+            raise ValueError(f"probe: output='tokens' needs a sequence model; {type(encoder).__name__} has no "
+                             f"token positions")
+        rng = np.random.default_rng(config.seed)
+        from normfast.data.pairs import check_batch_indices, virtual_batches  # looked up per run: patchable
+
+        batch_seed = int(rng.integers(2**31))
+        if config.batch_indices is None:
+            # M_D batches with the mean-direction drift; the first M (drawn first from the same
+            # generator, so the same as without it) are the heat's
+            self.batches = virtual_batches(len(pairs), config.total_batches, config.batch_size, batch_seed)
+        else:  # explicit batches replace the draw, in the same layout (checked against the source here)
+            self.batches = [np.asarray(b, dtype=np.int64) for b in check_batch_indices(
+                "probe", "config.batch_indices", config.batch_indices, n=len(pairs))]
+        self.acc_dtype = torch.float64 if self.device.type == "cpu" else torch.float32
+        self.groups = config.effective_groups  # K: heat batch b (and drift batch b) in group b mod K
+        self.M = config.batches                # the heat's M (adaptive M may raise it)
+        self.adaptive: dict[str, Any] | None = None
+        self._second_moments: dict[str, torch.Tensor] | None = None
+        self.snapshot = None  # the single-snapshot predictor (config.snapshot), for every item at once
+        self.writer = None  # set by probe when it writes files (the resume state lives beside them)
+        self.truncation_warned = False  # inputs cut at the model's maximum length: warned once per run
+
+    def _choose_mode(self) -> str:
+        mode = self.config.mode
+        head = self.encoder.head()
+        head_ok = head is not None and set(self.names) <= set(head.parameter_names) \
+            and head.weight_name in self.names and self.branch != "uw"
+        if mode == "head" and not head_ok:
+            hint = self.encoder.head_hint() if head is None and hasattr(self.encoder, "head_hint") else ""
+            raise ValueError("probe: mode='head' needs the probed parameters to be exactly the final linear "
+                             "head's weight (and bias) with one optimizer preset; use mode='jvp' or params='head'"
+                             + (f". {type(self.encoder).__name__} has no head: {hint}" if hint else ""))
+        if mode == "auto":
+            return "head" if head_ok else "jvp"
+        return mode
+
+    # -- directions -------------------------------------------------------------
+    def all_directions(self) -> Directions:
+        """The M heat directions and, with the mean-direction drift, the drift's K group means (one pass)."""
+        return self._shared(lambda: self.compute_directions(list(range(self.M)), self.config.drift_from_mean))
+
+    def drift_directions(self) -> Directions:
+        """Only the drift's K group means over its M_D batches (the directions-outer order)."""
+        return self._shared(lambda: self.compute_directions([], True))
+
+    def directions(self, batch_ids: Sequence[int]) -> Directions:
+        """Directions for the given (consecutive) heat batches, without the drift."""
+        return self._shared(lambda: self.compute_directions(batch_ids, False))
+
+    def _shared(self, compute: Callable[[], Directions]) -> Directions:
+        """Sharded: computed on rank 0 only and broadcast (a collective: every rank calls it)."""
+        if self.shard is None:
+            return compute()
+        dirs, failure = None, None
+        if self.shard.is_root:
+            try:
+                dirs = compute()
+            except Exception as exc:  # noqa: BLE001 - re-raised on every rank
+                failure = exc
+        self.shard.raise_if_root_failed(failure)
+        return self.shard.share_directions(dirs, self.device)
+
+    def checkpoint(self, failure: BaseException | None) -> None:
+        """Sharded: every rank learns whether any rank failed (a collective); raise if one did."""
+        if self.shard is not None:
+            self.shard.exchange(failure)
+        elif failure is not None:
+            raise failure
+
+    def chunk_len(self, c: int) -> int:
+        return min(self.config.chunk_size, self.n_items - c * self.config.chunk_size)
+
+    def bar(self, todo: Sequence[int], desc: str) -> "ChunkBar":
+        return ChunkBar(self, todo, desc)
+
+    def compute_directions(self, batch_ids: Sequence[int], with_drift: bool) -> Directions:
+        cfg = self.config
+        common = dict(cut=self.cut, pair_encoder=self.pair_encoder, no_decay=cfg.no_decay, seed=cfg.seed,
+                      progress=self.progress)
+        if with_drift:
+            # one pass over all M_D batches: the first len(batch_ids) kept, all summed per group;
+            # AdamW's v̂ (when not given) is the mean of ĝ² over all of them
+            dirs = compute_directions(self.encoder, self.objective, self.pairs, self.names, self.presets,
+                                      self.batches, keep=len(batch_ids), drift_groups=self.groups,
+                                      check_invariance=True, **common)
+            if dirs.second_moments:
+                self._second_moments = dirs.second_moments
+            return dirs
+        second = None
+        if len(batch_ids) < len(self.batches) and "w" in self.branches:
+            if self._second_moments is None:  # AdamW's v̂ must come from all batches
+                adam = [n for n in self.names if self.presets[n].name == "adamw"
+                        and self.presets[n].second_moments is None]
+                self._second_moments = estimate_second_moments(
+                    self.encoder, self.objective, self.pairs, adam, self.batches, cut=self.cut,
+                    pair_encoder=self.pair_encoder, seed=cfg.seed, progress=self.progress,
+                    check_invariance=False)
+            second = self._second_moments
+        return compute_directions(self.encoder, self.objective, self.pairs, self.names, self.presets,
+                                  [self.batches[b] for b in batch_ids], batch_offset=batch_ids[0],
+                                  check_invariance=batch_ids[0] == 0 and not cfg.drift_from_mean,
+                                  second_moments=second, **common)
+
+    # -- one chunk -----------------------------------------------------------------
+    def front(self, items: Sequence[Any]) -> tuple[dict, dict, torch.Tensor | None]:
+        state = self.encoder.prepare(items)
+        with torch.no_grad():
+            front = self.encoder(state, 0, self.cut) if self.cut > 0 else state
+        rows = state["mask"].bool() if self.output == "tokens" else None
+        return state, front, rows
+
+    def direction_bytes(self) -> int:
+        """Memory of one update direction over the probed parameters (fp32)."""
+        return sum(self.encoder.get_parameter(n).numel() for n in self.names) * 4
+
+    def direction_group(self) -> int:
+        """How many of the M directions fit in half the memory budget together."""
+        return self.direction_group_for(self.M)
+
+    def direction_group_for(self, m: int) -> int:
+        """How many of ``m`` directions fit in half the memory budget together."""
+        budget = self.config.memory_budget_mb * 2**20 / 2
+        return int(max(1, min(m, budget // max(self.direction_bytes(), 1))))
+
+    def k_per_pass(self, n_rows: int, dim: int) -> int:
+        if self.config.directions_per_pass is not None:
+            return min(self.config.directions_per_pass, self.M)
+        if not self.encoder.batched_directions:  # the encoder runs faster one direction per pass
+            return 1
+        tail_stages = max(1, self.encoder.n_stages - self.cut)
+        # heuristic: a tangent carries ~16 activations of width d per row and tail stage (fp32)
+        per_direction = n_rows * dim * tail_stages * 16 * 4
+        budget = self.config.memory_budget_mb * 2**20 / 2
+        return int(max(1, min(self.M, budget // max(per_direction, 1))))
+
+    def new_accumulator(self, n: int, d: int):
+        kw = dict(branch=self.branch, device=self.device, dtype=self.acc_dtype)
+        if self.config.uncertainty:
+            return GroupedAccumulator(n, d, groups=self.groups, **kw)
+        return ProbeAccumulator(n, d, **kw)
+
+    def jvp_drift(self, tail: Tail, front: dict, rows, z: torch.Tensor, dirs: Directions) -> dict[str, Any]:
+        """Drift statistics along the K group-mean directions of ``dirs.drift`` (K more jvps per branch)."""
+        drift = dirs.drift
+        step = min(self.k_per_pass(z.shape[0], z.shape[-1]), drift.K)
+        out: dict[str, Any] = {}
+        for b in self.branches:
+            tangents = drift.stacked(dirs.names, dirs.branch_of, b)
+            parts = [tail.jvp(front, {n: t[lo:lo + step] for n, t in tangents.items()}, rows)
+                     for lo in range(0, drift.K, step)]
+            stats = drift_from_groups(-torch.cat(parts), z, drift.counts, branch=b)
+            reason = stats.pop("reason")
+            for key in ("valid", "M"):
+                stats.pop(key)
+            out.setdefault("loo", {}).update(stats.pop("loo"))
+            out.update(stats)
+            out["reason"] = reason if "reason" not in out else torch.where(out["reason"] != 0, out["reason"], reason)
+        return out
+
+    def jvp_update(self, acc, tail: Tail, front: dict, rows, z: torch.Tensor, dirs: Directions) -> None:
+        K = self.k_per_pass(z.shape[0], z.shape[-1])
+        for lo in range(0, dirs.M, K):
+            ids = list(range(lo, min(lo + K, dirs.M)))
+            ts = {}
+            for b in self.branches:
+                ts[b] = -tail.jvp(front, dirs.stacked(ids, b), rows)
+            kw = {"first_batch": dirs.first_batch + lo} if self.config.uncertainty else {}
+            if self.branch == "uw":
+                acc.update(ts["u"], z, t_w=ts["w"], **kw)
+            else:
+                acc.update(ts[self.branch], z, **kw)
+
+
+class ChunkBar:
+    """Progress over the chunks of a run, counted in probe items (so the ETA is right whatever the
+    chunk sizes), with the rows written so far and their rate."""
+
+    def __init__(self, run: ProbeRun, todo: Sequence[int], desc: str):
+        self.run = run
+        total = sum(run.chunk_len(c) for c in todo)
+        if run.shard is not None:
+            desc = f"{desc}, rank 0 of {run.shard.world_size}"
+        self.bar = tqdm(total=total, desc=desc, unit="item", unit_scale=True, disable=not run.progress,
+                        smoothing=0.05, dynamic_ncols=True)
+        self.rows = 0
+        self.t0 = time.perf_counter()
+
+    def advance(self, c: int, rows: int) -> None:
+        self.rows += rows
+        if self.bar.disable:
+            return
+        rate = self.rows / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.set_postfix_str(f"{self.rows:,} rows, {rate:,.0f} rows/s", refresh=False)
+        self.bar.update(self.run.chunk_len(c))
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,241 @@
+"""The training monitor (normfast.TrainingMonitor): its realized terms are the ledger's, the law from them
+holds over a stationary window, a resumed run writes the same file, and ``normfast report`` reads it."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import normfast
+from bench.experiments.e1.data import VARIANT_SPECS, E1Config, build_encoder, make_concepts, variant_optimizer
+from bench.experiments.e1.ledger import RealizedLedger
+from normfast.engine.monitor import schema as monitor_schema
+from normfast.engine.directions.objectives import InfoNCE
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+# E1's toy at test size (tests/experiments/test_e1.py): a relaxation time of ~50 steps; probe_every=1 makes the
+# ledger keep every recorded step's terms (its blocks)
+TOY = E1Config(concepts=8, items_per_concept=4, d_in=8, hidden=16, d_out=8, n_pairs=800, batch_size=16,
+               lr=0.05, weight_decay=0.1, heavyball_lr=0.005, adamw_lr=0.01, probe_every=1)
+
+
+@pytest.fixture(scope="module")
+def toy_data():
+    return make_concepts(TOY)
+
+
+def train_toy(variant: str, data, steps: int, hooks, *, start: int = 0, encoder=None, optimizer=None):
+    """E1's training loop; ``hooks(step, before: bool, optimizer)`` around every optimizer.step()."""
+    v = VARIANT_SPECS[variant]
+    enc = encoder if encoder is not None else build_encoder(v, TOY, data)
+    opt = optimizer if optimizer is not None else variant_optimizer(v, TOY, enc.parameters())
+    objective = InfoNCE(temperature=TOY.temperature)
+    pairs = torch.as_tensor(data.pairs)
+    for step in range(start, steps):
+        idx = torch.as_tensor(np.random.default_rng([7, step]).integers(0, len(pairs), TOY.batch_size))
+        loss = objective.loss(enc(enc.prepare(pairs[idx, 0].tolist())), enc(enc.prepare(pairs[idx, 1].tolist())))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        hooks(step, True, opt)
+        opt.step()
+        hooks(step, False, opt)
+    return enc, opt
+
+
+@pytest.mark.parametrize("variant", ["mlp", "mlp_heavyball", "mlp_adamw"])
+def test_realized_terms_are_the_ledgers(toy_data, tmp_path, variant):
+    """Same loop, same steps: the monitor (settings read off the optimizer, rows through Parquet) and
+    E1's ledger (settings from the config) find the same terms at every recorded step."""
+    torch.manual_seed(0)
+    n = toy_data.x.shape[0]
+    every, steps = 3, 45
+    holder = {}
+
+    def hooks(step, before, opt):
+        if "mon" not in holder:
+            enc = holder["enc"]
+            holder["led"] = RealizedLedger(enc, enc.prepare(list(range(n))), VARIANT_SPECS[variant], TOY)
+            holder["mon"] = normfast.TrainingMonitor(enc, list(range(n)), every=every, out=tmp_path / "m",
+                                                     flush_every=4)
+        led, mon = holder["led"], holder["mon"]
+        if before:
+            led.before_step(record=step % every == 0)
+            mon.before_step(opt)
+        else:
+            led.after_step(record=step % every == 0)
+            mon.after_step()
+
+    v = VARIANT_SPECS[variant]
+    holder["enc"] = build_encoder(v, TOY, toy_data)
+    train_toy(variant, toy_data, steps, hooks, encoder=holder["enc"])
+    path = holder["mon"].close()
+    table = pq.read_table(path).sort_by([("step", "ascending"), ("item", "ascending")])
+    assert monitor_schema.check_table(table.schema) == []
+    meta = normfast.read_metadata(path)
+    assert monitor_schema.check_metadata(meta) == []
+    assert meta["recorded_steps"] == len(holder["led"].blocks) == steps // every
+    assert meta["decay_buffer"] == ("exact" if variant == "mlp_heavyball" else None)
+    assert meta["law"] == ("adamw" if variant == "mlp_adamw" else "sgd")
+    assert sorted(set(table["step"].to_pylist())) == list(range(0, steps, every))
+    S = steps // every
+    for k in ("task1", "task2", "decay", "remainder"):
+        mine = np.asarray(table[k]).reshape(S, n)
+        ledger = np.stack([b[k].numpy() for b in holder["led"].blocks])
+        np.testing.assert_allclose(mine, ledger, rtol=1e-12, atol=1e-15, err_msg=k)
+    mine_r2 = np.asarray(table["norm"]).reshape(S, n) ** 2
+    np.testing.assert_allclose(mine_r2, np.stack([b["R2"].numpy() for b in holder["led"].blocks]), rtol=1e-12)
+    total = sum(np.asarray(table[k]) for k in ("task1", "task2", "decay", "remainder"))
+    np.testing.assert_allclose(total, np.asarray(table["delta_r2"]), rtol=1e-9, atol=1e-14)
+    # the lr column is the optimizer's: heavy-ball runs at E1's heavyball_lr
+    assert set(table["lr"].to_pylist()) == {v.lr(TOY)}
+
+
+def test_law_from_the_realized_means_on_a_stationary_window(toy_data, tmp_path, capsys):
+    """E1's bias-free MLP with SGD, trained for 12 relaxation times of R² and recorded at every step: over
+    the late half the law solved from the monitor's realized window means predicts the window-mean norms
+    (E1's target), and ``normfast report`` on the folder says so."""
+    from normfast.cli import main
+    from normfast.engine.monitor.analysis import analyze
+
+    torch.manual_seed(0)
+    n = toy_data.x.shape[0]
+    holder = {}
+
+    def hooks(step, before, opt):
+        mon = holder["mon"]
+        mon.before_step(opt) if before else mon.after_step()
+
+    enc = build_encoder("mlp", TOY, toy_data)
+    holder["mon"] = normfast.TrainingMonitor(enc, list(range(n)), every=1, out=tmp_path / "run")
+    train_toy("mlp", toy_data, 600, hooks, encoder=enc)
+    holder["mon"].close()
+    result = analyze(tmp_path / "run", window=0.5)
+    fit = result["fits"]["realized_law"]
+    assert 0.85 <= fit["slope"] <= 1.15 and fit["pearson_r"] >= 0.93, fit
+    assert result["stationarity"]["balance_median"] < 0.1
+    # the curvature remainder is part of the balance: without it the law misses low (E1's ledger)
+    assert result["fits"]["realized_law_no_remainder"]["slope"] < fit["slope"]
+    assert result["dominant"]["heat"] + result["dominant"]["drift"] == n
+    assert main(["report", str(tmp_path / "run"), "--window", "0.5", "--top", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "| law from the realized terms | " in printed and "monitor overhead: realized terms" in printed
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["fits"]["realized_law"]["slope"] == pytest.approx(fit["slope"])
+    assert len(report["items"]["observed"]) == n
+    assert (tmp_path / "run" / "monitor_norms.png").stat().st_size > 10_000
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 600 and summary["recorded_steps"] == 600 and summary["overhead_terms"] > 0
+
+
+@pytest.mark.parametrize("variant, weight_decay", [("mlp_heavyball", 0.1), ("mlp_adamw", 0.5)])
+def test_the_law_holds_with_momentum_and_adamw(toy_data, tmp_path, variant, weight_decay):
+    """The same check for heavy-ball SGD (lr 0.005, momentum 0.9) and AdamW (lr 0.01; weight decay 0.5, so
+    that 600 steps are six relaxation times of R², as for SGD), recorded at every second step: the law from
+    the realized window means predicts the window-mean norms within E1's target."""
+    from dataclasses import replace
+
+    from normfast.engine.monitor.analysis import analyze
+
+    cfg = replace(TOY, weight_decay=weight_decay)
+    torch.manual_seed(0)
+    n = toy_data.x.shape[0]
+    enc = build_encoder(VARIANT_SPECS[variant], cfg, toy_data)
+    opt = variant_optimizer(VARIANT_SPECS[variant], cfg, enc.parameters())
+    mon = normfast.TrainingMonitor(enc, list(range(n)), every=2, out=tmp_path / "run")
+    train_toy(variant, toy_data, 600, lambda step, before, o: mon.before_step(o) if before else mon.after_step(),
+              encoder=enc, optimizer=opt)
+    mon.close()
+    result = analyze(tmp_path / "run", window=0.5)
+    assert result["law"] == ("adamw" if variant == "mlp_adamw" else "sgd")
+    fit = result["fits"]["realized_law"]
+    assert 0.85 <= fit["slope"] <= 1.15 and fit["pearson_r"] >= 0.93, fit
+    assert result["stationarity"]["balance_median"] < 0.15
+
+
+def test_a_resumed_run_writes_the_same_parquet(toy_data, tmp_path):
+    """Stopped after a checkpoint (with blocks written after it), resumed from the checkpoint: the same
+    monitor.parquet, byte for byte, as an uninterrupted run (heavy-ball: the shadow decay buffer too)."""
+    n = toy_data.x.shape[0]
+    settings = dict(every=2, flush_every=3)
+    steps, stop, crash = 40, 14, 22
+
+    def run(out, begin, end, state=None, model=None):
+        enc, opt = model if model is not None else (None, None)
+        if enc is None:
+            torch.manual_seed(0)
+            enc = build_encoder("mlp_heavyball", TOY, toy_data)
+        mon = normfast.TrainingMonitor(enc, list(range(n)), out=out, **settings)
+        if state is not None:
+            mon.load_state_dict(state)
+        saved = {}
+
+        def hooks(step, before, o):
+            mon.before_step(o) if before else mon.after_step()
+            if not before and step == stop - 1:
+                saved["checkpoint"] = {"model": {k: v.clone() for k, v in enc.state_dict().items()},
+                                       "optimizer": _clone(o.state_dict()), "monitor": mon.state_dict()}
+
+        enc, opt = train_toy("mlp_heavyball", toy_data, end, hooks, start=begin, encoder=enc, optimizer=opt)
+        return mon, saved.get("checkpoint")
+
+    whole, _ = run(tmp_path / "whole", 0, steps)
+    expected = whole.close().read_bytes()
+
+    first, checkpoint = run(tmp_path / "resumed", 0, crash)
+    assert first.chunks > checkpoint["monitor"]["chunks"]  # blocks were written after the checkpoint
+    first.release()                                          # the process dies here
+    blob = tmp_path / "checkpoint.pt"
+    torch.save(checkpoint, blob)
+    checkpoint = torch.load(blob, weights_only=True)
+    torch.manual_seed(0)
+    enc = build_encoder("mlp_heavyball", TOY, toy_data)
+    enc.load_state_dict(checkpoint["model"])
+    opt = variant_optimizer(VARIANT_SPECS["mlp_heavyball"], TOY, enc.parameters())
+    opt.load_state_dict(checkpoint["optimizer"])
+    second, _ = run(tmp_path / "resumed", stop, steps, state=checkpoint["monitor"], model=(enc, opt))
+    got = second.close().read_bytes()
+    assert got == expected
+    # the monitor refuses a checkpoint made with other settings
+    other = normfast.TrainingMonitor(enc, list(range(n)), out=tmp_path / "other", every=3, flush_every=3)
+    with pytest.raises(ValueError, match="other settings or probes"):
+        other.load_state_dict(checkpoint["monitor"])
+
+
+def _clone(state):
+    if isinstance(state, dict):
+        return {k: _clone(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_clone(v) for v in state]
+    return state.clone() if torch.is_tensor(state) else state
+
+
+def test_settings_are_validated(toy_data):
+    enc = build_encoder("mlp", TOY, toy_data)
+    with pytest.raises(ValueError, match="every"):
+        normfast.TrainingMonitor(enc, [0, 1], every=0, out=None)
+    with pytest.raises(ValueError, match="virtual"):
+        normfast.TrainingMonitor(enc, [0, 1], virtual=1, out=None)
+    with pytest.raises(ValueError, match="objective"):
+        normfast.TrainingMonitor(enc, [0, 1], virtual=4, out=None)
+    with pytest.raises(ValueError, match="at least one probe"):
+        normfast.TrainingMonitor(enc, [], out=None)
+    mon = normfast.TrainingMonitor(enc, [0, 1], out=None)
+    with pytest.raises(ValueError, match="no optimizer"):
+        mon.before_step()
+    adam = torch.optim.Adam(enc.parameters(), lr=1e-3, weight_decay=0.1)
+    with pytest.raises(TypeError, match="AdamW"):
+        mon.before_step(adam)
+    frozen = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    with pytest.raises(ValueError, match="updates none of the parameters"):
+        normfast.TrainingMonitor(enc, [0, 1], out=None).before_step(frozen)
+
+
+def test_the_monitor_registry_is_released():
+    assert monitor_schema.RELEASED[monitor_schema.MONITOR_VERSION] == monitor_schema.monitor_fingerprint(), (
+        "the monitor registry changed: bump MONITOR_VERSION and add the fingerprint "
+        "(python -m normfast.engine.monitor.schema --fingerprint) to RELEASED, with a line in CHANGES")
+    assert set(monitor_schema.CHANGES) == set(monitor_schema.RELEASED)
