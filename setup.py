@@ -4,6 +4,7 @@ Everything else is pure Python; packages are listed explicitly because the
 ``kernels/`` folder is installed as ``normfast.kernels`` and setuptools'
 auto-discovery mishandles such remaps in editable installs.
 """
+
 import sys
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
@@ -54,8 +55,11 @@ setup(
     ],
     package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
     # the page's template, script and style (normfast view) are read from the installed package
-    package_data={"normfast": ["py.typed"], "normfast.core": ["*.pyi"],
-                  "normfast.engine.report.page": ["*.j2", "*.js", "*.css"]},
+    package_data={
+        "normfast": ["py.typed"],
+        "normfast.core": ["*.pyi"],
+        "normfast.engine.report.page": ["*.j2", "*.js", "*.css"],
+    },
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
 )

@@ -21,9 +21,11 @@ encoder to a stationary state, for E2 and E5) and :mod:`bench.common`.
 micro-benchmarks (``pytest bench/test_micro.py --benchmark-only``), the tool
 made for them; pytest's ``testpaths`` leave it out of the test suite.
 """
+
 from __future__ import annotations
 
 from typing import Any
+
 
 def catalog() -> list[dict[str, Any]]:
     """Every experiment: ``name``, ``title``, ``protocol`` (its docstring), ``command`` (the one that
@@ -34,7 +36,15 @@ def catalog() -> list[dict[str, Any]]:
     out = []
     for name in harness.EXPERIMENTS:
         m = harness.load(name)
-        out.append({"name": name, "title": harness.title(m), "protocol": (m.__doc__ or "").strip(),
-                    "command": f"python -m bench run {name} --out bench/results/{name}",
-                    "tables": list(m.TABLES), "figures": list(m.FIGURES), "results": list(m.RESULTS)})
+        out.append(
+            {
+                "name": name,
+                "title": harness.title(m),
+                "protocol": (m.__doc__ or "").strip(),
+                "command": f"python -m bench run {name} --out bench/results/{name}",
+                "tables": list(m.TABLES),
+                "figures": list(m.FIGURES),
+                "results": list(m.RESULTS),
+            }
+        )
     return out

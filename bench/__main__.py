@@ -1,4 +1,5 @@
 """``python -m bench``: see :mod:`bench.cli`."""
+
 import sys
 
 from bench.cli import main

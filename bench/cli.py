@@ -14,6 +14,7 @@ field is a flag (``--name``, or ``--no-name`` when it defaults to true); a
 tuple takes several values. ``--quick`` starts from ``Config.quick()``, and
 the options given replace its values.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,14 +56,23 @@ def _base(hint: Any) -> tuple[Any, bool]:
 def config_parser(name: str, module: Any) -> argparse.ArgumentParser:
     """The options of ``run NAME``: the common ones, then one per field of the experiment's Config."""
     quick = module.Config.quick()
-    p = argparse.ArgumentParser(prog=f"{PROG} run {name}", description=module.__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} run {name}", description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="start from Config.quick(): the quick size")
-    p.add_argument("--seed", type=int, default=argparse.SUPPRESS, help="seed of the run (default: the "
-                   "config's seed, else 0); Python, numpy and torch are seeded with it")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"output folder (default {default_out(name)}, git-ignored; the committed results: "
-                        f"--out bench/results/{name})")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="seed of the run (default: the config's seed, else 0); Python, numpy and torch are seeded with it",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"output folder (default {default_out(name)}, git-ignored; the committed results: "
+        f"--out bench/results/{name})",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     g = p.add_argument_group(f"{name} options (fields of its Config)")
     hints = _types(module.Config)
@@ -73,7 +83,8 @@ def config_parser(name: str, module: Any) -> argparse.ArgumentParser:
         quick_value = getattr(quick, f.name)
         text = f.metadata.get("help", "")
         text += f"{' ' if text else ''}(default {default!r}" + (
-            f"; --quick: {quick_value!r})" if quick_value != default else ")")
+            f"; --quick: {quick_value!r})" if quick_value != default else ")"
+        )
         kind, many = _base(hints[f.name])
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
         if "choices" in f.metadata:
@@ -132,20 +143,24 @@ def cmd_list() -> int:
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         print(f"{r['name']:<{width}}  {r['title']}")
-        print(f"{'':<{width}}  writes {default_out(r['name'])}/ by default (results: "
-              f"{', '.join(r['results'])})")
+        print(f"{'':<{width}}  writes {default_out(r['name'])}/ by default (results: {', '.join(r['results'])})")
     return 0
 
 
 def cmd_run(argv: Sequence[str]) -> int:
     if not argv or argv[0].startswith("-"):
-        print(f"usage: {PROG} run NAME [--quick] [--seed N] [--out DIR] [options]\n"
-              f"experiments: {', '.join(harness.EXPERIMENTS)}", file=sys.stderr)
+        print(
+            f"usage: {PROG} run NAME [--quick] [--seed N] [--out DIR] [options]\n"
+            f"experiments: {', '.join(harness.EXPERIMENTS)}",
+            file=sys.stderr,
+        )
         return 2
     name = argv[0]
     if name not in harness.EXPERIMENTS:
-        print(f"{PROG} run: unknown experiment {name!r}; expected one of {', '.join(harness.EXPERIMENTS)}",
-              file=sys.stderr)
+        print(
+            f"{PROG} run: unknown experiment {name!r}; expected one of {', '.join(harness.EXPERIMENTS)}",
+            file=sys.stderr,
+        )
         return 2
     module = harness.load(name)
     args = config_parser(name, module).parse_args(list(argv[1:]))
@@ -177,12 +192,20 @@ def cmd_run(argv: Sequence[str]) -> int:
 def cmd_tables(argv: Sequence[str]) -> int:
     from bench import tables
 
-    p = argparse.ArgumentParser(prog=f"{PROG} tables", description=tables.__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--check", type=Path, nargs="+", default=[], metavar="FILE",
-                   help="markdown files whose <!-- results:NAME --> blocks must equal the committed JSON")
-    p.add_argument("--write", type=Path, nargs="+", default=[], metavar="FILE",
-                   help="markdown files whose blocks to refresh")
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} tables", description=tables.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--check",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="markdown files whose <!-- results:NAME --> blocks must equal the committed JSON",
+    )
+    p.add_argument(
+        "--write", type=Path, nargs="+", default=[], metavar="FILE", help="markdown files whose blocks to refresh"
+    )
     args = p.parse_args(list(argv))
     for path in args.write:
         tables.write(path)
@@ -215,8 +238,9 @@ def cmd_figures(argv: Sequence[str]) -> int:
     try:
         written = draw(harness.read_json(args.json), args.out)
     except KeyError as exc:  # a figure that needs the run's live objects, not only its JSON
-        print(f"{PROG} figures: {args.name}'s figures need {exc} (not in the JSON): rerun the experiment",
-              file=sys.stderr)
+        print(
+            f"{PROG} figures: {args.name}'s figures need {exc} (not in the JSON): rerun the experiment", file=sys.stderr
+        )
         return 2
     print("wrote " + ", ".join(str(w) for w in written))
     return 0

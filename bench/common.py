@@ -6,6 +6,7 @@ Library code stays in normfast and is called from there (bootstrap CIs and corre
 :mod:`normfast.core.bootstrap`, :mod:`normfast.core.stats`; strict JSON:
 :func:`normfast.data.io.json_ready`).
 """
+
 from __future__ import annotations
 
 import math
@@ -82,6 +83,7 @@ def missing_extra(experiment: str, exc: Exception) -> Exception:
 # ---------------------------------------------------------------------------
 # rank correlations with shared bootstrap resamples, bin means
 
+
 def _ranks(a: np.ndarray) -> np.ndarray:
     """Average ranks along the last axis (ties share their mean rank)."""
     from scipy.stats import rankdata
@@ -106,8 +108,15 @@ def _residualize(r: np.ndarray, c: np.ndarray) -> np.ndarray:
     return rc - beta * cc
 
 
-def bootstrap_rank_corrs(x: np.ndarray, ys: dict[str, np.ndarray], *, control: np.ndarray | None = None,
-                         resamples: int = 1000, seed: int = 0, block: int = 100) -> dict[str, dict[str, Any]]:
+def bootstrap_rank_corrs(
+    x: np.ndarray,
+    ys: dict[str, np.ndarray],
+    *,
+    control: np.ndarray | None = None,
+    resamples: int = 1000,
+    seed: int = 0,
+    block: int = 100,
+) -> dict[str, dict[str, Any]]:
     """Spearman correlation of ``x`` with each ``ys[name]`` (partial, given ``control``) and bootstrap CIs.
 
     Items with a non-finite value in ``x``, ``control`` or any ``ys`` are dropped
@@ -123,8 +132,7 @@ def bootstrap_rank_corrs(x: np.ndarray, ys: dict[str, np.ndarray], *, control: n
     xs = np.asarray(x, float)[ok]
     yv = {k: np.asarray(v, float)[ok] for k, v in ys.items()}
     ctrl = np.asarray(control, float)[ok] if control is not None else None
-    out: dict[str, dict[str, Any]] = {
-        k: {"rho": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n": n} for k in ys}
+    out: dict[str, dict[str, Any]] = {k: {"rho": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n": n} for k in ys}
     if n < 10:
         return out
 
@@ -170,6 +178,15 @@ def binned(values: np.ndarray, keys: np.ndarray, edges: Sequence[float] | None) 
             continue
         mean = float(v[m].mean())
         half = float(1.96 * v[m].std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-        rows.append({"lo": lo, "hi": hi, "center": (lo + hi) / 2, "n": n, "mean": mean,
-                     "ci_low": mean - half, "ci_high": mean + half})
+        rows.append(
+            {
+                "lo": lo,
+                "hi": hi,
+                "center": (lo + hi) / 2,
+                "n": n,
+                "mean": mean,
+                "ci_low": mean - half,
+                "ci_high": mean + half,
+            }
+        )
     return rows

@@ -32,6 +32,7 @@ writes the JSON, calls the figure function and returns what to print. Raise
 missing optional extra, a bad input folder): the runner prints it and exits
 with status 2.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -46,9 +47,29 @@ from types import ModuleType
 from typing import Any, Callable
 
 #: every experiment, in the order ``python -m bench list`` shows them
-EXPERIMENTS = ("e1", "e1_drift", "e1_counterfactual", "e1_adamw", "e2", "e3", "e4", "e5", "corpus", "judgments", "calibration", "adaptive_m",
-               "monitor", "streaming", "quartic", "head_stats", "accumulate", "kernel_resources", "roofline", "gpu_check",
-               "throughput")
+EXPERIMENTS = (
+    "e1",
+    "e1_drift",
+    "e1_counterfactual",
+    "e1_adamw",
+    "e2",
+    "e3",
+    "e4",
+    "e5",
+    "corpus",
+    "judgments",
+    "calibration",
+    "adaptive_m",
+    "monitor",
+    "streaming",
+    "quartic",
+    "head_stats",
+    "accumulate",
+    "kernel_resources",
+    "roofline",
+    "gpu_check",
+    "throughput",
+)
 #: the committed results
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: the quick runs whose JSON is committed (bench/results/NAME/quick): ``--quick`` reproduces them exactly
@@ -180,30 +201,49 @@ def execute(name: str, config: Any, ctx: Context, seed: int = 0) -> Outcome:
     if getattr(module, "WRITES_OWN_FILES", False):
         written += [ctx.out / n for n in result.get("_written", ())]
     else:
-        written.append(write_json(ctx.out / result_name(module, config), public,
-                                  getattr(module, "JSON", JsonStyle())))
+        written.append(write_json(ctx.out / result_name(module, config), public, getattr(module, "JSON", JsonStyle())))
         figures: Callable[..., list[Path]] | None = getattr(module, "figures", None)
         if figures is not None:
             written += figures(result, ctx.out)
     tables = module.tables(result) if hasattr(module, "tables") else {}
-    return Outcome(public, written, tables, time.perf_counter() - wall0, cpu_seconds() - cpu0,
-                   failed=result.get("_failed"))
+    return Outcome(
+        public, written, tables, time.perf_counter() - wall0, cpu_seconds() - cpu0, failed=result.get("_failed")
+    )
 
 
 # ---------------------------------------------------------------------------
 # comparing runs: the fields that describe the machine or the clock, not the result
 
 #: keys left out when two runs are compared (anywhere in the tree): the machine, the clock, the command
-VOLATILE_KEYS = frozenset({
-    "timing", "runtime", "versions", "environment", "machine", "device", "command", "date", "started",
-    "finished", "segments", "rss_timeline", "source", "torch_threads", "speed"})
+VOLATILE_KEYS = frozenset(
+    {
+        "timing",
+        "runtime",
+        "versions",
+        "environment",
+        "machine",
+        "device",
+        "command",
+        "date",
+        "started",
+        "finished",
+        "segments",
+        "rss_timeline",
+        "source",
+        "torch_threads",
+        "speed",
+    }
+)
 
 
 def volatile(key: str) -> bool:
     """A field that describes the clock or the machine, not the result: :data:`VOLATILE_KEYS`, any key
     holding ``seconds``, ``load_average`` or ``time_ratio``, and rates (``*_s``, ``*_ms``, ``*_per_s``)."""
-    return (key in VOLATILE_KEYS or any(part in key for part in ("seconds", "load_average", "time_ratio"))
-            or key.endswith(("_s", "_ms", "_per_s")))
+    return (
+        key in VOLATILE_KEYS
+        or any(part in key for part in ("seconds", "load_average", "time_ratio"))
+        or key.endswith(("_s", "_ms", "_per_s"))
+    )
 
 
 def comparable(obj: Any) -> Any:

@@ -11,6 +11,7 @@ number in the JSON that the named command wrote. Each experiment renders its
 own blocks (:mod:`bench.harness`: ``tables``/``blocks``); the blocks that no
 experiment owns are in :data:`EXTRA`.
 """
+
 from __future__ import annotations
 
 import re

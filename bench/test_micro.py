@@ -10,6 +10,7 @@ a probe chunk of a MiniLM-sized model (d = 384, M = 16); the solver gets the
 rows of 200 000 probes. Times are of this machine only; compare runs made on
 the same machine.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,13 @@ import pytest
 import torch
 
 from normfast import equilibrium_coefficients, ops, solve_quartic
-from normfast.core.reference import (accumulate_reference, head_stats_reference, project_reference,
-                                solve_quartic_reference, stat_errors)
+from normfast.core.reference import (
+    accumulate_reference,
+    head_stats_reference,
+    project_reference,
+    solve_quartic_reference,
+    stat_errors,
+)
 
 pytest.importorskip("pytest_benchmark")
 
@@ -42,7 +48,7 @@ def one_thread():
 def head_problem():
     g = torch.Generator().manual_seed(11)
     A = torch.randn(N_CHUNK, D, generator=g)
-    W = torch.randn(D, D, generator=g) / D ** 0.5
+    W = torch.randn(D, D, generator=g) / D**0.5
     b = 0.1 * torch.randn(D, generator=g)
     Z = torch.addmm(b, A, W.T)
     G = 1e-2 * torch.randn(M, D, D, generator=g)
@@ -60,8 +66,9 @@ def test_accumulator_update(benchmark):
     z = torch.randn(N_CHUNK, D, generator=g)
     t = torch.randn(8, N_CHUNK, D, generator=g)
     acc = ProbeAccumulator(N_CHUNK, D, backend="torch")
-    reference = accumulate_reference(ProbeAccumulator(N_CHUNK, D, dtype=torch.float64).state_dict(),
-                                     t.double(), z.double())
+    reference = accumulate_reference(
+        ProbeAccumulator(N_CHUNK, D, dtype=torch.float64).state_dict(), t.double(), z.double()
+    )
     got = ProbeAccumulator(N_CHUNK, D, backend="torch").update(t, z).state_dict()
     for key in ("mean_u", "M2_u", "rmean_u", "rM2_u"):
         scale = reference[key].abs().max()

@@ -7,6 +7,7 @@ they are (help() and IDEs show them unchanged).
 * An entry naming several parameters at once (``lr, weight_decay: η and λ of the law``) becomes
   one entry per name with the shared description, so each gets its own type and default.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,9 +21,11 @@ _MULTI = re.compile(r"^(\s*)(\w+(?:\s*,\s*\w+)+)(\s*\([^)]*\))?:(.*)$")
 
 def plain_roles(text: str) -> str:
     """``:role:`~a.b.c``` -> ```c```, ``:role:`a.b``` -> ```a.b```."""
+
     def span(m: re.Match) -> str:
         name = m.group(2)
         return f"`{name.rsplit('.', 1)[-1] if m.group(1) else name}`"
+
     return _ROLE.sub(span, text)
 
 

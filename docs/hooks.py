@@ -16,6 +16,7 @@ A marker that names nothing known fails the build. The figures in bench/results/
 site as results/EXPERIMENT/NAME.png (on_files), so pages link them as ../results/EXPERIMENT/NAME.png without a copy in
 docs/. `expand()` needs neither mkdocs nor a build: the tests call it on every page.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,8 +80,10 @@ def cli_help(command: str) -> str:
     from normfast import cli
 
     if command == "commands":
-        return "\n\n".join(f"## `normfast {name}`\n\n{summary[0].upper() + summary[1:]}.\n\n{cli_help(name)}"
-                           for name, (_, summary) in cli.COMMANDS.items())
+        return "\n\n".join(
+            f"## `normfast {name}`\n\n{summary[0].upper() + summary[1:]}.\n\n{cli_help(name)}"
+            for name, (_, summary) in cli.COMMANDS.items()
+        )
     with _help_width():
         text = (cli.build_parser() if command == "main" else command_parser(command)).format_help()
     return "```text\n" + text.rstrip() + "\n```"
@@ -113,14 +116,23 @@ def api_blocks(arg: str) -> str:
         if name == "ops":
             shown = [n for n in obj.__all__ if n not in normfast.__all__]
             again = [n for n in obj.__all__ if n in normfast.__all__]
-            out.append(f"::: {obj.__name__}\n    options:\n      show_root_heading: false\n"
-                       f"      members: [{', '.join(shown)}]\n")
+            out.append(
+                f"::: {obj.__name__}\n    options:\n      show_root_heading: false\n"
+                f"      members: [{', '.join(shown)}]\n"
+            )
             if again:
-                out.append("`normfast.ops` also holds " + ", ".join(f"`{n}`" for n in again)
-                           + ", the same functions as `normfast." + again[0] + "` etc. above.\n")
+                out.append(
+                    "`normfast.ops` also holds "
+                    + ", ".join(f"`{n}`" for n in again)
+                    + ", the same functions as `normfast."
+                    + again[0]
+                    + "` etc. above.\n"
+                )
         elif isinstance(obj, (str, int)):  # SCHEMA_VERSION, __version__: a value, not a docstring
-            what = {"SCHEMA_VERSION": "the version of the output format ([Output format](output-format.md))",
-                    "__version__": "the installed version of normfast"}.get(name, "")
+            what = {
+                "SCHEMA_VERSION": "the version of the output format ([Output format](output-format.md))",
+                "__version__": "the installed version of normfast",
+            }.get(name, "")
             out.append(f"### `normfast.{name}`\n\n`{obj!r}`: {what}.\n")
         else:
             out.append(f"::: {_public_path(name)}\n")
@@ -135,8 +147,12 @@ def stable_table(arg: str) -> str:
 
     if arg != "modules":
         raise MarkerError(f"stable:{arg}: only stable:modules exists")
-    rows = [f"Version {stable.VERSION} (`normfast.stable.VERSION`).", "",
-            "| module | what it offers | its `__all__` |", "|---|---|---|"]
+    rows = [
+        f"Version {stable.VERSION} (`normfast.stable.VERSION`).",
+        "",
+        "| module | what it offers | its `__all__` |",
+        "|---|---|---|",
+    ]
     for module, what in stable.MODULES.items():
         names = ", ".join(f"`{n}`" for n in importlib.import_module(module).__all__)
         rows.append(f"| `{module}` | {what} | {names} |")
@@ -154,8 +170,10 @@ def render(kind: str, arg: str) -> str:
     if kind == "results":
         tables = result_tables()
         if arg not in tables:
-            raise MarkerError(f"results:{arg}: bench/tables.py renders no such table from bench/results "
-                              f"(known: {', '.join(sorted(tables))})")
+            raise MarkerError(
+                f"results:{arg}: bench/tables.py renders no such table from bench/results "
+                f"(known: {', '.join(sorted(tables))})"
+            )
         return tables[arg]
     if kind == "cli":
         return cli_help(arg)
@@ -215,6 +233,12 @@ def on_files(files, config):
         rel = png.relative_to(RESULTS)
         if "quick" in rel.parts[:-1]:
             continue
-        files.append(File(f"results/{rel.as_posix()}", src_dir=str(RESULTS.parent), dest_dir=config["site_dir"],
-                          use_directory_urls=config["use_directory_urls"]))
+        files.append(
+            File(
+                f"results/{rel.as_posix()}",
+                src_dir=str(RESULTS.parent),
+                dest_dir=config["site_dir"],
+                use_directory_urls=config["use_directory_urls"],
+            )
+        )
     return files

@@ -16,17 +16,11 @@ them). Each launcher names the plain-torch function in
 :mod:`normfast.core.reference` it must match. :mod:`.resources` compiles the
 launches for a CUDA target without a GPU and reports what they cost the SM.
 """
+
 from .accumulate import accumulate
 from .head_stack import head_stack
 from .head_stats import head_stats, project
-from .utils import (
-    KERNEL_INPUT_DTYPES,
-    MAX_FUSED_DIM,
-    block_sizes,
-    capture_launches,
-    head_configs,
-    interpreted,
-)
+from .utils import KERNEL_INPUT_DTYPES, MAX_FUSED_DIM, block_sizes, capture_launches, head_configs, interpreted
 
 __all__ = [
     "accumulate",

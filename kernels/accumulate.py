@@ -7,44 +7,43 @@ vector sum, squared deviation, radial sums and sign counts into the running
 state with the shifted-sum (Welford/Chan) update described in
 :func:`accumulate`.
 """
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from .utils import (
-    MAX_FUSED_DIM,
-    KernelLaunch,
-    accumulate_configs,
-    check_kernel_device,
-    check_kernel_dtype,
-    launch,
-)
+from .utils import MAX_FUSED_DIM, KernelLaunch, accumulate_configs, check_kernel_device, check_kernel_dtype, launch
 
 
 @triton.jit(do_not_specialize=["K", "n_old"])
 def _accumulate_kernel(
-    T_ptr,          # [K, N, D] displacements of the first branch (u before scaling by R, or w)
-    TW_ptr,         # [K, N, D] w-branch displacements (read only when HAS_W)
-    Z_ptr,          # [N, D] probe embeddings
-    MEAN_ptr,       # [N, D] fp32 running mean vector of the first branch, contiguous
-    MEANW_ptr,      # [N, D] fp32 running mean vector of the w branch (only when HAS_W)
-    MOM_ptr,        # [NB, 3, N] fp32 per branch: M2 = sum |x - mean|^2, radial mean, radial M2
-    CNT_ptr,        # [NB, 2, N] int64 per branch: #(r > 0), #(r < 0)
-    CROSS_ptr,      # [N] fp32 running mean of u.w (only when HAS_W)
-    REASON_ptr,     # [N] int8 first failure code per row (0 = ok)
-    K,              # number of new directions in this update
-    N,              # number of probes
-    D,              # embedding width
-    n_old,          # directions already in the state (0 = empty state)
-    stride_tk, stride_tn, stride_td,
-    stride_wk, stride_wn, stride_wd,
-    stride_zn, stride_zd,
+    T_ptr,  # [K, N, D] displacements of the first branch (u before scaling by R, or w)
+    TW_ptr,  # [K, N, D] w-branch displacements (read only when HAS_W)
+    Z_ptr,  # [N, D] probe embeddings
+    MEAN_ptr,  # [N, D] fp32 running mean vector of the first branch, contiguous
+    MEANW_ptr,  # [N, D] fp32 running mean vector of the w branch (only when HAS_W)
+    MOM_ptr,  # [NB, 3, N] fp32 per branch: M2 = sum |x - mean|^2, radial mean, radial M2
+    CNT_ptr,  # [NB, 2, N] int64 per branch: #(r > 0), #(r < 0)
+    CROSS_ptr,  # [N] fp32 running mean of u.w (only when HAS_W)
+    REASON_ptr,  # [N] int8 first failure code per row (0 = ok)
+    K,  # number of new directions in this update
+    N,  # number of probes
+    D,  # embedding width
+    n_old,  # directions already in the state (0 = empty state)
+    stride_tk,
+    stride_tn,
+    stride_td,
+    stride_wk,
+    stride_wn,
+    stride_wd,
+    stride_zn,
+    stride_zd,
     SCALE_BY_NORM: tl.constexpr,  # first branch is u = R t (else w = t)
-    HAS_W: tl.constexpr,          # a second, unscaled w branch and the cross term follow
+    HAS_W: tl.constexpr,  # a second, unscaled w branch and the cross term follow
     BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,        # >= D: a whole row per block
+    BLOCK_D: tl.constexpr,  # >= D: a whole row per block
 ):
     # Phase 1: the tile of rows, the embedding, its norm and direction.
     # 64-bit block origins, 32-bit offsets inside a block (the launcher checks
@@ -60,8 +59,7 @@ def _accumulate_kernel(
     rows = first_row + rloc  # for the per-row state, [NB, *, N]
     row_ok = rloc < N - first_row
     tile_ok = row_ok[:, None] & (cols < D)[None, :]
-    z = tl.load(Z_ptr + rloc[:, None] * stride_zn + cols[None, :] * stride_zd,
-                mask=tile_ok, other=0.0).to(tl.float32)
+    z = tl.load(Z_ptr + rloc[:, None] * stride_zn + cols[None, :] * stride_zd, mask=tile_ok, other=0.0).to(tl.float32)
     norm = tl.sqrt(tl.sum(z * z, axis=1))
     zhat = z / norm[:, None]
     if SCALE_BY_NORM:
@@ -74,11 +72,14 @@ def _accumulate_kernel(
     first = n_old == 0
     state_offs = rloc[:, None] * D + cols[None, :]
     mean_u = tl.load(MEAN_ptr + state_offs, mask=tile_ok, other=0.0)
-    x0 = tl.load(T_ptr + rloc[:, None] * stride_tn + cols[None, :] * stride_td,
-                 mask=tile_ok & first, other=0.0).to(tl.float32) * scale[:, None]
+    x0 = (
+        tl.load(T_ptr + rloc[:, None] * stride_tn + cols[None, :] * stride_td, mask=tile_ok & first, other=0.0).to(
+            tl.float32
+        )
+        * scale[:, None]
+    )
     shift_u = tl.where(first, x0, mean_u)
-    rshift_u = tl.where(first, tl.sum(x0 * zhat, axis=1),
-                        tl.load(MOM_ptr + 1 * N + rows, mask=row_ok, other=0.0))
+    rshift_u = tl.where(first, tl.sum(x0 * zhat, axis=1), tl.load(MOM_ptr + 1 * N + rows, mask=row_ok, other=0.0))
     s1_u = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     s2_u = tl.zeros((BLOCK_N,), tl.float32)
     r1_u = tl.zeros((BLOCK_N,), tl.float32)
@@ -87,13 +88,12 @@ def _accumulate_kernel(
     neg_u = tl.zeros((BLOCK_N,), tl.int32)
     if HAS_W:
         mean_w = tl.load(MEANW_ptr + state_offs, mask=tile_ok, other=0.0)
-        w0 = tl.load(TW_ptr + rloc[:, None] * stride_wn + cols[None, :] * stride_wd,
-                     mask=tile_ok & first, other=0.0).to(tl.float32)
+        w0 = tl.load(
+            TW_ptr + rloc[:, None] * stride_wn + cols[None, :] * stride_wd, mask=tile_ok & first, other=0.0
+        ).to(tl.float32)
         shift_w = tl.where(first, w0, mean_w)
-        rshift_w = tl.where(first, tl.sum(w0 * zhat, axis=1),
-                            tl.load(MOM_ptr + 4 * N + rows, mask=row_ok, other=0.0))
-        cshift = tl.where(first, tl.sum(x0 * w0, axis=1),
-                          tl.load(CROSS_ptr + rows, mask=row_ok, other=0.0))
+        rshift_w = tl.where(first, tl.sum(w0 * zhat, axis=1), tl.load(MOM_ptr + 4 * N + rows, mask=row_ok, other=0.0))
+        cshift = tl.where(first, tl.sum(x0 * w0, axis=1), tl.load(CROSS_ptr + rows, mask=row_ok, other=0.0))
         s1_w = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
         s2_w = tl.zeros((BLOCK_N,), tl.float32)
         r1_w = tl.zeros((BLOCK_N,), tl.float32)
@@ -152,8 +152,7 @@ def _accumulate_kernel(
         m2_w = tl.where(first, 0.0, tl.load(MOM_ptr + 3 * N + rows, mask=row_ok, other=0.0))
         rm2_w = tl.where(first, 0.0, tl.load(MOM_ptr + 5 * N + rows, mask=row_ok, other=0.0))
         tl.store(MEANW_ptr + state_offs, shift_w + s1_w / n_new, mask=tile_ok)
-        tl.store(MOM_ptr + 3 * N + rows, m2_w + s2_w - tl.sum(s1_w * s1_w, axis=1) / n_new,
-                 mask=row_ok)
+        tl.store(MOM_ptr + 3 * N + rows, m2_w + s2_w - tl.sum(s1_w * s1_w, axis=1) / n_new, mask=row_ok)
         tl.store(MOM_ptr + 4 * N + rows, rshift_w + r1_w / n_new, mask=row_ok)
         tl.store(MOM_ptr + 5 * N + rows, rm2_w + r2_w - r1_w * r1_w / n_new, mask=row_ok)
         old_pos_w = tl.load(CNT_ptr + 2 * N + rows, mask=row_ok, other=0)
@@ -219,15 +218,15 @@ def accumulate(
     if branch not in ("u", "w", "uw"):
         raise ValueError(f"{fn}: expected branch 'u', 'w' or 'uw', got {branch!r}")
     if t.dim() != 3 or z.dim() != 2 or t.shape[1:] != z.shape:
-        raise ValueError(f"{fn}: expected t [K, N, D] and z [N, D], got t.shape={tuple(t.shape)}, "
-                         f"z.shape={tuple(z.shape)}")
+        raise ValueError(
+            f"{fn}: expected t [K, N, D] and z [N, D], got t.shape={tuple(t.shape)}, z.shape={tuple(z.shape)}"
+        )
     K, N, D = t.shape
     nb = 2 if branch == "uw" else 1
     if (branch == "uw") != (t_w is not None) or (branch == "uw") != (cross is not None):
         raise ValueError(f"{fn}: t_w and cross are required for branch 'uw' and only then")
     if t_w is not None and t_w.shape != t.shape:
-        raise ValueError(f"{fn}: expected t_w.shape == t.shape={tuple(t.shape)}, "
-                         f"got t_w.shape={tuple(t_w.shape)}")
+        raise ValueError(f"{fn}: expected t_w.shape == t.shape={tuple(t.shape)}, got t_w.shape={tuple(t_w.shape)}")
     if D > MAX_FUSED_DIM:
         raise ValueError(f"{fn}: expected D <= {MAX_FUSED_DIM}, got t.shape={tuple(t.shape)}")
     expected = {
@@ -240,8 +239,10 @@ def accumulate(
         expected["cross"] = (cross, (N,), torch.float32)
     for name, (x, shape, dtype) in expected.items():
         if tuple(x.shape) != shape or x.dtype != dtype or not x.is_contiguous():
-            raise ValueError(f"{fn}: expected {name} contiguous {dtype} of shape {shape}, "
-                             f"got {name}.shape={tuple(x.shape)}, dtype={x.dtype}")
+            raise ValueError(
+                f"{fn}: expected {name} contiguous {dtype} of shape {shape}, "
+                f"got {name}.shape={tuple(x.shape)}, dtype={x.dtype}"
+            )
     for name, x in (("t", t), ("z", z), ("t_w", t_w)):
         if x is not None:
             check_kernel_dtype(fn, name, x)
@@ -252,19 +253,41 @@ def accumulate(
     t, t_w, z = (None if x is None else _int32_addressable(x) for x in (t, t_w, z))
     tw = t if t_w is None else t_w
     cross_arg = moments if cross is None else cross  # never read without HAS_W
-    launch(KernelLaunch(
-        name=fn, kernel=_accumulate_kernel,
-        grid=lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),),
-        args=(t, tw, z, mean[0], mean[nb - 1], moments, counts, cross_arg, reason,
-              K, N, D, int(n_seen),
-              t.stride(0), t.stride(1), t.stride(2),
-              tw.stride(0), tw.stride(1), tw.stride(2),
-              z.stride(0), z.stride(1)),
-        meta={"SCALE_BY_NORM": branch in ("u", "uw"), "HAS_W": branch == "uw"},
-        configs=accumulate_configs(dim=D, branch=branch), key=("D",),
-        # the autotuner's trial runs must not fold the directions in twice
-        restore=("MEAN_ptr", "MEANW_ptr", "MOM_ptr", "CNT_ptr", "CROSS_ptr", "REASON_ptr"),
-    ))
+    launch(
+        KernelLaunch(
+            name=fn,
+            kernel=_accumulate_kernel,
+            grid=lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),),
+            args=(
+                t,
+                tw,
+                z,
+                mean[0],
+                mean[nb - 1],
+                moments,
+                counts,
+                cross_arg,
+                reason,
+                K,
+                N,
+                D,
+                int(n_seen),
+                t.stride(0),
+                t.stride(1),
+                t.stride(2),
+                tw.stride(0),
+                tw.stride(1),
+                tw.stride(2),
+                z.stride(0),
+                z.stride(1),
+            ),
+            meta={"SCALE_BY_NORM": branch in ("u", "uw"), "HAS_W": branch == "uw"},
+            configs=accumulate_configs(dim=D, branch=branch),
+            key=("D",),
+            # the autotuner's trial runs must not fold the directions in twice
+            restore=("MEAN_ptr", "MEANW_ptr", "MOM_ptr", "CNT_ptr", "CROSS_ptr", "REASON_ptr"),
+        )
+    )
 
 
 #: the jitted kernel itself: its source hash is part of the resource report (:mod:`.resources`)

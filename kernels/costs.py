@@ -16,6 +16,7 @@ The torch-path counts follow :func:`normfast.ops.head_stats` and
 ``ProbeAccumulator``'s torch update on the same device: fp32 compute, every
 intermediate written to and read back from memory.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,9 +40,17 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def head_stack_cost(d_in: int, d_out: int, k1: int, k2: int, *, dtype: str = "float32",
-                    config: dict | None = None, bias: bool = False,
-                    n: int | None = None) -> dict[str, float]:
+def head_stack_cost(
+    d_in: int,
+    d_out: int,
+    k1: int,
+    k2: int,
+    *,
+    dtype: str = "float32",
+    config: dict | None = None,
+    bias: bool = False,
+    n: int | None = None,
+) -> dict[str, float]:
     """One row through ``head_stack``: ``K1`` direction matrices, ``K2`` quadratic forms.
 
     ``config`` is a tile configuration (``BLOCK_N``, ``BLOCK_J``,
@@ -61,11 +70,10 @@ def head_stack_cost(d_in: int, d_out: int, k1: int, k2: int, *, dtype: str = "fl
         macs = k1 * tiles_out * bj * k_pad * bn
         elems = k1 * tiles_out * (bn * k_pad + bj * k_pad + bn * bj) + bn * d_out
         for t in range(_cdiv(d_in, bj)):
-            k_run = _cdiv((t + 1) * bj, bk) * bk       # the triangle: k-tiles up to the diagonal
+            k_run = _cdiv((t + 1) * bj, bk) * bk  # the triangle: k-tiles up to the diagonal
             macs += k2 * bj * k_run * bn
             elems += k2 * (bn + bj) * min(k_run, k_pad) + k2 * bn * bj
-        out["executed_flops"] = 2 * macs / bn + (useful - 2 * (k1 * d_out * d_in
-                                                              + k2 * d_in * (d_in + 1) / 2))
+        out["executed_flops"] = 2 * macs / bn + (useful - 2 * (k1 * d_out * d_in + k2 * d_in * (d_in + 1) / 2))
         out["l2_bytes"] = elems * elt / bn
     return out
 
@@ -90,8 +98,9 @@ def head_stack_shape(form: str, *, m: int = 0, groups: int = 0) -> tuple[int, in
     return {"S": (1, 1), "per_batch": (m + 1, 0), "grouped": (groups + 1, groups + 1)}[form]
 
 
-def head_torch_cost(form: str, d_in: int, d_out: int, *, dtype: str = "float32", m: int = 0,
-                    groups: int = 0) -> dict[str, float]:
+def head_torch_cost(
+    form: str, d_in: int, d_out: int, *, dtype: str = "float32", m: int = 0, groups: int = 0
+) -> dict[str, float]:
     """One row through the torch path of the head statistics on the same GPU (fp32 GEMMs).
 
     Inputs are converted to fp32 (one read, one write) unless they are fp32;
@@ -107,16 +116,17 @@ def head_torch_cost(form: str, d_in: int, d_out: int, *, dtype: str = "float32",
     v_width = k1 * d_out
     p_width = k2 * d_in
     flops = 2 * (v_width * d_in + p_width * d_in) + 4 * v_width + 2 * p_width
-    hbm = conv + 4 * d_in + 4 * d_out                       # A and Z, fp32
-    hbm += 4 * v_width * (1 + 4 + 3)                        # write v; z·v and |v|² passes
+    hbm = conv + 4 * d_in + 4 * d_out  # A and Z, fp32
+    hbm += 4 * v_width * (1 + 4 + 3)  # write v; z·v and |v|² passes
     if p_width:
-        hbm += 4 * d_in + 4 * p_width * (1 + 4)             # second GEMM: write p; p·a pass
-    return {"useful_flops": flops, "hbm_bytes": hbm + head_epilogue_bytes(
-        "S" if form == "S" else form, m=m, groups=groups)}
+        hbm += 4 * d_in + 4 * p_width * (1 + 4)  # second GEMM: write p; p·a pass
+    return {
+        "useful_flops": flops,
+        "hbm_bytes": hbm + head_epilogue_bytes("S" if form == "S" else form, m=m, groups=groups),
+    }
 
 
-def accumulate_cost(d: int, k: int, *, branch: str = "u",
-                    dtype: str = "float32") -> dict[str, float]:
+def accumulate_cost(d: int, k: int, *, branch: str = "u", dtype: str = "float32") -> dict[str, float]:
     """One row through one ``accumulate`` update of ``K`` directions (memory-bound by design).
 
     The directions and ``z`` are read once, the fp32 mean vectors read and
@@ -125,13 +135,11 @@ def accumulate_cost(d: int, k: int, *, branch: str = "u",
     """
     elt = ELEMENT_BYTES[dtype]
     nb = 2 if branch == "uw" else 1
-    hbm = (nb * k * d * elt + d * elt + nb * 2 * d * 4 + nb * 2 * (3 * 4 + 2 * 8) + 2
-           + (2 * 4 if nb == 2 else 0))
+    hbm = nb * k * d * elt + d * elt + nb * 2 * d * 4 + nb * 2 * (3 * 4 + 2 * 8) + 2 + (2 * 4 if nb == 2 else 0)
     return {"useful_flops": 6 * nb * k * d + 3 * d, "hbm_bytes": hbm}
 
 
-def accumulate_torch_cost(d: int, k: int, *, branch: str = "u",
-                          dtype: str = "float32") -> dict[str, float]:
+def accumulate_torch_cost(d: int, k: int, *, branch: str = "u", dtype: str = "float32") -> dict[str, float]:
     """The torch update on the same GPU: five passes over the fp32 directions per branch.
 
     Conversion to fp32 (unless fp32), the shifted deviations written and
@@ -146,12 +154,15 @@ def accumulate_torch_cost(d: int, k: int, *, branch: str = "u",
     return {"useful_flops": 6 * nb * k * d + 3 * d, "hbm_bytes": conv + passes + state}
 
 
-def floor_seconds(cost: dict[str, float], rate_flops: float, hbm_bytes_per_s: float,
-                  rows: int = 1) -> dict[str, float]:
+def floor_seconds(cost: dict[str, float], rate_flops: float, hbm_bytes_per_s: float, rows: int = 1) -> dict[str, float]:
     """Compute and memory floors of ``rows`` rows at the given peaks; the larger binds."""
     flops = cost.get("executed_flops", cost["useful_flops"])
     compute = rows * flops / rate_flops if rate_flops else 0.0
     memory = rows * cost["hbm_bytes"] / hbm_bytes_per_s
-    return {"compute_s": compute, "memory_s": memory, "floor_s": max(compute, memory),
-            "bound_by": "compute" if compute >= memory else "memory",
-            "intensity": cost["useful_flops"] / cost["hbm_bytes"] if cost["hbm_bytes"] else math.inf}
+    return {
+        "compute_s": compute,
+        "memory_s": memory,
+        "floor_s": max(compute, memory),
+        "bound_by": "compute" if compute >= memory else "memory",
+        "intensity": cost["useful_flops"] / cost["hbm_bytes"] if cost["hbm_bytes"] else math.inf,
+    }

@@ -21,6 +21,7 @@ multiples of 16 (zeros add nothing), so the kernel is only ever compiled for
 aligned, vectorizable layouts; a block of rows starts at a 64-bit offset and
 is addressed with 32-bit offsets inside it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,14 +41,17 @@ from .utils import (
 
 @triton.jit
 def _rows_times_t(
-    A_ptr,          # [N, DIN] probe activations (the first row of this program's block)
-    B_ptr,          # [J, LDB] right factor, used transposed: Ã·Bᵀ
-    rows,           # [BLOCK_N] int32 rows of this program's block (A_ptr points at its first)
-    row_ok,         # [BLOCK_N] rows that exist
-    js,             # [BLOCK_J] rows of B (output columns) of this tile
-    k_end,          # reduce over columns [0, min(k_end, DIN)) of A and B
-    DIN, J, LDB,
-    stride_an, stride_ak,
+    A_ptr,  # [N, DIN] probe activations (the first row of this program's block)
+    B_ptr,  # [J, LDB] right factor, used transposed: Ã·Bᵀ
+    rows,  # [BLOCK_N] int32 rows of this program's block (A_ptr points at its first)
+    row_ok,  # [BLOCK_N] rows that exist
+    js,  # [BLOCK_J] rows of B (output columns) of this tile
+    k_end,  # reduce over columns [0, min(k_end, DIN)) of A and B
+    DIN,
+    J,
+    LDB,
+    stride_an,
+    stride_ak,
     BLOCK_N: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -61,32 +65,38 @@ def _rows_times_t(
     for k0 in range(0, k_end, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < DIN
-        a = tl.load(A_ptr + rows[:, None] * stride_an + ks[None, :] * stride_ak,
-                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(B_ptr + js[:, None] * LDB + ks[None, :],
-                    mask=j_ok[:, None] & k_ok[None, :], other=0.0)
+        a = tl.load(
+            A_ptr + rows[:, None] * stride_an + ks[None, :] * stride_ak, mask=row_ok[:, None] & k_ok[None, :], other=0.0
+        )
+        b = tl.load(B_ptr + js[:, None] * LDB + ks[None, :], mask=j_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
     return acc
 
 
 @triton.jit(do_not_specialize=["K1", "K2"])
 def _head_stack_kernel(
-    A_ptr,          # [N, DIN] probe activations (the dot operand dtype; rows 16-aligned)
-    Z_ptr,          # [N, DOUT] probe embeddings (rows 16-aligned)
-    GW_ptr,         # [K1, DOUT, LDG] direction matrices without their bias column, contiguous
-    GB_ptr,         # [K1, DOUT] fp32 bias columns of the G_k (read only when HAS_BIAS)
-    LW_ptr,         # [K2, DIN, LDL] folded lower triangles tril(S+Sᵀ,-1)+diag(S) of the a-block
-    LB_ptr,         # [K2, DIN + 1] fp32 folded bias row S_kb + S_bk, then S_bb (when HAS_BIAS)
-    ZDOT_ptr,       # [N, K1] fp32 out: z·(G_k ã)
-    SQ_ptr,         # [N, K1] fp32 out: |G_k ã|²
-    QUAD_ptr,       # [N, K2] fp32 out: ãᵀ S_k ã
-    NORM_ptr,       # [N] fp32 out: |z|
-    N, DIN, DOUT,   # DIN, DOUT: the widths padded to multiples of 16 (zeros)
-    K1, K2,         # stack depths (either may be 0)
-    LDG, LDL,       # row strides of GW and LW (multiples of 16)
-    stride_an, stride_ak,
-    stride_zn, stride_zj,
-    HAS_BIAS: tl.constexpr,       # ã = [a, 1]: bias column of G_k, bias row/column of S_k
+    A_ptr,  # [N, DIN] probe activations (the dot operand dtype; rows 16-aligned)
+    Z_ptr,  # [N, DOUT] probe embeddings (rows 16-aligned)
+    GW_ptr,  # [K1, DOUT, LDG] direction matrices without their bias column, contiguous
+    GB_ptr,  # [K1, DOUT] fp32 bias columns of the G_k (read only when HAS_BIAS)
+    LW_ptr,  # [K2, DIN, LDL] folded lower triangles tril(S+Sᵀ,-1)+diag(S) of the a-block
+    LB_ptr,  # [K2, DIN + 1] fp32 folded bias row S_kb + S_bk, then S_bb (when HAS_BIAS)
+    ZDOT_ptr,  # [N, K1] fp32 out: z·(G_k ã)
+    SQ_ptr,  # [N, K1] fp32 out: |G_k ã|²
+    QUAD_ptr,  # [N, K2] fp32 out: ãᵀ S_k ã
+    NORM_ptr,  # [N] fp32 out: |z|
+    N,
+    DIN,
+    DOUT,  # DIN, DOUT: the widths padded to multiples of 16 (zeros)
+    K1,
+    K2,  # stack depths (either may be 0)
+    LDG,
+    LDL,  # row strides of GW and LW (multiples of 16)
+    stride_an,
+    stride_ak,
+    stride_zn,
+    stride_zj,
+    HAS_BIAS: tl.constexpr,  # ã = [a, 1]: bias column of G_k, bias row/column of S_k
     BLOCK_N: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -105,8 +115,11 @@ def _head_stack_kernel(
     zz = tl.zeros((BLOCK_N,), tl.float32)
     for j0 in range(0, DOUT, BLOCK_J):
         js = j0 + tl.arange(0, BLOCK_J)
-        z = tl.load(Z_ptr + rows[:, None] * stride_zn + js[None, :] * stride_zj,
-                    mask=row_ok[:, None] & (js < DOUT)[None, :], other=0.0).to(tl.float32)
+        z = tl.load(
+            Z_ptr + rows[:, None] * stride_zn + js[None, :] * stride_zj,
+            mask=row_ok[:, None] & (js < DOUT)[None, :],
+            other=0.0,
+        ).to(tl.float32)
         zz += tl.sum(z * z, axis=1)
     tl.store(NORM_ptr + out_rows, tl.sqrt(zz), mask=row_ok)
 
@@ -119,13 +132,31 @@ def _head_stack_kernel(
         vv = tl.zeros((BLOCK_N,), tl.float32)
         for j0 in range(0, DOUT, BLOCK_J):
             js = j0 + tl.arange(0, BLOCK_J)
-            v = _rows_times_t(A_ptr, g_k, rows, row_ok, js, DIN, DIN, DOUT, LDG,
-                              stride_an, stride_ak, BLOCK_N, BLOCK_J, BLOCK_K, DOT_PRECISION)
+            v = _rows_times_t(
+                A_ptr,
+                g_k,
+                rows,
+                row_ok,
+                js,
+                DIN,
+                DIN,
+                DOUT,
+                LDG,
+                stride_an,
+                stride_ak,
+                BLOCK_N,
+                BLOCK_J,
+                BLOCK_K,
+                DOT_PRECISION,
+            )
             if HAS_BIAS:
                 gb = tl.load(gb_k + js, mask=js < DOUT, other=0.0)
                 v += gb[None, :]
-            z = tl.load(Z_ptr + rows[:, None] * stride_zn + js[None, :] * stride_zj,
-                        mask=row_ok[:, None] & (js < DOUT)[None, :], other=0.0).to(tl.float32)
+            z = tl.load(
+                Z_ptr + rows[:, None] * stride_zn + js[None, :] * stride_zj,
+                mask=row_ok[:, None] & (js < DOUT)[None, :],
+                other=0.0,
+            ).to(tl.float32)
             zv += tl.sum(z * v, axis=1)
             vv += tl.sum(v * v, axis=1)
         tl.store(ZDOT_ptr + out_rows * K1 + k, zv, mask=row_ok)
@@ -142,13 +173,31 @@ def _head_stack_kernel(
         q = tl.zeros((BLOCK_N,), tl.float32)
         for j0 in range(0, DIN, BLOCK_J):
             js = j0 + tl.arange(0, BLOCK_J)
-            p = _rows_times_t(A_ptr, l_k, rows, row_ok, js, j0 + BLOCK_J, DIN, DIN, LDL,
-                              stride_an, stride_ak, BLOCK_N, BLOCK_J, BLOCK_K, DOT_PRECISION)
+            p = _rows_times_t(
+                A_ptr,
+                l_k,
+                rows,
+                row_ok,
+                js,
+                j0 + BLOCK_J,
+                DIN,
+                DIN,
+                LDL,
+                stride_an,
+                stride_ak,
+                BLOCK_N,
+                BLOCK_J,
+                BLOCK_K,
+                DOT_PRECISION,
+            )
             if HAS_BIAS:
                 cross = tl.load(lb_k + js, mask=js < DIN, other=0.0)
                 p += cross[None, :]
-            a_j = tl.load(A_ptr + rows[:, None] * stride_an + js[None, :] * stride_ak,
-                          mask=row_ok[:, None] & (js < DIN)[None, :], other=0.0).to(tl.float32)
+            a_j = tl.load(
+                A_ptr + rows[:, None] * stride_an + js[None, :] * stride_ak,
+                mask=row_ok[:, None] & (js < DIN)[None, :],
+                other=0.0,
+            ).to(tl.float32)
             q += tl.sum(p * a_j, axis=1)
         if HAS_BIAS:
             q += tl.load(lb_k + DIN)
@@ -160,7 +209,7 @@ def _head_stack_kernel(
 def _padded(x: torch.Tensor, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     """``x [..., R, C]`` in a zero-padded ``[..., rows, cols]`` buffer of ``dtype``."""
     out = torch.zeros((*x.shape[:-2], rows, cols), dtype=dtype, device=x.device)
-    out[..., :x.shape[-2], :x.shape[-1]] = x
+    out[..., : x.shape[-2], : x.shape[-1]] = x
     return out
 
 
@@ -177,14 +226,20 @@ def _aligned_rows(x: torch.Tensor, width: int) -> torch.Tensor:
     nothing to any product. Costs one copy of ``x`` when its width is not a
     multiple of 16 or its layout is unusual; none for contiguous rows of 16k.
     """
-    if (x.shape[1] == width and x.stride(1) == 1 and x.stride(0) % 16 == 0
-            and x.data_ptr() % 16 == 0 and MAX_BLOCK_ROWS * x.stride(0) < 2**31):
+    if (
+        x.shape[1] == width
+        and x.stride(1) == 1
+        and x.stride(0) % 16 == 0
+        and x.data_ptr() % 16 == 0
+        and MAX_BLOCK_ROWS * x.stride(0) < 2**31
+    ):
         return x
     return torch.nn.functional.pad(x, (0, width - x.shape[1])).contiguous()
 
 
-def head_stack_operands(G: torch.Tensor, S: torch.Tensor, d_in: int, d_out: int, has_bias: bool,
-                        dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def head_stack_operands(
+    G: torch.Tensor, S: torch.Tensor, d_in: int, d_out: int, has_bias: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, ...]:
     """Lay out the right factors for the kernel: ``(GW, GB, LW, LB)``, padded to 16-element multiples.
 
     With ``p = pad16(d_in)`` and ``q = pad16(d_out)``: ``GW [K1, q, p]`` is
@@ -262,39 +317,71 @@ def head_stack(
     gw, gb, lw, lb = head_stack_operands(G, S, d_in, d_out, has_bias, op_dtype)
     precision = "tf32" if allow_tf32 and op_dtype == f32 else "ieee"
     configs = head_configs(d_in=d_in, d_out=d_out, dtype=op_dtype, precision=precision)
-    launch(KernelLaunch(
-        name=fn, kernel=_head_stack_kernel,
-        grid=lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),),
-        args=(A, Z, gw, gb, lw, lb, zdot, sq, quad, norm, n, p, q, k1, k2,
-              gw.shape[-1], lw.shape[-1], A.stride(0), A.stride(1), Z.stride(0), Z.stride(1)),
-        meta={"HAS_BIAS": bool(has_bias), "DOT_PRECISION": precision},
-        configs=configs, key=("DIN", "DOUT"),
-    ))
+    launch(
+        KernelLaunch(
+            name=fn,
+            kernel=_head_stack_kernel,
+            grid=lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),),
+            args=(
+                A,
+                Z,
+                gw,
+                gb,
+                lw,
+                lb,
+                zdot,
+                sq,
+                quad,
+                norm,
+                n,
+                p,
+                q,
+                k1,
+                k2,
+                gw.shape[-1],
+                lw.shape[-1],
+                A.stride(0),
+                A.stride(1),
+                Z.stride(0),
+                Z.stride(1),
+            ),
+            meta={"HAS_BIAS": bool(has_bias), "DOT_PRECISION": precision},
+            configs=configs,
+            key=("DIN", "DOUT"),
+        )
+    )
     return zdot, sq, quad, norm
 
 
-def _check_stack_operands(fn: str, A: torch.Tensor, Z: torch.Tensor, G: torch.Tensor,
-                          S: torch.Tensor | None, has_bias: bool):
+def _check_stack_operands(
+    fn: str, A: torch.Tensor, Z: torch.Tensor, G: torch.Tensor, S: torch.Tensor | None, has_bias: bool
+):
     if A.dim() != 2 or Z.dim() != 2 or A.shape[0] != Z.shape[0]:
-        raise ValueError(f"{fn}: expected A [N, d_in] and Z [N, d_out] with the same N, "
-                         f"got A.shape={tuple(A.shape)}, Z.shape={tuple(Z.shape)}")
+        raise ValueError(
+            f"{fn}: expected A [N, d_in] and Z [N, d_out] with the same N, "
+            f"got A.shape={tuple(A.shape)}, Z.shape={tuple(Z.shape)}"
+        )
     check_kernel_dtype(fn, "A", A)
     check_kernel_dtype(fn, "Z", Z)
     n, d_in = A.shape
     d_out = Z.shape[1]
     da = d_in + int(bool(has_bias))
     if d_in == 0 or d_out == 0:
-        raise ValueError(f"{fn}: expected non-empty d_in and d_out, got A.shape={tuple(A.shape)}, "
-                         f"Z.shape={tuple(Z.shape)}")
+        raise ValueError(
+            f"{fn}: expected non-empty d_in and d_out, got A.shape={tuple(A.shape)}, Z.shape={tuple(Z.shape)}"
+        )
     if not isinstance(G, torch.Tensor) or G.dim() != 3 or tuple(G.shape[1:]) != (d_out, da):
-        raise ValueError(f"{fn}: expected G [K1, d_out, da] = [K1, {d_out}, {da}] "
-                         f"(da = d_in{' + 1 with has_bias' if has_bias else ''}), "
-                         f"got G.shape={tuple(getattr(G, 'shape', ()))}")
+        raise ValueError(
+            f"{fn}: expected G [K1, d_out, da] = [K1, {d_out}, {da}] "
+            f"(da = d_in{' + 1 with has_bias' if has_bias else ''}), "
+            f"got G.shape={tuple(getattr(G, 'shape', ()))}"
+        )
     if S is None:
         S = torch.zeros((0, da, da), dtype=torch.float32, device=A.device)
     if not isinstance(S, torch.Tensor) or S.dim() != 3 or tuple(S.shape[1:]) != (da, da):
-        raise ValueError(f"{fn}: expected S [K2, da, da] = [K2, {da}, {da}], "
-                         f"got S.shape={tuple(getattr(S, 'shape', ()))}")
+        raise ValueError(
+            f"{fn}: expected S [K2, da, da] = [K2, {da}, {da}], got S.shape={tuple(getattr(S, 'shape', ()))}"
+        )
     for name, x in (("G", G), ("S", S)):
         if not x.is_floating_point():
             raise TypeError(f"{fn}: expected {name} to be a float tensor, got {name}.dtype={x.dtype}")
@@ -303,15 +390,14 @@ def _check_stack_operands(fn: str, A: torch.Tensor, Z: torch.Tensor, G: torch.Te
     if Z.device != A.device:
         raise ValueError(f"{fn}: expected Z on {A.device} like A, got Z on {Z.device}")
     if max(_pad16(d_out), _pad16(d_in)) * _pad16(d_in) >= 2**31:
-        raise ValueError(f"{fn}: expected d_out * d_in and d_in**2 below 2**31 (one direction "
-                         f"or second-moment matrix per offset range), got G.shape={tuple(G.shape)}")
+        raise ValueError(
+            f"{fn}: expected d_out * d_in and d_in**2 below 2**31 (one direction "
+            f"or second-moment matrix per offset range), got G.shape={tuple(G.shape)}"
+        )
     return n, d_in, d_out, G.shape[0], S.shape[0], S
 
 
 #: the jitted kernel itself: its source hash is part of the resource report (:mod:`.resources`)
 KERNEL = _head_stack_kernel
 
-__all__ = [
-    "head_stack",
-    "head_stack_operands",
-]
+__all__ = ["head_stack", "head_stack_operands"]

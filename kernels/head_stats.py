@@ -14,6 +14,7 @@ The fused ``_head_stats_kernel`` and ``_project_kernel`` that used to do
 this are retired: their epilogues kept up to 255 registers live and spilled
 (bench/NOTES.md, "Resources").
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,33 +26,40 @@ from .utils import capturing
 _ZERO_NORM, _NON_FINITE_EMBEDDING, _NON_FINITE_DISPLACEMENT = 1, 2, 3
 
 
-def _check_head_operands(fn: str, A: torch.Tensor, Z: torch.Tensor, g_bar: torch.Tensor,
-                         has_bias: bool) -> tuple[int, int, int, int]:
+def _check_head_operands(
+    fn: str, A: torch.Tensor, Z: torch.Tensor, g_bar: torch.Tensor, has_bias: bool
+) -> tuple[int, int, int, int]:
     if A.dim() != 2 or Z.dim() != 2 or A.shape[0] != Z.shape[0]:
-        raise ValueError(f"{fn}: expected A [N, d_in] and Z [N, d_out], "
-                         f"got A.shape={tuple(A.shape)}, Z.shape={tuple(Z.shape)}")
+        raise ValueError(
+            f"{fn}: expected A [N, d_in] and Z [N, d_out], got A.shape={tuple(A.shape)}, Z.shape={tuple(Z.shape)}"
+        )
     n, d_in = A.shape
     d_out = Z.shape[1]
     da = d_in + int(has_bias)
-    if (tuple(g_bar.shape) != (d_out, da) or g_bar.dtype != torch.float32
-            or not g_bar.is_contiguous()):
-        raise ValueError(f"{fn}: expected g_bar contiguous float32 of shape {(d_out, da)}, "
-                         f"got g_bar.shape={tuple(g_bar.shape)}, dtype={g_bar.dtype}")
+    if tuple(g_bar.shape) != (d_out, da) or g_bar.dtype != torch.float32 or not g_bar.is_contiguous():
+        raise ValueError(
+            f"{fn}: expected g_bar contiguous float32 of shape {(d_out, da)}, "
+            f"got g_bar.shape={tuple(g_bar.shape)}, dtype={g_bar.dtype}"
+        )
     return n, d_in, da, d_out
 
 
-def _outputs(fn: str, n: int, rows: int, device: torch.device, out: torch.Tensor | None,
-             reason: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _outputs(
+    fn: str, n: int, rows: int, device: torch.device, out: torch.Tensor | None, reason: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     if out is None:
         out = torch.empty((rows, n), dtype=torch.float32, device=device)
     elif tuple(out.shape) != (rows, n) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"{fn}: expected out contiguous float32 of shape {(rows, n)}, "
-                         f"got out.shape={tuple(out.shape)}, dtype={out.dtype}")
+        raise ValueError(
+            f"{fn}: expected out contiguous float32 of shape {(rows, n)}, "
+            f"got out.shape={tuple(out.shape)}, dtype={out.dtype}"
+        )
     if reason is None:
         reason = torch.empty((n,), dtype=torch.int8, device=device)
     elif tuple(reason.shape) != (n,) or reason.dtype != torch.int8:
-        raise ValueError(f"{fn}: expected reason int8 of shape {(n,)}, got reason.shape="
-                         f"{tuple(reason.shape)}, dtype={reason.dtype}")
+        raise ValueError(
+            f"{fn}: expected reason int8 of shape {(n,)}, got reason.shape={tuple(reason.shape)}, dtype={reason.dtype}"
+        )
     return out, reason
 
 
@@ -74,9 +82,18 @@ def _reasons(norm: torch.Tensor, *products: torch.Tensor) -> torch.Tensor:
     return torch.where(norm == 0, _ZERO_NORM, code).to(torch.int8)
 
 
-def head_stats(A: torch.Tensor, Z: torch.Tensor, g_bar: torch.Tensor, s_c: torch.Tensor, *, branch: str = "u",
-               has_bias: bool = False, allow_tf32: bool = False, out: torch.Tensor | None = None,
-               reason: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def head_stats(
+    A: torch.Tensor,
+    Z: torch.Tensor,
+    g_bar: torch.Tensor,
+    s_c: torch.Tensor,
+    *,
+    branch: str = "u",
+    has_bias: bool = False,
+    allow_tf32: bool = False,
+    out: torch.Tensor | None = None,
+    reason: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """S-form head statistics for every probe row.
 
     With ``ã = [a, 1]`` when ``has_bias`` (else ``a``), ``R = |z|``,
@@ -98,11 +115,12 @@ def head_stats(A: torch.Tensor, Z: torch.Tensor, g_bar: torch.Tensor, s_c: torch
     _check_branch(fn, branch)
     n, d_in, da, d_out = _check_head_operands(fn, A, Z, g_bar, has_bias)
     if tuple(s_c.shape) != (da, da) or s_c.dtype != torch.float32 or not s_c.is_contiguous():
-        raise ValueError(f"{fn}: expected s_c contiguous float32 of shape {(da, da)}, "
-                         f"got s_c.shape={tuple(s_c.shape)}, dtype={s_c.dtype}")
+        raise ValueError(
+            f"{fn}: expected s_c contiguous float32 of shape {(da, da)}, "
+            f"got s_c.shape={tuple(s_c.shape)}, dtype={s_c.dtype}"
+        )
     out, reason = _outputs(fn, n, 4, A.device, out, reason)
-    zdot, sq, quad, norm = head_stack(A, Z, g_bar[None], s_c[None], has_bias=has_bias,
-                                      allow_tf32=allow_tf32)
+    zdot, sq, quad, norm = head_stack(A, Z, g_bar[None], s_c[None], has_bias=has_bias, allow_tf32=allow_tf32)
     if n == 0 or capturing():
         return out, reason
     s = _branch_scale(branch, norm)
@@ -117,9 +135,18 @@ def head_stats(A: torch.Tensor, Z: torch.Tensor, g_bar: torch.Tensor, s_c: torch
     return out, reason
 
 
-def project(A: torch.Tensor, Z: torch.Tensor, g_bar: torch.Tensor, g_centered: torch.Tensor, *, branch: str = "u",
-            has_bias: bool = False, allow_tf32: bool = False, out: torch.Tensor | None = None,
-            reason: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def project(
+    A: torch.Tensor,
+    Z: torch.Tensor,
+    g_bar: torch.Tensor,
+    g_centered: torch.Tensor,
+    *,
+    branch: str = "u",
+    has_bias: bool = False,
+    allow_tf32: bool = False,
+    out: torch.Tensor | None = None,
+    reason: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-batch head statistics for every probe row.
 
     With ``ã = [a, 1]`` when ``has_bias`` (else ``a``), ``R = |z|``,
@@ -143,15 +170,20 @@ def project(A: torch.Tensor, Z: torch.Tensor, g_bar: torch.Tensor, g_centered: t
     fn = "project"
     _check_branch(fn, branch)
     n, d_in, da, d_out = _check_head_operands(fn, A, Z, g_bar, has_bias)
-    if (g_centered.dim() != 3 or tuple(g_centered.shape[1:]) != (d_out, da)
-            or g_centered.dtype != torch.float32 or not g_centered.is_contiguous()):
-        raise ValueError(f"{fn}: expected g_centered contiguous float32 of shape "
-                         f"[M, {d_out}, {da}], got g_centered.shape={tuple(g_centered.shape)}, "
-                         f"dtype={g_centered.dtype}")
+    if (
+        g_centered.dim() != 3
+        or tuple(g_centered.shape[1:]) != (d_out, da)
+        or g_centered.dtype != torch.float32
+        or not g_centered.is_contiguous()
+    ):
+        raise ValueError(
+            f"{fn}: expected g_centered contiguous float32 of shape "
+            f"[M, {d_out}, {da}], got g_centered.shape={tuple(g_centered.shape)}, "
+            f"dtype={g_centered.dtype}"
+        )
     m = g_centered.shape[0]
     if m < 2:
-        raise ValueError(f"{fn}: expected at least 2 virtual batches, "
-                         f"got g_centered.shape={tuple(g_centered.shape)}")
+        raise ValueError(f"{fn}: expected at least 2 virtual batches, got g_centered.shape={tuple(g_centered.shape)}")
     out, reason = _outputs(fn, n, 6, A.device, out, reason)
     stack = torch.cat([g_bar[None], g_centered])
     zdot, sq, _, norm = head_stack(A, Z, stack, None, has_bias=has_bias, allow_tf32=allow_tf32)
@@ -159,7 +191,7 @@ def project(A: torch.Tensor, Z: torch.Tensor, g_bar: torch.Tensor, g_centered: t
         return out, reason
     s = _branch_scale(branch, norm)
     drift = -(zdot[:, 0] / norm) * s
-    dev = -(zdot[:, 1:] / norm[:, None]) * s[:, None]          # r^B - D, [N, M]
+    dev = -(zdot[:, 1:] / norm[:, None]) * s[:, None]  # r^B - D, [N, M]
     radial = drift[:, None] + dev
     n_pos = (radial > 0).sum(1)
     n_neg = (radial < 0).sum(1)

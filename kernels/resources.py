@@ -17,6 +17,7 @@ Needs ``TRITON_INTERPRET=0`` in the process (nothing is launched) and relies
 on the launch internals of Triton 3.x (``JITFunction`` binder and argument
 packing); a Triton without them raises a clear error.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,10 +55,8 @@ __all__ = [
 #: file is allocated per warp in units of 256 registers, shared memory in
 #: units of 128 bytes with 1 KB reserved per block).
 SM_LIMITS = {
-    80: {"registers": 65536, "max_warps": 64, "max_blocks": 32, "shared": 167936,
-         "shared_per_block": 166912},
-    90: {"registers": 65536, "max_warps": 64, "max_blocks": 32, "shared": 233472,
-         "shared_per_block": 232448},
+    80: {"registers": 65536, "max_warps": 64, "max_blocks": 32, "shared": 167936, "shared_per_block": 166912},
+    90: {"registers": 65536, "max_warps": 64, "max_blocks": 32, "shared": 233472, "shared_per_block": 232448},
 }
 #: ptxas's per-thread register ceiling (no launch bounds are set).
 REGISTER_CAP = 255
@@ -81,24 +80,30 @@ def occupancy(arch: int, registers: int, shared: int, num_warps: int) -> dict[st
     by_smem = lim["shared"] // smem if shared <= lim["shared_per_block"] else 0
     by_warps = lim["max_warps"] // num_warps
     blocks = min(lim["max_blocks"], by_warps, by_regs, by_smem)
-    limiter = min((("registers", by_regs), ("shared memory", by_smem), ("warps", by_warps),
-                   ("blocks", lim["max_blocks"])), key=lambda kv: kv[1])[0]
-    return {"programs_per_sm": blocks, "occupancy": blocks * num_warps / lim["max_warps"],
-            "limited_by": limiter}
+    limiter = min(
+        (("registers", by_regs), ("shared memory", by_smem), ("warps", by_warps), ("blocks", lim["max_blocks"])),
+        key=lambda kv: kv[1],
+    )[0]
+    return {"programs_per_sm": blocks, "occupancy": blocks * num_warps / lim["max_warps"], "limited_by": limiter}
 
 
 def _resource_usage(cubin: bytes, name: str) -> dict[str, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
         fh.write(cubin)
         fh.flush()
-        text = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", fh.name],
-                              capture_output=True, text=True, check=True).stdout
+        text = subprocess.run(
+            [_tool("cuobjdump"), "--dump-resource-usage", fh.name], capture_output=True, text=True, check=True
+        ).stdout
     block = text.split(f"Function {name}:", 1)
     if len(block) != 2:
         raise RuntimeError(f"resources: no resource line for {name} in cuobjdump output:\n{text}")
     fields = dict(re.findall(r"(\w+):(\d+)", block[1].splitlines()[1]))
-    return {"registers": int(fields["REG"]), "stack": int(fields["STACK"]),
-            "static_shared": int(fields["SHARED"]), "local": int(fields["LOCAL"])}
+    return {
+        "registers": int(fields["REG"]),
+        "stack": int(fields["STACK"]),
+        "static_shared": int(fields["SHARED"]),
+        "local": int(fields["LOCAL"]),
+    }
 
 
 _BINDERS: dict[tuple, tuple] = {}
@@ -107,8 +112,7 @@ _BINDERS: dict[tuple, tuple] = {}
 def _lowering_inputs(spec: KernelLaunch, config: dict, arch: int):
     """What ``JITFunction.run`` would hand the compiler for this launch, and a key for it."""
     if interpreted():
-        raise RuntimeError("compile_launch: set TRITON_INTERPRET=0 before triton is imported "
-                           "(nothing is launched)")
+        raise RuntimeError("compile_launch: set TRITON_INTERPRET=0 before triton is imported (nothing is launched)")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
@@ -118,18 +122,17 @@ def _lowering_inputs(spec: KernelLaunch, config: dict, arch: int):
     try:
         if (jit, arch) not in _BINDERS:
             backend = make_backend(target)
-            _BINDERS[jit, arch] = (backend, create_function_from_signature(jit.signature,
-                                                                           jit.params, backend))
+            _BINDERS[jit, arch] = (backend, create_function_from_signature(jit.signature, jit.params, backend))
         backend, binder = _BINDERS[jit, arch]
         kwargs = dict(spec.meta, **config, debug=False)
         bound, specialization, options = binder(*spec.args, **kwargs)
-        options, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound,
-                                                               specialization, options)
+        options, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound, specialization, options)
     except (AttributeError, TypeError) as exc:  # a Triton without these internals
-        raise RuntimeError(f"compile_launch: this Triton ({triton.__version__}) does not expose "
-                           f"the launch internals the report uses: {exc}") from exc
-    key = hashlib.sha256(repr((jit.cache_key, arch, specialization, sorted(kwargs.items())))
-                         .encode()).hexdigest()[:16]
+        raise RuntimeError(
+            f"compile_launch: this Triton ({triton.__version__}) does not expose "
+            f"the launch internals the report uses: {exc}"
+        ) from exc
+    key = hashlib.sha256(repr((jit.cache_key, arch, specialization, sorted(kwargs.items()))).encode()).hexdigest()[:16]
     return ASTSource(jit, signature, constexprs, attrs), target, options, key
 
 
@@ -145,10 +148,15 @@ def compile_launch(spec: KernelLaunch, config: dict, arch: int) -> dict[str, Any
     usage = _resource_usage(compiled.asm["cubin"], compiled.metadata.name)
     ptx = compiled.asm["ptx"]
     shared = int(compiled.metadata.shared) + usage["static_shared"]
-    res = {"key": key, "arch": f"sm_{arch}", **usage, "shared": shared,
-           "num_warps": int(compiled.metadata.num_warps),
-           "num_stages": int(compiled.metadata.num_stages),
-           "tensor_cores": "wgmma" if "wgmma" in ptx else ("mma" if "mma.sync" in ptx else None)}
+    res = {
+        "key": key,
+        "arch": f"sm_{arch}",
+        **usage,
+        "shared": shared,
+        "num_warps": int(compiled.metadata.num_warps),
+        "num_stages": int(compiled.metadata.num_stages),
+        "tensor_cores": "wgmma" if "wgmma" in ptx else ("mma" if "mma.sync" in ptx else None),
+    }
     res.update(occupancy(arch, usage["registers"], shared, res["num_warps"]))
     res["spills"] = usage["stack"] > 0 or usage["local"] > 0
     res["at_register_cap"] = usage["registers"] >= REGISTER_CAP
@@ -165,13 +173,16 @@ def compile_launch(spec: KernelLaunch, config: dict, arch: int) -> dict[str, Any
 SWEEP = {
     "archs": (90, 80),
     "dtypes": ("float32", "bfloat16", "float16"),
-    "accumulate": {"branches": ("u", "w", "uw"), "n": 1000,
-                   "dims": (1, 3, 64, 100, 384, 768, 1000, 1024, 2048)},
-    "head": {"n": 1001, "aligned_n": 4096,
-             # (d_in, d_out): tiny, odd/odd, aligned, MiniLM-, BERT-base-, large-sized heads
-             "dims": ((1, 1), (3, 5), (64, 64), (384, 256), (385, 257), (768, 768),
-                      (769, 512), (2048, 2048)),
-             "k1": 3, "k2": 2, "m": 4},
+    "accumulate": {"branches": ("u", "w", "uw"), "n": 1000, "dims": (1, 3, 64, 100, 384, 768, 1000, 1024, 2048)},
+    "head": {
+        "n": 1001,
+        "aligned_n": 4096,
+        # (d_in, d_out): tiny, odd/odd, aligned, MiniLM-, BERT-base-, large-sized heads
+        "dims": ((1, 1), (3, 5), (64, 64), (384, 256), (385, 257), (768, 768), (769, 512), (2048, 2048)),
+        "k1": 3,
+        "k2": 2,
+        "m": 4,
+    },
 }
 
 
@@ -189,8 +200,10 @@ def _head_problems(sw: dict, dtype: torch.dtype) -> Iterator[tuple[dict, tuple]]
     for (d_in, d_out), bias in itertools.product(h["dims"], (False, True)):
         ns = (h["n"], h["aligned_n"]) if (d_in, d_out) == (384, 256) else (h["n"],)
         for n in ns:
-            yield ({"n": n, "d_in": d_in, "d_out": d_out, "bias": bias},
-                   (_zeros(n, d_in, dtype=dtype), _zeros(n, d_out, dtype=dtype)))
+            yield (
+                {"n": n, "d_in": d_in, "d_out": d_out, "bias": bias},
+                (_zeros(n, d_in, dtype=dtype), _zeros(n, d_out, dtype=dtype)),
+            )
 
 
 def shipped_launches(sweep: dict | None = None) -> list[tuple[dict, KernelLaunch]]:
@@ -215,15 +228,20 @@ def shipped_launches(sweep: dict | None = None) -> list[tuple[dict, KernelLaunch
     for name in sw["dtypes"]:
         dtype = getattr(torch, name)
         n = sw["accumulate"]["n"]
-        for branch, dim in itertools.product(sw["accumulate"]["branches"],
-                                             sw["accumulate"]["dims"]):
+        for branch, dim in itertools.product(sw["accumulate"]["branches"], sw["accumulate"]["dims"]):
             nb = 2 if branch == "uw" else 1
             t = _zeros(3, n, dim, dtype=dtype)
-            state = (_zeros(nb, n, dim), _zeros(nb, 3, n), _zeros(nb, 2, n, dtype=torch.int64),
-                     _zeros(n, dtype=torch.int8))
+            state = (
+                _zeros(nb, n, dim),
+                _zeros(nb, 3, n),
+                _zeros(nb, 2, n, dtype=torch.int64),
+                _zeros(n, dtype=torch.int8),
+            )
             extra = {"t_w": t, "cross": _zeros(n)} if branch == "uw" else {}
-            record({"op": "accumulate", "dtype": name, "branch": branch, "n": n, "dim": dim},
-                   lambda: accumulate(t, t[0], *state, 0, branch=branch, **extra))
+            record(
+                {"op": "accumulate", "dtype": name, "branch": branch, "n": n, "dim": dim},
+                lambda: accumulate(t, t[0], *state, 0, branch=branch, **extra),
+            )
         precisions = ("ieee", "tf32") if dtype == f32 else ("ieee",)
         h = sw["head"]
         for precision in precisions:
@@ -234,15 +252,18 @@ def shipped_launches(sweep: dict | None = None) -> list[tuple[dict, KernelLaunch
                 da = d_in + int(bias)
                 G = _zeros(h["k1"], d_out, da)
                 S = _zeros(h["k2"], da, da)
-                record(dict(labels, op="head_stack"),
-                       lambda: head_stack(A, Z, G, S, has_bias=bias, allow_tf32=tf32))
+                record(dict(labels, op="head_stack"), lambda: head_stack(A, Z, G, S, has_bias=bias, allow_tf32=tf32))
                 for branch in ("u", "w"):
-                    record(dict(labels, op="head_stats", branch=branch),
-                           lambda: head_stats(A, Z, G[0], S[0], branch=branch, has_bias=bias,
-                                              allow_tf32=tf32))
-                    record(dict(labels, op="project", branch=branch),
-                           lambda: project(A, Z, G[0], _zeros(h["m"], d_out, da),
-                                           branch=branch, has_bias=bias, allow_tf32=tf32))
+                    record(
+                        dict(labels, op="head_stats", branch=branch),
+                        lambda: head_stats(A, Z, G[0], S[0], branch=branch, has_bias=bias, allow_tf32=tf32),
+                    )
+                    record(
+                        dict(labels, op="project", branch=branch),
+                        lambda: project(
+                            A, Z, G[0], _zeros(h["m"], d_out, da), branch=branch, has_bias=bias, allow_tf32=tf32
+                        ),
+                    )
     return out
 
 
@@ -258,8 +279,7 @@ def planned_variants(sweep: dict | None = None) -> dict[str, dict]:
     for labels, spec in shipped_launches(sw):
         for config, arch in itertools.product(spec.configs, sw["archs"]):
             key = compile_key(spec, config, arch)
-            entry = variants.setdefault(key, {"launch": spec, "config": config, "arch": arch,
-                                              "labels": []})
+            entry = variants.setdefault(key, {"launch": spec, "config": config, "arch": arch, "labels": []})
             entry["labels"].append(labels)
     return variants
 
@@ -272,8 +292,7 @@ def variant_problems(row: dict) -> list[str]:
     if row["registers"] >= REGISTER_CAP:
         problems.append(f"at the register cap ({row['registers']})")
     if row["programs_per_sm"] < 2:
-        problems.append(f"{row['programs_per_sm']} program(s) per SM (limited by "
-                        f"{row['limited_by']})")
+        problems.append(f"{row['programs_per_sm']} program(s) per SM (limited by {row['limited_by']})")
     return problems
 
 
@@ -292,15 +311,24 @@ def describe_variant(entry: dict) -> dict:
     first = labels[0]
     cls = first.get("precision", "")
     if spec.kernel.__name__ == "_head_stack_kernel":
-        cls = "fp32 FMA" if first["dtype"] == "float32" and cls == "ieee" else (
-            "TF32 MMA" if cls == "tf32" else f"{first['dtype']} MMA")
+        cls = (
+            "fp32 FMA"
+            if first["dtype"] == "float32" and cls == "ieee"
+            else ("TF32 MMA" if cls == "tf32" else f"{first['dtype']} MMA")
+        )
     else:
         cls = first["dtype"] + ("" if first.get("branch") != "uw" else ", uw")
-    return {"kernel": spec.kernel.__name__, "class": cls, "config": entry["config"],
-            "config_label": config_label(entry["config"]), "ops": ops, "dtypes": dtypes,
-            "meta": {k: v for k, v in spec.meta.items()},
-            "problems_covered": len(labels),
-            "example": {k: v for k, v in first.items() if k not in ("kernel",)}}
+    return {
+        "kernel": spec.kernel.__name__,
+        "class": cls,
+        "config": entry["config"],
+        "config_label": config_label(entry["config"]),
+        "ops": ops,
+        "dtypes": dtypes,
+        "meta": {k: v for k, v in spec.meta.items()},
+        "problems_covered": len(labels),
+        "example": {k: v for k, v in first.items() if k not in ("kernel",)},
+    }
 
 
 def kernel_source_keys() -> dict[str, str]:

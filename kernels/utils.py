@@ -13,6 +13,7 @@ instead of running them: that is how the resource report compiles exactly
 what the launchers would launch, for every configuration they can choose,
 on a machine without a GPU (:mod:`normfast.kernels.resources`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -87,16 +88,14 @@ def check_kernel_device(fn: str, *tensors: torch.Tensor | None) -> None:
             continue
         if x.device.type != "cuda" and not interpreted():
             raise ValueError(
-                f"{fn}: expected CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors), "
-                f"got a tensor on {x.device}"
+                f"{fn}: expected CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors), got a tensor on {x.device}"
             )
 
 
 def check_kernel_dtype(fn: str, name: str, x: torch.Tensor) -> None:
     if x.dtype not in KERNEL_INPUT_DTYPES:
         allowed = ", ".join(str(d).replace("torch.", "") for d in KERNEL_INPUT_DTYPES)
-        raise TypeError(f"{fn}: expected {name} to have dtype {allowed}, "
-                        f"got {name}.dtype={x.dtype}")
+        raise TypeError(f"{fn}: expected {name} to have dtype {allowed}, got {name}.dtype={x.dtype}")
 
 
 def operand_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -113,8 +112,7 @@ def _pow2_between(n: int, lo: int, hi: int) -> int:
     return min(hi, max(lo, triton.next_power_of_2(max(int(n), 1))))
 
 
-def block_sizes(op: str, *, dim: int | None = None, d_in: int | None = None,
-                d_out: int | None = None) -> dict:
+def block_sizes(op: str, *, dim: int | None = None, d_in: int | None = None, d_out: int | None = None) -> dict:
     """The interpreter's tile configuration of one launch (no autotuning there).
 
     ``accumulate``: a tile is ``BLOCK_N`` rows times the whole embedding
@@ -135,8 +133,7 @@ def block_sizes(op: str, *, dim: int | None = None, d_in: int | None = None,
             raise ValueError(f"block_sizes: {op} needs d_in and d_out")
         block_k = _pow2_between(d_in, 16, 32)
         block_j = _pow2_between(max(d_in, d_out), 16, 64)
-        return {"BLOCK_N": 64, "BLOCK_J": block_j, "BLOCK_K": block_k, "num_warps": 4,
-                "num_stages": 1}
+        return {"BLOCK_N": 64, "BLOCK_J": block_j, "BLOCK_K": block_k, "num_warps": 4, "num_stages": 1}
     raise ValueError(f"block_sizes: unknown op {op!r}")
 
 
@@ -183,8 +180,9 @@ def head_operand_class(dtype: torch.dtype, precision: str) -> str:
     return "tf32" if precision == "tf32" else "fma"
 
 
-def head_configs(*, d_in: int, d_out: int, dtype: torch.dtype = torch.float32,
-                 precision: str = "ieee", for_gpu: bool | None = None) -> list[dict]:
+def head_configs(
+    *, d_in: int, d_out: int, dtype: torch.dtype = torch.float32, precision: str = "ieee", for_gpu: bool | None = None
+) -> list[dict]:
     """Candidate tile configurations of the head kernel for one launch.
 
     In the interpreter: the heuristic of :func:`block_sizes`. On a GPU: the
@@ -234,14 +232,14 @@ def accumulate_configs(*, dim: int, branch: str = "u", for_gpu: bool | None = No
 class KernelLaunch:
     """Everything one kernel launch needs, short of running it."""
 
-    name: str                          # the launcher's name
-    kernel: Any                        # the @triton.jit function
-    grid: Callable[[dict], tuple]      # from the meta-parameters of the chosen config
-    args: tuple                        # runtime arguments, in the kernel's order
-    meta: dict                         # fixed constexprs (flags, precision)
-    configs: list                      # candidate tile configurations (block sizes, warps, stages)
-    key: tuple = ()                    # autotuning key: dimension argument names
-    restore: tuple = ()                # arguments the kernel updates in place
+    name: str  # the launcher's name
+    kernel: Any  # the @triton.jit function
+    grid: Callable[[dict], tuple]  # from the meta-parameters of the chosen config
+    args: tuple  # runtime arguments, in the kernel's order
+    meta: dict  # fixed constexprs (flags, precision)
+    configs: list  # candidate tile configurations (block sizes, warps, stages)
+    key: tuple = ()  # autotuning key: dimension argument names
+    restore: tuple = ()  # arguments the kernel updates in place
     extra: dict = field(default_factory=dict)  # what the report should know (dtypes, shapes)
 
 
@@ -264,8 +262,9 @@ def _tuner(spec: KernelLaunch):
             warps, stages = c.pop("num_warps"), c.pop("num_stages")
             tconfigs.append(triton.Config(c, num_warps=warps, num_stages=stages))
         key = list(spec.key) + sorted(spec.meta)
-        _TUNERS[cache_key] = triton.autotune(configs=tconfigs, key=key,
-                                             restore_value=list(spec.restore) or None)(spec.kernel)
+        _TUNERS[cache_key] = triton.autotune(configs=tconfigs, key=key, restore_value=list(spec.restore) or None)(
+            spec.kernel
+        )
     return _TUNERS[cache_key]
 
 
@@ -283,8 +282,7 @@ def launch(spec: KernelLaunch) -> None:
     tuner[spec.grid](*spec.args, **spec.meta)
     best = getattr(tuner, "best_config", None)
     if best is not None:
-        _LAST_CONFIG[spec.name] = dict(best.kwargs, num_warps=best.num_warps,
-                                       num_stages=best.num_stages)
+        _LAST_CONFIG[spec.name] = dict(best.kwargs, num_warps=best.num_warps, num_stages=best.num_stages)
 
 
 @contextlib.contextmanager

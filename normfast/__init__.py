@@ -21,6 +21,7 @@ Layers (each a sub-package; imports flow one way, checked by the tests):
 :mod:`normfast.core` <- :mod:`normfast.engine` <- :mod:`normfast.apps` <- :mod:`normfast.cli`,
 with :mod:`normfast.data` and :mod:`normfast.encoders` used by the engine and the apps.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -37,7 +38,7 @@ _LAZY = {
     "Encoder": "normfast.encoders",
     "ModuleEncoder": "normfast.encoders",
     "PairSource": "normfast.data.pairs",
-    "virtual_batches": "normfast.data.pairs",
+    "virtual_batches": "normfast.data.batches",
     "Objective": "normfast.engine.directions.objectives",
     "check_scale_invariance": "normfast.engine.directions.objectives",
     "InfoNCE": "normfast.engine.directions.objectives",

@@ -1,4 +1,5 @@
 """``python -m normfast`` (also what ``torchrun -m normfast`` runs)."""
+
 from normfast.cli import main
 
 if __name__ == "__main__":

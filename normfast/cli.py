@@ -6,6 +6,7 @@ per command, the module that defines ``add_arguments(parser)`` and
 Only the chosen command's module is imported, so ``normfast --help`` and
 ``normfast --version`` stay fast.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,17 +20,20 @@ from normfast import __version__
 
 # command -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "solve": ("normfast.apps.solve",
-              "solve the equilibrium quartic for rows of coefficients (.npy/.csv)"),
+    "solve": ("normfast.apps.solve", "solve the equilibrium quartic for rows of coefficients (.npy/.csv)"),
     "probe": ("normfast.apps.probe_command", "probe a model: drift, heat, damping and R_eq per input or token"),
     "demo": ("normfast.apps.demo", "offline demo: token-level probe of the real all-MiniLM-L6-v2 on common words"),
     "throughput": ("normfast.apps.throughput", "throughput suite: head/jvp modes against per-sample-gradient tools"),
     "report": ("normfast.apps.report", "summarize a probe run (.parquet) and draw its figures"),
-    "aggregate": ("normfast.apps.aggregate",
-                  "per-type statistics of a token-level run: by vocabulary entry or by whole word"),
+    "aggregate": (
+        "normfast.apps.aggregate",
+        "per-type statistics of a token-level run: by vocabulary entry or by whole word",
+    ),
     "view": ("normfast.apps.view", "one self-contained HTML page of a run: text colored by heat, type tables, figures"),
-    "retrieval": ("normfast.apps.retrieval.command",
-                  "norm-discounted retrieval: alpha sweep with baselines on a BEIR collection"),
+    "retrieval": (
+        "normfast.apps.retrieval.command",
+        "norm-discounted retrieval: alpha sweep with baselines on a BEIR collection",
+    ),
 }
 
 DESCRIPTION = """\
@@ -60,8 +64,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name, help=summary, add_help=False)
             continue
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=summary, description=getattr(module, f"{name}_description", summary),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=summary,
+            description=getattr(module, f"{name}_description", summary),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         getattr(module, f"{name}_arguments")(p)
         p.set_defaults(_main=getattr(module, f"{name}_main"))
     return parser
@@ -106,8 +114,9 @@ def describe_os_error(exc: OSError, command: str | None = None) -> str:
     number = exc.errno
     if number is None:  # pyarrow's I/O errors carry the errno in their text only
         text = str(exc)
-        number = next((n for n in _OS_FIXES if f"errno {n}]" in text.lower() or
-                       os.strerror(n).lower() in text.lower()), None)
+        number = next(
+            (n for n in _OS_FIXES if f"errno {n}]" in text.lower() or os.strerror(n).lower() in text.lower()), None
+        )
     what = exc.strerror or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     where = f": {exc.filename}" if exc.filename else ""
     if exc.filename2:

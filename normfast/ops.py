@@ -28,6 +28,7 @@ se_Q`` and ``loo`` from the grouped estimators), plus
 ``valid`` (bool ``[N]``), ``reason`` (int8 ``[N]``, codes into
 :data:`REASONS`) and ``M``. Invalid rows hold NaN; no row is ever dropped.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -36,8 +37,8 @@ from typing import Any
 from normfast.engine.estimators.accumulator import ProbeAccumulator
 from normfast.engine.estimators.drift import drift_from_groups
 from normfast.engine.estimators.grouped import GroupedAccumulator
-from normfast.engine.transmission.head import HeadDirections, head_flops, head_stats, prepare_head
 from normfast.engine.estimators.statkeys import REASONS, STAT_KEYS, UNCERTAINTY_KEYS, stat_names
+from normfast.engine.transmission.head import HeadDirections, head_flops, head_stats, prepare_head
 
 __all__ = [
     "REASONS",
@@ -51,9 +52,9 @@ __all__ = [
     "head_flops",
     "drift_from_groups",
     "stat_names",
-    "solve_quartic",
-    "equilibrium_coefficients",
-    "equilibrium_norm",
+    "solve_quartic",  # noqa: F822 -- these three are imported on first use (__getattr__ below)
+    "equilibrium_coefficients",  # noqa: F822
+    "equilibrium_norm",  # noqa: F822
 ]
 
 _EQUILIBRIUM = ("solve_quartic", "equilibrium_coefficients", "equilibrium_norm")

@@ -7,6 +7,7 @@ change that breaks one raises the version and says so in the docs (API, "Stable 
 Everything else inside normfast may move without notice. ``tests/test_layout.py`` holds ``bench/``
 to this list.
 """
+
 from __future__ import annotations
 
 #: the version of this list and of the ``__all__`` of every module in it
@@ -49,5 +50,5 @@ MODULES: dict[str, str] = {
     "normfast.kernels.head_stack": "the stacked head products' launcher and operands",
     "normfast.apps.retrieval": "norm-discounted retrieval: score, sweep, export",
     "normfast.apps.throughput": "the probe-throughput suite (normfast throughput)",
-    "normfast.apps.throughput.head": "head mode against per-sample-gradient pipelines, with its GEMM floor",
+    "normfast.apps.throughput.floor": "head mode's forms and the GEMM floor each is measured against",
 }

@@ -1,4 +1,5 @@
 """The test suite: one sub-package per layer of the source tree (tests/engine/<stage>, tests/core, ...)."""
+
 from pathlib import Path
 
 #: the repository root

@@ -1,6 +1,7 @@
 """Checks shared by the encoder adapter tests (test_encoders, test_mpnet): stage bookkeeping,
 staged forwards against the full forward, tail JVPs against central differences, and tangents
 batched with vmap against a loop over them."""
+
 from __future__ import annotations
 
 import torch
@@ -70,8 +71,7 @@ def check_vmap_over_tangents(enc: Encoder, state: dict, k: int, *, rtol: float, 
     batched = {n: torch.randn((3, *p.shape), generator=g) for n, p in params.items()}
 
     def push(t):
-        return jvp(lambda p: functional_call(enc, p, (front,), {"start": k, "output": "tokens"}),
-                   (params,), (t,))[1]
+        return jvp(lambda p: functional_call(enc, p, (front,), {"start": k, "output": "tokens"}), (params,), (t,))[1]
 
     with forward_ad_safe():
         together = vmap(push)(batched)

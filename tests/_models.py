@@ -1,4 +1,5 @@
 """Tiny models shared by the test modules (random weights, built offline)."""
+
 from __future__ import annotations
 
 import torch
@@ -8,9 +9,14 @@ def tiny_bert(tokenizer, seed: int = 0, eager: bool = True, layers: int = 2):
     """A 2-layer BERT with MiniLM's vocabulary (so the real tokenizer works with it)."""
     import transformers
 
-    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
-                                  intermediate_size=37, vocab_size=tokenizer.vocab_size,
-                                  max_position_embeddings=64)
+    cfg = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=37,
+        vocab_size=tokenizer.vocab_size,
+        max_position_embeddings=64,
+    )
     if eager:
         cfg._attn_implementation = "eager"
     torch.manual_seed(seed)

@@ -5,6 +5,7 @@ variable must be set before triton is first imported, hence here, at the very
 top of the first module pytest loads. To compile for real on a GPU run
 ``TRITON_INTERPRET=0 python -m pytest``.
 """
+
 import contextlib
 import gc
 import io
@@ -57,23 +58,43 @@ REQUIRE_DATA = os.environ.get("NORMFAST_REQUIRE_DATA", "") not in ("", "0")
 #: unit -> node-id prefixes of its tests, slowest first (the order they are handed out in); a unit
 #: of one test only moves that test to the front
 WORK_UNITS: dict[str, tuple[str, ...]] = {
-    "e2": ("tests/experiments/test_e2.py::", "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e2_quick]"),
-    "gpu_check": ("tests/experiments/test_gpu_check.py::test_dry_run", "tests/experiments/test_gpu_check.py::test_tests_stage",
-                  "tests/experiments/test_gpu_check.py::test_ceilings", "tests/experiments/test_gpu_check.py::test_e2e",
-                  "tests/experiments/test_gpu_check.py::test_a_hung_and_a_failing_stage"),
+    "e2": (
+        "tests/experiments/test_e2.py::",
+        "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e2_quick]",
+    ),
+    "gpu_check": (
+        "tests/experiments/test_gpu_check.py::test_dry_run",
+        "tests/experiments/test_gpu_check.py::test_tests_stage",
+        "tests/experiments/test_gpu_check.py::test_ceilings",
+        "tests/experiments/test_gpu_check.py::test_e2e",
+        "tests/experiments/test_gpu_check.py::test_a_hung_and_a_failing_stage",
+    ),
     # the tests that start gloo ranks or forked CLI runs: one fork server (tests/engine/runner/test_distributed.py) for
     # all of them (the fault suite's module fixture, its reference run, is built once there too)
-    "gloo_ranks": ("tests/engine/runner/test_distributed.py::test_sharded_runs", "tests/engine/runner/test_distributed.py::test_killed_rank",
-                   "tests/data/test_corpus.py::test_corpus_run_shards_over_ranks", "tests/faults/test_runs.py::"),
-    "e5": ("tests/experiments/test_e5.py::", "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e5_quick]"),
-    "demo": ("tests/apps/test_outputs.py::test_demo_",
-             "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[demo_run]"),
-    "bench": ("tests/apps/test_throughput.py::",
-              "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[bench_quick]"),
+    "gloo_ranks": (
+        "tests/engine/runner/test_distributed.py::test_sharded_runs",
+        "tests/engine/runner/test_distributed.py::test_killed_rank",
+        "tests/data/test_corpus.py::test_corpus_run_shards_over_ranks",
+        "tests/faults/test_runs.py::",
+    ),
+    "e5": (
+        "tests/experiments/test_e5.py::",
+        "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e5_quick]",
+    ),
+    "demo": (
+        "tests/apps/test_outputs.py::test_demo_",
+        "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[demo_run]",
+    ),
+    "bench": (
+        "tests/apps/test_throughput.py::",
+        "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[bench_quick]",
+    ),
     # the WordNet tests share the e4 run's WordNet reader (its synsets parsed once, not on two workers)
-    "e4": ("tests/experiments/test_e3_e4.py::test_e4_",
-           "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e4_quick]",
-           "tests/data/test_datasets.py::"),
+    "e4": (
+        "tests/experiments/test_e3_e4.py::test_e4_",
+        "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e4_quick]",
+        "tests/data/test_datasets.py::",
+    ),
     "e1": ("tests/experiments/test_harness.py::test_e1_quick",),
     "validate": ("tests/experiments/test_e1.py::",),
     # the harness's quick runs that start processes or load MiniLM (tests/experiments/test_harness.py): handed out early
@@ -81,19 +102,30 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
     "kernel_resources_quick": ("tests/experiments/test_harness.py::test_kernel_resources_quick",),
     "kernel_resources": ("tests/kernels/test_resources.py::",),
     # adaptive M loads MiniLM as E3 does: on the same worker, transformers is imported once
-    "e3": ("tests/experiments/test_e3_e4.py::test_e3_",
-           "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e3_quick]",
-           "tests/experiments/test_harness.py::test_adaptive_m_quick"),
-    "cli": ("tests/apps/test_outputs.py::test_cli_quick_paths",
-            "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[cli_runs]"),
+    "e3": (
+        "tests/experiments/test_e3_e4.py::test_e3_",
+        "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e3_quick]",
+        "tests/experiments/test_harness.py::test_adaptive_m_quick",
+    ),
+    "cli": (
+        "tests/apps/test_outputs.py::test_cli_quick_paths",
+        "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[cli_runs]",
+    ),
     "finetune_resume": ("tests/experiments/test_training.py::test_an_interrupted_run_resumes",),
     # module fixtures of small real runs (and one browser) shared by every test of the module
     "view": ("tests/engine/report/test_view.py::",),
     "parquet_readers": ("tests/data/test_parquet_readers.py::",),
 }
 #: quick-run fixture -> the unit of every test that reads it (checked at collection)
-QUICK_RUN_UNITS = {"e2_quick": "e2", "e3_quick": "e3", "e4_quick": "e4", "e5_quick": "e5",
-                   "bench_quick": "bench", "demo_run": "demo", "cli_runs": "cli"}
+QUICK_RUN_UNITS = {
+    "e2_quick": "e2",
+    "e3_quick": "e3",
+    "e4_quick": "e4",
+    "e5_quick": "e5",
+    "bench_quick": "bench",
+    "demo_run": "demo",
+    "cli_runs": "cli",
+}
 _UNIT_ORDER = {name: i for i, name in enumerate(WORK_UNITS)}
 
 
@@ -195,8 +227,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _git(cwd: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
 
 
@@ -271,8 +308,10 @@ def run_cli(copy: Path, *args: str) -> str:
 #: fixtures below run exactly these
 QUICK_COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "e1": (["--quick", "--steps", "1000", "--ledger", "--variants", "mlp,table"], ("equilibrium.json", "ledger.json")),
-    "e1_drift": (["--quick", "--variants", "mlp", "--groups", "2", "--group-batches", "4", "--last", "3",
-                  "--steps", "400"], ("e1_drift.json",)),
+    "e1_drift": (
+        ["--quick", "--variants", "mlp", "--groups", "2", "--group-batches", "4", "--last", "3", "--steps", "400"],
+        ("e1_drift.json",),
+    ),
     "e2": (["--quick", "--protocol", "B", "--seed", "3", "--threads", "1"], ("e2_real_encoder_B.json",)),
     "e3": (["--quick", "--seed", "3"], ("e3_token_norms.json",)),
     "e4": (["--quick", "--seed", "2"], ("e4_retrieval.json",)),
@@ -295,7 +334,8 @@ def assert_reproduces(name: str, out: Path) -> None:
         got = json.loads((out / file).read_text())
         assert comparable(got) == comparable(committed), (
             f"{out / file} differs from bench/results/{name}/quick/{file}: rerun python -m bench run {name} "
-            f"{' '.join(QUICK_COMMANDS[name][0])} --out bench/results/{name}/quick if the change is meant")
+            f"{' '.join(QUICK_COMMANDS[name][0])} --out bench/results/{name}/quick if the change is meant"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -351,9 +391,28 @@ def demo_run(repo_copies) -> tuple[subprocess.CompletedProcess, Path]:
     M_D = 16 (60 words, M = 4, M_D = 4 batches of 16 pairs): the tests read its output's form."""
     copy = repo_copies("demo_run")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    done = subprocess.run([sys.executable, "-m", "normfast", "demo", "--quick", "--words", "60", "--batches", "4",
-                           "--drift-batches", "4", "--batch-size", "16"],
-                          cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "normfast",
+            "demo",
+            "--quick",
+            "--words",
+            "60",
+            "--batches",
+            "4",
+            "--drift-batches",
+            "4",
+            "--batch-size",
+            "16",
+        ],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return done, copy / "runs" / "demo"
 
 

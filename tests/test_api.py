@@ -2,6 +2,7 @@
 a user's collate never skipped, nn.Sequential split into stages with its head, the objective's
 settings in the summary and metadata, to_pandas without pandas, and a resume that survives a
 truncated chunk and names what changed."""
+
 from __future__ import annotations
 
 import sys
@@ -14,15 +15,18 @@ import torch
 from torch import nn
 
 import normfast
-from normfast.data import pairs as pairs_module
+from normfast.data import batches as batches_module
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _data(n_items=9, n_pairs=24, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n_items, 6, generator=g), torch.randn(n_pairs, 6, generator=g),
-            torch.randn(n_pairs, 6, generator=g))
+    return (
+        torch.randn(n_items, 6, generator=g),
+        torch.randn(n_pairs, 6, generator=g),
+        torch.randn(n_pairs, 6, generator=g),
+    )
 
 
 def _net(seed=0) -> nn.Sequential:
@@ -55,8 +59,9 @@ def test_batch_indices_replace_the_draw(monkeypatch):
     per_batch = dict(batches=5, batch_size=4, drift_batches=None)  # the M heat batches give the drift too
     explicit = _probe(enc, items, src, config(**per_batch, batch_indices=BATCHES))
     # the same batches through the old route (patching the draw) give the same table
-    monkeypatch.setattr(pairs_module, "virtual_batches",
-                        lambda n, M, B, seed=0: [np.array(b, dtype=np.int64) for b in BATCHES])
+    monkeypatch.setattr(
+        batches_module, "virtual_batches", lambda n, M, B, seed=0: [np.array(b, dtype=np.int64) for b in BATCHES]
+    )
     patched = _probe(enc, items, src, config(**per_batch))
     assert explicit.table.drop(["reason"]).equals(patched.table.drop(["reason"]))
     monkeypatch.undo()
@@ -79,8 +84,9 @@ def test_batch_indices_with_separate_drift_batches(monkeypatch):
     eight = [sorted(rng.choice(24, 4, replace=False).tolist()) for _ in range(8)]
     layout = dict(batches=3, drift_batches=8, groups=4, batch_size=4)
     explicit = _probe(enc, items, src, config(**layout, batch_indices=eight))
-    monkeypatch.setattr(pairs_module, "virtual_batches",
-                        lambda n, M, B, seed=0: [np.array(b, dtype=np.int64) for b in eight[:M]])
+    monkeypatch.setattr(
+        batches_module, "virtual_batches", lambda n, M, B, seed=0: [np.array(b, dtype=np.int64) for b in eight[:M]]
+    )
     patched = _probe(enc, items, src, config(**layout))
     for col in ("D", "se_D", "V2", "m2", "kappa", "r_eq"):
         np.testing.assert_array_equal(explicit.column(col), patched.column(col), err_msg=col)
@@ -91,22 +97,45 @@ def test_batch_indices_with_separate_drift_batches(monkeypatch):
     assert not np.allclose(moved.column("D"), explicit.column("D"))
 
 
-@pytest.mark.parametrize("batches, kw, error, match", [
-    (BATCHES, {"batches": 4, "drift_batches": None}, ValueError, r"holds 5 batches but batches=4; pass batches=5"),
-    (BATCHES, {"batches": 5, "drift_batches": 16}, ValueError,
-     r"holds 5 batches but the drift comes from drift_batches=16 batches \(the first batches=5 of them are also "
-     r"the heat's\): pass 16 batches, or drift_batches=None for the per-batch drift of the 5 heat batches"),
-    (BATCHES, {"batches": 2, "drift_batches": 16, "groups": 4}, ValueError,
-     r"pass 16 batches, or drift_batches=5 to take the drift from these 5$"),
-    (BATCHES[:4] + [[1, 2, 3]], {"batches": 5, "drift_batches": None}, ValueError,
-     r"batch_indices\[4\] has 3 indices but batch_size=4"),
-    (BATCHES[:4] + [[1, 2, 2, 3]], {"batches": 5, "drift_batches": None}, ValueError,
-     r"batch_indices\[4\] repeats index 2"),
-    (BATCHES[:4] + [[0.0, 1, 2, 3]], {"batches": 5, "drift_batches": None}, TypeError,
-     r"batch_indices\[4\] to be a 1-D sequence of integer"),
-    ([[0, 1, 2, 3]], {"batches": 2, "drift_batches": None}, ValueError, r"at least 2 batches"),
-    ("0123", {"batches": 2, "drift_batches": None}, TypeError, r"sequence of batches"),
-])
+@pytest.mark.parametrize(
+    "batches, kw, error, match",
+    [
+        (BATCHES, {"batches": 4, "drift_batches": None}, ValueError, r"holds 5 batches but batches=4; pass batches=5"),
+        (
+            BATCHES,
+            {"batches": 5, "drift_batches": 16},
+            ValueError,
+            r"holds 5 batches but the drift comes from drift_batches=16 batches \(the first batches=5 of them are also "
+            r"the heat's\): pass 16 batches, or drift_batches=None for the per-batch drift of the 5 heat batches",
+        ),
+        (
+            BATCHES,
+            {"batches": 2, "drift_batches": 16, "groups": 4},
+            ValueError,
+            r"pass 16 batches, or drift_batches=5 to take the drift from these 5$",
+        ),
+        (
+            BATCHES[:4] + [[1, 2, 3]],
+            {"batches": 5, "drift_batches": None},
+            ValueError,
+            r"batch_indices\[4\] has 3 indices but batch_size=4",
+        ),
+        (
+            BATCHES[:4] + [[1, 2, 2, 3]],
+            {"batches": 5, "drift_batches": None},
+            ValueError,
+            r"batch_indices\[4\] repeats index 2",
+        ),
+        (
+            BATCHES[:4] + [[0.0, 1, 2, 3]],
+            {"batches": 5, "drift_batches": None},
+            TypeError,
+            r"batch_indices\[4\] to be a 1-D sequence of integer",
+        ),
+        ([[0, 1, 2, 3]], {"batches": 2, "drift_batches": None}, ValueError, r"at least 2 batches"),
+        ("0123", {"batches": 2, "drift_batches": None}, TypeError, r"sequence of batches"),
+    ],
+)
 def test_batch_indices_are_validated(batches, kw, error, match):
     with pytest.raises(error, match=match):
         normfast.ProbeConfig(batch_size=4, batch_indices=batches, **kw).validate()
@@ -122,6 +151,7 @@ def test_batch_indices_out_of_the_pair_source_are_refused():
 
 # ---------------------------------------------------------------------------
 # pair sources
+
 
 def test_tensor_source_matches_the_list_source():
     items, a, p = _data()
@@ -144,8 +174,13 @@ def test_tensor_source_labels_and_items():
     assert src.kind == "labels" and src.classes == ["a", "b", "c"]
     x, y = src.batch(np.array([0, 1, 2]))
     assert isinstance(x, torch.Tensor) and x.shape == (3, 6) and y.tolist() == [1, 0, 1]
-    res = _probe(normfast.ModuleEncoder(_net()), torch.from_numpy(a[:3]), src,
-                 config(batches=3, batch_size=6), objective="supcon")
+    res = _probe(
+        normfast.ModuleEncoder(_net()),
+        torch.from_numpy(a[:3]),
+        src,
+        config(batches=3, batch_size=6),
+        objective="supcon",
+    )
     assert res.column("valid").all()
     items = normfast.PairSource.from_tensors(torch.arange(5.0)[:, None])
     assert items.kind == "items" and items.batch([4, 0]).tolist() == [[4.0], [0.0]]
@@ -225,6 +260,7 @@ def test_module_encoder_applies_its_collate_to_tensor_items():
 # ---------------------------------------------------------------------------
 # nn.Sequential and heads
 
+
 def test_sequential_is_split_and_its_last_linear_is_the_head():
     enc = normfast.ModuleEncoder(_net())
     assert enc.n_stages == 3 and [n for n, _ in enc.stages] == ["blocks.0.0", "blocks.0.1", "blocks.0.2"]
@@ -234,13 +270,18 @@ def test_sequential_is_split_and_its_last_linear_is_the_head():
     cfg = config(params="head", batches=4, batch_size=6)
     res = _probe(enc, items, normfast.PairSource.from_tensors(a, p), cfg)
     assert res.metadata["mode"] == "head"
-    assert res.metadata["encoder_note"] == ("nn.Sequential split into 3 stages; head = blocks.0.2 "
-                                            "(its last module, an nn.Linear)")
+    assert res.metadata["encoder_note"] == (
+        "nn.Sequential split into 3 stages; head = blocks.0.2 (its last module, an nn.Linear)"
+    )
     assert "encoder: nn.Sequential split into 3 stages; head = blocks.0.2" in res.format_summary()
     # the same numbers as the explicit list of stages, in jvp mode
     as_list = normfast.ModuleEncoder(list(_net()))
-    jvp = _probe(as_list, items, normfast.PairSource.from_tensors(a, p),
-                 config(params=r"blocks\.2\.", mode="jvp", batches=4, batch_size=6))
+    jvp = _probe(
+        as_list,
+        items,
+        normfast.PairSource.from_tensors(a, p),
+        config(params=r"blocks\.2\.", mode="jvp", batches=4, batch_size=6),
+    )
     np.testing.assert_allclose(res.column("V2"), jvp.column("V2"), rtol=1e-5)
     assert jvp.metadata["encoder_note"] is None
     # load_encoder wraps a Sequential the same way
@@ -259,13 +300,14 @@ class _Opaque(nn.Module):
 def test_without_a_visible_head_the_error_says_what_to_pass():
     items, a, p = _data()
     src = normfast.PairSource.from_tensors(a, p)
-    with pytest.raises(ValueError, match=r"pass its stages as a list that ends with the final nn.Linear, "
-                                          r"e.g. ModuleEncoder\(\[model.body, model.proj\]\)"):
-        _probe(normfast.ModuleEncoder(_Opaque()), items, src, config(params="head", batches=2,
-                                                                                  batch_size=4))
+    with pytest.raises(
+        ValueError,
+        match=r"pass its stages as a list that ends with the final nn.Linear, "
+        r"e.g. ModuleEncoder\(\[model.body, model.proj\]\)",
+    ):
+        _probe(normfast.ModuleEncoder(_Opaque()), items, src, config(params="head", batches=2, batch_size=4))
     with pytest.raises(ValueError, match=r"has no head: .*opaque stage"):
-        _probe(normfast.ModuleEncoder(_Opaque()), items, src, config(mode="head", batches=2,
-                                                                                  batch_size=4))
+        _probe(normfast.ModuleEncoder(_Opaque()), items, src, config(mode="head", batches=2, batch_size=4))
     relu_last = normfast.ModuleEncoder(nn.Sequential(nn.Linear(6, 5), nn.ReLU()))
     assert relu_last.head() is None and "its last module is ReLU" in relu_last.note
     with pytest.raises(ValueError, match=r"the last stage \(blocks.0.1\) is ReLU, not an nn.Linear"):
@@ -274,6 +316,7 @@ def test_without_a_visible_head_the_error_says_what_to_pass():
 
 # ---------------------------------------------------------------------------
 # objective settings, CLI flags, pandas
+
 
 def test_objective_settings_in_metadata_and_summary():
     items, a, p = _data()
@@ -294,11 +337,38 @@ def test_cli_symmetric_and_temperature(tmp_path, tiny_bert_folder, capsys):
     words = tmp_path / "words.txt"
     words.write_text("apple\nriver\nthe\nblue\n")
     pairs = tmp_path / "pairs.tsv"
-    pairs.write_text("".join(f"{a}\t{b}\n" for a, b in [("cat", "feline"), ("dog", "canine"), ("sun", "star"),
-                                                         ("car", "vehicle"), ("tree", "plant"), ("sea", "ocean")]))
-    common = ["probe", str(tiny_bert_folder), "--probes", str(words), "--pairs", str(pairs), "--objective", "infonce",
-              "--batches", "3", "--drift-batches", "8", "--batch-size", "4", "--no-progress",
-              "--params", r"encoder\.layer\.1\."]
+    pairs.write_text(
+        "".join(
+            f"{a}\t{b}\n"
+            for a, b in [
+                ("cat", "feline"),
+                ("dog", "canine"),
+                ("sun", "star"),
+                ("car", "vehicle"),
+                ("tree", "plant"),
+                ("sea", "ocean"),
+            ]
+        )
+    )
+    common = [
+        "probe",
+        str(tiny_bert_folder),
+        "--probes",
+        str(words),
+        "--pairs",
+        str(pairs),
+        "--objective",
+        "infonce",
+        "--batches",
+        "3",
+        "--drift-batches",
+        "8",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        "--params",
+        r"encoder\.layer\.1\.",
+    ]
     assert main([*common, "--temperature", "0.1", "--symmetric", "--tokens", "--out", str(tmp_path / "s.parquet")]) == 0
     out = capsys.readouterr().out
     assert "objective infonce (temperature=0.1, symmetric=True)" in out
@@ -330,6 +400,7 @@ def test_to_pandas_without_pandas_says_how_to_get_it(monkeypatch):
 # ---------------------------------------------------------------------------
 # numerical conditions are counted, not warned
 
+
 def test_kappa_nonpositive_is_counted_into_the_summary_not_warned():
     torch.manual_seed(3)
     lin = nn.Linear(6, 5)
@@ -347,8 +418,9 @@ def test_kappa_nonpositive_is_counted_into_the_summary_not_warned():
     n_nan = int(np.sum((kappa <= 0) & ~np.isfinite(res.column("r_eq"))))
     summary = res.format_summary()
     line = next(ln for ln in summary.splitlines() if ln.startswith("kappa <= 0"))
-    assert line.startswith(f"kappa <= 0 for {n_bad} of {len(kappa)} rows ({n_bad / len(kappa):.1%}): "
-                           f"no stable equilibrium there (")
+    assert line.startswith(
+        f"kappa <= 0 for {n_bad} of {len(kappa)} rows ({n_bad / len(kappa):.1%}): no stable equilibrium there ("
+    )
     if n_nan:
         assert f"R_eq is NaN for {n_nan}" in line
     if n_bad - n_nan:
@@ -358,6 +430,7 @@ def test_kappa_nonpositive_is_counted_into_the_summary_not_warned():
 
 # ---------------------------------------------------------------------------
 # resume
+
 
 def test_resume_recomputes_a_truncated_chunk(tmp_path):
     items, a, p = _data(n_items=11)
@@ -379,8 +452,11 @@ def test_resume_recomputes_a_truncated_chunk(tmp_path):
         writer.write_chunk(c, table.filter(pa_mask(table, lo, lo + 3)))
     chunk1 = writer.parts / "chunk-0000001.parquet"
     chunk1.write_bytes(chunk1.read_bytes()[:-40])  # a disk fault cut its footer
-    with pytest.warns(RuntimeWarning, match=r"1 chunk file\(s\) .* could not be read .*: chunk-0000001.parquet; "
-                                            r"computing them again"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"1 chunk file\(s\) .* could not be read .*: chunk-0000001.parquet; "
+        r"computing them again",
+    ):
         resumed = _probe(enc, items, src, cfg, out=tmp_path / "cut.parquet", resume=True)
     assert resumed.table.equals(full.table.replace_schema_metadata(resumed.table.schema.metadata))
     np.testing.assert_array_equal(resumed.column("V2"), full.column("V2"))
@@ -389,8 +465,11 @@ def test_resume_recomputes_a_truncated_chunk(tmp_path):
 def json_spec(out):
     """The spec a run at ``out`` was written with, rebuilt from its metadata (as probe() builds it)."""
     meta = normfast.read_metadata(out)
-    return {k: v for k, v in meta.items() if k not in ("versions", "device", "spec_fingerprint", "world_size",
-                                                        "seconds", "regime", "heat_reference")}  # outcomes, not arguments
+    return {
+        k: v
+        for k, v in meta.items()
+        if k not in ("versions", "device", "spec_fingerprint", "world_size", "seconds", "regime", "heat_reference")
+    }  # outcomes, not arguments
 
 
 def pa_mask(table, lo, hi):
@@ -400,12 +479,15 @@ def pa_mask(table, lo, hi):
     return pc.and_(pc.greater_equal(item, lo), pc.less(item, hi))
 
 
-@pytest.mark.parametrize("change, named", [
-    ({"lr": 0.01}, r"changed: config.lr 0.001 -> 0.01\."),
-    ({"items": "other"}, r"changed: the probe items \(probes\)\."),
-    ({"pairs": "other"}, r"changed: the virtual-batch source \(pairs\)\."),
-    ({"objective": "temperature"}, r"changed: objective_settings.temperature 0.05 -> 0.2\."),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"lr": 0.01}, r"changed: config.lr 0.001 -> 0.01\."),
+        ({"items": "other"}, r"changed: the probe items \(probes\)\."),
+        ({"pairs": "other"}, r"changed: the virtual-batch source \(pairs\)\."),
+        ({"objective": "temperature"}, r"changed: objective_settings.temperature 0.05 -> 0.2\."),
+    ],
+)
 def test_a_refused_resume_names_what_changed(tmp_path, change, named):
     items, a, p = _data(n_items=7)
     src = normfast.PairSource.from_tensors(a, p)
@@ -426,11 +508,13 @@ def test_a_refused_resume_names_what_changed(tmp_path, change, named):
         if where == "unfinished":  # an interrupted run's work folder holds the same spec
             (tmp_path / "run.parquet.parts").mkdir()
             (tmp_path / "run.parquet.parts" / "run.json").write_text(
-                __import__("json").dumps({"key": "old", "spec": json_spec(out)}))
+                __import__("json").dumps({"key": "old", "spec": json_spec(out)})
+            )
             out.unlink()
         with pytest.raises(ValueError, match=named):
-            _probe(kw["encoder"], kw["items"], kw["pairs"], kw["config"], objective=kw["objective"], out=out,
-                   resume=True)
+            _probe(
+                kw["encoder"], kw["items"], kw["pairs"], kw["config"], objective=kw["objective"], out=out, resume=True
+            )
 
 
 def test_every_sub_package_is_listed_in_setup_py():
@@ -443,7 +527,9 @@ def test_every_sub_package_is_listed_in_setup_py():
     tree = ast.parse((root / "setup.py").read_text())
     call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
     listed = set(ast.literal_eval(next(k.value for k in call.keywords if k.arg == "packages")))
-    on_disk = {".".join(("normfast", *p.parent.relative_to(root / "normfast").parts)).rstrip(".")
-               for p in (root / "normfast").rglob("__init__.py")}
+    on_disk = {
+        ".".join(("normfast", *p.parent.relative_to(root / "normfast").parts)).rstrip(".")
+        for p in (root / "normfast").rglob("__init__.py")
+    }
     on_disk.add("normfast.kernels")
     assert on_disk <= listed, f"add to setup.py packages: {sorted(on_disk - listed)}"

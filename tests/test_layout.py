@@ -7,6 +7,7 @@ counts, including the lazy ones inside functions (a lazy import still ties the t
 together). Inside the engine the tree follows the pipeline (one sub-package per stage, each
 declaring ``__all__``), and no module imports another's private name.
 """
+
 from __future__ import annotations
 
 import ast
@@ -141,8 +142,11 @@ def test_no_private_name_is_imported_across_modules():
     for module, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("normfast")):
-                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {a.name} from {node.module}" for a in node.names
-                        if a.name.startswith("_") and not a.name.startswith("__") and a.name != "_quartic"]
+                bad += [
+                    f"{path.relative_to(ROOT)}:{node.lineno}: {a.name} from {node.module}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__") and a.name != "_quartic"
+                ]
     assert not bad, "private names imported across modules:\n" + "\n".join(bad)
 
 
@@ -171,8 +175,11 @@ def test_each_stage_declares_what_it_offers(stage):
 
 def test_the_monitor_lives_in_one_package():
     """Every module that is the training monitor's sits in normfast/engine/monitor/."""
-    elsewhere = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
-                 if "monitor" in p.stem and ENGINE / "monitor" not in p.parents]
+    elsewhere = [
+        str(p.relative_to(ROOT))
+        for p in PACKAGE.rglob("*.py")
+        if "monitor" in p.stem and ENGINE / "monitor" not in p.parents
+    ]
     assert not elsewhere, elsewhere
 
 
@@ -190,12 +197,11 @@ def test_no_module_over_the_size_limit():
 
 
 def test_public_names_are_the_sub_packages_objects():
+    import normfast
     from normfast.encoders import load_encoder
     from normfast.engine.config import ProbeConfig
-    from normfast.ops import ProbeAccumulator, head_stats
     from normfast.engine.probe import probe
-
-    import normfast
+    from normfast.ops import ProbeAccumulator, head_stats
 
     assert probe is normfast.probe and ProbeConfig is normfast.ProbeConfig
     assert load_encoder is normfast.load_encoder
@@ -241,11 +247,17 @@ def test_bench_imports_only_the_public_api_and_the_stable_entries():
     for path in sorted(BENCH.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "normfast":
-                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{a.name}" for a in node.names
-                        if not allowed(node.module, a.name)]
+                bad += [
+                    f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{a.name}"
+                    for a in node.names
+                    if not allowed(node.module, a.name)
+                ]
             elif isinstance(node, ast.Import):
-                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}" for a in node.names
-                        if a.name.split(".")[0] == "normfast" and not allowed(a.name, None)]
+                bad += [
+                    f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}"
+                    for a in node.names
+                    if a.name.split(".")[0] == "normfast" and not allowed(a.name, None)
+                ]
     assert not bad, "bench imports names outside the stable internals (normfast.stable):\n" + "\n".join(bad)
 
 

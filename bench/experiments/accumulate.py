@@ -20,6 +20,7 @@ side is timed (p20/p50/p80 of per-update time). Writes OUT/accumulate.json
 and prints a markdown table. Only the ratios measured in the same run are
 claims.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -97,9 +98,14 @@ class TorchOpsAccumulator:
         var_r = (self.sum_r2 - m * drift * drift) / (m - 1)
         zero = m - self.pos - self.neg
         agree = torch.where(drift > 0, self.pos, torch.where(drift < 0, self.neg, zero))
-        return {"D": drift, "se_D": torch.sqrt(var_r.clamp_min(0) / m),
-                "sign_stability": agree.float() / m, "m2": m2, "V2": v2, "Q": m2 + v2}
-
+        return {
+            "D": drift,
+            "se_D": torch.sqrt(var_r.clamp_min(0) / m),
+            "sign_stability": agree.float() / m,
+            "m2": m2,
+            "V2": v2,
+            "Q": m2 + v2,
+        }
 
 
 def sync(device):
@@ -127,8 +133,8 @@ def time_updates(make, t, z, updates, repeats, device):
 def run_case(n, d, k, dtype, device, updates, repeats, check_rows):
     import torch
 
-    from normfast.core.reference import brute_force_stats, stat_errors
     from normfast import ops
+    from normfast.core.reference import brute_force_stats, stat_errors
 
     g = torch.Generator().manual_seed(n * 31 + d)
     t = 0.3 * torch.randn(1, n, d, generator=g) + torch.randn(k, n, d, generator=g)
@@ -142,24 +148,30 @@ def run_case(n, d, k, dtype, device, updates, repeats, check_rows):
     fused = ops.ProbeAccumulator(n, d, device=device).update(t, z).update(t, z).finalize()
     plain = TorchOpsAccumulator(n, d, device).update(t, z).update(t, z).finalize()
     keys = ["D", "se_D", "m2", "V2", "Q"]
-    errors = {name: stat_errors({k_: res[k_][rows].cpu() for k_ in keys}, want, keys)
-              for name, res in (("normfast", fused), ("torch ops", plain))}
+    errors = {
+        name: stat_errors({k_: res[k_][rows].cpu() for k_ in keys}, want, keys)
+        for name, res in (("normfast", fused), ("torch ops", plain))
+    }
 
-    makers = {"normfast": lambda: ops.ProbeAccumulator(n, d, device=device),
-              "torch ops": lambda: TorchOpsAccumulator(n, d, device)}
-    times = {name: time_updates(make, t, z, updates, repeats, device)
-             for name, make in makers.items()}
+    makers = {
+        "normfast": lambda: ops.ProbeAccumulator(n, d, device=device),
+        "torch ops": lambda: TorchOpsAccumulator(n, d, device),
+    }
+    times = {name: time_updates(make, t, z, updates, repeats, device) for name, make in makers.items()}
     elem = t.element_size()
     # minimum traffic of one fused update: read t and z, read+write the fp32 mean,
     # ~10 per-row scalars
     bytes_moved = k * n * d * elem + n * d * elem + 2 * n * d * 4 + 10 * n * 8
-    out = {"n": n, "dim": d, "k": k, "dtype": str(dtype).replace("torch.", ""), "errors": errors,
-           "methods": {}}
+    out = {"n": n, "dim": d, "k": k, "dtype": str(dtype).replace("torch.", ""), "errors": errors, "methods": {}}
     for name, ts in times.items():
         q = np.percentile(ts, [20, 50, 80])
-        out["methods"][name] = {"p20_s": float(q[0]), "p50_s": float(q[1]), "p80_s": float(q[2]),
-                                "probe_directions_per_s": k * n / float(q[1]),
-                                "GB_per_s_min_traffic": bytes_moved / float(q[1]) / 1e9}
+        out["methods"][name] = {
+            "p20_s": float(q[0]),
+            "p50_s": float(q[1]),
+            "p80_s": float(q[2]),
+            "probe_directions_per_s": k * n / float(q[1]),
+            "GB_per_s_min_traffic": bytes_moved / float(q[1]) / 1e9,
+        }
     out["speedup"] = out["methods"]["torch ops"]["p50_s"] / out["methods"]["normfast"]["p50_s"]
     return out
 
@@ -173,34 +185,49 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     dtype = getattr(torch, config.dtype)
     sizes = config.n or ([1_000_000] if device.type == "cuda" else [20_000])
 
-    cases = [run_case(n, d, config.k, dtype, device, config.updates, config.repeats, config.check_rows)
-             for n, d in itertools.product(sizes, config.dim)]
-    env = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
-           "threads": torch.get_num_threads()}
+    cases = [
+        run_case(n, d, config.k, dtype, device, config.updates, config.repeats, config.check_rows)
+        for n, d in itertools.product(sizes, config.dim)
+    ]
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+    }
     if device.type == "cuda":
         import triton
+
         env.update(gpu=torch.cuda.get_device_name(device), triton=triton.__version__)
     else:
         env["cpu"] = cpu_model()
     return {
         "benchmark": "accumulate",
         "environment": env,
-        "path": ("fused Triton kernel vs torch ops" if device.type == "cuda" else
-                 "CPU: ProbeAccumulator's torch path (no Triton kernel on CPU) vs torch ops"),
+        "path": (
+            "fused Triton kernel vs torch ops"
+            if device.type == "cuda"
+            else "CPU: ProbeAccumulator's torch path (no Triton kernel on CPU) vs torch ops"
+        ),
         "cases": cases,
         "note": "ratios measured in the same run are the result, absolute times are not",
     }
 
 
 def tables(result: dict[str, Any]) -> dict[str, str]:
-    lines = [f"{result['path']}; {result['environment']}", "",
-             "| N | d | K | dtype | normfast ms | torch ops ms | speedup | normfast GB/s "
-             "| max err normfast | max err torch ops |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{result['path']}; {result['environment']}",
+        "",
+        "| N | d | K | dtype | normfast ms | torch ops ms | speedup | normfast GB/s "
+        "| max err normfast | max err torch ops |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in result["cases"]:
         nf, to = c["methods"]["normfast"], c["methods"]["torch ops"]
-        lines.append(f"| {c['n']} | {c['dim']} | {c['k']} | {c['dtype']} | {nf['p50_s'] * 1e3:.2f} | "
-                     f"{to['p50_s'] * 1e3:.2f} | {c['speedup']:.2f}x | {nf['GB_per_s_min_traffic']:.1f} | "
-                     f"{max(c['errors']['normfast'].values()):.1e} | "
-                     f"{max(c['errors']['torch ops'].values()):.1e} |")
+        lines.append(
+            f"| {c['n']} | {c['dim']} | {c['k']} | {c['dtype']} | {nf['p50_s'] * 1e3:.2f} | "
+            f"{to['p50_s'] * 1e3:.2f} | {c['speedup']:.2f}x | {nf['GB_per_s_min_traffic']:.1f} | "
+            f"{max(c['errors']['normfast'].values()):.1e} | "
+            f"{max(c['errors']['torch ops'].values()):.1e} |"
+        )
     return {"accumulate": "\n".join(lines)}

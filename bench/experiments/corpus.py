@@ -50,6 +50,7 @@ Protocol (fixed from a timing pilot before any result was computed):
 
 Writes ``corpus_job.json`` and ``corpus_job.png`` into ``--out``.
 """
+
 from __future__ import annotations
 
 import time
@@ -66,8 +67,10 @@ from bench.harness import Context
 RESULTS = ("corpus_job.json",)
 FIGURES = ("corpus_job.png",)
 TABLES = ("corpus",)
-MODELS = {"all-MiniLM-L6-v2": ("minilm", r"encoder\.layer\.5\."),
-          "all-mpnet-base-v2": ("mpnet", r"encoder\.layer\.11\.")}
+MODELS = {
+    "all-MiniLM-L6-v2": ("minilm", r"encoder\.layer\.5\."),
+    "all-mpnet-base-v2": ("mpnet", r"encoder\.layer\.11\."),
+}
 DOCUMENTS = {"all-MiniLM-L6-v2": 300, "all-mpnet-base-v2": 150}
 MIN_COUNT = 5
 MIN_COUNTS = (2, 5)
@@ -103,7 +106,7 @@ def forward_seconds(encoder: Any, windows: Sequence[Any]) -> tuple[float, float]
     w0, c0 = time.perf_counter(), time.process_time()
     with torch.no_grad():
         for lo in range(0, len(windows), CHUNK):
-            encoder(encoder.prepare(windows[lo:lo + CHUNK]), output="tokens")
+            encoder(encoder.prepare(windows[lo : lo + CHUNK]), output="tokens")
     return time.perf_counter() - w0, time.process_time() - c0
 
 
@@ -126,13 +129,19 @@ def frequency_correlations(table: Any, by: str, resamples: int, seed: int) -> di
     out: dict[str, Any] = {}
     for mc in MIN_COUNTS:
         keep = count >= mc
-        freq = paired_bootstrap({"heat": heat[keep], "norm": norm[keep]}, np.log(count[keep]),
-                                resamples=resamples, seed=seed + mc)
+        freq = paired_bootstrap(
+            {"heat": heat[keep], "norm": norm[keep]}, np.log(count[keep]), resamples=resamples, seed=seed + mc
+        )
         zk = keep & np.isfinite(zipf)
-        zres = paired_bootstrap({"heat": heat[zk], "norm": norm[zk]}, zipf[zk], resamples=resamples,
-                                seed=seed + 100 + mc)
-        out[f"min_count_{mc}"] = {"types": int(keep.sum()), "corpus_frequency": freq,
-                                  "zipf_types": int(zk.sum()), "zipf": zres}
+        zres = paired_bootstrap(
+            {"heat": heat[zk], "norm": norm[zk]}, zipf[zk], resamples=resamples, seed=seed + 100 + mc
+        )
+        out[f"min_count_{mc}"] = {
+            "types": int(keep.sum()),
+            "corpus_frequency": freq,
+            "zipf_types": int(zk.sum()),
+            "zipf": zres,
+        }
     return out
 
 
@@ -146,8 +155,13 @@ def extremes(table: Any, by: str) -> dict[str, list[dict[str, Any]]]:
     order = ok[np.argsort(heat[ok], kind="stable")]
 
     def row(i: int) -> dict[str, Any]:
-        return {"type": label[i], "count": int(count[i]), "V2_mean": float(heat[i]), "V2_se": float(se[i]),
-                "norm_mean": float(norm[i])}
+        return {
+            "type": label[i],
+            "count": int(count[i]),
+            "V2_mean": float(heat[i]),
+            "V2_se": float(se[i]),
+            "norm_mean": float(norm[i]),
+        }
 
     return {"hottest": [row(i) for i in order[::-1][:TOP]], "coldest": [row(i) for i in order[:TOP]]}
 
@@ -165,16 +179,28 @@ def run_model(name: str, args: Config, docs: list[str], probe_dir: Path, progres
     windows = CorpusWindows.from_encoder(docs, encoder)
     items = windows[:]
     sentences = split_sentences(docs)
-    config = ProbeConfig(params=params, mode="jvp", output="tokens", optimizer="sgd", lr=1e-3, weight_decay=1e-2,
-                         batches=M, drift_batches=None, batch_size=32, seed=args.seed, chunk_size=CHUNK)
+    config = ProbeConfig(
+        params=params,
+        mode="jvp",
+        output="tokens",
+        optimizer="sgd",
+        lr=1e-3,
+        weight_decay=1e-2,
+        batches=M,
+        drift_batches=None,
+        batch_size=32,
+        seed=args.seed,
+        chunk_size=CHUNK,
+    )
     out_path = probe_dir / f"{spec}.parquet"
     resumable = out_path.with_name(out_path.name + ".parts").exists() or out_path.exists()
     before = forward_seconds(encoder, items)
     w0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # kappa <= 0 rows: counted in the summary instead
-        result = probe(encoder, windows, "simcse", sentences, config, out=out_path, resume=True,
-                       progress=progress, model_name=name)
+        result = probe(
+            encoder, windows, "simcse", sentences, config, out=out_path, resume=True, progress=progress, model_name=name
+        )
     probe_wall, probe_cpu = time.perf_counter() - w0, time.process_time() - c0
     after = forward_seconds(encoder, items)
     rows = len(result)
@@ -182,26 +208,53 @@ def run_model(name: str, args: Config, docs: list[str], probe_dir: Path, progres
     by = {}
     for level in ("token", "word"):
         table = aggregate(out_path, by=level, casefold=level == "word")
-        by[level] = {"types": table.num_rows,
-                     "types_min_count": int((table.column("count").to_numpy() >= MIN_COUNT).sum()),
-                     "extremes": extremes(table, level),
-                     "correlations": frequency_correlations(table, level, args.bootstrap, args.seed)}
+        by[level] = {
+            "types": table.num_rows,
+            "types_min_count": int((table.column("count").to_numpy() >= MIN_COUNT).sum()),
+            "extremes": extremes(table, level),
+            "correlations": frequency_correlations(table, level, args.bootstrap, args.seed),
+        }
         if level == "token":
             token_table = table
     summary = result.summary()
     return {
-        "model": name, "params": params, "documents": n_docs, "sentences": len(sentences),
-        "windows": windows.describe(), "token_rows": rows, "M": M,
-        "speed": {"probe_wall_s": round(probe_wall, 2), "probe_cpu_s": round(probe_cpu, 2),
-                  "forward_wall_s": [round(before[0], 2), round(after[0], 2)],
-                  "forward_cpu_s": [round(before[1], 2), round(after[1], 2)],
-                  "tokens_per_s": rows / probe_wall, "tokens_per_cpu_s": rows / probe_cpu,
-                  "forward_tokens_per_s": rows / fwd_wall,
-                  "ratio_wall": probe_wall / fwd_wall, "ratio_cpu": probe_cpu / fwd_cpu,
-                  "resumed": bool(resumable)},
-        "summary": {k: summary[k] for k in ("rows", "valid", "reasons", "norm", "V2", "D", "kappa", "r_eq",
-                                            "r_eq_heat", "drift_significant_fraction", "bistable_fraction")},
-        "by": by, "_token_table": token_table,
+        "model": name,
+        "params": params,
+        "documents": n_docs,
+        "sentences": len(sentences),
+        "windows": windows.describe(),
+        "token_rows": rows,
+        "M": M,
+        "speed": {
+            "probe_wall_s": round(probe_wall, 2),
+            "probe_cpu_s": round(probe_cpu, 2),
+            "forward_wall_s": [round(before[0], 2), round(after[0], 2)],
+            "forward_cpu_s": [round(before[1], 2), round(after[1], 2)],
+            "tokens_per_s": rows / probe_wall,
+            "tokens_per_cpu_s": rows / probe_cpu,
+            "forward_tokens_per_s": rows / fwd_wall,
+            "ratio_wall": probe_wall / fwd_wall,
+            "ratio_cpu": probe_cpu / fwd_cpu,
+            "resumed": bool(resumable),
+        },
+        "summary": {
+            k: summary[k]
+            for k in (
+                "rows",
+                "valid",
+                "reasons",
+                "norm",
+                "V2",
+                "D",
+                "kappa",
+                "r_eq",
+                "r_eq_heat",
+                "drift_significant_fraction",
+                "bistable_fraction",
+            )
+        },
+        "by": by,
+        "_token_table": token_table,
     }
 
 
@@ -213,10 +266,16 @@ def figures(summary: dict[str, Any], out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(results), figsize=(6.2 * len(results), 4.4), squeeze=False)
     for ax, (name, r) in zip(axes[0], results.items()):
         c = r["by"]["token"]["correlations"]["min_count_5"]["corpus_frequency"]["heat"]
-        plot_type_heat(tables_of[name], None, quantity="V2", min_count=2, ax=ax,
-                       title=f"{name}: {r['token_rows']:,} token rows, {r['documents']} documents\n"
-                             f"Spearman(heat, log count), types ≥ 5: {c['value']:+.3f} "
-                             f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]")
+        plot_type_heat(
+            tables_of[name],
+            None,
+            quantity="V2",
+            min_count=2,
+            ax=ax,
+            title=f"{name}: {r['token_rows']:,} token rows, {r['documents']} documents\n"
+            f"Spearman(heat, log count), types ≥ 5: {c['value']:+.3f} "
+            f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]",
+        )
     return [save(fig, out / "corpus_job.png")]
 
 
@@ -224,10 +283,14 @@ def format_report(results: dict[str, Any]) -> str:
     lines = []
     for name, r in results.items():
         s = r["speed"]
-        lines.append(f"\n{name}: {r['documents']} documents, {r['windows']['windows']} windows, "
-                     f"{r['token_rows']:,} token rows ({r['windows']['content_tokens']:,} content tokens), M={r['M']}")
-        lines.append(f"  probe {s['tokens_per_s']:.1f} tokens/s (wall), {s['tokens_per_cpu_s']:.1f} per CPU-s; "
-                     f"{s['ratio_wall']:.1f}x a plain forward (wall), {s['ratio_cpu']:.1f}x (CPU)")
+        lines.append(
+            f"\n{name}: {r['documents']} documents, {r['windows']['windows']} windows, "
+            f"{r['token_rows']:,} token rows ({r['windows']['content_tokens']:,} content tokens), M={r['M']}"
+        )
+        lines.append(
+            f"  probe {s['tokens_per_s']:.1f} tokens/s (wall), {s['tokens_per_cpu_s']:.1f} per CPU-s; "
+            f"{s['ratio_wall']:.1f}x a plain forward (wall), {s['ratio_cpu']:.1f}x (CPU)"
+        )
         for level in ("token", "word"):
             b = r["by"][level]
             lines.append(f"  by {level}: {b['types']} types, {b['types_min_count']} with >= {MIN_COUNT} occurrences")
@@ -235,9 +298,15 @@ def format_report(results: dict[str, Any]) -> str:
                 lines.append(f"    {k}: " + ", ".join(f"{e['type']} ({e['count']})" for e in b["extremes"][k]))
             c = b["correlations"]["min_count_5"]
             for target in ("corpus_frequency", "zipf"):
-                lines.append(f"    Spearman vs {target}: " + ", ".join(
-                    f"{q} {c[target][q]['value']:+.3f} [{c[target][q]['ci_low']:+.3f},{c[target][q]['ci_high']:+.3f}]"
-                    for q in ("heat", "norm")) + f" (n={c[target]['heat']['n']})")
+                lines.append(
+                    f"    Spearman vs {target}: "
+                    + ", ".join(
+                        f"{q} {c[target][q]['value']:+.3f} "
+                        f"[{c[target][q]['ci_low']:+.3f},{c[target][q]['ci_high']:+.3f}]"
+                        for q in ("heat", "norm")
+                    )
+                    + f" (n={c[target]['heat']['n']})"
+                )
     return "\n".join(lines)
 
 
@@ -253,8 +322,9 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
         docs = lee_background()
     except (ModuleNotFoundError, FileNotFoundError) as exc:
         raise missing_extra("corpus", exc) from exc
-    probe_dir = Path(args.probe_dir) if args.probe_dir else Path("runs") / ("corpus_runs_quick" if ctx.quick
-                                                                            else "corpus_runs")
+    probe_dir = (
+        Path(args.probe_dir) if args.probe_dir else Path("runs") / ("corpus_runs_quick" if ctx.quick else "corpus_runs")
+    )
     probe_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results = {}
@@ -264,35 +334,54 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
         except ModuleNotFoundError as exc:
             raise missing_extra("corpus", exc) from exc
     token_tables = {m: r.pop("_token_table") for m, r in results.items()}
-    return {"experiment": "corpus job: token heat on the Lee background corpus", "quick": ctx.quick,
-               "protocol": {"corpus": "gensim lee_background.cor, first N documents in file order",
-                            "windows": "model maximum length, no overlap, cut at word boundaries",
-                            "probe": "jvp, last transformer layer, token rows, simcse (t=0.05) on the documents' "
-                                     "sentences (Punkt), M x 32, sgd lr 1e-3 wd 1e-2, seed, 8 windows per chunk",
-                            "speed": "plain forward over the same windows before and after the probe (A-B-A); "
-                                     "ratio = probe / mean forward (wall and process CPU)",
-                            "aggregation": "by token_id and by case-folded word (mean over pieces); specials out",
-                            "extremes": f"mean V2 among types with >= {MIN_COUNT} valid occurrences",
-                            "correlations": "Spearman over types (count >= 2 and >= 5) vs log count and wordfreq "
-                                            "Zipf (word-like types), percentile bootstrap 95%"},
-               "models": results, "seconds": round(time.perf_counter() - t0, 1),
-               "threads": torch.get_num_threads(), "versions": _library_versions(), "_token_tables": token_tables}
+    return {
+        "experiment": "corpus job: token heat on the Lee background corpus",
+        "quick": ctx.quick,
+        "protocol": {
+            "corpus": "gensim lee_background.cor, first N documents in file order",
+            "windows": "model maximum length, no overlap, cut at word boundaries",
+            "probe": "jvp, last transformer layer, token rows, simcse (t=0.05) on the documents' "
+            "sentences (Punkt), M x 32, sgd lr 1e-3 wd 1e-2, seed, 8 windows per chunk",
+            "speed": "plain forward over the same windows before and after the probe (A-B-A); "
+            "ratio = probe / mean forward (wall and process CPU)",
+            "aggregation": "by token_id and by case-folded word (mean over pieces); specials out",
+            "extremes": f"mean V2 among types with >= {MIN_COUNT} valid occurrences",
+            "correlations": "Spearman over types (count >= 2 and >= 5) vs log count and wordfreq "
+            "Zipf (word-like types), percentile bootstrap 95%",
+        },
+        "models": results,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "threads": torch.get_num_threads(),
+        "versions": _library_versions(),
+        "_token_tables": token_tables,
+    }
 
 
 def tables(summary: dict[str, Any]) -> dict[str, str]:
     return {"corpus": table_corpus(summary), "corpus, per model": format_report(summary["models"])}
+
+
 def table_corpus(d: dict) -> str:
     models = list(d["models"])
     rs = [d["models"][m] for m in models]
-    rows = ["| Lee background corpus | " + " | ".join(models) + " |", "|---|" + "---|" * len(models),
-            "| documents (of 300) / windows / token rows probed | " + " | ".join(
-                f"{r['documents']} / {r['windows']['windows']} / {r['token_rows']:,}" for r in rs) + " |",
-            "| probe throughput, token rows/s (wall) | " + " | ".join(
-                "n/a (resumed run)" if r["speed"]["resumed"] else f"{r['speed']['tokens_per_s']:.1f}"
-                for r in rs) + " |",
-            "| probe time / plain forward over the same windows (wall; CPU) | " + " | ".join(
-                "n/a (resumed run)" if r["speed"]["resumed"] else
-                f"{r['speed']['ratio_wall']:.1f}x; {r['speed']['ratio_cpu']:.1f}x" for r in rs) + " |"]
+    rows = [
+        "| Lee background corpus | " + " | ".join(models) + " |",
+        "|---|" + "---|" * len(models),
+        "| documents (of 300) / windows / token rows probed | "
+        + " | ".join(f"{r['documents']} / {r['windows']['windows']} / {r['token_rows']:,}" for r in rs)
+        + " |",
+        "| probe throughput, token rows/s (wall) | "
+        + " | ".join("n/a (resumed run)" if r["speed"]["resumed"] else f"{r['speed']['tokens_per_s']:.1f}" for r in rs)
+        + " |",
+        "| probe time / plain forward over the same windows (wall; CPU) | "
+        + " | ".join(
+            "n/a (resumed run)"
+            if r["speed"]["resumed"]
+            else f"{r['speed']['ratio_wall']:.1f}x; {r['speed']['ratio_cpu']:.1f}x"
+            for r in rs
+        )
+        + " |",
+    ]
     labels = {"corpus_frequency": "log corpus frequency", "zipf": "wordfreq Zipf"}
     for level in ("token", "word"):
         for target in ("corpus_frequency", "zipf"):
@@ -307,13 +396,18 @@ def table_corpus(d: dict) -> str:
         for level in ("token", "word"):
             e = r["by"][level]["extremes"]
             for k in ("hottest", "coldest"):
-                rows.append(f"{m}, {k} {level}s (mean V², occurrences): " + ", ".join(
-                    f"{x['type']} ({x['count']})" for x in e[k]) + "  ")
-    rows += ["", f"jvp over the last transformer layer, SimCSE on the documents' own sentences, "
-                 f"M = {rs[0]['M']} x 32, sgd lr 1e-3 / wd 1e-2; windows at the model's maximum length, no overlap. "
-                 f"Types with >= 5 valid occurrences: "
-                 f"{' / '.join(str(r['by']['token']['types_min_count']) for r in rs)} token types, "
-                 f"{' / '.join(str(r['by']['word']['types_min_count']) for r in rs)} word types. "
-                 f"Speed: {d['protocol']['speed']}."]
+                rows.append(
+                    f"{m}, {k} {level}s (mean V², occurrences): "
+                    + ", ".join(f"{x['type']} ({x['count']})" for x in e[k])
+                    + "  "
+                )
+    rows += [
+        "",
+        f"jvp over the last transformer layer, SimCSE on the documents' own sentences, "
+        f"M = {rs[0]['M']} x 32, sgd lr 1e-3 / wd 1e-2; windows at the model's maximum length, no overlap. "
+        f"Types with >= 5 valid occurrences: "
+        f"{' / '.join(str(r['by']['token']['types_min_count']) for r in rs)} token types, "
+        f"{' / '.join(str(r['by']['word']['types_min_count']) for r in rs)} word types. "
+        f"Speed: {d['protocol']['speed']}.",
+    ]
     return "\n".join(rows)
-

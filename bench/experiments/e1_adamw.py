@@ -47,6 +47,7 @@ the real window's miss while V0 meets the target. Whatever is found, every run i
 reported; if no single swap closes the gap the docs say which pair or which run
 resists, with the numbers.
 """
+
 from __future__ import annotations
 
 import copy
@@ -80,8 +81,10 @@ RUNS = {
 class Config:
     variants: str = field(default="mlp_adamw,mlp_adamw_b0", metadata={"help": "comma-separated AdamW variants"})
     runs: str = field(default=",".join(RUNS), metadata={"help": "comma-separated subset of " + ",".join(RUNS)})
-    size: str = field(default="full", metadata={"choices": ("full", "quick"),
-                                                 "help": "E1's training configuration: E1Config() or its quick()"})
+    size: str = field(
+        default="full",
+        metadata={"choices": ("full", "quick"), "help": "E1's training configuration: E1Config() or its quick()"},
+    )
     steps: int | None = field(default=None, metadata={"help": "override E1's training steps"})
     long_steps: int = field(default=20_000, metadata={"help": "the long runs' steps (V's 4 relaxation times)"})
     seed: int = 0
@@ -91,16 +94,16 @@ class Config:
         return cls(variants="mlp_adamw", runs="V0,R1", size="quick", steps=500, long_steps=300)
 
 
-def walk(run, cfg, data, *, start: str, state: str, steps: int, sampler: str, meter_batch: str, seed: int,
-         progress: bool) -> dict[str, Any]:
+def walk(
+    run, cfg, data, *, start: str, state: str, steps: int, sampler: str, meter_batch: str, seed: int, progress: bool
+) -> dict[str, Any]:
     """One trajectory of torch's AdamW at E1's settings, measured at every step by the engine's meter."""
     import torch
     from tqdm.auto import tqdm
 
-    from normfast import InfoNCE
-    from bench.experiments.e1.data import variant_optimizer, probe_config
+    from bench.experiments.e1.data import probe_config, variant_optimizer
     from bench.experiments.e1.training import load_checkpoint
-    from normfast.data.pairs import virtual_batches
+    from normfast import InfoNCE, virtual_batches
     from normfast.engine.directions import adam_second_moments
     from normfast.engine.trajectory import TrajectoryMeter, start_adam
 
@@ -108,19 +111,20 @@ def walk(run, cfg, data, *, start: str, state: str, steps: int, sampler: str, me
     enc = copy.deepcopy(run.encoder)
     names = [n for n, _ in enc.named_parameters()]
     opt = variant_optimizer(variant, cfg, enc.parameters())
-    if state == "training":   # the training optimizer's own state at the end of training
+    if state == "training":  # the training optimizer's own state at the end of training
         opt.load_state_dict(run.optimizer.state_dict())
-    else:                     # the engine's way: the snapshot's v̂, a zero first moment
+    else:  # the engine's way: the snapshot's v̂, a zero first moment
         if start == "window_start":
             load_checkpoint(enc, run.checkpoints[0])
             v = run.checkpoints[0].second_moments
         else:
-            v = adam_second_moments(run.optimizer, run.encoder)   # run.encoder is the end state
+            v = adam_second_moments(run.optimizer, run.encoder)  # run.encoder is the end state
         start_adam(opt, enc, names, v)
     n_items = data.x.shape[0]
     items = list(range(n_items))
-    meter = TrajectoryMeter(enc, items, probe_config(variant, cfg, n_items, batches=cfg.M,
-                                                     drift_batches=cfg.drift_batches), curvature=True)
+    meter = TrajectoryMeter(
+        enc, items, probe_config(variant, cfg, n_items, batches=cfg.M, drift_batches=cfg.drift_batches), curvature=True
+    )
     objective = InfoNCE(temperature=cfg.temperature)
     pairs_t = torch.as_tensor(data.pairs)
     rng = np.random.default_rng(seed)
@@ -137,8 +141,9 @@ def walk(run, cfg, data, *, start: str, state: str, steps: int, sampler: str, me
     params = list(enc.parameters())
     state_all = enc.prepare(items)
     norms = []
-    for step in tqdm(range(steps), desc=f"{variant.name}: {start}/{state}/{sampler}/{meter_batch}",
-                     disable=not progress, leave=False):
+    for step in tqdm(
+        range(steps), desc=f"{variant.name}: {start}/{state}/{sampler}/{meter_batch}", disable=not progress, leave=False
+    ):
         loss = loss_of(draw())
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -164,33 +169,57 @@ def run_variant(name: str, cfg, data, config: Config, progress: bool) -> dict[st
 
     variant = VARIANT_SPECS[name]
     t0 = time.perf_counter()
-    run = train(variant, cfg, data, meter=False, progress=progress)   # R: the fresh-batch meter
+    run = train(variant, cfg, data, meter=False, progress=progress)  # R: the fresh-batch meter
     observed = run.observed
     window = cfg.steps - window_start(cfg)
 
     def fits(s: dict[str, Any]) -> dict[str, Any]:
         corrected = dict(s, Q_w=s["Q_w"] + s["Q_curv_w"])
-        return {"law": loglog_fit(law_norms(variant, s, cfg), observed),
-                "law_with_curvature": loglog_fit(law_norms(variant, corrected, cfg), observed)}
+        return {
+            "law": loglog_fit(law_norms(variant, s, cfg), observed),
+            "law_with_curvature": loglog_fit(law_norms(variant, corrected, cfg), observed),
+        }
 
     dense = run.meter_fresh
-    out = {"variant": name, "beta1": variant.beta1, "window_steps": window,
-           "real_window": dict(fits(dense), seconds=round(time.perf_counter() - t0, 1)), "runs": {}}
+    out = {
+        "variant": name,
+        "beta1": variant.beta1,
+        "window_steps": window,
+        "real_window": dict(fits(dense), seconds=round(time.perf_counter() - t0, 1)),
+        "runs": {},
+    }
     for k, key in enumerate(r.strip() for r in config.runs.split(",")):
         start, state, length, sampler, meter_batch = RUNS[key]
         t1 = time.perf_counter()
         steps = config.long_steps if length == "long" else window
-        s = walk(run, cfg, data, start=start, state=state, steps=steps, sampler=sampler, meter_batch=meter_batch,
-                 seed=cfg.seed * 7919 + 1000 + k, progress=progress)
+        s = walk(
+            run,
+            cfg,
+            data,
+            start=start,
+            state=state,
+            steps=steps,
+            sampler=sampler,
+            meter_batch=meter_batch,
+            seed=cfg.seed * 7919 + 1000 + k,
+            progress=progress,
+        )
         out["runs"][key] = dict(
-            fits(s), ingredients={"start": start, "optimizer_state": state, "steps": steps, "sampler": sampler,
-                                  "meter_batch": meter_batch},
+            fits(s),
+            ingredients={
+                "start": start,
+                "optimizer_state": state,
+                "steps": steps,
+                "sampler": sampler,
+                "meter_batch": meter_batch,
+            },
             own_mean_norm=loglog_fit(s["mean_norm"], observed),
             own_mean_norm_over_observed_median=float(np.median(s["mean_norm"] / observed)),
             D_w_over_real_median=float(np.median(s["D_w"] / dense["D_w"])),
             D_w_vs_real_r=float(np.corrcoef(s["D_w"], dense["D_w"])[0, 1]),
             Q_w_over_real_median=float(np.median(s["Q_w"] / dense["Q_w"])),
-            seconds=round(time.perf_counter() - t1, 1))
+            seconds=round(time.perf_counter() - t1, 1),
+        )
     return out
 
 
@@ -201,11 +230,16 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     wrong = [v for v in variants if v not in VARIANT_SPECS or VARIANT_SPECS[v].optimizer != "adamw"]
     bad_runs = [r for r in config.runs.split(",") if r.strip() not in RUNS]
     if wrong or bad_runs:
-        raise UsageError(f"e1_adamw: expected AdamW variants (mlp_adamw, mlp_adamw_b0) and runs from "
-                         f"{', '.join(RUNS)}, got variants {wrong} and runs {bad_runs}")
+        raise UsageError(
+            f"e1_adamw: expected AdamW variants (mlp_adamw, mlp_adamw_b0) and runs from "
+            f"{', '.join(RUNS)}, got variants {wrong} and runs {bad_runs}"
+        )
     cfg, data = e1_setup(config.size, config.seed, config.steps)
-    return {"config": asdict(config), "protocol": __doc__.split("Protocol")[1].strip(),
-            "results": [run_variant(v, cfg, data, config, ctx.progress) for v in variants]}
+    return {
+        "config": asdict(config),
+        "protocol": __doc__.split("Protocol")[1].strip(),
+        "results": [run_variant(v, cfg, data, config, ctx.progress) for v in variants],
+    }
 
 
 def tables(result: dict[str, Any]) -> dict[str, str]:
@@ -220,23 +254,29 @@ def blocks(load) -> dict[str, str | None]:
 
 
 def table_adamw(runs: list[tuple[str, dict[str, Any]]]) -> str:
-    rows = ["| seed | E1 variant | run | start | optimizer state | steps | sampler | meter batch | law (slope / r) | "
-            "law + curvature | run's own mean norm | D_w / real (median, r) | Q_w / real |",
-            "|---" * 13 + "|"]
+    rows = [
+        "| seed | E1 variant | run | start | optimizer state | steps | sampler | meter batch | law (slope / r) | "
+        "law + curvature | run's own mean norm | D_w / real (median, r) | Q_w / real |",
+        "|---" * 13 + "|",
+    ]
     for seed, d in runs:
         for r in d["results"]:
             rw = r["real_window"]
-            rows.append(f"| {seed} | {e1_name(r)} | real window (E1) | window | training | {r['window_steps']} | E1 | "
-                        f"fresh | {fmt(rw['law']['slope'])} / {fmt(rw['law']['pearson_r'])} | "
-                        f"{fmt(rw['law_with_curvature']['slope'])} / {fmt(rw['law_with_curvature']['pearson_r'])} "
-                        f"| (the observed norms) | 1 | 1 |")
+            rows.append(
+                f"| {seed} | {e1_name(r)} | real window (E1) | window | training | {r['window_steps']} | E1 | "
+                f"fresh | {fmt(rw['law']['slope'])} / {fmt(rw['law']['pearson_r'])} | "
+                f"{fmt(rw['law_with_curvature']['slope'])} / {fmt(rw['law_with_curvature']['pearson_r'])} "
+                f"| (the observed norms) | 1 | 1 |"
+            )
             for key, x in r["runs"].items():
                 i = x["ingredients"]
-                rows.append(f"| {seed} | {e1_name(r)} | {key} | {i['start'].replace('_', ' ')} | "
-                            f"{i['optimizer_state']} | {i['steps']} | {i['sampler']} | {i['meter_batch']} | "
-                            f"{fmt(x['law']['slope'])} / {fmt(x['law']['pearson_r'])} | "
-                            f"{fmt(x['law_with_curvature']['slope'])} / {fmt(x['law_with_curvature']['pearson_r'])} | "
-                            f"{fmt(x['own_mean_norm']['slope'])} / {fmt(x['own_mean_norm']['pearson_r'])} | "
-                            f"{fmt(x['D_w_over_real_median'])}, {fmt(x['D_w_vs_real_r'])} | "
-                            f"{fmt(x['Q_w_over_real_median'])} |")
+                rows.append(
+                    f"| {seed} | {e1_name(r)} | {key} | {i['start'].replace('_', ' ')} | "
+                    f"{i['optimizer_state']} | {i['steps']} | {i['sampler']} | {i['meter_batch']} | "
+                    f"{fmt(x['law']['slope'])} / {fmt(x['law']['pearson_r'])} | "
+                    f"{fmt(x['law_with_curvature']['slope'])} / {fmt(x['law_with_curvature']['pearson_r'])} | "
+                    f"{fmt(x['own_mean_norm']['slope'])} / {fmt(x['own_mean_norm']['pearson_r'])} | "
+                    f"{fmt(x['D_w_over_real_median'])}, {fmt(x['D_w_vs_real_r'])} | "
+                    f"{fmt(x['Q_w_over_real_median'])} |"
+                )
     return "\n".join(rows)

@@ -39,6 +39,7 @@ Protocol (v1, written down and committed before any run of it was looked at):
    Otherwise the docs state, per change, the smallest T from which r_eq_snapshot
    meets the target (and the same for norm_continued), and say the target was not met.
 """
+
 from __future__ import annotations
 
 import copy
@@ -67,13 +68,19 @@ CHANGES = {"sgd": ("wd x4", "wd /4", "lr x4"), "adamw": ("wd x4", "lr x4")}
 @dataclass
 class Config:
     variants: str = field(default="mlp,mlp_bias,mlp_adamw", metadata={"help": "comma-separated E1 variants"})
-    size: str = field(default="full", metadata={"choices": ("full", "quick"),
-                                                 "help": "E1's training configuration: E1Config() or its quick()"})
+    size: str = field(
+        default="full",
+        metadata={"choices": ("full", "quick"), "help": "E1's training configuration: E1Config() or its quick()"},
+    )
     steps: int | None = field(default=None, metadata={"help": "override E1's training steps"})
-    changes: str | None = field(default=None, metadata={"help": "comma-separated subset of the changes, e.g. "
-                                                                  "'wd x4,lr x4' (none: the protocol's)"})
-    max_steps: int = field(default=400_000, metadata={"help": "refuse a change whose observed continuation "
-                                                                "would take more steps than this"})
+    changes: str | None = field(
+        default=None,
+        metadata={"help": "comma-separated subset of the changes, e.g. 'wd x4,lr x4' (none: the protocol's)"},
+    )
+    max_steps: int = field(
+        default=400_000,
+        metadata={"help": "refuse a change whose observed continuation would take more steps than this"},
+    )
     seed: int = 0
 
     @classmethod
@@ -96,8 +103,8 @@ def observe(run, cfg2, variant, data, steps_burn: int, steps_window: int, seed: 
     import torch
     from tqdm.auto import tqdm
 
-    from normfast import InfoNCE
     from bench.experiments.e1.data import variant_optimizer
+    from normfast import InfoNCE
 
     enc = copy.deepcopy(run.encoder)
     opt = variant_optimizer(variant, cfg2, enc.parameters())
@@ -109,8 +116,7 @@ def observe(run, cfg2, variant, data, steps_burn: int, steps_window: int, seed: 
     pairs_t = torch.as_tensor(data.pairs)
     rng = np.random.default_rng(seed)
     norms = []
-    for step in tqdm(range(steps_burn + steps_window), desc="observed continuation", disable=not progress,
-                     leave=False):
+    for step in tqdm(range(steps_burn + steps_window), desc="observed continuation", disable=not progress, leave=False):
         idx = torch.as_tensor(rng.integers(0, len(pairs_t), cfg2.batch_size))
         loss = objective.loss(enc(enc.prepare(pairs_t[idx, 0].tolist())), enc(enc.prepare(pairs_t[idx, 1].tolist())))
         opt.zero_grad(set_to_none=True)
@@ -132,8 +138,7 @@ def run_variant(name: str, cfg, data, config: Config, progress: bool) -> dict[st
     from bench.experiments.e1.training import train
     from normfast.core.stats import loglog_fit
     from normfast.engine.directions import adam_second_moments
-    from normfast.engine.trajectory import relaxation_steps, snapshot_prediction
-    from normfast.engine.trajectory import TrajectoryMeter
+    from normfast.engine.trajectory import TrajectoryMeter, relaxation_steps, snapshot_prediction
 
     variant = VARIANT_SPECS[name]
     t0 = time.perf_counter()
@@ -164,22 +169,43 @@ def run_variant(name: str, cfg, data, config: Config, progress: bool) -> dict[st
         answers = []
         for ti, T in enumerate(T_RELAXATIONS):
             steps = max(50, int(round(T * tau)))
-            pred = snapshot_prediction(run.encoder, items, objective, pairs,
-                                       replace(pcfg2, seed=cfg.seed * 7919 + 100 * ci + ti + 1, snapshot=True),
-                                       steps=steps, second_moments=v_hat, progress=False)
-            answers.append({
-                "T_relaxations_asked": T, "steps": steps, "T_relaxations": steps / tau,
-                "r_eq_snapshot": loglog_fit(pred.r_eq, observed),
-                "norm_continued": loglog_fit(pred.norm_continued, observed),
-                "coverage": {"r_eq_snapshot": interval_coverage(pred.r_eq_lo, pred.r_eq_hi, observed),
-                             "norm_continued": interval_coverage(pred.norm_continued_lo, pred.norm_continued_hi,
-                                                                 observed)},
-                "r_eq_snapshot_values": pred.r_eq.tolist(), "norm_continued_values": pred.norm_continued.tolist()})
-        out["changes"].append({
-            "change": change, "relaxation_steps": tau, "observed_steps": {"burn_in": burn, "window": window},
-            "observed": observed.tolist(), "present_norm": loglog_fit(present, observed),
-            "observed_over_present_median": float(np.median(observed / present)),
-            "answers": answers, "seconds": round(time.perf_counter() - t1, 1)})
+            pred = snapshot_prediction(
+                run.encoder,
+                items,
+                objective,
+                pairs,
+                replace(pcfg2, seed=cfg.seed * 7919 + 100 * ci + ti + 1, snapshot=True),
+                steps=steps,
+                second_moments=v_hat,
+                progress=False,
+            )
+            answers.append(
+                {
+                    "T_relaxations_asked": T,
+                    "steps": steps,
+                    "T_relaxations": steps / tau,
+                    "r_eq_snapshot": loglog_fit(pred.r_eq, observed),
+                    "norm_continued": loglog_fit(pred.norm_continued, observed),
+                    "coverage": {
+                        "r_eq_snapshot": interval_coverage(pred.r_eq_lo, pred.r_eq_hi, observed),
+                        "norm_continued": interval_coverage(pred.norm_continued_lo, pred.norm_continued_hi, observed),
+                    },
+                    "r_eq_snapshot_values": pred.r_eq.tolist(),
+                    "norm_continued_values": pred.norm_continued.tolist(),
+                }
+            )
+        out["changes"].append(
+            {
+                "change": change,
+                "relaxation_steps": tau,
+                "observed_steps": {"burn_in": burn, "window": window},
+                "observed": observed.tolist(),
+                "present_norm": loglog_fit(present, observed),
+                "observed_over_present_median": float(np.median(observed / present)),
+                "answers": answers,
+                "seconds": round(time.perf_counter() - t1, 1),
+            }
+        )
     out["present_norm_values"] = present.tolist()
     return out
 
@@ -198,15 +224,30 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
         for c in r["changes"]:
             if "answers" not in c:
                 continue
-            first = {k: next((a["T_relaxations"] for a in c["answers"] if meets(a[k])), None)
-                     for k in ("r_eq_snapshot", "norm_continued")}
-            law_wins = any(meets(a["r_eq_snapshot"]) and not meets(a["norm_continued"])
-                           for a in c["answers"] if a["T_relaxations"] <= 1.0 + 1e-9)
+            first = {
+                k: next((a["T_relaxations"] for a in c["answers"] if meets(a[k])), None)
+                for k in ("r_eq_snapshot", "norm_continued")
+            }
+            law_wins = any(
+                meets(a["r_eq_snapshot"]) and not meets(a["norm_continued"])
+                for a in c["answers"]
+                if a["T_relaxations"] <= 1.0 + 1e-9
+            )
             target_met |= law_wins
-            rows.append({"variant": r["variant"], "change": c["change"], "first_T_meeting_target": first,
-                         "present_norm_meets": meets(c["present_norm"]), "law_beats_continuation_at_T_le_1": law_wins})
-    return {"per_change": rows, "target_met_anywhere": target_met,
-            "target_met_everywhere": bool(rows) and all(r["law_beats_continuation_at_T_le_1"] for r in rows)}
+            rows.append(
+                {
+                    "variant": r["variant"],
+                    "change": c["change"],
+                    "first_T_meeting_target": first,
+                    "present_norm_meets": meets(c["present_norm"]),
+                    "law_beats_continuation_at_T_le_1": law_wins,
+                }
+            )
+    return {
+        "per_change": rows,
+        "target_met_anywhere": target_met,
+        "target_met_everywhere": bool(rows) and all(r["law_beats_continuation_at_T_le_1"] for r in rows),
+    }
 
 
 def run(config: Config, ctx: Context) -> dict[str, Any]:
@@ -216,12 +257,18 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     known = {c for cs in CHANGES.values() for c in cs}
     bad = [c for c in (config.changes or "").split(",") if c.strip() and c.strip() not in known]
     if unknown or bad:
-        raise UsageError(f"e1_counterfactual: unknown variants {unknown} or changes {bad}; variants come from "
-                         f"{', '.join(VARIANTS)}, changes from {', '.join(sorted(known))}")
+        raise UsageError(
+            f"e1_counterfactual: unknown variants {unknown} or changes {bad}; variants come from "
+            f"{', '.join(VARIANTS)}, changes from {', '.join(sorted(known))}"
+        )
     cfg, data = e1_setup(config.size, config.seed, config.steps)
-    result: dict[str, Any] = {"config": asdict(config), "protocol": __doc__.split("Protocol")[1].strip(),
-                              "results": [run_variant(v.strip(), cfg, data, config, ctx.progress)
-                                          for v in config.variants.split(",") if v.strip()]}
+    result: dict[str, Any] = {
+        "config": asdict(config),
+        "protocol": __doc__.split("Protocol")[1].strip(),
+        "results": [
+            run_variant(v.strip(), cfg, data, config, ctx.progress) for v in config.variants.split(",") if v.strip()
+        ],
+    }
     result["verdict"] = verdict(result)
     return result
 
@@ -250,8 +297,13 @@ def figures(result: dict[str, Any], out: Path) -> list[Path]:
             T = [a["T_relaxations"] for a in c["answers"]]
             col = colors.get(c["change"], "k")
             ax.plot(T, [level(a["r_eq_snapshot_values"], c["observed"]) for a in c["answers"]], "o-", color=col)
-            ax.plot(T, [level(a["norm_continued_values"], c["observed"]) for a in c["answers"]], "s--", color=col,
-                    mfc="none")
+            ax.plot(
+                T,
+                [level(a["norm_continued_values"], c["observed"]) for a in c["answers"]],
+                "s--",
+                color=col,
+                mfc="none",
+            )
             ax.plot([min(T) / 1.6], [level(r["present_norm_values"], c["observed"])], "x", color=col, ms=8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -263,13 +315,18 @@ def figures(result: dict[str, Any], out: Path) -> list[Path]:
         ax.set_xlabel("T, relaxation times at the new settings")
     axes[0, 0].set_ylabel("median answer / observed stationary norm")
     handles = [Line2D([], [], color=col, lw=2, label=ch) for ch, col in colors.items()]
-    handles += [Line2D([], [], color="k", marker="o", label="r_eq_snapshot (law)"),
-                Line2D([], [], color="k", marker="s", ls="--", mfc="none", label="norm_continued"),
-                Line2D([], [], color="k", marker="x", ls="none", label="present norm (left of the axis)")]
+    handles += [
+        Line2D([], [], color="k", marker="o", label="r_eq_snapshot (law)"),
+        Line2D([], [], color="k", marker="s", ls="--", mfc="none", label="norm_continued"),
+        Line2D([], [], color="k", marker="x", ls="none", label="present norm (left of the axis)"),
+    ]
     fig.legend(handles=handles, loc="lower center", ncol=6, frameon=False, fontsize=9)
-    seed = result.get("config", {}).get("seed", 0)   # the first committed run predates the config in the JSON
-    fig.suptitle(f"Seed {seed}. Other settings asked of one snapshot: the law (solid) is mostly nearer the observed level than "
-                 "the continuation (dashed); few reach ±10% (grey) by T = 1", fontsize=10)
+    seed = result.get("config", {}).get("seed", 0)  # the first committed run predates the config in the JSON
+    fig.suptitle(
+        f"Seed {seed}. Other settings asked of one snapshot: the law (solid) is mostly nearer the observed level than "
+        "the continuation (dashed); few reach ±10% (grey) by T = 1",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     path = out / "e1_counterfactual.png"
     fig.savefig(path, dpi=110)
@@ -286,8 +343,10 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
 def blocks(load) -> dict[str, str | None]:
     """The committed runs, seed 0 and the fresh seed 1, in one table each."""
     runs = [(seed, d) for seed, path in zip(("0", "1 (fresh)"), RESULTS) if (d := load(path))]
-    return {"e1-counterfactual": table_counterfactual(runs) if runs else None,
-            "e1-counterfactual-level": table_level(runs) if runs else None}
+    return {
+        "e1-counterfactual": table_counterfactual(runs) if runs else None,
+        "e1-counterfactual-level": table_level(runs) if runs else None,
+    }
 
 
 def level(values: list[float], observed: list[float]) -> float:
@@ -299,8 +358,10 @@ def table_level(runs: list[tuple[str, dict[str, Any]]]) -> str:
     """The read-out added after the first full run (not in protocol v1): each answer's level, the median
     of answer / observed, and the coverage of its 95% interval."""
     Ts = " | ".join(f"T = {t:g}" for t in T_RELAXATIONS)
-    rows = [f"| seed | E1 variant | change | answer: median answer / observed (interval coverage) | present norm | "
-            f"{Ts} |", "|---" * (5 + len(T_RELAXATIONS)) + "|"]
+    rows = [
+        f"| seed | E1 variant | change | answer: median answer / observed (interval coverage) | present norm | {Ts} |",
+        "|---" * (5 + len(T_RELAXATIONS)) + "|",
+    ]
     for seed, d in runs:
         for r in d["results"]:
             for c in r["changes"]:
@@ -308,33 +369,46 @@ def table_level(runs: list[tuple[str, dict[str, Any]]]) -> str:
                     continue
                 pres = fmt(level(r["present_norm_values"], c["observed"]))
                 for key in ("r_eq_snapshot", "norm_continued"):
-                    cells = " | ".join(f"{fmt(level(a[key + '_values'], c['observed']))} "
-                                       f"({fmt(a['coverage'][key]['coverage'], 2)})" for a in c["answers"])
+                    cells = " | ".join(
+                        f"{fmt(level(a[key + '_values'], c['observed']))} ({fmt(a['coverage'][key]['coverage'], 2)})"
+                        for a in c["answers"]
+                    )
                     rows.append(f"| {seed} | {e1_name(r)} | {c['change']} | `{key}` | {pres} | {cells} |")
     return "\n".join(rows)
 
 
 def table_counterfactual(runs: list[tuple[str, dict[str, Any]]]) -> str:
     Ts = " | ".join(f"T = {t:g}" for t in T_RELAXATIONS)
-    rows = [f"| seed | E1 variant | change | observed / present (median) | answer (slope / r) | present norm | {Ts} |",
-            "|---" * (6 + len(T_RELAXATIONS)) + "|"]
+    rows = [
+        f"| seed | E1 variant | change | observed / present (median) | answer (slope / r) | present norm | {Ts} |",
+        "|---" * (6 + len(T_RELAXATIONS)) + "|",
+    ]
     for seed, d in runs:
         for r in d["results"]:
             for c in r["changes"]:
                 if "answers" not in c:
-                    rows.append(f"| {seed} | {e1_name(r)} | {c['change']} | skipped: {c['skipped']} |"
-                                + " |" * (3 + len(T_RELAXATIONS)))
+                    rows.append(
+                        f"| {seed} | {e1_name(r)} | {c['change']} | skipped: {c['skipped']} |"
+                        + " |" * (3 + len(T_RELAXATIONS))
+                    )
                     continue
                 for key in ("r_eq_snapshot", "norm_continued"):
                     cells = " | ".join(f"{fmt(a[key]['slope'])} / {fmt(a[key]['pearson_r'])}" for a in c["answers"])
                     pres = f"{fmt(c['present_norm']['slope'])} / {fmt(c['present_norm']['pearson_r'])}"
-                    rows.append(f"| {seed} | {e1_name(r)} | {c['change']} | {fmt(c['observed_over_present_median'])} | "
-                                f"`{key}` | {pres} | {cells} |")
+                    rows.append(
+                        f"| {seed} | {e1_name(r)} | {c['change']} | {fmt(c['observed_over_present_median'])} | "
+                        f"`{key}` | {pres} | {cells} |"
+                    )
     rows.append("")
-    rows.append("T in relaxation times of R² at the new settings (at least 50 virtual steps: for the fast changes "
-                "the first columns cover more than asked, see the JSON). Target met (the law at T <= 1 where the "
-                "continuation is not): " + "; ".join(
-                    f"seed {seed}: {'yes' if d.get('verdict', {}).get('target_met_anywhere') else 'no'} in some "
-                    f"case, {'yes' if d.get('verdict', {}).get('target_met_everywhere') else 'no'} in all"
-                    for seed, d in runs) + ".")
+    rows.append(
+        "T in relaxation times of R² at the new settings (at least 50 virtual steps: for the fast changes "
+        "the first columns cover more than asked, see the JSON). Target met (the law at T <= 1 where the "
+        "continuation is not): "
+        + "; ".join(
+            f"seed {seed}: {'yes' if d.get('verdict', {}).get('target_met_anywhere') else 'no'} in some "
+            f"case, {'yes' if d.get('verdict', {}).get('target_met_everywhere') else 'no'} in all"
+            for seed, d in runs
+        )
+        + "."
+    )
     return "\n".join(rows)

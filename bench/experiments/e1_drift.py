@@ -17,6 +17,7 @@ for a single snapshot); its numbers are quoted in the README's E1 section.
 
     python -m bench run e1_drift --variants mlp_bias,mlp_adamw_b0 --out runs/e1_drift
 """
+
 from __future__ import annotations
 
 import time
@@ -42,8 +43,10 @@ class Config:
     group_batches: int = 64
     probe_every: int | None = field(default=None, metadata={"help": "checkpoint spacing in steps (none: E1's)"})
     last: int | None = field(default=None, metadata={"help": "probe only the last N checkpoints of the window"})
-    size: str = field(default="full", metadata={"choices": ("full", "quick"),
-                                                 "help": "E1's training configuration: E1Config() or its quick()"})
+    size: str = field(
+        default="full",
+        metadata={"choices": ("full", "quick"), "help": "E1's training configuration: E1Config() or its quick()"},
+    )
     steps: int | None = field(default=None, metadata={"help": "override E1's training steps"})
     seed: int = 0
 
@@ -52,8 +55,7 @@ class Config:
         return cls(size="quick")
 
 
-def run_variant(name: str, cfg, data, groups: int, group_batches: int, progress: bool,
-                last: int | None = None) -> dict:
+def run_variant(name: str, cfg, data, groups: int, group_batches: int, progress: bool, last: int | None = None) -> dict:
     from tqdm.auto import tqdm
 
     import normfast
@@ -81,9 +83,15 @@ def run_variant(name: str, cfg, data, groups: int, group_batches: int, progress:
     for ci, ck in enumerate(tqdm(run.checkpoints, desc=f"{name}: probe", disable=not progress, leave=False)):
         load_checkpoint(run.encoder, ck)
         for g in range(groups):
-            res = probe(run.encoder, items, objective, pairs,
-                        replace(pcfg, seed=(cfg.seed * 7919 + ci) * 131 + g), progress=False,
-                        second_moments=ck.second_moments)
+            res = probe(
+                run.encoder,
+                items,
+                objective,
+                pairs,
+                replace(pcfg, seed=(cfg.seed * 7919 + ci) * 131 + g),
+                progress=False,
+                second_moments=ck.second_moments,
+            )
             D[ci, g] = res.column(dcol)
             Q[ci] += res.column(qcol) / groups
             K[ci] += res.column("kappa") / groups
@@ -95,9 +103,15 @@ def run_variant(name: str, cfg, data, groups: int, group_batches: int, progress:
             d = D[::stride, :g].mean((0, 1))
             stats = {dcol: d, qcol: Q.mean(0), "kappa": K.mean(0)}
             fit = loglog_fit(law_norms(variant, stats, cfg), obs)
-            precision.append({"checkpoints": int(D[::stride].shape[0]), "groups": g,
-                              "drift_batches_total": int(D[::stride].shape[0] * g * group_batches),
-                              "slope": fit["slope"], "pearson_r": fit["pearson_r"]})
+            precision.append(
+                {
+                    "checkpoints": int(D[::stride].shape[0]),
+                    "groups": g,
+                    "drift_batches_total": int(D[::stride].shape[0] * g * group_batches),
+                    "slope": fit["slope"],
+                    "pearson_r": fit["pearson_r"],
+                }
+            )
     # noise-free time structure: covariances across different groups only
     Dc = D - D.mean((0, 1))
     T = D.shape[0]
@@ -105,25 +119,29 @@ def run_variant(name: str, cfg, data, groups: int, group_batches: int, progress:
 
     def cross_cov(lag: int) -> np.ndarray:
         vals = [(Dc[: T - lag, a] * Dc[lag:, b]).mean(0) for a, b in pairs_g]
-        return np.mean(vals, 0)                      # per item
+        return np.mean(vals, 0)  # per item
 
     var0 = cross_cov(0)
     lags = {str(k): float(np.median(cross_cov(k) / var0)) for k in (1, 2, 5, 10, 25, 50, 100) if k < T}
     window_mean = D.mean((0, 1))
     temporal_var = np.maximum(var0 - 0, 0)
-    noise_var = (Dc.var(1, ddof=1)).mean(0)           # between groups at one checkpoint: batch noise
+    noise_var = (Dc.var(1, ddof=1)).mean(0)  # between groups at one checkpoint: batch noise
     return {
         "variant": name,
-        "checkpoints": T, "groups": groups, "group_batches": group_batches,
+        "checkpoints": T,
+        "groups": groups,
+        "group_batches": group_batches,
         "precision": precision,
         "time_structure": {
             "checkpoint_spacing_steps": cfg.probe_every,
             "noise_free_autocorrelation_by_lag_median": lags,
             "lags_in_checkpoints": True,
             "median_temporal_std_over_between_item_std_of_window_mean": float(
-                np.median(np.sqrt(temporal_var)) / np.std(window_mean)),
+                np.median(np.sqrt(temporal_var)) / np.std(window_mean)
+            ),
             "median_batch_noise_std_per_group_over_temporal_std": float(
-                np.median(np.sqrt(noise_var) / np.sqrt(np.maximum(temporal_var, 1e-300)))),
+                np.median(np.sqrt(noise_var) / np.sqrt(np.maximum(temporal_var, 1e-300)))
+            ),
         },
         "seconds": round(time.perf_counter() - t0, 1),
     }
@@ -131,8 +149,11 @@ def run_variant(name: str, cfg, data, groups: int, group_batches: int, progress:
 
 def run(config: Config, ctx: Context) -> dict[str, Any]:
     cfg, data = e1_setup(config.size, config.seed, config.steps, probe_every=config.probe_every)
-    results = [run_variant(v.strip(), cfg, data, config.groups, config.group_batches, ctx.progress, config.last)
-               for v in config.variants.split(",") if v.strip()]
+    results = [
+        run_variant(v.strip(), cfg, data, config.groups, config.group_batches, ctx.progress, config.last)
+        for v in config.variants.split(",")
+        if v.strip()
+    ]
     return {"results": results}
 
 
@@ -144,18 +165,22 @@ def table_e1_drift(d: dict) -> str:
     rows = ["| E1 variant | checkpoints x drift batches | total batches | slope / r |", "|---|---|---|---|"]
     for r in d["results"]:
         for p in r["precision"]:
-            rows.append(f"| {e1_name(r)} | {p['checkpoints']} x {p['groups'] * r['group_batches']} | "
-                        f"{p['drift_batches_total']} | {fmt(p['slope'])} / {fmt(p['pearson_r'])} |")
+            rows.append(
+                f"| {e1_name(r)} | {p['checkpoints']} x {p['groups'] * r['group_batches']} | "
+                f"{p['drift_batches_total']} | {fmt(p['slope'])} / {fmt(p['pearson_r'])} |"
+            )
     rows.append("")
     for r in d["results"]:
         ts = r["time_structure"]
         lags = ts["noise_free_autocorrelation_by_lag_median"]
         sp = ts["checkpoint_spacing_steps"]
-        rows.append(f"{e1_name(r)}: the drift's spread along the window is "
-                    f"{ts['median_temporal_std_over_between_item_std_of_window_mean']:.0f}x the spread of its window "
-                    f"mean between items; batch noise of {r['group_batches']} batches: "
-                    f"{ts['median_batch_noise_std_per_group_over_temporal_std']:.2f}x the temporal spread; "
-                    f"autocorrelation " + ", ".join(f"{fmt(v, 2)} at {int(k) * sp} steps" for k, v in list(lags.items())[:4])
-                    + ".")
+        rows.append(
+            f"{e1_name(r)}: the drift's spread along the window is "
+            f"{ts['median_temporal_std_over_between_item_std_of_window_mean']:.0f}x the spread of its window "
+            f"mean between items; batch noise of {r['group_batches']} batches: "
+            f"{ts['median_batch_noise_std_per_group_over_temporal_std']:.2f}x the temporal spread; "
+            f"autocorrelation "
+            + ", ".join(f"{fmt(v, 2)} at {int(k) * sp} steps" for k, v in list(lags.items())[:4])
+            + "."
+        )
     return "\n".join(rows)
-

@@ -25,6 +25,7 @@ thread, N = 50 000, d = 256): grouped >= 8x the naive loop at M = 64 and
 >= 15x at M = 256, within 1.5x of its GEMM floor; bare S >= 40x at M = 64.
 Writes OUT/head_stats.json (OUT defaults to runs/head_stats).
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,12 @@ RESULTS = ("head_stats.json",)
 FIGURES = ()
 TABLES = ("head_stats",)
 JSON = JsonStyle(strict=False)
-KEYS = {"naive": ("D", "m2", "V2", "Q"), "grouped": ("D", "se_D", "m2", "V2", "Q", "se_V2", "se_Q"),
-        "S": ("D", "m2", "V2", "Q"), "per_batch": ("D", "se_D", "m2", "V2", "Q")}
+KEYS = {
+    "naive": ("D", "m2", "V2", "Q"),
+    "grouped": ("D", "se_D", "m2", "V2", "Q", "se_V2", "se_Q"),
+    "S": ("D", "m2", "V2", "Q"),
+    "per_batch": ("D", "se_D", "m2", "V2", "Q"),
+}
 TARGETS = {"grouped_vs_naive": {64: 8.0, 256: 15.0}, "grouped_vs_floor": 1.5, "S_vs_naive": {64: 40.0}}
 
 
@@ -61,7 +66,7 @@ class Config:
 
 
 def forms(groups: int) -> dict[str, dict]:
-    from normfast.apps.throughput.head import HEAD_FORMS
+    from normfast.apps.throughput.floor import HEAD_FORMS
 
     return {f: (dict(kw, groups=groups) if f == "grouped" else kw) for f, kw in HEAD_FORMS.items()}
 
@@ -70,10 +75,10 @@ def check(A, Z, G, g, n_check: int, groups: int) -> dict[str, float]:
     """Each method against a float64 brute force of its own estimator (first n_check probes)."""
     import torch
 
+    from normfast import ops
     from normfast.apps.throughput import apply_per_batch
     from normfast.core.reference import brute_force_grouped, brute_force_stats, stat_errors
     from normfast.engine.estimators import effective_groups
-    from normfast import ops
 
     A64, Z64 = A[:n_check].double(), Z[:n_check].double()
     T = -(torch.einsum("bji,ni->bnj", G.double(), A64) + g.double()[:, None, :])
@@ -86,9 +91,9 @@ def check(A, Z, G, g, n_check: int, groups: int) -> dict[str, float]:
 
 
 def run_m(m: int, args: Config) -> dict:
-    from normfast.apps.throughput import apply_per_batch, head_directions_backward, make_head_problem
-    from normfast.apps.throughput.head import gemm_floor
     from normfast import ops
+    from normfast.apps.throughput import apply_per_batch, head_directions_backward, make_head_problem
+    from normfast.apps.throughput.floor import gemm_floor
 
     W, b, A, Z, anchors, positives = make_head_problem(args.n, args.dim, args.dim, m, 32, seed=m)
     G, g = head_directions_backward(W, b, anchors, positives)
@@ -99,7 +104,7 @@ def run_m(m: int, args: Config) -> dict:
         raise RuntimeError(f"head_stats: not accurate enough, not timing: {bad}")
     methods = {"naive": lambda: apply_per_batch(A, Z, G, g)}
     for form, kw in forms(args.groups).items():
-        methods[form] = (lambda kw=kw: ops.head_stats(A, Z, G, g, **kw))
+        methods[form] = lambda kw=kw: ops.head_stats(A, Z, G, g, **kw)
         methods[f"{form}_floor"] = gemm_floor(A, form, args.dim, m, groups=args.groups)
     return {"problem": (A, Z, G, g), "methods": methods, "errors": errors}
 
@@ -107,10 +112,10 @@ def run_m(m: int, args: Config) -> dict:
 def run(config: Config, ctx: Context) -> dict[str, Any]:
     import torch
 
-    from normfast.apps.throughput import cpu_model
-    from normfast.apps.throughput.head import HEAD_FORMS, form_gemms
-    from normfast.engine.estimators import DEFAULT_GROUPS, effective_groups
     from normfast import ops
+    from normfast.apps.throughput import cpu_model
+    from normfast.apps.throughput.floor import HEAD_FORMS, form_gemms
+    from normfast.engine.estimators import DEFAULT_GROUPS, effective_groups
 
     args = replace(config, groups=DEFAULT_GROUPS if config.groups is None else config.groups)
     torch.set_num_threads(args.threads)
@@ -125,43 +130,69 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
                 fn()
                 times[m][name].append(time.perf_counter() - t0)
             med = {k: float(np.median(v)) for k, v in times[m].items()}
-            print(f"round {r + 1}/{args.rounds} M={m}: " + ", ".join(f"{k} {v:.2f}s" for k, v in med.items()),
-                  flush=True)
+            print(
+                f"round {r + 1}/{args.rounds} M={m}: " + ", ".join(f"{k} {v:.2f}s" for k, v in med.items()), flush=True
+            )
     results = {}
     for m in ms:
         med = {k: float(np.median(v)) for k, v in times[m].items()}
         k = effective_groups(args.groups, m)
         flops = ops.head_flops(args.n, args.dim, args.dim, m, bias=True, groups=args.groups)
         results[str(m)] = {
-            "median_seconds": med, "all_seconds": times[m],
+            "median_seconds": med,
+            "all_seconds": times[m],
             "speedup_vs_naive": {f: med["naive"] / med[f] for f in HEAD_FORMS},
             "vs_own_floor": {f: med[f] / med[f"{f}_floor"] for f in HEAD_FORMS},
             "floor_speedup_vs_naive": {f: med["naive"] / med[f"{f}_floor"] for f in HEAD_FORMS},
             "gemms": {f: form_gemms(f, args.n, args.dim, args.dim, m, groups=args.groups) for f in HEAD_FORMS},
-            "flops": {"naive": 2 * args.n * m * (args.dim + 1) * args.dim, **flops}, "groups": k,
+            "flops": {"naive": 2 * args.n * m * (args.dim + 1) * args.dim, **flops},
+            "groups": k,
             "accuracy_max_error": setups[m]["errors"],
         }
     targets = {}
     for m in ms:
         r = results[str(m)]
         if m in TARGETS["grouped_vs_naive"]:
-            targets[f"grouped_vs_naive_M{m}"] = {"target": TARGETS["grouped_vs_naive"][m],
-                                                 "value": r["speedup_vs_naive"]["grouped"]}
+            targets[f"grouped_vs_naive_M{m}"] = {
+                "target": TARGETS["grouped_vs_naive"][m],
+                "value": r["speedup_vs_naive"]["grouped"],
+            }
         if m in TARGETS["S_vs_naive"]:
             targets[f"S_vs_naive_M{m}"] = {"target": TARGETS["S_vs_naive"][m], "value": r["speedup_vs_naive"]["S"]}
-        targets[f"grouped_vs_floor_M{m}"] = {"target": TARGETS["grouped_vs_floor"], "value": r["vs_own_floor"]["grouped"],
-                                             "at_most": True}
+        targets[f"grouped_vs_floor_M{m}"] = {
+            "target": TARGETS["grouped_vs_floor"],
+            "value": r["vs_own_floor"]["grouped"],
+            "at_most": True,
+        }
     for t in targets.values():
         t["met"] = bool(t["value"] <= t["target"]) if t.get("at_most") else bool(t["value"] >= t["target"])
-    return {"benchmark": "head_stats forms vs the naive per-batch loop and their GEMM floors",
-              "config": {"n": args.n, "d_in": args.dim, "d_out": args.dim, "M": ms, "rounds": args.rounds,
-                         "threads": torch.get_num_threads(), "dtype": "float32", "bias": True,
-                         "groups_default": DEFAULT_GROUPS, "groups": args.groups, "interleaved": True,
-                         "timed_from": "G_B"},
-              "environment": {"torch": torch.__version__, "cpu": cpu_model(), "cores": os.cpu_count(),
-                              "load_average_start": load_start, "load_average_end": os.getloadavg()},
-              "results": results, "targets": targets,
-              "note": "CPU on a shared machine: the ratios of medians measured in the same run are the result."}
+    return {
+        "benchmark": "head_stats forms vs the naive per-batch loop and their GEMM floors",
+        "config": {
+            "n": args.n,
+            "d_in": args.dim,
+            "d_out": args.dim,
+            "M": ms,
+            "rounds": args.rounds,
+            "threads": torch.get_num_threads(),
+            "dtype": "float32",
+            "bias": True,
+            "groups_default": DEFAULT_GROUPS,
+            "groups": args.groups,
+            "interleaved": True,
+            "timed_from": "G_B",
+        },
+        "environment": {
+            "torch": torch.__version__,
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "load_average_start": load_start,
+            "load_average_end": os.getloadavg(),
+        },
+        "results": results,
+        "targets": targets,
+        "note": "CPU on a shared machine: the ratios of medians measured in the same run are the result.",
+    }
 
 
 def tables(result: dict[str, Any]) -> dict[str, str]:
@@ -172,8 +203,11 @@ def head_forms_table(d: dict) -> str:
     """Head mode's forms against the naive per-batch loop and their GEMM floors."""
     cfg = d["config"]
     ms = cfg["M"]
-    names = {"grouped": "grouped, with error bars (the default)", "S": "bare S form (`uncertainty=False`)",
-             "per_batch": "per-batch form (`radial_spread=True`)"}
+    names = {
+        "grouped": "grouped, with error bars (the default)",
+        "S": "bare S form (`uncertainty=False`)",
+        "per_batch": "per-batch form (`radial_spread=True`)",
+    }
     head = "| form | " + " | ".join(f"M = {m}: vs naive loop | M = {m}: time / its GEMM floor" for m in ms) + " |"
     rows = [head, "|---|" + "---|---|" * len(ms)]
     for f in ("grouped", "S", "per_batch"):
@@ -182,12 +216,17 @@ def head_forms_table(d: dict) -> str:
             r = d["results"][str(m)]
             cells.append(f"{r['speedup_vs_naive'][f]:.1f}x | {r['vs_own_floor'][f]:.2f}")
         rows.append(f"| {names[f]} | " + " | ".join(cells) + " |")
-    met = "; ".join(f"{k.replace('_', ' ')}: {t['value']:.2f} ({'met' if t['met'] else 'NOT met'}, target "
-                    f"{'<=' if t.get('at_most') else '>='} {t['target']})" for k, t in d["targets"].items())
+    met = "; ".join(
+        f"{k.replace('_', ' ')}: {t['value']:.2f} ({'met' if t['met'] else 'NOT met'}, target "
+        f"{'<=' if t.get('at_most') else '>='} {t['target']})"
+        for k, t in d["targets"].items()
+    )
     rows.append("")
-    rows.append(f"N = {cfg['n']:,}, d_in = d_out = {cfg['d_in']}, bias, fp32, {cfg['threads']} thread, K = "
-                f"{cfg.get('groups', cfg['groups_default'])} groups, medians of {cfg['rounds']} interleaved rounds, timed from the "
-                f"directions G_B; the floor is the same form's GEMMs alone (forming its matrices and the "
-                f"per-probe products). Targets: {met}.")
+    rows.append(
+        f"N = {cfg['n']:,}, d_in = d_out = {cfg['d_in']}, bias, fp32, {cfg['threads']} thread, K = "
+        f"{cfg.get('groups', cfg['groups_default'])} groups, medians of {cfg['rounds']} interleaved rounds, "
+        f"timed from the "
+        f"directions G_B; the floor is the same form's GEMMs alone (forming its matrices and the "
+        f"per-probe products). Targets: {met}."
+    )
     return "\n".join(rows)
-

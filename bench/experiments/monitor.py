@@ -1,6 +1,6 @@
 """Monitor: the radial budget of every probe item while sentence-transformers fine-tunes MiniLM's head.
 
-    python -m bench run monitor --out bench/results/monitor   # the committed example (18 minutes on a shared 2-core machine)
+    python -m bench run monitor --out bench/results/monitor   # the committed example (18 min, 2 shared cores)
     python -m bench run monitor --quick               # toy size: only exercises the code
 
 The end-to-end example of :class:`normfast.TrainingMonitor` (``docs/monitor.md``): a user's
@@ -47,6 +47,7 @@ Writes ``monitor.json`` and ``monitor.png`` (the report's figure) into ``--out``
 ``runs/monitor/train_monitor``; ``runs/monitor/quick_monitor`` at the quick size), where
 ``normfast report`` reads it again.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -87,13 +88,26 @@ class Config:
 
     @classmethod
     def quick(cls) -> "Config":
-        return cls(n_pairs=200, n_eval=40, probes=6, steps=6, every=2, virtual=2, batch_size=8, max_seq_length=24,
-                   control_steps=3, threads=1, monitor_dir="runs/monitor/quick_monitor")
+        return cls(
+            n_pairs=200,
+            n_eval=40,
+            probes=6,
+            steps=6,
+            every=2,
+            virtual=2,
+            batch_size=8,
+            max_seq_length=24,
+            control_steps=3,
+            threads=1,
+            monitor_dir="runs/monitor/quick_monitor",
+        )
 
     def validate(self) -> None:
         if self.steps < 2 * self.every:
-            raise ValueError(f"monitor: expected steps >= 2 * every (two recorded steps at least), got "
-                             f"steps={self.steps}, every={self.every}")
+            raise ValueError(
+                f"monitor: expected steps >= 2 * every (two recorded steps at least), got "
+                f"steps={self.steps}, every={self.every}"
+            )
         if not 0 < self.control_steps <= self.steps:
             raise ValueError(f"monitor: expected 0 < control_steps <= steps, got {self.control_steps}")
         if self.virtual == 1:
@@ -117,8 +131,7 @@ def _model(cfg: Config):
     body.max_seq_length = cfg.max_seq_length
     torch.manual_seed(cfg.seed)
     width = getattr(body, "get_embedding_dimension", None) or body.get_word_embedding_dimension
-    head = Dense(width(), cfg.head_dim, bias=False,
-                 activation_function=torch.nn.Identity())
+    head = Dense(width(), cfg.head_dim, bias=False, activation_function=torch.nn.Identity())
     for p in body.parameters():
         p.requires_grad_(False)
     return SentenceTransformer(modules=[body, pooling, head], device="cpu")
@@ -130,15 +143,17 @@ def _data(cfg: Config):
     from normfast.data.wordnet import wordnet_gloss_pairs
 
     pool, _ = wordnet_gloss_pairs(cfg.n_pairs + cfg.n_eval, 1, cfg.seed)
-    train, held = pool[:cfg.n_pairs], pool[cfg.n_pairs:]
+    train, held = pool[: cfg.n_pairs], pool[cfg.n_pairs :]
     seen, evaluation = set(), []
     for lemma, gloss in held:  # distinct lemmas first: the probe set is the first rows
         if lemma not in seen:
             seen.add(lemma)
             evaluation.append((lemma, gloss))
     if len(evaluation) < cfg.probes:
-        raise ValueError(f"monitor: the evaluation set has {len(evaluation)} distinct lemmas, fewer than "
-                         f"probes={cfg.probes}; raise n_eval")
+        raise ValueError(
+            f"monitor: the evaluation set has {len(evaluation)} distinct lemmas, fewer than "
+            f"probes={cfg.probes}; raise n_eval"
+        )
     columns = lambda pairs: {"anchor": [a for a, _ in pairs], "positive": [b for _, b in pairs]}  # noqa: E731
     return train, Dataset.from_dict(columns(train)), Dataset.from_dict(columns(evaluation))
 
@@ -181,12 +196,28 @@ def _train(cfg: Config, train_ds, steps: int, callbacks: list, out: Path) -> Non
 
     model = _model(cfg)
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(out), max_steps=steps, per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.lr,
-        weight_decay=cfg.weight_decay, lr_scheduler_type="constant", warmup_steps=0, report_to=[],
-        save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True, seed=cfg.seed,
-        dataloader_num_workers=0)
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_ds,
-                                         loss=MultipleNegativesRankingLoss(model, scale=SCALE), callbacks=callbacks)
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=cfg.seed,
+        dataloader_num_workers=0,
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        loss=MultipleNegativesRankingLoss(model, scale=SCALE),
+        callbacks=callbacks,
+    )
     trainer.train()
 
 
@@ -217,9 +248,18 @@ def run(cfg: Config, ctx: Context) -> dict[str, Any]:
     control_seconds = time.perf_counter() - t0
 
     folder = Path(cfg.monitor_dir)
-    monitor = normfast.MonitorCallback(eval_ds, n_probes=cfg.probes, every=cfg.every, out=folder, overwrite=True,
-                                       virtual=cfg.virtual, objective=normfast.InfoNCE(temperature=1 / SCALE),
-                                       pairs=train, virtual_batch_size=cfg.batch_size, virtual_seed=cfg.seed)
+    monitor = normfast.MonitorCallback(
+        eval_ds,
+        n_probes=cfg.probes,
+        every=cfg.every,
+        out=folder,
+        overwrite=True,
+        virtual=cfg.virtual,
+        objective=normfast.InfoNCE(temperature=1 / SCALE),
+        pairs=train,
+        virtual_batch_size=cfg.batch_size,
+        virtual_seed=cfg.seed,
+    )
     clock = _StepClock(cfg.control_steps)
     t0 = time.perf_counter()
     _train(cfg, train_ds, cfg.steps, [clock.hook(), monitor], _scratch(cfg, "trainer"))
@@ -231,18 +271,29 @@ def run(cfg: Config, ctx: Context) -> dict[str, Any]:
     report.pop("folder")  # cfg.monitor_dir
     return {
         "experiment": "training monitor: MiniLM's projection head fine-tuned with SentenceTransformerTrainer",
-        "config": asdict(cfg), "quick": ctx.quick,
+        "config": asdict(cfg),
+        "quick": ctx.quick,
         "report": report,
-        "items": {k: items[k] for k in ("id", "observed", "r_eq_realized", "r_eq_virtual", "r_eq_virtual_heat",
-                                         "dominant") if k in items},
+        "items": {
+            k: items[k]
+            for k in ("id", "observed", "r_eq_realized", "r_eq_virtual", "r_eq_virtual_heat", "dominant")
+            if k in items
+        },
         # the overhead is the clock's: under "timing", left out when two runs are compared
         "timing": {
             "monitor_clock": timing,
-            "control": {"steps": cfg.control_steps, "seconds_per_step_without": control.per_step(),
-                        "seconds_per_step_with": clock.per_step(),
-                        "time_ratio_with_over_without": clock.per_step() / control.per_step()},
-            "data_seconds": data_seconds, "control_seconds": control_seconds, "train_seconds": train_seconds},
-        "_figure": folder / FIGURE_FILE, "_text": text,
+            "control": {
+                "steps": cfg.control_steps,
+                "seconds_per_step_without": control.per_step(),
+                "seconds_per_step_with": clock.per_step(),
+                "time_ratio_with_over_without": clock.per_step() / control.per_step(),
+            },
+            "data_seconds": data_seconds,
+            "control_seconds": control_seconds,
+            "train_seconds": train_seconds,
+        },
+        "_figure": folder / FIGURE_FILE,
+        "_text": text,
     }
 
 
@@ -251,26 +302,34 @@ def figures(result: dict[str, Any], out: Path) -> list[Path]:
     return [Path(shutil.copyfile(result["_figure"], out / "monitor.png"))]
 
 
-_ROWS = (("realized_law", "law from the realized terms (window means)"),
-         ("realized_law_no_remainder", "the same without the curvature remainder"),
-         ("virtual_law", "law from the virtual estimates (window means)"),
-         ("virtual_heat_only", "the same, heat only (D = 0)"),
-         ("virtual_last_state", "law from the last recorded state alone"))
+_ROWS = (
+    ("realized_law", "law from the realized terms (window means)"),
+    ("realized_law_no_remainder", "the same without the curvature remainder"),
+    ("virtual_law", "law from the virtual estimates (window means)"),
+    ("virtual_heat_only", "the same, heat only (D = 0)"),
+    ("virtual_last_state", "law from the last recorded state alone"),
+)
 
 
 def table_monitor(d: dict[str, Any]) -> str:
     r, c = d["report"], d["config"]
     rows = ["| prediction of the window-mean norm | log-log slope | Pearson r |", "|---|---|---|"]
-    rows += [f"| {label} | {fmt(r['fits'][k]['slope'])} | {fmt(r['fits'][k]['pearson_r'])} |"
-             for k, label in _ROWS if k in r["fits"]]
+    rows += [
+        f"| {label} | {fmt(r['fits'][k]['slope'])} | {fmt(r['fits'][k]['pearson_r'])} |"
+        for k, label in _ROWS
+        if k in r["fits"]
+    ]
     st, w, dom = r["stationarity"], r["window"], r.get("dominant") or {}
-    rows += ["", f"{r['n_items']} probe lemmas (held out), {c['steps']} AdamW steps (lr {c['lr']:g}, weight decay "
-                 f"{c['weight_decay']:g}, batch {c['batch_size']}) of a {c['head_dim']}-wide linear head on the frozen "
-                 f"all-MiniLM-L6-v2; recorded every {c['every']} steps, virtual M = {c['virtual']}; window: steps "
-                 f"{w['first_step']}–{w['last_step']}. Stationarity: |mean ΔR²| / |mean decay| = "
-                 f"{fmt(st.get('balance_median'))} (median), mean norm moved "
-                 f"{100 * st['norm_halves_median_rel_change']:.1f}% between the window's halves. Held up by heat: "
-                 f"{dom.get('heat', 'n/a')} items, by drift: {dom.get('drift', 'n/a')}; judged from {dom.get('from', 'n/a')}."]
+    rows += [
+        "",
+        f"{r['n_items']} probe lemmas (held out), {c['steps']} AdamW steps (lr {c['lr']:g}, weight decay "
+        f"{c['weight_decay']:g}, batch {c['batch_size']}) of a {c['head_dim']}-wide linear head on the frozen "
+        f"all-MiniLM-L6-v2; recorded every {c['every']} steps, virtual M = {c['virtual']}; window: steps "
+        f"{w['first_step']}–{w['last_step']}. Stationarity: |mean ΔR²| / |mean decay| = "
+        f"{fmt(st.get('balance_median'))} (median), mean norm moved "
+        f"{100 * st['norm_halves_median_rel_change']:.1f}% between the window's halves. Held up by heat: "
+        f"{dom.get('heat', 'n/a')} items, by drift: {dom.get('drift', 'n/a')}; judged from {dom.get('from', 'n/a')}.",
+    ]
     return "\n".join(rows)
 
 
@@ -279,17 +338,20 @@ def table_overhead(d: dict[str, Any]) -> str:
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     per = m["seconds_per_recorded_step"]
     every = d["config"]["every"]
-    return "\n".join([
-        "| cost of the monitor | realized terms | virtual probe (M = %d) |" % d["config"]["virtual"],
-        "|---|---|---|",
-        f"| per recorded step (s) | {per['terms']:.4f} | {per['virtual']:.3f} |",
-        f"| as a fraction of the training time (recorded every {every} steps) | {pct(m['overhead_terms'])} | "
-        f"{pct(m['overhead_virtual'])} |",
-        "",
-        f"Training step without the monitor: {c['seconds_per_step_without']:.3f} s; the first "
-        f"{c['steps']} steps with it: {c['seconds_per_step_with']:.3f} s per step (ratio "
-        f"{c['time_ratio_with_over_without']:.2f}, the same run without and with the monitor, wall time on a "
-        f"shared machine)."])
+    return "\n".join(
+        [
+            "| cost of the monitor | realized terms | virtual probe (M = %d) |" % d["config"]["virtual"],
+            "|---|---|---|",
+            f"| per recorded step (s) | {per['terms']:.4f} | {per['virtual']:.3f} |",
+            f"| as a fraction of the training time (recorded every {every} steps) | {pct(m['overhead_terms'])} | "
+            f"{pct(m['overhead_virtual'])} |",
+            "",
+            f"Training step without the monitor: {c['seconds_per_step_without']:.3f} s; the first "
+            f"{c['steps']} steps with it: {c['seconds_per_step_with']:.3f} s per step (ratio "
+            f"{c['time_ratio_with_over_without']:.2f}, the same run without and with the monitor, wall time on a "
+            f"shared machine).",
+        ]
+    )
 
 
 def tables(d: dict[str, Any]) -> dict[str, str]:

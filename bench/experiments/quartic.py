@@ -25,6 +25,7 @@ the committed result: --out bench/results/quartic) and prints a markdown table.
 Only ratios measured in the same run are claims; the absolute times depend on
 the machine and, on a shared one, on its load (recorded in the JSON).
 """
+
 from __future__ import annotations
 
 import os
@@ -109,11 +110,16 @@ def time_methods(methods: dict[str, Callable[[], object]], repeats: int, n_rows:
     out = {}
     for name, ts in wall.items():
         p20, p50, p80 = np.percentile(ts, [20, 50, 80])
-        out[name] = {"seconds_p20": p20, "seconds_p50": p50, "seconds_p80": p80,
-                     "rows_per_s_p50": n_rows / p50, "seconds_all": ts,
-                     "cpu_seconds_p50": float(np.median(cpu[name])), "cpu_seconds_all": cpu[name]}
+        out[name] = {
+            "seconds_p20": p20,
+            "seconds_p50": p50,
+            "seconds_p80": p80,
+            "rows_per_s_p50": n_rows / p50,
+            "seconds_all": ts,
+            "cpu_seconds_p50": float(np.median(cpu[name])),
+            "cpu_seconds_all": cpu[name],
+        }
     return out
-
 
 
 def run(config: Config, ctx: Context) -> dict[str, Any]:
@@ -136,27 +142,34 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     }
 
     timings = {
-        "general": time_methods({
-            "normfast": lambda: solve_quartic(general),
-            "normfast_1_thread": lambda: solve_quartic(general, threads=1),
-            "numpy_eigvals": lambda: eigvals_largest_positive(general),
-        }, config.repeats, config.rows),
-        "biquadratic": time_methods({
-            "normfast": lambda: solve_quartic(biquad),
-            "normfast_1_thread": lambda: solve_quartic(biquad, threads=1),
-            "numpy_closed_form": lambda: biquadratic_closed_form(biquad),
-        }, config.repeats, config.rows),
+        "general": time_methods(
+            {
+                "normfast": lambda: solve_quartic(general),
+                "normfast_1_thread": lambda: solve_quartic(general, threads=1),
+                "numpy_eigvals": lambda: eigvals_largest_positive(general),
+            },
+            config.repeats,
+            config.rows,
+        ),
+        "biquadratic": time_methods(
+            {
+                "normfast": lambda: solve_quartic(biquad),
+                "normfast_1_thread": lambda: solve_quartic(biquad, threads=1),
+                "numpy_closed_form": lambda: biquadratic_closed_form(biquad),
+            },
+            config.repeats,
+            config.rows,
+        ),
     }
     ratios = {}
     for workload, base in BASELINES.items():
         t = timings[workload]
         ratios[workload] = {
             f"normfast_vs_{base}": t[base]["seconds_p50"] / t["normfast"]["seconds_p50"],
-            f"normfast_1_thread_vs_{base}":
-                t[base]["seconds_p50"] / t["normfast_1_thread"]["seconds_p50"],
+            f"normfast_1_thread_vs_{base}": t[base]["seconds_p50"] / t["normfast_1_thread"]["seconds_p50"],
             # CPU seconds summed over threads: the work per row, whatever the machine's load
-            f"cpu_time_normfast_1_thread_vs_{base}":
-                t[base]["cpu_seconds_p50"] / t["normfast_1_thread"]["cpu_seconds_p50"],
+            f"cpu_time_normfast_1_thread_vs_{base}": t[base]["cpu_seconds_p50"]
+            / t["normfast_1_thread"]["cpu_seconds_p50"],
         }
 
     return {
@@ -180,7 +193,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
         "timings": timings,
         "ratios_p50": ratios,
         "claims": "only the ratios (same process, interleaved runs) are claims; absolute times "
-                  "depend on the machine and its load",
+        "depend on the machine and its load",
     }
 
 
@@ -191,36 +204,46 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
 def timing_table(result: dict[str, Any]) -> str:
     """Every method's times, the agreement and the load (what a run prints)."""
     env, timings, agreement = result["environment"], result["timings"], result["agreement"]
-    lines = [f"quartic solve, {result['rows']:,} rows, {result['repeats']} repeats, "
-             f"OpenMP threads {env['openmp_threads']}, {env['cpu']}", "",
-             "| workload | method | p20 s | p50 s | p80 s | rows/s (p50) | speed-up (wall) | CPU s (p50) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"quartic solve, {result['rows']:,} rows, {result['repeats']} repeats, "
+        f"OpenMP threads {env['openmp_threads']}, {env['cpu']}",
+        "",
+        "| workload | method | p20 s | p50 s | p80 s | rows/s (p50) | speed-up (wall) | CPU s (p50) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for workload, base in BASELINES.items():
         for name, t in timings[workload].items():
             ratio = timings[workload][base]["seconds_p50"] / t["seconds_p50"]
-            lines.append(f"| {workload} | {name} | {t['seconds_p20']:.3f} | {t['seconds_p50']:.3f} | "
-                         f"{t['seconds_p80']:.3f} | {t['rows_per_s_p50']:.3g} | {ratio:.1f}x | "
-                         f"{t['cpu_seconds_p50']:.3f} |")
+            lines.append(
+                f"| {workload} | {name} | {t['seconds_p20']:.3f} | {t['seconds_p50']:.3f} | "
+                f"{t['seconds_p80']:.3f} | {t['rows_per_s_p50']:.3g} | {ratio:.1f}x | "
+                f"{t['cpu_seconds_p50']:.3f} |"
+            )
     lines.append("")
     for workload, a in agreement.items():
-        lines.append(f"{workload}: max rel diff {a['max_rel_diff']:.2e} over {a['rows_compared']:,} rows; "
-                     f"root found only by normfast {a['only_normfast_finds_a_root']}, "
-                     f"only by the baseline {a['only_baseline_finds_a_root']}")
+        lines.append(
+            f"{workload}: max rel diff {a['max_rel_diff']:.2e} over {a['rows_compared']:,} rows; "
+            f"root found only by normfast {a['only_normfast_finds_a_root']}, "
+            f"only by the baseline {a['only_baseline_finds_a_root']}"
+        )
     lines.append(f"\nload average before/after: {env['load_average_before']} / {env['load_average_after']}")
     return "\n".join(lines)
+
+
 def table_quartic(d: dict) -> str:
     r = d["ratios_p50"]
     a = d["agreement"]
     env = d["environment"]
     gen, bi = r["general"], r["biquadratic"]
-    rows = ["| workload (10^6 rows) | baseline | normfast speed-up, "
-            f"{env['openmp_threads']} threads | 1 thread | max rel. difference |",
-            "|---|---|---|---|---|",
-            f"| general quartic (standard-normal coefficients) | numpy batched companion-matrix `eigvals` | "
-            f"{gen['normfast_vs_numpy_eigvals']:.1f}x | {gen['normfast_1_thread_vs_numpy_eigvals']:.1f}x | "
-            f"{a['general']['max_rel_diff']:.1e} |",
-            f"| biquadratic (b = d = 0) | vectorized numpy closed form | "
-            f"{bi['normfast_vs_numpy_closed_form']:.2f}x | {bi['normfast_1_thread_vs_numpy_closed_form']:.2f}x | "
-            f"{a['biquadratic']['max_rel_diff']:.1e} |"]
+    rows = [
+        "| workload (10^6 rows) | baseline | normfast speed-up, "
+        f"{env['openmp_threads']} threads | 1 thread | max rel. difference |",
+        "|---|---|---|---|---|",
+        f"| general quartic (standard-normal coefficients) | numpy batched companion-matrix `eigvals` | "
+        f"{gen['normfast_vs_numpy_eigvals']:.1f}x | {gen['normfast_1_thread_vs_numpy_eigvals']:.1f}x | "
+        f"{a['general']['max_rel_diff']:.1e} |",
+        f"| biquadratic (b = d = 0) | vectorized numpy closed form | "
+        f"{bi['normfast_vs_numpy_closed_form']:.2f}x | {bi['normfast_1_thread_vs_numpy_closed_form']:.2f}x | "
+        f"{a['biquadratic']['max_rel_diff']:.1e} |",
+    ]
     return "\n".join(rows)
-

@@ -22,6 +22,7 @@ by default; the committed result: ``--out bench/results/streaming``). A child is
 Claims are ratios within this run (the 10M run's peak RSS against the 1M
 run's); absolute CPU times on a shared VM are recorded, not claimed.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,12 @@ class Config:
     sample_every: float = field(default=0.5, metadata={"help": "RSS sampling period (s)"})
     resume_check: bool = field(default=True, metadata={"help": "kill and resume the smallest size"})
     workdir: str | None = field(default=None, metadata={"help": "where the Parquet outputs go (none: a temp folder)"})
-    keep_runs: str | None = field(default=None, metadata={
-        "help": "a folder to keep the finished runs in (run-ROWS.parquet; none: deleted with the temp folder)"})
+    keep_runs: str | None = field(
+        default=None,
+        metadata={
+            "help": "a folder to keep the finished runs in (run-ROWS.parquet; none: deleted with the temp folder)"
+        },
+    )
 
     @classmethod
     def quick(cls) -> "Config":
@@ -150,8 +155,8 @@ def child(args: SimpleNamespace) -> None:
     from torch import nn
 
     from normfast import ProbeConfig, probe
-    from normfast.encoders.packaged import minilm_path
     from normfast.encoders import HFEncoder
+    from normfast.encoders.packaged import minilm_path
 
     torch.set_num_threads(args.threads)
     samples: list[tuple[float, int]] = []
@@ -167,9 +172,14 @@ def child(args: SimpleNamespace) -> None:
     sampler.start()
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(minilm_path()))
-    cfg = transformers.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=args.hidden,
-                                  num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                                  intermediate_size=4 * args.hidden, max_position_embeddings=64)
+    cfg = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        intermediate_size=4 * args.hidden,
+        max_position_embeddings=64,
+    )
     cfg._attn_implementation = "eager"
     torch.manual_seed(SEED)
     model = transformers.BertModel(cfg).eval()
@@ -178,30 +188,55 @@ def child(args: SimpleNamespace) -> None:
     n_items, expected_rows = items_for_rows(args.rows)
     probes = Sentences(n_items, words, SEED)
     pairs = Sentences(4096, words, SEED + 1)[0:4096]
-    config = ProbeConfig(params="head", mode="head", output="tokens", batches=args.batches,
-                         batch_size=args.batch_size, seed=SEED, chunk_size=args.chunk_size,
-                         drift_batches=None)  # the protocol predates the mean-direction drift
+    config = ProbeConfig(
+        params="head",
+        mode="head",
+        output="tokens",
+        batches=args.batches,
+        batch_size=args.batch_size,
+        seed=SEED,
+        chunk_size=args.chunk_size,
+        drift_batches=None,
+    )  # the protocol predates the mean-direction drift
     out = Path(args.out)
     parts = out.with_name(out.name + ".parts")
     done_before = len(list(parts.glob("chunk-*.parquet"))) if parts.exists() else 0
     rss_before = _rss_bytes()
     t0 = time.perf_counter()
-    result = probe(encoder, probes, "simcse", pairs, config, out=out, resume=args.resume,
-                   overwrite=not args.resume, progress=not args.no_progress, model_name="tiny-bert (random)")
+    result = probe(
+        encoder,
+        probes,
+        "simcse",
+        pairs,
+        config,
+        out=out,
+        resume=args.resume,
+        overwrite=not args.resume,
+        progress=not args.no_progress,
+        model_name="tiny-bert (random)",
+    )
     seconds = time.perf_counter() - t0
     rows = len(result)
     stop.set()
     sampler.join()
     n_chunks = -(-n_items // args.chunk_size)
     report = {
-        "rows": rows, "expected_rows": expected_rows, "items": n_items, "chunks": n_chunks,
-        "chunks_done_before": done_before, "chunks_computed": n_chunks - done_before,
-        "seconds": seconds, "rows_per_s": rows / seconds, "rss_before_probe_bytes": rss_before,
-        "peak_rss_self_bytes": _hwm_bytes(), "file_bytes": out.stat().st_size,
+        "rows": rows,
+        "expected_rows": expected_rows,
+        "items": n_items,
+        "chunks": n_chunks,
+        "chunks_done_before": done_before,
+        "chunks_computed": n_chunks - done_before,
+        "seconds": seconds,
+        "rows_per_s": rows / seconds,
+        "rss_before_probe_bytes": rss_before,
+        "peak_rss_self_bytes": _hwm_bytes(),
+        "file_bytes": out.stat().st_size,
         "result_holds_table": result._table is not None,
         "rss_timeline": [(round(t, 2), r) for t, r in samples],
         "t_probe_start": round(t0 - t_start, 2),
-        "versions": result.metadata["versions"], "device": result.metadata["device"],
+        "versions": result.metadata["versions"],
+        "device": result.metadata["device"],
     }
     print("RESULT " + json.dumps(report), flush=True)
 
@@ -215,13 +250,21 @@ def _child_command(args: Config, rows: int, out: Path, resume: bool, progress: b
     return [sys.executable, "-m", __name__, json.dumps(settings)]
 
 
-def run_child(args: Config, rows: int, out: Path, *, resume: bool = False, progress: bool = False,
-              kill_at_chunks: int | None = None) -> dict:
+def run_child(
+    args: Config,
+    rows: int,
+    out: Path,
+    *,
+    resume: bool = False,
+    progress: bool = False,
+    kill_at_chunks: int | None = None,
+) -> dict:
     """Run one child; its own peak RSS comes from wait4 (ru_maxrss, KiB on Linux)."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(args.threads))
     t0 = time.perf_counter()
-    proc = subprocess.Popen(_child_command(args, rows, out, resume, progress), stdout=subprocess.PIPE, env=env,
-                            text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        _child_command(args, rows, out, resume, progress), stdout=subprocess.PIPE, env=env, text=True, cwd=REPO
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -243,7 +286,7 @@ def run_child(args: Config, rows: int, out: Path, *, resume: bool = False, progr
     found = [ln for ln in lines if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not found:
         raise RuntimeError(f"streaming bench: child for {rows} rows failed (exit {proc.returncode})")
-    report = json.loads(found[-1][len("RESULT "):])
+    report = json.loads(found[-1][len("RESULT ") :])
     report["peak_rss_bytes"] = usage.ru_maxrss * 1024
     report["wall_seconds"] = wall
     return report
@@ -271,8 +314,9 @@ def figures(summary: dict, out: Path) -> list[Path]:
     ax = axes[0]
     ax.plot(n, [r["peak_rss_bytes"] / gib for r in runs], "o-", label="peak RSS (process)")
     ax.plot(n, [r["rss_before_probe_bytes"] / gib for r in runs], "s--", label="RSS before probe (model loaded)")
-    ax.axhline(summary["targets"]["peak_rss_limit_bytes"] / gib, color="r", lw=0.8, ls=":",
-               label="target: 4 GB (3.73 GiB)")
+    ax.axhline(
+        summary["targets"]["peak_rss_limit_bytes"] / gib, color="r", lw=0.8, ls=":", label="target: 4 GB (3.73 GiB)"
+    )
     ax.set_xscale("log")
     ax.set_xticks(n, [f"{int(v):,}" for v in n])
     ax.minorticks_off()
@@ -302,9 +346,11 @@ def figures(summary: dict, out: Path) -> list[Path]:
     ax.set_title("RSS over the run", fontsize=10)
     ax.legend(fontsize=8)
     m = summary["settings"]
-    fig.suptitle(f"streaming token probes, head mode, M={m['batches']}, chunk {m['chunk_size']} items, "
-                 f"BERT {m['layers']}x{m['hidden']} + head {m['hidden']}->{m['dim']}, {m['threads']} thread(s)",
-                 fontsize=10)
+    fig.suptitle(
+        f"streaming token probes, head mode, M={m['batches']}, chunk {m['chunk_size']} items, "
+        f"BERT {m['layers']}x{m['hidden']} + head {m['hidden']}->{m['dim']}, {m['threads']} thread(s)",
+        fontsize=10,
+    )
     return [save(fig, path)]
 
 
@@ -321,8 +367,11 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
                 shutil.move(tmp / f"run-{rows}.parquet", Path(args.keep_runs) / f"run-{rows}.parquet")
             r.pop("versions_", None)
             runs.append(r)
-            print(f"   {r['rows']:,} rows in {r['seconds']:.1f} s ({r['rows_per_s']:,.0f} rows/s), "
-                  f"peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB", flush=True)
+            print(
+                f"   {r['rows']:,} rows in {r['seconds']:.1f} s ({r['rows_per_s']:,.0f} rows/s), "
+                f"peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB",
+                flush=True,
+            )
         resume = None
         if args.resume_check:
             rows = sizes[0]
@@ -333,35 +382,63 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
             if not first.get("killed"):
                 raise RuntimeError("streaming bench: the run to be killed finished first; use a larger size")
             second = run_child(args, rows, out, resume=True, progress=ctx.progress)
-            resume = {"rows": rows, "killed_after_chunks_on_disk": second["chunks_done_before"],
-                      "chunks": second["chunks"], "chunks_computed_on_resume": second["chunks_computed"],
-                      "resumed_seconds": second["seconds"], "uninterrupted_seconds": runs[0]["seconds"],
-                      "resumed_peak_rss_bytes": second["peak_rss_bytes"],
-                      "same_table_as_uninterrupted": _same_tables(out, tmp / f"run-{rows}.parquet")}
-            print(f"   resumed: computed {resume['chunks_computed_on_resume']} of {resume['chunks']} chunks, "
-                  f"same table: {resume['same_table_as_uninterrupted']}", flush=True)
+            resume = {
+                "rows": rows,
+                "killed_after_chunks_on_disk": second["chunks_done_before"],
+                "chunks": second["chunks"],
+                "chunks_computed_on_resume": second["chunks_computed"],
+                "resumed_seconds": second["seconds"],
+                "uninterrupted_seconds": runs[0]["seconds"],
+                "resumed_peak_rss_bytes": second["peak_rss_bytes"],
+                "same_table_as_uninterrupted": _same_tables(out, tmp / f"run-{rows}.parquet"),
+            }
+            print(
+                f"   resumed: computed {resume['chunks_computed_on_resume']} of {resume['chunks']} chunks, "
+                f"same table: {resume['same_table_as_uninterrupted']}",
+                flush=True,
+            )
 
     small, large = runs[0], runs[-1]
     limit = 4 * 10**9
     return {
         "benchmark": "streaming token probes: peak memory and throughput against the number of probe rows",
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count()},
-        "versions": small["versions"], "device": small["device"],
-        "settings": {"model": "BertModel (random weights) + HFEncoder(mean pooling, dense=[Linear]), eager "
-                              "attention, all-MiniLM-L6-v2 tokenizer",
-                     "hidden": args.hidden, "layers": args.layers, "heads": args.heads, "dim": args.dim,
-                     "mode": "head", "params": "head", "output": "tokens", "objective": "simcse",
-                     "batches": args.batches, "batch_size": args.batch_size, "chunk_size": args.chunk_size,
-                     "radial_spread": True, "threads": args.threads, "tokenizers_parallelism": False,
-                     "probes": f"synthetic sentences of {MIN_WORDS}-{MIN_WORDS + SPAN - 1} vocabulary words, "
-                               f"generated on demand", "peak_rss": "ru_maxrss of the child (os.wait4)"},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+        },
+        "versions": small["versions"],
+        "device": small["device"],
+        "settings": {
+            "model": "BertModel (random weights) + HFEncoder(mean pooling, dense=[Linear]), eager "
+            "attention, all-MiniLM-L6-v2 tokenizer",
+            "hidden": args.hidden,
+            "layers": args.layers,
+            "heads": args.heads,
+            "dim": args.dim,
+            "mode": "head",
+            "params": "head",
+            "output": "tokens",
+            "objective": "simcse",
+            "batches": args.batches,
+            "batch_size": args.batch_size,
+            "chunk_size": args.chunk_size,
+            "radial_spread": True,
+            "threads": args.threads,
+            "tokenizers_parallelism": False,
+            "probes": f"synthetic sentences of {MIN_WORDS}-{MIN_WORDS + SPAN - 1} vocabulary words, "
+            f"generated on demand",
+            "peak_rss": "ru_maxrss of the child (os.wait4)",
+        },
         "runs": [{k: v for k, v in r.items() if k != "versions"} for r in runs],
         "peak_rss_ratio": large["peak_rss_bytes"] / small["peak_rss_bytes"],
         "engine_growth_bytes": {str(r["rows"]): r["peak_rss_bytes"] - r["rss_before_probe_bytes"] for r in runs},
-        "targets": {"peak_rss_limit_bytes": limit, "ratio_limit": 1.2,
-                    "largest_under_limit": large["peak_rss_bytes"] < limit,
-                    "ratio_within_limit": large["peak_rss_bytes"] / small["peak_rss_bytes"] <= 1.2},
+        "targets": {
+            "peak_rss_limit_bytes": limit,
+            "ratio_limit": 1.2,
+            "largest_under_limit": large["peak_rss_bytes"] < limit,
+            "ratio_within_limit": large["peak_rss_bytes"] / small["peak_rss_bytes"] <= 1.2,
+        },
         "resume_check": resume,
     }
 
@@ -374,17 +451,27 @@ def table_streaming(d: dict) -> str:
     rows = ["| token probes | chunks | peak RSS | rows/s (relative to the 1M run) |", "|---|---|---|---|"]
     base = d["runs"][0]["rows_per_s"]
     for r in d["runs"]:
-        rows.append(f"| {r['rows']:,} | {r['chunks']} | {r['peak_rss_bytes'] / 2**20:,.0f} MiB | "
-                    f"{r['rows_per_s'] / base:.2f}x |")
+        rows.append(
+            f"| {r['rows']:,} | {r['chunks']} | {r['peak_rss_bytes'] / 2**20:,.0f} MiB | "
+            f"{r['rows_per_s'] / base:.2f}x |"
+        )
     s_ = d["settings"]
     rc = d["resume_check"]
-    resume = "not run." if rc is None else (
-        f"a run killed after {rc['killed_after_chunks_on_disk']} of {rc['chunks']} chunks recomputed "
-        f"{rc['chunks_computed_on_resume']} chunks and gave "
-        f"{'the same table' if rc['same_table_as_uninterrupted'] else 'a DIFFERENT table'}.")
-    rows += ["", f"Peak RSS ratio 10M / 1M: {d['peak_rss_ratio']:.3f} (target: within 20%, and < 4 GB). "
-                 f"{s_['mode']} mode, {s_['output']}, M = {s_['batches']}, {s_['threads']} thread, on a "
-                 f"{s_['layers']}-layer, {s_['hidden']}-wide BERT with a linear head. Resume check: {resume}"]
+    resume = (
+        "not run."
+        if rc is None
+        else (
+            f"a run killed after {rc['killed_after_chunks_on_disk']} of {rc['chunks']} chunks recomputed "
+            f"{rc['chunks_computed_on_resume']} chunks and gave "
+            f"{'the same table' if rc['same_table_as_uninterrupted'] else 'a DIFFERENT table'}."
+        )
+    )
+    rows += [
+        "",
+        f"Peak RSS ratio 10M / 1M: {d['peak_rss_ratio']:.3f} (target: within 20%, and < 4 GB). "
+        f"{s_['mode']} mode, {s_['output']}, M = {s_['batches']}, {s_['threads']} thread, on a "
+        f"{s_['layers']}-layer, {s_['hidden']}-wide BERT with a linear head. Resume check: {resume}",
+    ]
     return "\n".join(rows)
 
 

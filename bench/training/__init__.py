@@ -33,15 +33,30 @@ Plain SGD + weight decay is what the law describes (DESIGN §1); the dropout of
 the encoder is off in training, as in the engine's virtual batches, so the
 only noise is the minibatch noise.
 """
+
 from bench.training.checkpoints import CheckpointLaw
-from bench.training.epochs import embed_in_chunks, train_epochs, zero_shot_entropy
 from bench.training.criteria import health
+from bench.training.epochs import embed_in_chunks, train_epochs, zero_shot_entropy
 from bench.training.selection import pilot
 from bench.training.settings import HealthThresholds, TrainSettings
 from bench.training.stationary import Records, mean_cosine, split_decay, train
 from bench.training.storage import CheckpointSnapshots, Resume
 from bench.training.workers import probe_checkpoints
 
-__all__ = ["CheckpointLaw", "CheckpointSnapshots", "HealthThresholds", "Records", "Resume", "TrainSettings",
-           "embed_in_chunks", "health", "mean_cosine", "pilot", "probe_checkpoints", "split_decay",
-           "train", "train_epochs", "zero_shot_entropy"]
+__all__ = [
+    "CheckpointLaw",
+    "CheckpointSnapshots",
+    "HealthThresholds",
+    "Records",
+    "Resume",
+    "TrainSettings",
+    "embed_in_chunks",
+    "health",
+    "mean_cosine",
+    "pilot",
+    "probe_checkpoints",
+    "split_decay",
+    "train",
+    "train_epochs",
+    "zero_shot_entropy",
+]

@@ -1,6 +1,7 @@
 """The law at checkpoints: the engine at every checkpoint, the statistics averaged over them, the law
 solved on the averages (full and heat-only), the regime check of the averages, and the last
 checkpoint alone (:class:`CheckpointLaw`)."""
+
 from __future__ import annotations
 
 import time
@@ -35,10 +36,16 @@ class CheckpointLaw:
         entries and its times, without adding them (:meth:`add` does)."""
         t0, c0 = time.perf_counter(), time.process_time()
         res = self.probe_fn(self.seed * 7919 + i)
-        return {"columns": {col: np.asarray(res.column(col)) for col in self.COLUMNS},
-                "last": {"r_eq": np.asarray(res.column("r_eq")), "r_eq_heat": np.asarray(res.column("r_eq_heat")),
-                         "regime": res.metadata.get("regime")},
-                "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
+        return {
+            "columns": {col: np.asarray(res.column(col)) for col in self.COLUMNS},
+            "last": {
+                "r_eq": np.asarray(res.column("r_eq")),
+                "r_eq_heat": np.asarray(res.column("r_eq_heat")),
+                "regime": res.metadata.get("regime"),
+            },
+            "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - c0,
+        }
 
     def add(self, entry: dict[str, Any]) -> None:
         """Append one checkpoint's :meth:`measure` (checkpoints in order)."""
@@ -50,8 +57,7 @@ class CheckpointLaw:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything gathered so far (for :class:`Resume`)."""
-        return {"columns": self.columns, "last": self.last, "seconds": self.seconds,
-                "cpu_seconds": self.cpu_seconds}
+        return {"columns": self.columns, "last": self.last, "seconds": self.seconds, "cpu_seconds": self.cpu_seconds}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = set(self.COLUMNS) - set(state["columns"])
@@ -76,10 +82,12 @@ class CheckpointLaw:
         avg = self.averages()
         zero = np.zeros_like(avg["D"])
         law = dict(lr=lr, weight_decay=weight_decay)
-        return {"full": np.asarray(equilibrium_norm(avg["D"], avg["Q"], avg["kappa"], **law)),
-                "heat": np.asarray(equilibrium_norm(zero, avg["Q"], avg["kappa"], **law)),
-                "last_full": np.asarray(self.last["r_eq"]),
-                "last_heat": np.asarray(self.last["r_eq_heat"])}
+        return {
+            "full": np.asarray(equilibrium_norm(avg["D"], avg["Q"], avg["kappa"], **law)),
+            "heat": np.asarray(equilibrium_norm(zero, avg["Q"], avg["kappa"], **law)),
+            "last_full": np.asarray(self.last["r_eq"]),
+            "last_heat": np.asarray(self.last["r_eq_heat"]),
+        }
 
     def regime(self, lr: float, weight_decay: float) -> dict[str, Any]:
         """The regime check of the averaged statistics.

@@ -6,6 +6,7 @@
 * :func:`zero_shot_entropy` -- predictive entropy of a cosine-softmax classifier over
   class embeddings (a CLIP-style zero-shot head).
 """
+
 from __future__ import annotations
 
 import math
@@ -16,9 +17,18 @@ import torch
 from tqdm.auto import tqdm
 
 
-def train_epochs(modules: Sequence[torch.nn.Module], optimizer: torch.optim.Optimizer,
-                 loss_on: Callable[[torch.Tensor], torch.Tensor], ids: np.ndarray, *, batch_size: int,
-                 epochs: int, seed: int, progress: bool = True, desc: str = "train") -> dict[str, Any]:
+def train_epochs(
+    modules: Sequence[torch.nn.Module],
+    optimizer: torch.optim.Optimizer,
+    loss_on: Callable[[torch.Tensor], torch.Tensor],
+    ids: np.ndarray,
+    *,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+    progress: bool = True,
+    desc: str = "train",
+) -> dict[str, Any]:
     """Train for ``epochs`` passes over ``ids`` in shuffled batches; returns a loss record.
 
     Each epoch draws one permutation of ``ids`` from ``numpy.random.default_rng(seed)``
@@ -44,7 +54,7 @@ def train_epochs(modules: Sequence[torch.nn.Module], optimizer: torch.optim.Opti
         for _ in range(epochs):
             order = rng.permutation(ids)
             for s in range(steps_per_epoch):
-                rows = torch.from_numpy(order[s * batch_size:(s + 1) * batch_size])
+                rows = torch.from_numpy(order[s * batch_size : (s + 1) * batch_size])
                 loss = loss_on(rows)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -57,20 +67,22 @@ def train_epochs(modules: Sequence[torch.nn.Module], optimizer: torch.optim.Opti
         for m in modules:
             m.eval()
     tail = max(1, steps_per_epoch // 4)
-    return {"steps": len(losses), "loss_first_epoch_mean": float(np.mean(losses[:steps_per_epoch])),
-            "loss_last_quarter_epoch_mean": float(np.mean(losses[-tail:])), "losses": losses}
+    return {
+        "steps": len(losses),
+        "loss_first_epoch_mean": float(np.mean(losses[:steps_per_epoch])),
+        "loss_last_quarter_epoch_mean": float(np.mean(losses[-tail:])),
+        "losses": losses,
+    }
 
 
 @torch.no_grad()
 def embed_in_chunks(encoder: Any, items: Sequence[Any], *, output: str = "pooled", chunk: int = 1000) -> np.ndarray:
     """``encoder.encode(items, output=...)`` chunk by chunk, as a float64 numpy array."""
-    parts = [encoder.encode(items[lo:lo + chunk], output=output).double().cpu()
-             for lo in range(0, len(items), chunk)]
+    parts = [encoder.encode(items[lo : lo + chunk], output=output).double().cpu() for lo in range(0, len(items), chunk)]
     return torch.cat(parts).numpy()
 
 
-def zero_shot_entropy(z: np.ndarray, class_embeddings: np.ndarray,
-                      temperature: float) -> tuple[np.ndarray, np.ndarray]:
+def zero_shot_entropy(z: np.ndarray, class_embeddings: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
     """Entropy (nats) of ``softmax_c(cos(z, class_c) / temperature)`` per row, and the predicted class."""
     if not temperature > 0 or not math.isfinite(temperature):
         raise ValueError(f"zero_shot_entropy: expected a finite temperature > 0, got {temperature!r}")

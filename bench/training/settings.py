@@ -1,5 +1,6 @@
 """What a training run to a stationary state is (:class:`TrainSettings`) and what it must meet
 before any fit means anything (:class:`HealthThresholds`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,11 +19,11 @@ class HealthThresholds:
         return {
             "a_loss": f"every 100-step mean loss in the window < {self.loss_fraction_of_chance} ln(batch)",
             "b_no_collapse": f"mean pairwise cosine of the probe embeddings < {self.collapse_cosine} at "
-                             "every record (every trajectory_every steps, and every record_every "
-                             "steps in the window)",
+            "every record (every trajectory_every steps, and every record_every "
+            "steps in the window)",
             "c_stationary": f"median relative change of the window-mean probe norm between the "
-                            f"window halves < {self.norm_change_max}, and of the decayed matrices' "
-                            f"norm < {self.weight_change_max}",
+            f"window halves < {self.norm_change_max}, and of the decayed matrices' "
+            f"norm < {self.weight_change_max}",
         }
 
 
@@ -55,17 +56,22 @@ class TrainSettings:
         if not 0 < self.window <= 1:
             raise ValueError(f"{fn}: expected 0 < window <= 1, got window={self.window!r}")
         if not (self.lr > 0 and self.weight_decay > 0 and self.temperature > 0):
-            raise ValueError(f"{fn}: expected lr, weight_decay and temperature > 0, got lr={self.lr!r}, "
-                             f"weight_decay={self.weight_decay!r}, temperature={self.temperature!r}")
+            raise ValueError(
+                f"{fn}: expected lr, weight_decay and temperature > 0, got lr={self.lr!r}, "
+                f"weight_decay={self.weight_decay!r}, temperature={self.temperature!r}"
+            )
         if self.batch_size < 2:
             raise ValueError(f"{fn}: expected batch_size >= 2, got {self.batch_size}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"{fn}: expected warmup to be an int >= 0, got {self.warmup!r}")
         window_steps = self.steps - self.window_start
         if self.warmup > self.window_start:
-            raise ValueError(f"{fn}: the warmup ({self.warmup} steps) must end before the window "
-                             f"starts (step {self.window_start})")
+            raise ValueError(
+                f"{fn}: the warmup ({self.warmup} steps) must end before the window starts (step {self.window_start})"
+            )
         if window_steps < 2 * self.probe_every or window_steps < 2 * self.record_every:
-            raise ValueError(f"{fn}: the window ({window_steps} steps) must hold at least two "
-                             f"checkpoints and two records, got probe_every={self.probe_every}, "
-                             f"record_every={self.record_every}")
+            raise ValueError(
+                f"{fn}: the window ({window_steps} steps) must hold at least two "
+                f"checkpoints and two records, got probe_every={self.probe_every}, "
+                f"record_every={self.record_every}"
+            )

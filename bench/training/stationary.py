@@ -6,6 +6,7 @@ pairs (as the engine's virtual batches are drawn), recording over the late windo
 items' norms, the embeddings' mean pairwise cosine (:func:`mean_cosine`) and the decayed
 weights' norm; a callback runs the engine at checkpoints.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,9 @@ from bench.training.settings import HealthThresholds, TrainSettings
 from bench.training.storage import Resume
 
 
-def split_decay(encoder: torch.nn.Module, trained: str, no_decay: str | None
-                ) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+def split_decay(
+    encoder: torch.nn.Module, trained: str, no_decay: str | None
+) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
     """``(decayed, exempt)``: the parameters whose names match ``trained`` (a regex, matched at the
     start of the name), split by ``no_decay`` (searched); every other parameter is frozen."""
     pattern = re.compile(trained)
@@ -35,8 +37,7 @@ def split_decay(encoder: torch.nn.Module, trained: str, no_decay: str | None
         if on:
             (exempt if exempt_re and exempt_re.search(name) else decayed).append(p)
     if not decayed:
-        raise ValueError(f"split_decay: no decayed parameter matches trained={trained!r} "
-                         f"(no_decay={no_decay!r})")
+        raise ValueError(f"split_decay: no decayed parameter matches trained={trained!r} (no_decay={no_decay!r})")
     return decayed, exempt
 
 
@@ -44,14 +45,14 @@ def split_decay(encoder: torch.nn.Module, trained: str, no_decay: str | None
 class Records:
     losses: list[float]
     trajectory: list[dict[str, float]]
-    window_norms: list[np.ndarray]       # [records][n_probes]
+    window_norms: list[np.ndarray]  # [records][n_probes]
     window_cosines: list[float]
-    window_weight_norms: list[float]     # norm of the decayed parameters
+    window_weight_norms: list[float]  # norm of the decayed parameters
     window_start: int
-    stopped_at: int | None               # step at which a collapsed run was stopped
-    seconds: float                       # training only (checkpoints excluded)
-    cpu_seconds: float = 0.0             # process CPU time of the training only
-    loop_seconds: float = 0.0            # the whole loop (training + checkpoints), every segment
+    stopped_at: int | None  # step at which a collapsed run was stopped
+    seconds: float  # training only (checkpoints excluded)
+    cpu_seconds: float = 0.0  # process CPU time of the training only
+    loop_seconds: float = 0.0  # the whole loop (training + checkpoints), every segment
     loop_cpu_seconds: float = 0.0
     segments: list[dict[str, Any]] = field(default_factory=list)  # each process that ran part of the loop
 
@@ -69,11 +70,20 @@ def _norm(params: Sequence[torch.Tensor]) -> float:
     return float(torch.sqrt(sum(p.detach().double().square().sum() for p in params)))
 
 
-def train(encoder: Any, pair_ids: np.ndarray, probe_items: Sequence[Any], settings: TrainSettings,
-          groups: tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]], *,
-          on_checkpoint: Callable[[int], None] | None = None, stop_on_collapse: bool = False,
-          collapse_cosine: float = HealthThresholds.collapse_cosine, progress: bool = True,
-          desc: str = "train", resume: Resume | None = None) -> Records:
+def train(
+    encoder: Any,
+    pair_ids: np.ndarray,
+    probe_items: Sequence[Any],
+    settings: TrainSettings,
+    groups: tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]],
+    *,
+    on_checkpoint: Callable[[int], None] | None = None,
+    stop_on_collapse: bool = False,
+    collapse_cosine: float = HealthThresholds.collapse_cosine,
+    progress: bool = True,
+    desc: str = "train",
+    resume: Resume | None = None,
+) -> Records:
     """SGD + decay on ``groups = (decayed, exempt)`` with InfoNCE on pairs of ``pair_ids`` rows.
 
     Each step draws ``batch_size`` distinct rows of ``pair_ids`` (``[n, 2]`` items that
@@ -114,18 +124,30 @@ def train(encoder: Any, pair_ids: np.ndarray, probe_items: Sequence[Any], settin
 
     def times() -> dict[str, float]:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        return {"train": before["train"] + wall - checkpoint_seconds,
-                "train_cpu": before["train_cpu"] + cpu - checkpoint_cpu,
-                "loop": before["loop"] + wall, "loop_cpu": before["loop_cpu"] + cpu}
+        return {
+            "train": before["train"] + wall - checkpoint_seconds,
+            "train_cpu": before["train_cpu"] + cpu - checkpoint_cpu,
+            "loop": before["loop"] + wall,
+            "loop_cpu": before["loop_cpu"] + cpu,
+        }
 
     def save(done: int) -> None:
         rec.segments[-1]["last_step"] = done
-        resume.save({"settings": asdict(settings), "identity": resume.identity, "step": done, "rng": rng.bit_generator.state,
-                     "params": [p.detach().clone() for p in params], "records": asdict(rec),
-                     "seconds": times()})
+        resume.save(
+            {
+                "settings": asdict(settings),
+                "identity": resume.identity,
+                "step": done,
+                "rng": rng.bit_generator.state,
+                "params": [p.detach().clone() for p in params],
+                "records": asdict(rec),
+                "seconds": times(),
+            }
+        )
 
-    bar = tqdm(range(first, settings.steps), desc=desc, unit="step", disable=not progress,
-               initial=first, total=settings.steps)
+    bar = tqdm(
+        range(first, settings.steps), desc=desc, unit="step", disable=not progress, initial=first, total=settings.steps
+    )
     for step in bar:
         if step <= settings.warmup:
             for group in opt.param_groups:
@@ -153,11 +175,16 @@ def train(encoder: Any, pair_ids: np.ndarray, probe_items: Sequence[Any], settin
             rec.window_cosines.append(cosine)
             rec.window_weight_norms.append(_norm(decayed))
         if traj:
-            rec.trajectory.append({"step": done,
-                                   "loss_mean": float(np.mean(rec.losses[-settings.trajectory_every:])),
-                                   "norm_median": float(zp.norm(dim=-1).median()),
-                                   "mean_cosine": cosine, "decayed_weight_norm": _norm(decayed),
-                                   "exempt_param_norm": _norm(exempt)})
+            rec.trajectory.append(
+                {
+                    "step": done,
+                    "loss_mean": float(np.mean(rec.losses[-settings.trajectory_every :])),
+                    "norm_median": float(zp.norm(dim=-1).median()),
+                    "mean_cosine": cosine,
+                    "decayed_weight_norm": _norm(decayed),
+                    "exempt_param_norm": _norm(exempt),
+                }
+            )
             bar.set_postfix(loss=f"{rec.trajectory[-1]['loss_mean']:.3f}", cos=f"{cosine:.2f}")
             if stop_on_collapse and cosine >= collapse_cosine:
                 rec.stopped_at = done
@@ -172,7 +199,11 @@ def train(encoder: Any, pair_ids: np.ndarray, probe_items: Sequence[Any], settin
             save(done)
     t = times()
     rec.seconds, rec.cpu_seconds, rec.loop_seconds, rec.loop_cpu_seconds = (
-        t["train"], t["train_cpu"], t["loop"], t["loop_cpu"])
+        t["train"],
+        t["train_cpu"],
+        t["loop"],
+        t["loop_cpu"],
+    )
     rec.segments[-1]["last_step"] = rec.stopped_at or settings.steps
     if resume is not None and not resume.keep:
         resume.path.unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 checkpoint (:class:`CheckpointSnapshots`), each file written atomically and read back with
 ``torch.load(weights_only=True)`` (:mod:`normfast.data.torchfiles`): a file planted in a run folder
 is refused, never run."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,6 @@ import torch
 
 from bench.training.settings import TrainSettings
 from normfast.data.torchfiles import load_plain, save_plain
-
-
 
 
 @dataclass
@@ -55,16 +54,19 @@ class Resume:
         payload = load_plain(self.path, "Resume: the state file")
         for key, mine in (("settings", asdict(settings)), ("identity", self.identity)):
             if payload.get(key) != mine:
-                raise ValueError(f"Resume: {self.path} was written with {key} {payload.get(key)}, this run "
-                                 f"has {mine}; remove the file to start afresh")
+                raise ValueError(
+                    f"Resume: {self.path} was written with {key} {payload.get(key)}, this run "
+                    f"has {mine}; remove the file to start afresh"
+                )
         shapes = [tuple(p.shape) for p in params]
         if [tuple(t.shape) for t in payload["params"]] != shapes:
-            raise ValueError(f"Resume: {self.path} holds parameters of shapes "
-                             f"{[tuple(t.shape) for t in payload['params']]}, this run trains {shapes}")
+            raise ValueError(
+                f"Resume: {self.path} holds parameters of shapes "
+                f"{[tuple(t.shape) for t in payload['params']]}, this run trains {shapes}"
+            )
         for name, part in self.parts.items():
             part.load_state_dict(payload["parts"][name])
         return payload
-
 
 
 class CheckpointSnapshots:
@@ -85,8 +87,10 @@ class CheckpointSnapshots:
         tag = self.folder / "identity.json"
         mine = json.dumps(identity or {}, sort_keys=True, default=str)
         if tag.exists() and tag.read_text() != mine:
-            raise ValueError(f"CheckpointSnapshots: {self.folder} holds the checkpoints of another run "
-                             f"({tag.read_text()[:200]}); remove the folder to start afresh")
+            raise ValueError(
+                f"CheckpointSnapshots: {self.folder} holds the checkpoints of another run "
+                f"({tag.read_text()[:200]}); remove the folder to start afresh"
+            )
         tag.write_text(mine)
 
     def _path(self, i: int, kind: str) -> Path:

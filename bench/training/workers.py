@@ -1,4 +1,5 @@
 """Checkpoints probed after training, in one worker process per core (:func:`probe_checkpoints`)."""
+
 from __future__ import annotations
 
 import time
@@ -9,7 +10,6 @@ from tqdm.auto import tqdm
 
 from bench.training.checkpoints import CheckpointLaw
 from bench.training.storage import CheckpointSnapshots
-
 
 _JOB: dict[str, Any] = {}  # what a forked probe worker needs (set before the pool forks)
 
@@ -27,9 +27,14 @@ def _worker_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def probe_checkpoints(laws: dict[str, CheckpointLaw], snapshots: CheckpointSnapshots, *,
-                      workers: int | None = None, progress: bool = True, desc: str = "probe checkpoints"
-                      ) -> dict[str, float]:
+def probe_checkpoints(
+    laws: dict[str, CheckpointLaw],
+    snapshots: CheckpointSnapshots,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    desc: str = "probe checkpoints",
+) -> dict[str, float]:
     """Run every law at every snapshot not probed yet and add all results to the laws in order.
 
     ``workers`` processes (forked, each on ``threads // workers`` torch threads; default: one
@@ -56,8 +61,12 @@ def probe_checkpoints(laws: dict[str, CheckpointLaw], snapshots: CheckpointSnaps
                 _probe_job(i)
                 bar.update()
         else:
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_worker_threads,
-                                     initargs=(max(1, threads // workers),)) as pool:
+            with ProcessPoolExecutor(
+                workers,
+                mp_context=mp.get_context("fork"),
+                initializer=_worker_threads,
+                initargs=(max(1, threads // workers),),
+            ) as pool:
                 for fut in as_completed([pool.submit(_probe_job, i) for i in todo]):
                     worker_cpu += fut.result()
                     bar.update()
@@ -71,5 +80,9 @@ def probe_checkpoints(laws: dict[str, CheckpointLaw], snapshots: CheckpointSnaps
         result = snapshots.result(i)
         for name, law in laws.items():
             law.add(result[name])
-    return {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0 + worker_cpu,
-            "worker_cpu_seconds": worker_cpu, "workers": workers if todo else 0}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - c0 + worker_cpu,
+        "worker_cpu_seconds": worker_cpu,
+        "workers": workers if todo else 0,
+    }

@@ -1,5 +1,6 @@
 """``normfast aggregate``: per-type statistics of a token-level run (driver over
 :func:`normfast.engine.report.aggregate.aggregate`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,13 +28,19 @@ examples:
 
 def aggregate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="a token-level run: .parquet written by `normfast probe` or a manifest .json")
-    p.add_argument("--by", default="token", choices=["token", "word"],
-                   help="token: vocabulary entries; word: whole words (corpus runs)")
-    p.add_argument("--min-count", type=int, default=1, help="keep types with at least this many valid "
-                                                             "occurrences (default 1)")
+    p.add_argument(
+        "--by",
+        default="token",
+        choices=["token", "word"],
+        help="token: vocabulary entries; word: whole words (corpus runs)",
+    )
+    p.add_argument(
+        "--min-count", type=int, default=1, help="keep types with at least this many valid occurrences (default 1)"
+    )
     p.add_argument("--casefold", action="store_true", help="--by word: group words case-insensitively")
-    p.add_argument("--out", default=None,
-                   help="output table .parquet or .csv (default: next to the run, RUN.by-token.parquet)")
+    p.add_argument(
+        "--out", default=None, help="output table .parquet or .csv (default: next to the run, RUN.by-token.parquet)"
+    )
     p.add_argument("--top", type=int, default=10, help="hottest/coldest types printed (default 10)")
     p.add_argument("--plot", action="store_true", help="also draw type heat against corpus frequency (PNG)")
     p.add_argument("--no-progress", action="store_true")
@@ -42,16 +49,18 @@ def aggregate_arguments(p: argparse.ArgumentParser) -> None:
 def aggregate_main(args: argparse.Namespace) -> int:
     from normfast.core.paths import check_outputs
     from normfast.data.manifest import run_inputs
-    from normfast.engine.report.aggregate import aggregate, plot_type_heat, write_table
+    from normfast.engine.report.aggregate import aggregate, write_table
+    from normfast.engine.report.figures import plot_type_heat
 
     run = Path(args.run)
     try:
-        stem = run.name[:-len(".manifest.json")] if run.name.endswith(".manifest.json") else run.stem
+        stem = run.name[: -len(".manifest.json")] if run.name.endswith(".manifest.json") else run.stem
         out = Path(args.out) if args.out else run.with_name(f"{stem}.by-{args.by}.parquet")
         png = out.with_suffix(".png") if args.plot else None
         check_outputs(inputs=run_inputs(run), files={"--out": out, "the figure": png})
-        table = aggregate(run, by=args.by, min_count=args.min_count, casefold=args.casefold,
-                          progress=not args.no_progress)
+        table = aggregate(
+            run, by=args.by, min_count=args.min_count, casefold=args.casefold, progress=not args.no_progress
+        )
         write_table(table, out)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
         print(f"normfast aggregate: error: {exc}", file=sys.stderr)
@@ -59,8 +68,7 @@ def aggregate_main(args: argparse.Namespace) -> int:
     print(format_types(table, args.by, args.top))
     print(f"\nwrote {out} ({table.num_rows} types)")
     if args.plot:
-        png = plot_type_heat(table, png, title=f"{run.name}: type heat vs frequency "
-                                                                    f"(by {args.by})")
+        png = plot_type_heat(table, png, title=f"{run.name}: type heat vs frequency (by {args.by})")
         print(f"wrote {png}")
     return 0
 
@@ -76,13 +84,16 @@ def format_types(table, by: str, top: int = 10, quantity: str = "V2") -> str:
     norm = table.column("norm_mean").to_numpy(zero_copy_only=False)
     ok = np.flatnonzero((count >= 2) & np.isfinite(mean))
     order = ok[np.argsort(mean[ok], kind="stable")]
-    lines = [f"{table.num_rows} types; {int(count.sum())} valid occurrences; "
-             f"{len(ok)} types seen at least twice"]
+    lines = [f"{table.num_rows} types; {int(count.sum())} valid occurrences; {len(ok)} types seen at least twice"]
 
-    rel = table.column("heat_rel_mean").to_numpy(zero_copy_only=False) if "heat_rel_mean" in table.column_names \
+    rel = (
+        table.column("heat_rel_mean").to_numpy(zero_copy_only=False) if "heat_rel_mean" in table.column_names else None
+    )
+    rel_se = (
+        table.column("heat_rel_se_batches").to_numpy(zero_copy_only=False)
+        if "heat_rel_se_batches" in table.column_names
         else None
-    rel_se = table.column("heat_rel_se_batches").to_numpy(zero_copy_only=False) \
-        if "heat_rel_se_batches" in table.column_names else None
+    )
 
     def relative(i: int) -> str:
         if rel is None:
@@ -91,8 +102,11 @@ def format_types(table, by: str, top: int = 10, quantity: str = "V2") -> str:
         return f"  relative heat {rel[i]:+.3f}{batches}"
 
     def rows(idx) -> list[str]:
-        return [f"  {label[i]!s:<18} n={int(count[i]):>6}  {quantity} {mean[i]:.4g} ± {se[i]:.2g}  "
-                f"norm {norm[i]:.3f}{relative(i)}" for i in idx]
+        return [
+            f"  {label[i]!s:<18} n={int(count[i]):>6}  {quantity} {mean[i]:.4g} ± {se[i]:.2g}  "
+            f"norm {norm[i]:.3f}{relative(i)}"
+            for i in idx
+        ]
 
     if len(order):
         lines.append(f"hottest (mean {quantity} ± SE):")

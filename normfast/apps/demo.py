@@ -7,6 +7,7 @@ transformer layer as the probed parameters. Prints the run summary and how
 norm and heat relate to word frequency, writes the Parquet table, the
 figures and the run's page (demo.html, as `normfast view` writes it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,21 +16,31 @@ from pathlib import Path
 
 import numpy as np
 
-demo_description = __doc__ + """
+demo_description = (
+    __doc__
+    + """
 The drift comes from the mean update direction over M_D = 1024 virtual
 batches (one gradient each, once per run: about 4 minutes of one CPU thread
 for this model at batch size 32, whatever the number of words); the heat
 from M = 16 of them. --quick runs 200 words with M = 8 and M_D = 16."""
+)
 
 
 def demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--words", type=int, default=None, help="number of words (default 2000; 200 with --quick)")
     p.add_argument("--batches", type=int, default=None, help="M virtual batches (default 16; 8 with --quick)")
-    p.add_argument("--drift-batches", type=int, default=None,
-                   help="M_D virtual batches of the drift (default 1024; 16 with --quick; 0: per batch from M)")
+    p.add_argument(
+        "--drift-batches",
+        type=int,
+        default=None,
+        help="M_D virtual batches of the drift (default 1024; 16 with --quick; 0: per batch from M)",
+    )
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--params", default=r"encoder\.layer\.5\.",
-                   help=r"probed parameters (default: the last transformer layer, 'encoder\.layer\.5\.')")
+    p.add_argument(
+        "--params",
+        default=r"encoder\.layer\.5\.",
+        help=r"probed parameters (default: the last transformer layer, 'encoder\.layer\.5\.')",
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--wd", type=float, default=1e-2)
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
@@ -57,11 +68,31 @@ def demo_main(args: argparse.Namespace) -> int:
     except (ImportError, FileNotFoundError, RuntimeError, ValueError) as exc:
         print(f"normfast demo: error: {exc}", file=sys.stderr)
         return 2
-    config = ProbeConfig(params=args.params, mode="jvp", output="tokens", optimizer="sgd", lr=args.lr,
-                         weight_decay=args.wd, batches=M, drift_batches=M_D or None, batch_size=args.batch_size,
-                         seed=0, chunk_size=128)
-    result = probe(encoder, words, "simcse", None, config, out=out / "demo.parquet", resume=args.resume,
-                   overwrite=not args.resume, progress=not args.no_progress, model_name="all-MiniLM-L6-v2")
+    config = ProbeConfig(
+        params=args.params,
+        mode="jvp",
+        output="tokens",
+        optimizer="sgd",
+        lr=args.lr,
+        weight_decay=args.wd,
+        batches=M,
+        drift_batches=M_D or None,
+        batch_size=args.batch_size,
+        seed=0,
+        chunk_size=128,
+    )
+    result = probe(
+        encoder,
+        words,
+        "simcse",
+        None,
+        config,
+        out=out / "demo.parquet",
+        resume=args.resume,
+        overwrite=not args.resume,
+        progress=not args.no_progress,
+        model_name="all-MiniLM-L6-v2",
+    )
     print(result.format_summary())
     how_to_read = reading(result, args.lr, args.wd)
     print("\n" + how_to_read)
@@ -94,16 +125,20 @@ def reading(result, lr: float, wd: float) -> str:
     D = result.column(result.drift_column)[valid]
     kappa = result.column("kappa")[valid]
     ratio = result.column("drift_to_heat")[valid] if "drift_to_heat" in result.column_names else None
-    lines = ["how to read R_eq here:",
-             f"  This model was pretrained with its own optimizer and data, not with the demo's virtual "
-             f"settings (SGD lr={lr}, wd={wd}, last layer only). r_eq is where each token's norm would "
-             f"settle if the last layer were trained at those settings from this snapshot's forces; it "
-             f"is not a fit to the present norms, so a low slope of present norms against r_eq says "
-             f"nothing against the law (E2 in the README tests the law after training at its settings)."]
+    lines = [
+        "how to read R_eq here:",
+        f"  This model was pretrained with its own optimizer and data, not with the demo's virtual "
+        f"settings (SGD lr={lr}, wd={wd}, last layer only). r_eq is where each token's norm would "
+        f"settle if the last layer were trained at those settings from this snapshot's forces; it "
+        f"is not a fit to the present norms, so a low slope of present norms against r_eq says "
+        f"nothing against the law (E2 in the README tests the law after training at its settings).",
+    ]
     if regime is not None:
         share = regime["fractions"][regime["regime"]]
-        lines.append(f"  Regime check: {regime['regime']} for {share_text(share)} of the token rows "
-                     f"(kappa median {np.median(kappa):.2f}): {regime['explanation']}.")
+        lines.append(
+            f"  Regime check: {regime['regime']} for {share_text(share)} of the token rows "
+            f"(kappa median {np.median(kappa):.2f}): {regime['explanation']}."
+        )
     if ratio is not None and np.isfinite(ratio).any():
         lines.append(
             f"  The drift of this snapshot points outwards for {np.mean(D > 0):.0%} of the tokens (inwards "
@@ -111,5 +146,6 @@ def reading(result, lr: float, wd: float) -> str:
             f"decides the full law's r_eq. A "
             f"single snapshot's drift fluctuates along training (the last-checkpoint rows of E1 and E2), "
             f"so the heat-only r_eq_heat is the steadier reading, and the heat V2 itself ranks the "
-            f"tokens by how inconsistently the virtual batches push them.")
+            f"tokens by how inconsistently the virtual batches push them."
+        )
     return "\n".join(lines)

@@ -1,4 +1,5 @@
 """``normfast probe``: the command-line driver over :func:`normfast.engine.probe.probe`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,10 +8,9 @@ import torch
 
 from normfast.data.records import read_jsonl, read_lines, read_tsv
 from normfast.engine.config import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODES, ProbeConfig
-from normfast.engine.probe import probe
 from normfast.engine.directions.presets import PRESETS
+from normfast.engine.probe import probe
 from normfast.engine.runner.distributed import current_shard
-
 
 probe_description = """\
 Probe a contrastive encoder: for every input (--pooled) or every token
@@ -78,8 +78,14 @@ def _read_pairs_file(path: Path, args, needs: str):
     fn = "pairs file"
     if path.suffix == ".jsonl":
         if needs != "items":
-            return PairSource.from_jsonl(path, anchor_key=args.anchor_key, positive_key=args.positive_key,
-                                         label_key=args.label_key, text_key=args.text_key, kind=needs)
+            return PairSource.from_jsonl(
+                path,
+                anchor_key=args.anchor_key,
+                positive_key=args.positive_key,
+                label_key=args.label_key,
+                text_key=args.text_key,
+                kind=needs,
+            )
         first = next(read_jsonl(path, fn=fn), (0, {}))[1]
         key = args.anchor_key if args.text_key not in first and args.anchor_key in first else args.text_key
         return PairSource.from_jsonl(path, text_key=key, kind="items")
@@ -100,51 +106,92 @@ def _load_images(paths: list[str]):
 
 
 def probe_arguments(p) -> None:
-    p.add_argument("model", help="hub id, local folder (HF or sentence-transformers), 'minilm', or open_clip:ARCH[@WEIGHTS]")
+    p.add_argument(
+        "model", help="hub id, local folder (HF or sentence-transformers), 'minilm', or open_clip:ARCH[@WEIGHTS]"
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--probes", help="probe items file (.txt / .jsonl / .tsv)")
     src.add_argument("--corpus", help="a corpus to probe token by token, in context (.txt or .jsonl; see below)")
-    p.add_argument("--text-key", default="text",
-                   help="jsonl key of the text: of the probes, the corpus documents, and the items of a --pairs "
-                        "file (default: text)")
+    p.add_argument(
+        "--text-key",
+        default="text",
+        help="jsonl key of the text: of the probes, the corpus documents, and the items of a --pairs "
+        "file (default: text)",
+    )
     p.add_argument("--id-key", default="id", help="--corpus .jsonl: key of the document id (default: id)")
-    p.add_argument("--doc-layout", default="lines", choices=["lines", "blank"],
-                   help="--corpus plain text: one document per line (default) or blank-line separated")
-    p.add_argument("--window", type=int, default=None,
-                   help="--corpus: content tokens per window (default: the model's maximum length "
-                        "less its special tokens)")
-    p.add_argument("--stride", type=int, default=None,
-                   help="--corpus: tokens between window starts (default: --window, no overlap)")
-    p.add_argument("--pairs", help="virtual-batch source (.jsonl / .tsv); optional for simcse, which reads plain "
-                                   "items from it (.txt / .tsv / .jsonl) or a pairs file's anchors")
+    p.add_argument(
+        "--doc-layout",
+        default="lines",
+        choices=["lines", "blank"],
+        help="--corpus plain text: one document per line (default) or blank-line separated",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="--corpus: content tokens per window (default: the model's maximum length less its special tokens)",
+    )
+    p.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="--corpus: tokens between window starts (default: --window, no overlap)",
+    )
+    p.add_argument(
+        "--pairs",
+        help="virtual-batch source (.jsonl / .tsv); optional for simcse, which reads plain "
+        "items from it (.txt / .tsv / .jsonl) or a pairs file's anchors",
+    )
     p.add_argument("--anchor-key", default="anchor")
     p.add_argument("--positive-key", default="positive")
     p.add_argument("--label-key", default=None, help="jsonl key of class labels (supcon)")
     p.add_argument("--objective", default="simcse", choices=["simcse", "infonce", "clip", "supcon"])
-    p.add_argument("--temperature", type=float, default=None,
-                   help="objective temperature (default: the objective's own: infonce/simcse 0.05, clip 0.07, "
-                        "supcon 0.1)")
-    p.add_argument("--symmetric", action="store_true",
-                   help="infonce: average the anchor->positive and positive->anchor losses (clip is always "
-                        "symmetric)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="objective temperature (default: the objective's own: infonce/simcse 0.05, clip 0.07, supcon 0.1)",
+    )
+    p.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="infonce: average the anchor->positive and positive->anchor losses (clip is always symmetric)",
+    )
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--tokens", dest="output", action="store_const", const="tokens",
-                   help="one row per token position")
-    g.add_argument("--pooled", dest="output", action="store_const", const="pooled",
-                   help="one row per input (default, except with --corpus)")
+    g.add_argument("--tokens", dest="output", action="store_const", const="tokens", help="one row per token position")
+    g.add_argument(
+        "--pooled",
+        dest="output",
+        action="store_const",
+        const="pooled",
+        help="one row per input (default, except with --corpus)",
+    )
     p.set_defaults(output=None)
-    p.add_argument("--mode", default="auto", choices=list(MODES),
-                   help="head: closed form for a final linear head; jvp: general; auto (default)")
-    p.add_argument("--params", default="all",
-                   help="probed parameters: all, head, or a regex over parameter names (default: all)")
+    p.add_argument(
+        "--mode",
+        default="auto",
+        choices=list(MODES),
+        help="head: closed form for a final linear head; jvp: general; auto (default)",
+    )
+    p.add_argument(
+        "--params", default="all", help="probed parameters: all, head, or a regex over parameter names (default: all)"
+    )
     p.add_argument("--batches", type=int, default=16, help="M, virtual batches (>= 2; default 16)")
-    p.add_argument("--drift-batches", type=int, default=DEFAULT_DRIFT_BATCHES,
-                   help=f"M_D, virtual batches of the drift, taken from their mean update direction (one more "
-                        f"directional pass per batch group; >= M; default {DEFAULT_DRIFT_BATCHES}); 0: the "
-                        f"drift from the M heat batches, per batch")
-    p.add_argument("--groups", type=int, default=DEFAULT_GROUPS,
-                   help=f"K, batch groups behind every error bar (se_D, sign stability, se_V2, se_Q, R_eq "
-                        f"intervals; t with K-1 dof; default {DEFAULT_GROUPS})")
+    p.add_argument(
+        "--drift-batches",
+        type=int,
+        default=DEFAULT_DRIFT_BATCHES,
+        help=f"M_D, virtual batches of the drift, taken from their mean update direction (one more "
+        f"directional pass per batch group; >= M; default {DEFAULT_DRIFT_BATCHES}); 0: the "
+        f"drift from the M heat batches, per batch",
+    )
+    p.add_argument(
+        "--groups",
+        type=int,
+        default=DEFAULT_GROUPS,
+        help=f"K, batch groups behind every error bar (se_D, sign stability, se_V2, se_Q, R_eq "
+        f"intervals; t with K-1 dof; default {DEFAULT_GROUPS})",
+    )
     p.add_argument("--batch-size", type=int, default=32, help="pairs per virtual batch (default 32)")
     p.add_argument("--optimizer", default="sgd", choices=list(PRESETS))
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate eta of the law (default 1e-3)")
@@ -152,28 +199,51 @@ def probe_arguments(p) -> None:
     p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (heuristic eta/(1-beta))")
     p.add_argument("--no-decay", default=None, help="regex of probed parameters without weight decay")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--chunk-size", type=int, default=None,
-                   help="probe items per streamed chunk (default 64; with --corpus 8 windows)")
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        help="probe items per streamed chunk (default 64; with --corpus 8 windows)",
+    )
     p.add_argument("--directions-per-pass", type=int, default=None, help="K directions per JVP pass")
     p.add_argument("--memory-budget-mb", type=float, default=2048)
-    p.add_argument("--no-uncertainty", action="store_true",
-                   help="skip the error bars (se_D, se_V2, se_Q, R_eq intervals): the bare estimates (head mode: "
-                        "the S form)")
-    p.add_argument("--per-batch", action="store_true",
-                   help="head mode: the per-batch form (se_D and sign stability from every batch; cost grows with M)")
-    p.add_argument("--target-rse", type=float, default=None,
-                   help="adaptive M: add K batches at a time until the --target-quantile of se(V2)/V2 over the "
-                        "first chunk is at most this (e.g. 0.1), up to --max-batches")
+    p.add_argument(
+        "--no-uncertainty",
+        action="store_true",
+        help="skip the error bars (se_D, se_V2, se_Q, R_eq intervals): the bare estimates (head mode: the S form)",
+    )
+    p.add_argument(
+        "--per-batch",
+        action="store_true",
+        help="head mode: the per-batch form (se_D and sign stability from every batch; cost grows with M)",
+    )
+    p.add_argument(
+        "--target-rse",
+        type=float,
+        default=None,
+        help="adaptive M: add K batches at a time until the --target-quantile of se(V2)/V2 over the "
+        "first chunk is at most this (e.g. 0.1), up to --max-batches",
+    )
     p.add_argument("--max-batches", type=int, default=256, help="cap of the adaptive M (default 256)")
-    p.add_argument("--target-quantile", type=float, default=0.9,
-                   help="quantile of se(V2)/V2 that --target-rse applies to (default 0.9)")
-    p.add_argument("--snapshot", action="store_true",
-                   help="add the single-snapshot predictor r_eq_snapshot: continue the model virtually from this "
-                        "snapshot on the pairs for a few relaxation times and solve the law with the trajectory's "
-                        "shrunk drift and heat (pooled output; costly: see normfast.engine.trajectory.snapshot)")
-    p.add_argument("--snapshot-steps", type=int, default=None,
-                   help="with --snapshot: the virtual trajectory's steps (default: 4 relaxation times of R², "
-                        "500 to 20000 steps)")
+    p.add_argument(
+        "--target-quantile",
+        type=float,
+        default=0.9,
+        help="quantile of se(V2)/V2 that --target-rse applies to (default 0.9)",
+    )
+    p.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="add the single-snapshot predictor r_eq_snapshot: continue the model virtually from this "
+        "snapshot on the pairs for a few relaxation times and solve the law with the trajectory's "
+        "shrunk drift and heat (pooled output; costly: see normfast.engine.trajectory.snapshot)",
+    )
+    p.add_argument(
+        "--snapshot-steps",
+        type=int,
+        default=None,
+        help="with --snapshot: the virtual trajectory's steps (default: 4 relaxation times of R², 500 to 20000 steps)",
+    )
     p.add_argument("--tower", choices=["image", "text"], help="open_clip tower to probe")
     p.add_argument("--no-projection", action="store_true", help="open_clip / sentence-transformers without the head")
     p.add_argument("--pooling", default=None, help="HF pooling (mean, cls, ...)")
@@ -204,15 +274,18 @@ def probe_main(args) -> int:
 def _probe_cli(args, device: str, root: bool) -> int:
     import sys
 
+    from normfast.data.pairs import PairSource
     from normfast.encoders import load_encoder
     from normfast.engine.directions.objectives import get_objective
-    from normfast.data.pairs import PairSource
 
     try:
         from normfast.core.paths import check_outputs
 
-        check_outputs(inputs=[args.probes, args.corpus, args.pairs], owned=[f"{args.out}.parts"],
-                      files={"--out": args.out, "--out's manifest": Path(args.out).with_suffix(".manifest.json")})
+        check_outputs(
+            inputs=[args.probes, args.corpus, args.pairs],
+            owned=[f"{args.out}.parts"],
+            files={"--out": args.out, "--out's manifest": Path(args.out).with_suffix(".manifest.json")},
+        )
         output = args.output or ("tokens" if args.corpus else "pooled")
         if args.corpus and output != "tokens":
             raise ValueError("--corpus probes every token in context; --pooled does not apply")
@@ -221,8 +294,7 @@ def _probe_cli(args, device: str, root: bool) -> int:
         if args.corpus:
             from normfast.data.corpus import read_documents
 
-            documents = read_documents(args.corpus, layout=args.doc_layout, text_key=args.text_key,
-                                       id_key=args.id_key)
+            documents = read_documents(args.corpus, layout=args.doc_layout, text_key=args.text_key, id_key=args.id_key)
         else:
             items, ids = _read_probe_file(Path(args.probes), args.text_key)
         kw = {}
@@ -235,8 +307,9 @@ def _probe_cli(args, device: str, root: bool) -> int:
         if args.corpus:
             from normfast.data.corpus import CorpusWindows, split_sentences
 
-            items = CorpusWindows.from_encoder(documents, encoder, window=args.window, stride=args.stride,
-                                               progress=root and not args.no_progress)
+            items = CorpusWindows.from_encoder(
+                documents, encoder, window=args.window, stride=args.stride, progress=root and not args.no_progress
+            )
             ids = items.ids()
             corpus_pairs = split_sentences([d.text for d in documents])
         if encoder.modality == "image":
@@ -244,8 +317,10 @@ def _probe_cli(args, device: str, root: bool) -> int:
         obj_kw = {} if args.temperature is None else {"temperature": args.temperature}
         if args.symmetric:
             if args.objective != "infonce":
-                raise ValueError(f"--symmetric applies to --objective infonce, got --objective {args.objective}"
-                                 + (" (clip is symmetric already)" if args.objective == "clip" else ""))
+                raise ValueError(
+                    f"--symmetric applies to --objective infonce, got --objective {args.objective}"
+                    + (" (clip is symmetric already)" if args.objective == "clip" else "")
+                )
             obj_kw["symmetric"] = True
         objective = get_objective(args.objective, **obj_kw)
         pairs = None
@@ -254,25 +329,53 @@ def _probe_cli(args, device: str, root: bool) -> int:
             pairs = _read_pairs_file(Path(args.pairs), args, objective.needs)
         elif corpus_pairs is not None:
             if objective.needs != "items":
-                raise ValueError(f"--objective {objective.name} needs --pairs; with --corpus only simcse "
-                                 f"can use the corpus's own sentences")
+                raise ValueError(
+                    f"--objective {objective.name} needs --pairs; with --corpus only simcse "
+                    f"can use the corpus's own sentences"
+                )
             pairs = PairSource.from_iterable(corpus_pairs, kind="items")
         if objective.name == "clip" and hasattr(encoder, "with_tower"):
             pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")
         chunk_size = args.chunk_size if args.chunk_size is not None else (8 if args.corpus else 64)
-        config = ProbeConfig(params=args.params, mode=args.mode, output=output, optimizer=args.optimizer,
-                             lr=args.lr, weight_decay=args.wd, momentum=args.momentum, no_decay=args.no_decay,
-                             batches=args.batches, drift_batches=args.drift_batches or None,
-                             groups=args.groups, batch_size=args.batch_size, seed=args.seed,
-                             chunk_size=chunk_size, directions_per_pass=args.directions_per_pass,
-                             memory_budget_mb=args.memory_budget_mb, uncertainty=not args.no_uncertainty,
-                             radial_spread=args.per_batch, target_rse=args.target_rse,
-                             max_batches=args.max_batches, target_quantile=args.target_quantile,
-                             snapshot=args.snapshot or args.snapshot_steps is not None,
-                             snapshot_steps=args.snapshot_steps)
-        result = probe(encoder, items, objective, pairs, config, out=args.out, resume=args.resume,
-                       overwrite=args.overwrite, pair_encoder=pair_encoder, ids=ids,
-                       progress=not args.no_progress, model_name=args.model)
+        config = ProbeConfig(
+            params=args.params,
+            mode=args.mode,
+            output=output,
+            optimizer=args.optimizer,
+            lr=args.lr,
+            weight_decay=args.wd,
+            momentum=args.momentum,
+            no_decay=args.no_decay,
+            batches=args.batches,
+            drift_batches=args.drift_batches or None,
+            groups=args.groups,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            chunk_size=chunk_size,
+            directions_per_pass=args.directions_per_pass,
+            memory_budget_mb=args.memory_budget_mb,
+            uncertainty=not args.no_uncertainty,
+            radial_spread=args.per_batch,
+            target_rse=args.target_rse,
+            max_batches=args.max_batches,
+            target_quantile=args.target_quantile,
+            snapshot=args.snapshot or args.snapshot_steps is not None,
+            snapshot_steps=args.snapshot_steps,
+        )
+        result = probe(
+            encoder,
+            items,
+            objective,
+            pairs,
+            config,
+            out=args.out,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            pair_encoder=pair_encoder,
+            ids=ids,
+            progress=not args.no_progress,
+            model_name=args.model,
+        )
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError) as exc:
         if root:
             print(f"normfast probe: error: {exc}", file=sys.stderr)

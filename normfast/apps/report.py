@@ -1,22 +1,38 @@
 """``normfast report``: print a probe run's summary and draw its figures (or a training monitor folder's:
 :mod:`normfast.engine.monitor.report`)."""
+
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from normfast.engine.report.summary import format_summary, make_plots
+from normfast.engine.report.figures import make_plots
+from normfast.engine.report.summary import format_summary
 
 
 def report_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="a .parquet file written by `normfast probe` (or a manifest .json of parts), or a "
-                               "training monitor folder (normfast.TrainingMonitor's out=)")
-    p.add_argument("--out", help="folder for the PNG figures (default: next to the run; a monitor folder's report "
-                                 "goes into the folder)")
-    p.add_argument("--top", type=int, default=8, help="tokens listed as hottest/coldest; for a monitor folder, items "
-                                                      "listed with the largest and smallest norms (default 8)")
-    p.add_argument("--window", type=float, default=0.5,
-                   help="monitor folders: the last fraction of the recorded steps the law averages over (default 0.5)")
+    p.add_argument(
+        "run",
+        help="a .parquet file written by `normfast probe` (or a manifest .json of parts), or a "
+        "training monitor folder (normfast.TrainingMonitor's out=)",
+    )
+    p.add_argument(
+        "--out",
+        help="folder for the PNG figures (default: next to the run; a monitor folder's report goes into the folder)",
+    )
+    p.add_argument(
+        "--top",
+        type=int,
+        default=8,
+        help="tokens listed as hottest/coldest; for a monitor folder, items "
+        "listed with the largest and smallest norms (default 8)",
+    )
+    p.add_argument(
+        "--window",
+        type=float,
+        default=0.5,
+        help="monitor folders: the last fraction of the recorded steps the law averages over (default 0.5)",
+    )
     p.add_argument("--no-plots", action="store_true", help="print the summary only")
 
 

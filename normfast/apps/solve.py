@@ -1,4 +1,5 @@
 """``normfast solve``: the batched quartic solver on a file of coefficient rows."""
+
 from __future__ import annotations
 
 import argparse
@@ -61,11 +62,15 @@ class _InputError(Exception):
 
 def solve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="coefficient rows: .npy [N, 5] or .csv (a,b,c,d,e)")
-    parser.add_argument("-o", "--out", default=None,
-                        help="output file: .npy, .csv or .parquet (default: print a table, "
-                             f"up to {MAX_PRINTED_ROWS} rows)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="OpenMP threads for the solve (default: OpenMP's default)")
+    parser.add_argument(
+        "-o",
+        "--out",
+        default=None,
+        help=f"output file: .npy, .csv or .parquet (default: print a table, up to {MAX_PRINTED_ROWS} rows)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="OpenMP threads for the solve (default: OpenMP's default)"
+    )
 
 
 def _is_number(field: str) -> bool:
@@ -95,11 +100,11 @@ def _read_csv(path: Path) -> np.ndarray:
             values = [float(f) for f in fields]
         except ValueError:
             bad = next(f for f in fields if not _is_number(f))
-            raise _InputError(f"{path}: line {line_no}: expected 5 numbers, got {bad!r} in "
-                              f"{','.join(fields)!r}") from None
+            raise _InputError(
+                f"{path}: line {line_no}: expected 5 numbers, got {bad!r} in {','.join(fields)!r}"
+            ) from None
         if len(values) != 5:
-            raise _InputError(f"{path}: line {line_no}: expected 5 columns (a,b,c,d,e), "
-                              f"got {len(values)}")
+            raise _InputError(f"{path}: line {line_no}: expected 5 columns (a,b,c,d,e), got {len(values)}")
         rows.append(values)
     return np.asarray(rows, dtype=np.float64).reshape(-1, 5)
 
@@ -119,8 +124,7 @@ def _read_input(path: Path) -> np.ndarray:
     if arr.dtype.kind not in "fiu":
         raise _InputError(f"{path}: expected a real numeric array, got dtype={arr.dtype}")
     if arr.ndim != 2 or arr.shape[1] != 5:
-        raise _InputError(f"{path}: expected an array of shape [N, 5] (a,b,c,d,e), "
-                          f"got shape={arr.shape}")
+        raise _InputError(f"{path}: expected an array of shape [N, 5] (a,b,c,d,e), got shape={arr.shape}")
     return arr
 
 
@@ -152,20 +156,20 @@ def _write_output(path: Path, r_eq: np.ndarray, n_positive: np.ndarray) -> None:
             with open(tmp, "wb") as fh:
                 np.save(fh, table, allow_pickle=False)
     elif ext == ".csv":
+
         def write(tmp: str) -> None:
             with open(tmp, "w", newline="") as fh:
                 fh.write("r_eq,n_positive\n")
-                fh.writelines(f"{_format_float(r)},{int(k)}\n"
-                              for r, k in zip(r_eq.tolist(), n_positive.tolist()))
+                fh.writelines(f"{_format_float(r)},{int(k)}\n" for r, k in zip(r_eq.tolist(), n_positive.tolist()))
     else:  # .parquet, checked before solving
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.table({"r_eq": pa.array(r_eq, pa.float64()),
-                          "n_positive": pa.array(n_positive, pa.int8())})
+        table = pa.table({"r_eq": pa.array(r_eq, pa.float64()), "n_positive": pa.array(n_positive, pa.int8())})
 
         def write(tmp: str) -> None:
             pq.write_table(table, tmp)
+
     _write_atomically(path, write)
 
 
@@ -183,8 +187,7 @@ def solve_main(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out is not None else None
         if out is not None:
             if out.suffix.lower() not in (".npy", ".csv", ".parquet"):
-                raise _InputError(f"unsupported output extension {out.suffix!r} "
-                                  "(expected .npy, .csv or .parquet)")
+                raise _InputError(f"unsupported output extension {out.suffix!r} (expected .npy, .csv or .parquet)")
             if not out.parent.is_dir():
                 raise _InputError(f"output directory does not exist: {out.parent}")
         from normfast.core.paths import check_outputs
@@ -195,8 +198,10 @@ def solve_main(args: argparse.Namespace) -> int:
             raise _InputError(str(exc)) from None
         coeffs = _read_input(Path(args.input))
         if out is None and len(coeffs) > MAX_PRINTED_ROWS:
-            raise _InputError(f"{len(coeffs)} rows: pass -o/--out (.npy, .csv or .parquet) to "
-                              f"write them; tables are printed for up to {MAX_PRINTED_ROWS} rows")
+            raise _InputError(
+                f"{len(coeffs)} rows: pass -o/--out (.npy, .csv or .parquet) to "
+                f"write them; tables are printed for up to {MAX_PRINTED_ROWS} rows"
+            )
         r_eq, n_positive = solve_quartic(coeffs, threads=args.threads)
         if out is None:
             _print_table(r_eq, n_positive)
@@ -204,8 +209,9 @@ def solve_main(args: argparse.Namespace) -> int:
             _write_output(out, r_eq, n_positive)
             n_root = int(np.count_nonzero(n_positive))
             n_multi = int(np.count_nonzero(n_positive > 1))
-            print(f"wrote {len(r_eq)} rows to {out} ({n_root} with a positive root, "
-                  f"{n_multi} bistable)", file=sys.stderr)
+            print(
+                f"wrote {len(r_eq)} rows to {out} ({n_root} with a positive root, {n_multi} bistable)", file=sys.stderr
+            )
     except _InputError as exc:
         print(f"normfast solve: error: {exc}", file=sys.stderr)
         return 2

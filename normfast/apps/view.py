@@ -1,5 +1,6 @@
 """``normfast view``: a run's page, one self-contained HTML file (driver over
 :mod:`normfast.engine.report.page`); ``--screenshot`` also renders it to PNG in headless Chromium."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,23 +37,46 @@ examples:
 def view_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="a run: its .parquet file, a sharded run's .manifest.json, or the folder holding one")
     p.add_argument("--out", default=None, help="output .html (default: next to the run, RUN.html)")
-    p.add_argument("--stat", default=None,
-                   help="the statistic the text is colored by at first: V2 (default), D, norm, r_eq, r_eq_heat, "
-                        "kappa, drift_to_heat (the page switches between them)")
-    p.add_argument("--docs", type=int, default=DEFAULT_DOCS,
-                   help=f"documents (probe inputs; a corpus run's documents) in the text view and row table, "
-                        f"a seeded random sample when the run has more (default {DEFAULT_DOCS})")
-    p.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS,
-                   help=f"at most this many rows of sampled documents (default {DEFAULT_MAX_ROWS:,})")
-    p.add_argument("--min-count", type=int, default=1,
-                   help="type tables: keep types with at least this many valid occurrences (default 1)")
-    p.add_argument("--max-types", type=int, default=DEFAULT_MAX_TYPES,
-                   help=f"type tables: the most frequent types kept on the page (default {DEFAULT_MAX_TYPES:,})")
+    p.add_argument(
+        "--stat",
+        default=None,
+        help="the statistic the text is colored by at first: V2 (default), D, norm, r_eq, r_eq_heat, "
+        "kappa, drift_to_heat (the page switches between them)",
+    )
+    p.add_argument(
+        "--docs",
+        type=int,
+        default=DEFAULT_DOCS,
+        help=f"documents (probe inputs; a corpus run's documents) in the text view and row table, "
+        f"a seeded random sample when the run has more (default {DEFAULT_DOCS})",
+    )
+    p.add_argument(
+        "--max-rows",
+        type=int,
+        default=DEFAULT_MAX_ROWS,
+        help=f"at most this many rows of sampled documents (default {DEFAULT_MAX_ROWS:,})",
+    )
+    p.add_argument(
+        "--min-count",
+        type=int,
+        default=1,
+        help="type tables: keep types with at least this many valid occurrences (default 1)",
+    )
+    p.add_argument(
+        "--max-types",
+        type=int,
+        default=DEFAULT_MAX_TYPES,
+        help=f"type tables: the most frequent types kept on the page (default {DEFAULT_MAX_TYPES:,})",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the document sample (default 0)")
-    p.add_argument("--screenshot", default=None, metavar="PNG",
-                   help="also render the page in headless Chromium and save its top as a PNG (needs playwright "
-                        "and a Chromium: `pip install playwright`, Debian `apt install chromium`, or the "
-                        "browser's executable in NORMFAST_CHROMIUM)")
+    p.add_argument(
+        "--screenshot",
+        default=None,
+        metavar="PNG",
+        help="also render the page in headless Chromium and save its top as a PNG (needs playwright "
+        "and a Chromium: `pip install playwright`, Debian `apt install chromium`, or the "
+        "browser's executable in NORMFAST_CHROMIUM)",
+    )
     p.add_argument("--width", type=int, default=1280, help="--screenshot: window width in pixels (default 1280)")
     p.add_argument("--height", type=int, default=1500, help="--screenshot: height in pixels (default 1500)")
 
@@ -60,7 +84,7 @@ def view_arguments(p: argparse.ArgumentParser) -> None:
 def default_output(run: Path) -> Path:
     """``x.parquet`` -> ``x.html``; ``x.manifest.json`` -> ``x.html``; a folder -> ``folder/<run>.html``."""
     name = run.name
-    stem = name[:-len(".manifest.json")] if name.endswith(".manifest.json") else Path(name).stem
+    stem = name[: -len(".manifest.json")] if name.endswith(".manifest.json") else Path(name).stem
     return run.with_name(stem + ".html")
 
 
@@ -100,12 +124,15 @@ def screenshot(page: Path, png: Path, width: int = 1280, height: int = 1500, bro
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        raise ImportError("--screenshot needs playwright (pip install playwright) and a Chromium "
-                          "(Debian: apt install chromium)") from None
+        raise ImportError(
+            "--screenshot needs playwright (pip install playwright) and a Chromium (Debian: apt install chromium)"
+        ) from None
     exe = chromium_executable()
     if exe is None:
-        raise FileNotFoundError("--screenshot needs a Chromium: install it (Debian: apt install chromium) or "
-                                "name its executable in NORMFAST_CHROMIUM")
+        raise FileNotFoundError(
+            "--screenshot needs a Chromium: install it (Debian: apt install chromium) or "
+            "name its executable in NORMFAST_CHROMIUM"
+        )
     with sync_playwright() as pw:
         launched = pw.chromium.launch(executable_path=exe, args=["--no-sandbox"])
         try:
@@ -122,8 +149,15 @@ def view_main(args: argparse.Namespace) -> int:
         run = resolve_run(args.run)
         result = ProbeResult.load(run)
         out = Path(args.out) if args.out else default_output(run)
-        result.to_html(out, stat=args.stat, docs=args.docs, min_count=args.min_count, max_rows=args.max_rows,
-                       max_types=args.max_types, seed=args.seed)
+        result.to_html(
+            out,
+            stat=args.stat,
+            docs=args.docs,
+            min_count=args.min_count,
+            max_rows=args.max_rows,
+            max_types=args.max_types,
+            seed=args.seed,
+        )
     except (ValueError, TypeError, FileNotFoundError, KeyError) as exc:
         print(f"normfast view: error: {str(exc).removeprefix('normfast view: ')}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ matrix, so that several quantities share the same resampled rows) and drops
 non-finite pairs before anything is computed. Intervals are the 2.5th and
 97.5th percentiles of the resampled statistic.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,15 +70,16 @@ def correlation_with_ci(x: np.ndarray, y: np.ndarray, resamples: np.ndarray) -> 
     return out
 
 
-def partial_spearman_with_ci(x: np.ndarray, y: np.ndarray, control: np.ndarray,
-                             resamples: np.ndarray) -> dict[str, Any]:
+def partial_spearman_with_ci(
+    x: np.ndarray, y: np.ndarray, control: np.ndarray, resamples: np.ndarray
+) -> dict[str, Any]:
     """Spearman rho of ``x`` with ``y`` with ``control`` partialled out (on ranks), bootstrap 95% interval."""
 
     def partial(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         ra, rb, rc = ranks(a), ranks(b), ranks(c)
         r_ab, r_ac, r_bc = rowwise_pearson(ra, rb), rowwise_pearson(ra, rc), rowwise_pearson(rb, rc)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return (r_ab - r_ac * r_bc) / np.sqrt((1 - r_ac ** 2) * (1 - r_bc ** 2))
+            return (r_ab - r_ac * r_bc) / np.sqrt((1 - r_ac**2) * (1 - r_bc**2))
 
     bad = ~(np.isfinite(x) & np.isfinite(y) & np.isfinite(control))
     x, y, control = (np.where(bad, np.nan, np.asarray(v, dtype=np.float64)) for v in (x, y, control))
@@ -117,8 +119,9 @@ def spearman_ci(x: np.ndarray, y: np.ndarray, *, resamples: int, seed: int) -> d
     return {"rho": float(rho(x, y)), "ci_low": float(lo), "ci_high": float(hi), "n": n}
 
 
-def paired_bootstrap_means(per_item: dict[str, np.ndarray], *, resamples: int, seed: int,
-                           baseline: str | None = None) -> dict[str, dict[str, float]]:
+def paired_bootstrap_means(
+    per_item: dict[str, np.ndarray], *, resamples: int, seed: int, baseline: str | None = None
+) -> dict[str, dict[str, float]]:
     """Mean and percentile 95% CI of each system's per-item metric; paired % gain over ``baseline``.
 
     All systems share the same resampled items, so the gain CI is paired. Each
@@ -140,8 +143,7 @@ def paired_bootstrap_means(per_item: dict[str, np.ndarray], *, resamples: int, s
             with np.errstate(invalid="ignore", divide="ignore"):
                 g = 100.0 * (boot[k] - boot[baseline]) / boot[baseline]
             g = g[np.isfinite(g)]
-            out[k]["gain_pct_vs_" + baseline] = (100.0 * (out[k]["mean"] - base) / base
-                                                 if base > 0 else math.nan)
+            out[k]["gain_pct_vs_" + baseline] = 100.0 * (out[k]["mean"] - base) / base if base > 0 else math.nan
             if g.size:
                 glo, ghi = np.percentile(g, [2.5, 97.5])
                 out[k]["gain_ci_low"], out[k]["gain_ci_high"] = float(glo), float(ghi)

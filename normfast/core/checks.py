@@ -4,6 +4,7 @@ Errors name the function, the argument, what was expected and what arrived,
 e.g. ``head_stats: expected A to be 2-D [N, d_in], got A.shape=(3, 4, 5)``.
 Validation happens before anything is allocated.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
@@ -46,8 +47,7 @@ def as_tensor(fn: str, name: str, x: Any) -> torch.Tensor:
         except Exception as exc:  # noqa: BLE001 - re-raised with context
             raise TypeError(f"{fn}: could not import {name} through DLPack ({exc})") from exc
     raise TypeError(
-        f"{fn}: expected {name} to be a torch.Tensor, numpy array or DLPack-capable array, "
-        f"got {type(x).__name__}"
+        f"{fn}: expected {name} to be a torch.Tensor, numpy array or DLPack-capable array, got {type(x).__name__}"
     )
 
 
@@ -76,8 +76,9 @@ def check_positive_int(fn: str, name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
-def check_finite_scalar(fn: str, name: str, value: Any, *, minimum: float | None = None,
-                        strictly: bool = False) -> float:
+def check_finite_scalar(
+    fn: str, name: str, value: Any, *, minimum: float | None = None, strictly: bool = False
+) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -117,8 +118,10 @@ def counts_tensor(fn: str, name: str, counts: Any, k: int, *, dtype: torch.dtype
         t = as_tensor(fn, name, counts)
     t = t.to(dtype=dtype, device=device)
     if tuple(t.shape) != (k,) or not bool((t > 0).all()):
-        raise ValueError(f"{fn}: expected {name} of shape [K]=({k},) with positive batch counts, "
-                         f"got {describe(name, t)} = {t.tolist()}")
+        raise ValueError(
+            f"{fn}: expected {name} of shape [K]=({k},) with positive batch counts, "
+            f"got {describe(name, t)} = {t.tolist()}"
+        )
     return t
 
 

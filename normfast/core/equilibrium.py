@@ -57,6 +57,7 @@ term: its window mean is small against its per-batch noise, and in AdamW runs
 the first-order drift nearly cancels the heat, so ``D_w`` must be precise to a
 few percent (hence the drift from the mean direction over many batches).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -67,13 +68,7 @@ import torch
 
 from normfast.core.checks import as_tensor, check_finite_scalar, check_positive_int, describe
 
-__all__ = [
-    "solve_quartic",
-    "solver_threads",
-    "equilibrium_coefficients",
-    "equilibrium_norm",
-    "TOUCH_FACTOR",
-]
+__all__ = ["solve_quartic", "solver_threads", "equilibrium_coefficients", "equilibrium_norm", "TOUCH_FACTOR"]
 
 # A local extremum y_c of the polynomial counts as a double root when
 # |p(y_c)| <= TOUCH_FACTOR * eps * sum_i |p_i| |y_c|^i (csrc/quartic.hpp).
@@ -109,8 +104,7 @@ def _as_numpy(fn: str, name: str, x: Any) -> np.ndarray:
             except ValueError as exc:  # ragged nested sequences
                 raise ValueError(f"{fn}: could not read {name} as an array ({exc})") from None
     if arr.dtype.kind not in "fiu":
-        raise TypeError(f"{fn}: expected {name} to be a real numeric array, "
-                        f"got {describe(name, arr)}")
+        raise TypeError(f"{fn}: expected {name} to be a real numeric array, got {describe(name, arr)}")
     return arr
 
 
@@ -118,8 +112,7 @@ def _as_rows(fn: str, coeffs: Any) -> np.ndarray:
     """coeffs as a C-contiguous float64 ``[N, 5]`` array (the input itself if it already is one)."""
     arr = _as_numpy(fn, "coeffs", coeffs)
     if arr.ndim != 2 or arr.shape[1] != 5:
-        raise ValueError(f"{fn}: expected coeffs of shape [N, 5], "
-                         f"got coeffs.shape={tuple(arr.shape)}")
+        raise ValueError(f"{fn}: expected coeffs of shape [N, 5], got coeffs.shape={tuple(arr.shape)}")
     return np.ascontiguousarray(arr, dtype=np.float64)
 
 
@@ -186,14 +179,26 @@ def solve_quartic(coeffs: Any, *, threads: int | None = None) -> tuple[np.ndarra
 def _stat(fn: str, name: str, x: Any) -> np.ndarray:
     arr = np.asarray(_as_numpy(fn, name, x), dtype=np.float64)
     if arr.ndim > 1:
-        raise ValueError(f"{fn}: expected {name} to be a scalar or 1-D per-probe array, "
-                         f"got {name}.shape={tuple(arr.shape)}")
+        raise ValueError(
+            f"{fn}: expected {name} to be a scalar or 1-D per-probe array, got {name}.shape={tuple(arr.shape)}"
+        )
     return arr
 
 
-def equilibrium_coefficients(D: Any, Q: Any, kappa: Any, *, lr: float, weight_decay: float, D_w: Any = None,
-                             Q_w: Any = None, C_uw: Any = None, momentum: float = 0.0, Q_curv: Any = None,
-                             Q_curv_w: Any = None) -> np.ndarray:
+def equilibrium_coefficients(
+    D: Any,
+    Q: Any,
+    kappa: Any,
+    *,
+    lr: float,
+    weight_decay: float,
+    D_w: Any = None,
+    Q_w: Any = None,
+    C_uw: Any = None,
+    momentum: float = 0.0,
+    Q_curv: Any = None,
+    Q_curv_w: Any = None,
+) -> np.ndarray:
     """Coefficients ``(a, b, c, d, e)`` of the equilibrium quartic, one row per probe.
 
     ``a = 2 lambda kappa``, ``b = -2 D_w``, ``c = -(2 D + eta' (Q_w + Q_curv_w))``,
@@ -234,8 +239,16 @@ def equilibrium_coefficients(D: Any, Q: Any, kappa: Any, *, lr: float, weight_de
         raise TypeError(f"{fn}: kappa is required")
     if D is None and Q is None and D_w is None and Q_w is None:
         raise ValueError(f"{fn}: expected at least one of D, Q, D_w, Q_w")
-    named = {"D": D, "Q": Q, "kappa": kappa, "D_w": D_w, "Q_w": Q_w, "C_uw": C_uw, "Q_curv": Q_curv,
-             "Q_curv_w": Q_curv_w}
+    named = {
+        "D": D,
+        "Q": Q,
+        "kappa": kappa,
+        "D_w": D_w,
+        "Q_w": Q_w,
+        "C_uw": C_uw,
+        "Q_curv": Q_curv,
+        "Q_curv_w": Q_curv_w,
+    }
     arrays = {k: _stat(fn, k, v) for k, v in named.items() if v is not None}
     try:
         shape = np.broadcast_shapes(*(a.shape for a in arrays.values()))
@@ -249,12 +262,18 @@ def equilibrium_coefficients(D: Any, Q: Any, kappa: Any, *, lr: float, weight_de
         n_bad = int(np.count_nonzero(kap <= 0))
         n_neg_heat = sum(int(np.count_nonzero(arrays[k] < 0)) for k in ("Q", "Q_w") if k in arrays)
     if n_bad:
-        warnings.warn(f"{fn}: {n_bad} probe(s) have kappa <= 0: no equilibrium is stable from "
-                      "above there; the solver returns whatever positive root exists",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"{fn}: {n_bad} probe(s) have kappa <= 0: no equilibrium is stable from "
+            "above there; the solver returns whatever positive root exists",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     if n_neg_heat:
-        warnings.warn(f"{fn}: {n_neg_heat} value(s) of Q/Q_w are negative; heat is a second moment "
-                      "and should be >= 0", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"{fn}: {n_neg_heat} value(s) of Q/Q_w are negative; heat is a second moment and should be >= 0",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     eta_eff = eta / (1.0 - beta)
     zero = 0.0
@@ -271,10 +290,22 @@ def equilibrium_coefficients(D: Any, Q: Any, kappa: Any, *, lr: float, weight_de
     return out
 
 
-def equilibrium_norm(D: Any, Q: Any, kappa: Any, *, lr: float, weight_decay: float, D_w: Any = None, Q_w: Any = None,
-                     C_uw: Any = None, momentum: float = 0.0, Q_curv: Any = None, Q_curv_w: Any = None,
-                     return_count: bool = False, threads: int | None = None
-                     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+def equilibrium_norm(
+    D: Any,
+    Q: Any,
+    kappa: Any,
+    *,
+    lr: float,
+    weight_decay: float,
+    D_w: Any = None,
+    Q_w: Any = None,
+    C_uw: Any = None,
+    momentum: float = 0.0,
+    Q_curv: Any = None,
+    Q_curv_w: Any = None,
+    return_count: bool = False,
+    threads: int | None = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Equilibrium norm ``R_eq`` per probe: the law's coefficients, solved row by row.
 
     Pure SGD (``b = d = 0``) reduces to
@@ -288,7 +319,18 @@ def equilibrium_norm(D: Any, Q: Any, kappa: Any, *, lr: float, weight_decay: flo
         flags bistability.
     """
     n_threads = _threads("equilibrium_norm", threads)
-    coeffs = equilibrium_coefficients(D, Q, kappa, lr=lr, weight_decay=weight_decay, D_w=D_w,
-                                      Q_w=Q_w, C_uw=C_uw, momentum=momentum, Q_curv=Q_curv, Q_curv_w=Q_curv_w)
+    coeffs = equilibrium_coefficients(
+        D,
+        Q,
+        kappa,
+        lr=lr,
+        weight_decay=weight_decay,
+        D_w=D_w,
+        Q_w=Q_w,
+        C_uw=C_uw,
+        momentum=momentum,
+        Q_curv=Q_curv,
+        Q_curv_w=Q_curv_w,
+    )
     r_eq, n_positive = solve_quartic(coeffs, threads=n_threads or None)
     return (r_eq, n_positive) if return_count else r_eq

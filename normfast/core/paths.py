@@ -12,6 +12,7 @@ output may not replace.
   a hard link), a file output that is an existing folder, and a folder output
   that is an existing file are refused with the flag named.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,12 +43,15 @@ def inside_folder(folder: PathLike, name: str, what: str) -> Path:
     if not isinstance(name, str) or not name or "\0" in name:
         raise ValueError(f"{what} names the path {name!r}; expected a file name relative to {folder}")
     if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
-        raise ValueError(f"{what} names {name!r}, outside its folder {folder}; refused (a file may only "
-                         f"name files inside its own folder)")
+        raise ValueError(
+            f"{what} names {name!r}, outside its folder {folder}; refused (a file may only "
+            f"name files inside its own folder)"
+        )
     path = Path(folder) / name
     if not is_inside(folder, path):
-        raise ValueError(f"{what} names {name!r}, which leads outside its folder {folder} (through a "
-                         f"symbolic link); refused")
+        raise ValueError(
+            f"{what} names {name!r}, which leads outside its folder {folder} (through a symbolic link); refused"
+        )
     return path
 
 
@@ -61,10 +65,13 @@ def same_file(a: PathLike, b: PathLike) -> bool:
         return False
 
 
-def check_outputs(*, inputs: Iterable[PathLike | None] = (),
-                  files: Mapping[str, PathLike | None] | None = None,
-                  folders: Mapping[str, PathLike | None] | None = None,
-                  owned: Iterable[PathLike] = ()) -> None:
+def check_outputs(
+    *,
+    inputs: Iterable[PathLike | None] = (),
+    files: Mapping[str, PathLike | None] | None = None,
+    folders: Mapping[str, PathLike | None] | None = None,
+    owned: Iterable[PathLike] = (),
+) -> None:
     """Refuse, before any compute, outputs that would replace an input or that have the wrong kind.
 
     Args:
@@ -83,18 +90,22 @@ def check_outputs(*, inputs: Iterable[PathLike | None] = (),
         if path is None:
             continue
         if os.path.isdir(path):
-            raise ValueError(f"{flag} {path} is a folder; give the path of a file to write (for instance a "
-                             f"name inside that folder)")
+            raise ValueError(
+                f"{flag} {path} is a folder; give the path of a file to write (for instance a name inside that folder)"
+            )
         for source in inputs:
             if same_file(path, source):
-                raise ValueError(f"{flag} {path} is also an input ({source}); writing it would "
-                                 f"replace what is being read. Choose another output path")
+                raise ValueError(
+                    f"{flag} {path} is also an input ({source}); writing it would "
+                    f"replace what is being read. Choose another output path"
+                )
     for flag, path in (folders or {}).items():
         if path is not None and os.path.exists(path) and not os.path.isdir(path):
             raise ValueError(f"{flag} {path} is a file; expected a folder to write into")
     for folder in owned:
         for source in inputs:
             if is_inside(folder, source):
-                raise ValueError(f"the input {source} lies inside {folder}, a work folder this "
-                                 f"command deletes when it finishes; move the input elsewhere")
-
+                raise ValueError(
+                    f"the input {source} lies inside {folder}, a work folder this "
+                    f"command deletes when it finishes; move the input elsewhere"
+                )

@@ -1,4 +1,5 @@
 """Small statistics shared by the summaries and the experiments: quantiles, log-log fits, rank correlation."""
+
 from __future__ import annotations
 
 import math
@@ -6,14 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "correlation",
-    "loglog_fit",
-    "loglog_fit_ci",
-    "paired_bootstrap",
-    "quantiles",
-    "spearman",
-]
+__all__ = ["correlation", "loglog_fit", "loglog_fit_ci", "paired_bootstrap", "quantiles", "spearman"]
 
 
 def quantiles(v: np.ndarray) -> dict[str, float]:
@@ -103,9 +97,16 @@ def _row_corr(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return (xc * yc).sum(-1) / np.sqrt((xc * xc).sum(-1) * (yc * yc).sum(-1))
 
 
-def paired_bootstrap(scores: dict[str, np.ndarray], target: np.ndarray, *, method: str = "spearman",
-                     baseline: str | None = None, resamples: int = 1000, seed: int = 0,
-                     level: float = 0.95) -> dict[str, dict[str, float]]:
+def paired_bootstrap(
+    scores: dict[str, np.ndarray],
+    target: np.ndarray,
+    *,
+    method: str = "spearman",
+    baseline: str | None = None,
+    resamples: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, dict[str, float]]:
     """Correlation of each ``scores[name]`` with ``target``, and percentile bootstrap CIs.
 
     Every score is evaluated on the same resamples of the items (drawn with replacement
@@ -121,8 +122,9 @@ def paired_bootstrap(scores: dict[str, np.ndarray], target: np.ndarray, *, metho
     cols = {k: np.asarray(v, dtype=float) for k, v in scores.items()}
     for k, v in cols.items():
         if v.shape != target.shape:
-            raise ValueError(f"paired_bootstrap: scores[{k!r}].shape={v.shape} differs from target.shape="
-                             f"{target.shape}")
+            raise ValueError(
+                f"paired_bootstrap: scores[{k!r}].shape={v.shape} differs from target.shape={target.shape}"
+            )
     if baseline is not None and baseline not in cols:
         raise ValueError(f"paired_bootstrap: baseline {baseline!r} is not one of {sorted(cols)}")
     ok = np.isfinite(target) & np.logical_and.reduce([np.isfinite(v) for v in cols.values()])
@@ -149,6 +151,10 @@ def paired_bootstrap(scores: dict[str, np.ndarray], target: np.ndarray, *, metho
                 continue
             d = draws[k] - draws[baseline]
             lo_, hi_ = np.nanpercentile(d, q)
-            out[f"{k} - {baseline}"] = {"value": point[k] - point[baseline], "ci_low": float(lo_),
-                                        "ci_high": float(hi_), "n": n}
+            out[f"{k} - {baseline}"] = {
+                "value": point[k] - point[baseline],
+                "ci_low": float(lo_),
+                "ci_high": float(hi_),
+                "n": n,
+            }
     return out

@@ -3,6 +3,7 @@
 A reader (or a process that resumes after a kill) sees the old file or the whole new
 one, never a half-written file; a failed write (a full disk) leaves nothing behind.
 """
+
 from __future__ import annotations
 
 import os

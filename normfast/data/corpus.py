@@ -47,6 +47,7 @@ Columns each token row gets (:meth:`TokenWindow.token_columns`; special tokens h
 A window's ``text`` is the document text it spans. Nothing is dropped: every
 content token of every document is in exactly one window as its owner.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -81,8 +82,9 @@ class Document:
     text: str
 
 
-def read_documents(path: str | os.PathLike, *, layout: str = "lines", text_key: str = "text",
-                   id_key: str = "id") -> list[Document]:
+def read_documents(
+    path: str | os.PathLike, *, layout: str = "lines", text_key: str = "text", id_key: str = "id"
+) -> list[Document]:
     """Read a corpus file (see the module docstring for the formats)."""
     fn = "read_documents"
     path = Path(path)
@@ -128,8 +130,7 @@ def as_documents(docs: Iterable[Document | str | tuple[str, str]]) -> list[Docum
         elif isinstance(d, tuple) and len(d) == 2 and isinstance(d[1], str):
             out.append(Document(str(d[0]), d[1]))
         else:
-            raise TypeError(f"as_documents: expected str, (id, text) or Document, got {type(d).__name__} "
-                            f"at index {i}")
+            raise TypeError(f"as_documents: expected str, (id, text) or Document, got {type(d).__name__} at index {i}")
     if not out:
         raise ValueError("as_documents: expected at least one document, got none")
     return out
@@ -164,19 +165,21 @@ def special_template(tokenizer: Any) -> tuple[list[int], list[int]]:
     plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
     full = list(tokenizer("a", add_special_tokens=True)["input_ids"])
     for i in range(len(full) - len(plain) + 1):
-        if full[i:i + len(plain)] == plain:
-            return full[:i], full[i + len(plain):]
-    raise ValueError(f"{fn}: cannot find the content inside the special-token template of "
-                     f"{type(tokenizer).__name__} ({full} around {plain})")
+        if full[i : i + len(plain)] == plain:
+            return full[:i], full[i + len(plain) :]
+    raise ValueError(
+        f"{fn}: cannot find the content inside the special-token template of "
+        f"{type(tokenizer).__name__} ({full} around {plain})"
+    )
 
 
 @dataclass
 class _Doc:
     doc_id: str
     text: str
-    ids: np.ndarray          # int64 [n] content token ids
-    word_ids: np.ndarray     # int32 [n]
-    word_spans: np.ndarray   # int64 [n_words, 2] character spans of the words
+    ids: np.ndarray  # int64 [n] content token ids
+    word_ids: np.ndarray  # int32 [n]
+    word_spans: np.ndarray  # int64 [n_words, 2] character spans of the words
 
 
 @dataclass(frozen=True)
@@ -190,8 +193,8 @@ class TokenWindow:
     doc_index: int
     doc_id: str
     window: int
-    start: int                      # first content token (document position)
-    input_ids: tuple[int, ...]      # with special tokens
+    start: int  # first content token (document position)
+    input_ids: tuple[int, ...]  # with special tokens
     is_special: tuple[bool, ...]
     doc_positions: tuple[int, ...]
     word_ids: tuple[int, ...]
@@ -204,15 +207,21 @@ class TokenWindow:
 
     def token_columns(self) -> dict[str, np.ndarray | list]:
         n = len(self.input_ids)
-        return {"doc_id": [self.doc_id] * n, "window": np.full(n, self.window, np.int32),
-                "doc_position": np.asarray(self.doc_positions, np.int32),
-                "is_special": np.asarray(self.is_special, bool),
-                "word_id": np.asarray(self.word_ids, np.int32), "word": list(self.words),
-                "primary": np.asarray(self.primary, bool)}
+        return {
+            "doc_id": [self.doc_id] * n,
+            "window": np.full(n, self.window, np.int32),
+            "doc_position": np.asarray(self.doc_positions, np.int32),
+            "is_special": np.asarray(self.is_special, bool),
+            "word_id": np.asarray(self.word_ids, np.int32),
+            "word": list(self.words),
+            "primary": np.asarray(self.primary, bool),
+        }
 
     def __repr__(self) -> str:
-        return (f"TokenWindow(doc_id={self.doc_id!r}, window={self.window}, start={self.start}, "
-                f"tokens={len(self.input_ids)})")
+        return (
+            f"TokenWindow(doc_id={self.doc_id!r}, window={self.window}, start={self.start}, "
+            f"tokens={len(self.input_ids)})"
+        )
 
 
 class CorpusWindows(Sequence):
@@ -230,21 +239,33 @@ class CorpusWindows(Sequence):
     are built on demand when sliced, so a slice of a large corpus costs only its own size.
     """
 
-    def __init__(self, documents: Iterable[Document | str | tuple[str, str]], tokenizer: Any, *,
-                 max_length: int, window: int | None = None, stride: int | None = None,
-                 lowercase: bool = False, progress: bool = False):
+    def __init__(
+        self,
+        documents: Iterable[Document | str | tuple[str, str]],
+        tokenizer: Any,
+        *,
+        max_length: int,
+        window: int | None = None,
+        stride: int | None = None,
+        lowercase: bool = False,
+        progress: bool = False,
+    ):
         fn = "CorpusWindows"
         if not getattr(tokenizer, "is_fast", False):
-            raise TypeError(f"{fn}: expected a fast (Rust-backed) Hugging Face tokenizer, which gives word ids "
-                            f"and character offsets; got {type(tokenizer).__name__}")
+            raise TypeError(
+                f"{fn}: expected a fast (Rust-backed) Hugging Face tokenizer, which gives word ids "
+                f"and character offsets; got {type(tokenizer).__name__}"
+            )
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 3:
             raise ValueError(f"{fn}: expected max_length to be an int >= 3, got {max_length!r}")
         self.prefix, self.suffix = special_template(tokenizer)
         capacity = max_length - len(self.prefix) - len(self.suffix)
         window = capacity if window is None else window
         if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= capacity:
-            raise ValueError(f"{fn}: expected window in [1, {capacity}] (max_length {max_length} less "
-                             f"{max_length - capacity} special tokens), got {window!r}")
+            raise ValueError(
+                f"{fn}: expected window in [1, {capacity}] (max_length {max_length} less "
+                f"{max_length - capacity} special tokens), got {window!r}"
+            )
         stride = window if stride is None else stride
         if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= window:
             raise ValueError(f"{fn}: expected stride in [1, window={window}], got {stride!r}")
@@ -350,14 +371,18 @@ class CorpusWindows(Sequence):
         spans = doc.word_spans[np.unique(wid[wid >= 0])]
         a, b = (int(spans[:, 0].min()), int(spans[:, 1].max())) if len(spans) else (0, 0)
         return TokenWindow(
-            doc_index=di, doc_id=doc.doc_id, window=k, start=s,
+            doc_index=di,
+            doc_id=doc.doc_id,
+            window=k,
+            start=s,
             input_ids=tuple(self.prefix) + tuple(int(x) for x in content) + tuple(self.suffix),
             is_special=(True,) * pre + (False,) * (e - s) + (True,) * suf,
             doc_positions=(-1,) * pre + tuple(int(x) for x in pos) + (-1,) * suf,
             word_ids=(-1,) * pre + tuple(int(x) for x in wid) + (-1,) * suf,
             words=("",) * pre + tuple(words) + ("",) * suf,
             primary=(True,) * pre + tuple(bool(lo <= p < hi) for p in pos) + (True,) * suf,
-            text=doc.text[a:b])
+            text=doc.text[a:b],
+        )
 
     # -- summaries ----------------------------------------------------------------------
     @property
@@ -388,20 +413,43 @@ class CorpusWindows(Sequence):
 
     def describe(self) -> dict[str, Any]:
         """The windowing settings and counts (for a run's metadata)."""
-        return {"documents": len(self._docs), "windows": len(self), "content_tokens": self.n_tokens,
-                "token_rows": self.n_rows, "max_length": self.max_length, "window": self.window,
-                "stride": self.stride, "lowercase": self.lowercase,
-                "special_prefix": list(self.prefix), "special_suffix": list(self.suffix)}
+        return {
+            "documents": len(self._docs),
+            "windows": len(self),
+            "content_tokens": self.n_tokens,
+            "token_rows": self.n_rows,
+            "max_length": self.max_length,
+            "window": self.window,
+            "stride": self.stride,
+            "lowercase": self.lowercase,
+            "special_prefix": list(self.prefix),
+            "special_suffix": list(self.suffix),
+        }
 
     @classmethod
-    def from_encoder(cls, documents: Iterable[Document | str | tuple[str, str]], encoder: Any, *,
-                     window: int | None = None, stride: int | None = None,
-                     progress: bool = False) -> "CorpusWindows":
+    def from_encoder(
+        cls,
+        documents: Iterable[Document | str | tuple[str, str]],
+        encoder: Any,
+        *,
+        window: int | None = None,
+        stride: int | None = None,
+        progress: bool = False,
+    ) -> "CorpusWindows":
         """Windows for a text encoder with ``tokenizer``, ``max_length`` and ``lowercase`` (``HFEncoder``)."""
         tokenizer = getattr(encoder, "tokenizer", None)
         max_length = getattr(encoder, "max_length", None)
         if tokenizer is None or max_length is None:
-            raise ValueError(f"CorpusWindows.from_encoder: {type(encoder).__name__} has no tokenizer and "
-                             f"maximum length; corpus input needs a Hugging Face text encoder")
-        return cls(documents, tokenizer, max_length=int(max_length), window=window, stride=stride,
-                   lowercase=bool(getattr(encoder, "lowercase", False)), progress=progress)
+            raise ValueError(
+                f"CorpusWindows.from_encoder: {type(encoder).__name__} has no tokenizer and "
+                f"maximum length; corpus input needs a Hugging Face text encoder"
+            )
+        return cls(
+            documents,
+            tokenizer,
+            max_length=int(max_length),
+            window=window,
+            stride=stride,
+            lowercase=bool(getattr(encoder, "lowercase", False)),
+            progress=progress,
+        )

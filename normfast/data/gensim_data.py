@@ -16,6 +16,7 @@ importing gensim, and read as plain text here:
 * ``simlex999.txt`` -- 999 word pairs with mean similarity scores on 0..10
   (:func:`simlex999`; Hill, Reichart & Korhonen 2015).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -52,12 +53,16 @@ def gensim_test_data(root: str | Path | None = None) -> Path:
         return folder
     spec = importlib.util.find_spec("gensim")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"gensim's test data (Lee corpus, WordSim353, SimLex999) needs the gensim "
-                                  f"package; install it with {GENSIM_EXTRA}")
+        raise ModuleNotFoundError(
+            f"gensim's test data (Lee corpus, WordSim353, SimLex999) needs the gensim "
+            f"package; install it with {GENSIM_EXTRA}"
+        )
     folder = Path(list(spec.submodule_search_locations)[0]) / "test" / "test_data"
     if not folder.is_dir():
-        raise FileNotFoundError(f"gensim_test_data: the installed gensim has no test data folder ({folder}); "
-                                f"reinstall it with {GENSIM_EXTRA}")
+        raise FileNotFoundError(
+            f"gensim_test_data: the installed gensim has no test data folder ({folder}); "
+            f"reinstall it with {GENSIM_EXTRA}"
+        )
     return folder
 
 

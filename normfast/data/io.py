@@ -10,6 +10,7 @@ two runs (for a refused resume). The run's work folder and its chunks are
 
 Memory: :func:`iter_batches` holds one batch plus one row group at a time.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -118,8 +119,9 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     return json.loads(blob)
 
 
-def read_table(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
-               columns: Sequence[str] | None = None) -> pa.Table:
+def read_table(
+    paths: str | os.PathLike | Iterable[str | os.PathLike], *, columns: Sequence[str] | None = None
+) -> pa.Table:
     """Read one run file, a manifest, or several parts as one table (in the order given)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = data_files(paths)
@@ -136,8 +138,9 @@ def count_rows(paths: Iterable[str | os.PathLike]) -> int:
     return sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
 
 
-def iter_batches(paths: Iterable[str | os.PathLike], *, columns: Sequence[str] | None = None,
-                 batch_size: int = 65536) -> Iterator[pa.RecordBatch]:
+def iter_batches(
+    paths: Iterable[str | os.PathLike], *, columns: Sequence[str] | None = None, batch_size: int = 65536
+) -> Iterator[pa.RecordBatch]:
     """Stream the rows of the given Parquet files, in order, at most ``batch_size`` rows at a time.
 
     Reads row group by row group (small consecutive row groups are joined up to
@@ -165,8 +168,9 @@ def iter_batches(paths: Iterable[str | os.PathLike], *, columns: Sequence[str] |
         finally:
             pf.close()
     if rows:
-        yield from pa.concat_tables(pending, promote_options="default").combine_chunks().to_batches(
-            max_chunksize=batch_size)
+        yield from (
+            pa.concat_tables(pending, promote_options="default").combine_chunks().to_batches(max_chunksize=batch_size)
+        )
 
 
 def json_ready(o: Any) -> Any:

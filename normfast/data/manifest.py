@@ -17,6 +17,7 @@ inside it (:func:`normfast.core.paths.inside_folder`): a planted manifest naming
 folder) into the file that opens the run; :func:`data_files` lists the Parquet
 files that hold its rows, and :func:`run_inputs` every file a reader opens.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,14 @@ def is_manifest(path: str | os.PathLike) -> bool:
     return str(path).endswith(".json")
 
 
-def write_manifest(path: str | os.PathLike, parts: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any],
-                   key: str, *, tmp_dir: str | os.PathLike | None = None) -> Path:
+def write_manifest(
+    path: str | os.PathLike,
+    parts: Sequence[Mapping[str, Any]],
+    metadata: Mapping[str, Any],
+    key: str,
+    *,
+    tmp_dir: str | os.PathLike | None = None,
+) -> Path:
     """Write a manifest (atomically) naming ``parts`` in item order.
 
     Each part is ``{"path", "rows", "chunks": [first, end)}``. A relative part path
@@ -76,11 +83,16 @@ def write_manifest(path: str | os.PathLike, parts: Sequence[Mapping[str, Any]], 
         rel = os.path.relpath(p.resolve(), folder)
         inside_folder(folder, rel, f"write_manifest: the part {p}")
         entries.append({"path": rel, "rows": int(part["rows"]), "chunks": [int(c) for c in part["chunks"]]})
-    blob = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "fingerprint": key,
-            "rows": sum(e["rows"] for e in entries), "parts": entries, "metadata": dict(metadata)}
+    blob = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "fingerprint": key,
+        "rows": sum(e["rows"] for e in entries),
+        "parts": entries,
+        "metadata": dict(metadata),
+    }
     stale = set(_removable_parts(path)) if path.exists() else set()
-    write_text_atomically(json.dumps(blob, default=str, indent=1), path,
-                       Path(tmp_dir) if tmp_dir is not None else None)
+    write_text_atomically(json.dumps(blob, default=str, indent=1), path, Path(tmp_dir) if tmp_dir is not None else None)
     for old in stale - {(folder / e["path"]).resolve() for e in entries}:
         old.unlink(missing_ok=True)
     return path
@@ -103,8 +115,9 @@ def read_manifest(path: str | os.PathLike, *, check: bool = True) -> dict[str, A
     if not isinstance(blob, dict) or blob.get("format") != MANIFEST_FORMAT:
         raise ValueError(f"{fn}: {path} is not a normfast manifest (expected format={MANIFEST_FORMAT!r})")
     if blob.get("version") != MANIFEST_VERSION:
-        raise ValueError(f"{fn}: {path} has manifest version {blob.get('version')!r}, "
-                         f"this normfast reads version {MANIFEST_VERSION}")
+        raise ValueError(
+            f"{fn}: {path} has manifest version {blob.get('version')!r}, this normfast reads version {MANIFEST_VERSION}"
+        )
     parts = blob.get("parts")
     if not isinstance(parts, list) or not parts or not all(isinstance(p, dict) for p in parts):
         raise ValueError(f"{fn}: {path} names no parts")
@@ -116,8 +129,10 @@ def read_manifest(path: str | os.PathLike, *, check: bool = True) -> dict[str, A
             raise FileNotFoundError(f"{fn}: part {part['path']} named by {path} does not exist")
         rows = pq.ParquetFile(part["path"]).metadata.num_rows
         if rows != part["rows"]:
-            raise ValueError(f"{fn}: part {part['path']} holds {rows} rows, the manifest {path} says "
-                             f"{part['rows']} (a part from a different run?)")
+            raise ValueError(
+                f"{fn}: part {part['path']} holds {rows} rows, the manifest {path} says "
+                f"{part['rows']} (a part from a different run?)"
+            )
     return blob
 
 
@@ -138,8 +153,11 @@ def _removable_parts(path: Path) -> list[Path]:
             warnings.warn(f"{exc}; that file was left alone", RuntimeWarning, stacklevel=3)
             continue
         if not _PART_NAME.match(part.name) or part.is_dir():
-            warnings.warn(f"the manifest {path} names {name!r}, which is not a part of a sharded run; that file "
-                          f"was left alone", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"the manifest {path} names {name!r}, which is not a part of a sharded run; that file was left alone",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             continue
         out.append(part.resolve())
     return out
@@ -188,15 +206,18 @@ def resolve_run(path: str | os.PathLike) -> Path:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist (expected a run: its .parquet file, its "
-                                f".manifest.json, or the folder holding it)")
+        raise FileNotFoundError(
+            f"{path} does not exist (expected a run: its .parquet file, its .manifest.json, or the folder holding it)"
+        )
     if not path.is_dir():
         return path
     if path.name.endswith(".parquet.parts"):
         n = len(list(path.glob("chunk-*.parquet")))
-        raise ValueError(f"{path} is the work folder of an unfinished run ({n} chunk file(s)): finish the run "
-                         f"by running it again with --resume (resume=True); the chunks written so far are plain "
-                         f"Parquet, readable with a glob (e.g. DuckDB: SELECT * FROM '{path}/chunk-*.parquet')")
+        raise ValueError(
+            f"{path} is the work folder of an unfinished run ({n} chunk file(s)): finish the run "
+            f"by running it again with --resume (resume=True); the chunks written so far are plain "
+            f"Parquet, readable with a glob (e.g. DuckDB: SELECT * FROM '{path}/chunk-*.parquet')"
+        )
     manifests = sorted(path.glob("*.manifest.json"))
     parts: set[Path] = set()
     for m in manifests:
@@ -212,10 +233,14 @@ def resolve_run(path: str | os.PathLike) -> Path:
     if len(runs) == 1:
         return runs[0]
     if not runs:
-        raise ValueError(f"{path} holds no normfast run (no .manifest.json, no .parquet file with "
-                         f"{METADATA_KEY.decode()!r} run metadata)")
-    raise ValueError(f"{path} holds {len(runs)} runs ({', '.join(p.name for p in runs[:6])}"
-                     f"{', ...' if len(runs) > 6 else ''}): name one of them")
+        raise ValueError(
+            f"{path} holds no normfast run (no .manifest.json, no .parquet file with "
+            f"{METADATA_KEY.decode()!r} run metadata)"
+        )
+    raise ValueError(
+        f"{path} holds {len(runs)} runs ({', '.join(p.name for p in runs[:6])}"
+        f"{', ...' if len(runs) > 6 else ''}): name one of them"
+    )
 
 
 def data_files(path: str | os.PathLike) -> list[Path]:
@@ -223,4 +248,3 @@ def data_files(path: str | os.PathLike) -> list[Path]:
     if is_manifest(path):
         return [Path(p["path"]) for p in read_manifest(path)["parts"]]
     return [Path(path)]
-

@@ -8,9 +8,10 @@ A :class:`PairSource` holds the training-like data an objective needs (see
   tensor of class codes (original labels in :attr:`PairSource.classes`);
 * ``kind="items"``  -- ``batch(idx) -> items``, a list.
 
-:func:`virtual_batches` draws the index sets: ``M`` batches, each of distinct
-indices, reproducible from a seed.
+:func:`normfast.data.batches.virtual_batches` draws the index sets: ``M`` batches, each of
+distinct indices, reproducible from a seed.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,80 +20,13 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from normfast.core.checks import as_tensor, check_positive_int
+from normfast.core.checks import as_tensor
+from normfast.data.batches import virtual_batches
 from normfast.data.records import read_jsonl, read_tsv
 
-__all__ = [
-    "KINDS",
-    "PairSource",
-    "as_pair_source",
-    "check_batch_indices",
-    "virtual_batches",
-]
+__all__ = ["KINDS", "PairSource", "as_pair_source"]
 
 KINDS = ("pairs", "labels", "items")
-
-
-def check_batch_indices(fn: str, name: str, batches: Any, *, n: int | None = None, M: int | None = None,
-                        batch_size: int | None = None, M_name: str = "batches") -> list[list[int]]:
-    """Validate explicit virtual batches; returns them as lists of Python ints.
-
-    ``batches`` is a sequence of batches (lists, tuples, 1-D arrays or tensors, or
-    one 2-D array), each a set of distinct integer indices into the pair source.
-    Checked: at least two batches, ``M`` of them when ``M`` is given; every batch
-    ``batch_size`` long when given (at least two indices in any case); indices are
-    integers, distinct within a batch, and lie in ``[0, n)`` when ``n`` is given.
-    Errors name ``fn``, ``name``, the offending batch and what was expected.
-    """
-    if isinstance(batches, (str, bytes)) or not hasattr(batches, "__len__"):
-        raise TypeError(f"{fn}: expected {name} to be a sequence of batches (each a sequence of "
-                        f"integer indices), got {type(batches).__name__}")
-    if len(batches) < 2:
-        raise ValueError(f"{fn}: expected {name} to hold at least 2 batches (a variance needs two), "
-                         f"got {len(batches)}")
-    if M is not None and len(batches) != M:
-        raise ValueError(f"{fn}: {name} holds {len(batches)} batches but {M_name}={M}; pass "
-                         f"{M_name}={len(batches)} (M is the number of virtual batches)")
-    out = []
-    for b, batch in enumerate(batches):
-        idx = np.asarray(batch.detach().cpu() if isinstance(batch, torch.Tensor) else batch)
-        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu") or idx.dtype == bool:
-            raise TypeError(f"{fn}: expected {name}[{b}] to be a 1-D sequence of integer indices, got "
-                            f"shape={idx.shape}, dtype={idx.dtype}")
-        if batch_size is not None and idx.size != batch_size:
-            raise ValueError(f"{fn}: {name}[{b}] has {idx.size} indices but batch_size={batch_size}; "
-                             f"every virtual batch must hold batch_size indices")
-        if idx.size < 2:
-            raise ValueError(f"{fn}: {name}[{b}] has {idx.size} indices; a contrastive batch needs at least 2")
-        if n is not None and (idx.min() < 0 or idx.max() >= n):
-            raise IndexError(f"{fn}: {name}[{b}] has indices outside [0, {n}) (the pair source holds {n}): "
-                             f"min={idx.min()}, max={idx.max()}")
-        if np.unique(idx).size != idx.size:
-            dup = int(next(v for v, c in zip(*np.unique(idx, return_counts=True)) if c > 1))
-            raise ValueError(f"{fn}: {name}[{b}] repeats index {dup}; the indices of one batch must be distinct")
-        out.append([int(i) for i in idx])
-    return out
-
-
-def virtual_batches(n: int, M: int, batch_size: int, seed: int = 0) -> list[np.ndarray]:
-    """``M`` index arrays of ``batch_size`` distinct indices in ``[0, n)``.
-
-    Batches are drawn independently (an index may appear in several batches,
-    never twice in one), from ``numpy.random.default_rng(seed)``: the same
-    arguments always give the same batches.
-    """
-    fn = "virtual_batches"
-    n = check_positive_int(fn, "n (the number of pairs/items in the source)", n)
-    M = check_positive_int(fn, "M", M, minimum=2)
-    batch_size = check_positive_int(fn, "batch_size", batch_size, minimum=2)
-    if batch_size > n:
-        raise ValueError(f"{fn}: expected batch_size <= n (batches hold distinct indices), "
-                         f"got batch_size={batch_size}, n={n}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"{fn}: expected seed to be an int, got {seed!r}")
-    rng = np.random.default_rng(int(seed))
-    return [np.sort(rng.choice(n, size=batch_size, replace=False)).astype(np.int64)
-            for _ in range(M)]
 
 
 class PairSource:
@@ -120,13 +54,13 @@ class PairSource:
             self._first, self._second = first, None
             return
         if second is None:
-            raise ValueError(f"{fn}: kind={kind!r} needs a second sequence "
-                             f"({'positives' if kind == 'pairs' else 'labels'})")
+            raise ValueError(
+                f"{fn}: kind={kind!r} needs a second sequence ({'positives' if kind == 'pairs' else 'labels'})"
+            )
         second = list(second)
         if len(second) != len(first):
             many, per = ("positives", "anchors") if kind == "pairs" else ("labels", "items")
-            raise ValueError(f"{fn}: expected as many {many} as {per}, "
-                             f"got {len(first)} and {len(second)}")
+            raise ValueError(f"{fn}: expected as many {many} as {per}, got {len(first)} and {len(second)}")
         self._first, self._second = first, second
         if kind == "labels":
             self.classes, codes = _encode_labels(second)
@@ -134,8 +68,9 @@ class PairSource:
 
     # -- constructors -----------------------------------------------------------
     @classmethod
-    def from_iterable(cls, data: Iterable[Any], labels: Iterable[Any] | None = None,
-                      kind: str | None = None) -> "PairSource":
+    def from_iterable(
+        cls, data: Iterable[Any], labels: Iterable[Any] | None = None, kind: str | None = None
+    ) -> "PairSource":
         """From Python objects.
 
         * ``labels`` given -> ``"labels"`` with ``data`` the items;
@@ -160,14 +95,19 @@ class PairSource:
             return cls("items", rows)
         for i, row in enumerate(rows):
             if not _is_pair(row):
-                raise ValueError(f"{fn}: kind={kind!r} expects 2-tuples, "
-                                 f"got {type(row).__name__} at index {i}")
+                raise ValueError(f"{fn}: kind={kind!r} expects 2-tuples, got {type(row).__name__} at index {i}")
         return cls(kind, [r[0] for r in rows], [r[1] for r in rows])
 
     @classmethod
-    def from_jsonl(cls, path: str | os.PathLike, anchor_key: str = "anchor",
-                   positive_key: str = "positive", label_key: str | None = None,
-                   text_key: str = "text", kind: str | None = None) -> "PairSource":
+    def from_jsonl(
+        cls,
+        path: str | os.PathLike,
+        anchor_key: str = "anchor",
+        positive_key: str = "positive",
+        label_key: str | None = None,
+        text_key: str = "text",
+        kind: str | None = None,
+    ) -> "PairSource":
         """From a JSON-lines file (one object per line; blank lines are skipped).
 
         ``kind=None``: ``"labels"`` when ``label_key`` is given (items under
@@ -183,11 +123,10 @@ class PairSource:
             raise ValueError(f"{fn}: kind must be one of {KINDS} or None, got {kind!r}")
         if kind == "labels" and label_key is None:
             raise ValueError(f"{fn}: kind='labels' needs label_key")
-        keys = {"pairs": (anchor_key, positive_key), "labels": (text_key, label_key),
-                "items": (text_key,)}[kind]
+        keys = {"pairs": (anchor_key, positive_key), "labels": (text_key, label_key), "items": (text_key,)}[kind]
         texts = keys if kind == "pairs" else keys[:1]
         first, second = [], []
-        for _, record in read_jsonl(path, fn=fn, fields=keys, text_fields=texts, key_fields=keys[len(texts):]):
+        for _, record in read_jsonl(path, fn=fn, fields=keys, text_fields=texts, key_fields=keys[len(texts) :]):
             first.append(record[keys[0]])
             if len(keys) == 2:
                 second.append(record[keys[1]])
@@ -196,8 +135,9 @@ class PairSource:
         return cls(kind, first, second if len(keys) == 2 else None)
 
     @classmethod
-    def from_tsv(cls, path: str | os.PathLike, columns: Sequence[int | str] = (0, 1),
-                 kind: str | None = None) -> "PairSource":
+    def from_tsv(
+        cls, path: str | os.PathLike, columns: Sequence[int | str] = (0, 1), kind: str | None = None
+    ) -> "PairSource":
         """From a tab-separated file (no quoting; blank lines are skipped).
 
         ``columns`` picks one or two columns by 0-based index, or by name when
@@ -219,8 +159,7 @@ class PairSource:
         by_name = all(isinstance(c, str) for c in columns)
         by_index = all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in columns)
         if not (by_name or by_index):
-            raise ValueError(f"{fn}: columns must be all non-negative ints or all header names, "
-                             f"got {columns!r}")
+            raise ValueError(f"{fn}: columns must be all non-negative ints or all header names, got {columns!r}")
         rows = [fields for _, fields in read_tsv(path, fn=fn, columns=columns)]
         if not rows:
             raise ValueError(f"{fn}: {os.fspath(path)!r} holds no rows")
@@ -242,8 +181,9 @@ class PairSource:
         return _TensorSource(anchors, positives, labels)
 
     @classmethod
-    def from_dataset(cls, dataset: Any, kind: str | None = None,
-                     collate: Callable[[list[Any]], Any] | None = None) -> "PairSource":
+    def from_dataset(
+        cls, dataset: Any, kind: str | None = None, collate: Callable[[list[Any]], Any] | None = None
+    ) -> "PairSource":
         """Index-backed source over any map-style dataset (``len`` and ``dataset[i]``), e.g. a
         ``torch.utils.data.Dataset``; items are read only when a virtual batch needs them.
 
@@ -273,11 +213,14 @@ class PairSource:
     def _indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         idx = np.asarray(indices)
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-            raise ValueError(f"PairSource.batch: expected a 1-D sequence of integer indices, got "
-                             f"shape={idx.shape}, dtype={idx.dtype}")
+            raise ValueError(
+                f"PairSource.batch: expected a 1-D sequence of integer indices, got "
+                f"shape={idx.shape}, dtype={idx.dtype}"
+            )
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
-            raise IndexError(f"PairSource.batch: indices must lie in [0, {len(self)}), "
-                             f"got min={idx.min()}, max={idx.max()}")
+            raise IndexError(
+                f"PairSource.batch: indices must lie in [0, {len(self)}), got min={idx.min()}, max={idx.max()}"
+            )
         return idx
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> Any:
@@ -317,14 +260,17 @@ class _TensorSource(PairSource):
         if positives is not None:
             second = as_tensor(fn, "positives", positives)
             if second.dim() < 1 or second.shape[0] != first.shape[0]:
-                raise ValueError(f"{fn}: expected as many positives as anchors, got anchors.shape="
-                                 f"{tuple(first.shape)}, positives.shape={tuple(second.shape)}")
+                raise ValueError(
+                    f"{fn}: expected as many positives as anchors, got anchors.shape="
+                    f"{tuple(first.shape)}, positives.shape={tuple(second.shape)}"
+                )
             self.kind, self._second = "pairs", second
         elif labels is not None:
             lab = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
             if lab.ndim != 1 or lab.shape[0] != first.shape[0]:
-                raise ValueError(f"{fn}: expected one label per anchor (1-D, {first.shape[0]} entries), "
-                                 f"got labels.shape={lab.shape}")
+                raise ValueError(
+                    f"{fn}: expected one label per anchor (1-D, {first.shape[0]} entries), got labels.shape={lab.shape}"
+                )
             if lab.dtype.kind == "f" or lab.dtype.kind == "c":
                 raise TypeError(f"{fn}: expected integer or string class labels, got dtype={lab.dtype}")
             classes, codes = np.unique(lab, return_inverse=True)
@@ -355,9 +301,11 @@ class _DatasetSource(PairSource):
             loader_collate = dataset.collate_fn
             dataset = dataset.dataset
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            raise TypeError(f"{fn}: expected a map-style dataset (with __len__ and __getitem__) or a "
-                            f"DataLoader over one, got {type(dataset).__name__}; for an iterable-style "
-                            f"dataset use PairSource.from_iterable")
+            raise TypeError(
+                f"{fn}: expected a map-style dataset (with __len__ and __getitem__) or a "
+                f"DataLoader over one, got {type(dataset).__name__}; for an iterable-style "
+                f"dataset use PairSource.from_iterable"
+            )
         if len(dataset) == 0:
             raise ValueError(f"{fn}: the dataset is empty")
         if kind is None:
@@ -390,8 +338,9 @@ class _DatasetSource(PairSource):
             try:  # other hashable labels: a code per distinct value, in the order first seen
                 codes.append(self._codes.setdefault(label, -1 - len(self._codes)))
             except TypeError:
-                raise TypeError(f"PairSource.from_dataset: labels must be integers or hashable, got "
-                                f"{type(label).__name__}") from None
+                raise TypeError(
+                    f"PairSource.from_dataset: labels must be integers or hashable, got {type(label).__name__}"
+                ) from None
         return torch.as_tensor(codes, dtype=torch.int64)
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> Any:
@@ -400,16 +349,20 @@ class _DatasetSource(PairSource):
         if self.kind != "items":
             for i, row in zip(indices, rows):
                 if not _is_pair(row):
-                    raise ValueError(f"{fn}: kind={self.kind!r} needs dataset[i] to be a 2-tuple, got "
-                                     f"{type(row).__name__} at index {int(i)}")
+                    raise ValueError(
+                        f"{fn}: kind={self.kind!r} needs dataset[i] to be a 2-tuple, got "
+                        f"{type(row).__name__} at index {int(i)}"
+                    )
         if self.collate is not None:
             out = self.collate(rows)
             if self.kind == "items":
                 return out
             if not (isinstance(out, (tuple, list)) and len(out) == 2):
-                raise ValueError(f"{fn}: the collate function must return (anchors, positives) for pairs or "
-                                 f"(items, labels) for labels, got {type(out).__name__}"
-                                 + (f" of length {len(out)}" if hasattr(out, '__len__') else ""))
+                raise ValueError(
+                    f"{fn}: the collate function must return (anchors, positives) for pairs or "
+                    f"(items, labels) for labels, got {type(out).__name__}"
+                    + (f" of length {len(out)}" if hasattr(out, "__len__") else "")
+                )
             first, second = out
         else:
             if self.kind == "items":
@@ -471,8 +424,9 @@ def _encode_labels(labels: list[Any]) -> tuple[list[Any], list[int]]:
         try:
             code = code_of.get(label)
         except TypeError:
-            raise TypeError(f"PairSource: labels must be hashable (ints, strings), got "
-                            f"{type(label).__name__} at index {i}") from None
+            raise TypeError(
+                f"PairSource: labels must be hashable (ints, strings), got {type(label).__name__} at index {i}"
+            ) from None
         if code is None:
             code = code_of[label] = len(classes)
             classes.append(label)

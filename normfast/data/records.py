@@ -8,6 +8,7 @@ lines skipped. A line that cannot be used raises a
 the line -- ``read_documents: corpus.jsonl:7: field 'text' must be a string, got
 NoneType`` -- and a missing file a ``FileNotFoundError``. Nothing is dropped silently.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,9 +37,15 @@ def read_lines(path: str | os.PathLike, *, fn: str, comment: str | None = None) 
             yield number, line.rstrip("\r\n")
 
 
-def read_jsonl(path: str | os.PathLike, *, fn: str, fields: Sequence[str] = (), text_fields: Sequence[str] = (),
-               key_fields: Sequence[str] = (),
-               error: type[RecordError] = RecordError) -> Iterator[tuple[int, dict[str, Any]]]:
+def read_jsonl(
+    path: str | os.PathLike,
+    *,
+    fn: str,
+    fields: Sequence[str] = (),
+    text_fields: Sequence[str] = (),
+    key_fields: Sequence[str] = (),
+    error: type[RecordError] = RecordError,
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for every non-blank line of a JSON-lines file.
 
     Every line must hold a JSON object with each of ``fields``; each of ``text_fields`` must
@@ -74,9 +81,15 @@ def _shown(value: Any) -> str:
     return type(value).__name__ + (f" {text}" if len(text) <= 40 else "")
 
 
-def read_tsv(path: str | os.PathLike, *, fn: str, columns: Sequence[int | str] | None = None,
-             n_fields: int | None = None, comment: str | None = None,
-             error: type[RecordError] = RecordError) -> Iterator[tuple[int, list[str]]]:
+def read_tsv(
+    path: str | os.PathLike,
+    *,
+    fn: str,
+    columns: Sequence[int | str] | None = None,
+    n_fields: int | None = None,
+    comment: str | None = None,
+    error: type[RecordError] = RecordError,
+) -> Iterator[tuple[int, list[str]]]:
     """``(line number, fields)`` for every non-blank line of a tab-separated file (no quoting).
 
     ``columns`` picks fields by 0-based index, or by name when they are strings: the first
@@ -101,7 +114,8 @@ def read_tsv(path: str | os.PathLike, *, fn: str, columns: Sequence[int | str] |
             raise error(f"{fn}: {path}:{number}: expected {n_fields} tab-separated fields, got {len(fields)}")
         if index is not None:
             if max(index) >= len(fields):
-                raise error(f"{fn}: {path}:{number}: expected at least {max(index) + 1} tab-separated fields, "
-                            f"got {len(fields)}")
+                raise error(
+                    f"{fn}: {path}:{number}: expected at least {max(index) + 1} tab-separated fields, got {len(fields)}"
+                )
             fields = [fields[i] for i in index]
         yield number, fields

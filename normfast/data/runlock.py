@@ -4,6 +4,7 @@
 (a kill, a crash, a lost node), so a folder is never left locked by a process
 that no longer runs, and nothing has to be cleaned up by hand.
 """
+
 from __future__ import annotations
 
 import errno
@@ -66,15 +67,17 @@ class RunLock:
                     raise
                 raise RunFolderLocked(
                     f"{self.folder} is in use by another process ({self.holder()}); wait for it to finish, "
-                    f"or stop it: its finished chunks stay, and --resume continues from them") from None
+                    f"or stop it: its finished chunks stay, and --resume continues from them"
+                ) from None
             if self._is_current(fd):  # else the folder was removed (the run finished) between open and lock
                 break
             os.close(fd)
             if not self.folder.is_dir():
                 raise FileNotFoundError(f"{self.folder} was removed by the run that held it")
         self._own(fd)
-        info = json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "since": time.time(),
-                           "command": " ".join(sys.argv)[:300]})
+        info = json.dumps(
+            {"pid": os.getpid(), "host": os.uname().nodename, "since": time.time(), "command": " ".join(sys.argv)[:300]}
+        )
         os.ftruncate(fd, 0)
         os.pwrite(fd, info.encode(), 0)
         return self

@@ -32,6 +32,7 @@ Faults (docs/reliability.md lists them all):
 
 Memory: nothing here holds more than one chunk of rows at a time.
 """
+
 from __future__ import annotations
 
 import errno
@@ -87,8 +88,15 @@ class ChunkedParquetWriter:
     :meth:`cleanup` (or :meth:`release`); another process is refused meanwhile.
     """
 
-    def __init__(self, out: str | os.PathLike, spec: Mapping[str, Any], *, resume: bool = False,
-                 overwrite: bool = False, attach: bool = False):
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        spec: Mapping[str, Any],
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        attach: bool = False,
+    ):
         self.out = Path(out)
         if self.out.suffix != ".parquet":
             raise ValueError(f"ChunkedParquetWriter: expected an output path ending in .parquet, got {str(self.out)!r}")
@@ -107,8 +115,10 @@ class ChunkedParquetWriter:
         self._sweep_unborn_folders()
         if self.parts.exists() or self.parts.is_symlink():
             if not self.parts.is_dir() or self.parts.is_symlink():
-                raise FileExistsError(f"{self.parts} is in the way of the run's work folder (it is not a folder "
-                                      f"normfast made); move it away")
+                raise FileExistsError(
+                    f"{self.parts} is in the way of the run's work folder (it is not a folder "
+                    f"normfast made); move it away"
+                )
             self.lock = RunLock(self.parts).acquire()
             if resume:
                 self._check_key(run_file)
@@ -118,7 +128,8 @@ class ChunkedParquetWriter:
                 self.release()
                 raise FileExistsError(
                     f"{self.parts} holds an unfinished run; continue it (resume=True, CLI: --resume), start over "
-                    f"(overwrite=True, CLI: --overwrite), or delete the folder (rm -r {self.parts})")
+                    f"(overwrite=True, CLI: --overwrite), or delete the folder (rm -r {self.parts})"
+                )
             self._discard()
         self._create()
 
@@ -129,15 +140,17 @@ class ChunkedParquetWriter:
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.parts.name}.", suffix=".tmp", dir=self.parts.parent))
         lock = RunLock(tmp).acquire()
         try:
-            write_text_atomically(json.dumps({"key": self.key, "spec": self.spec}, default=str, indent=1),
-                               tmp / _RUN_FILE)
+            write_text_atomically(
+                json.dumps({"key": self.key, "spec": self.spec}, default=str, indent=1), tmp / _RUN_FILE
+            )
             try:
                 os.rename(tmp, self.parts)
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                     raise
-                raise FileExistsError(f"{self.parts} was created by another process at the same moment; "
-                                      f"it holds that run now") from None
+                raise FileExistsError(
+                    f"{self.parts} was created by another process at the same moment; it holds that run now"
+                ) from None
         except BaseException:
             lock.release()
             shutil.rmtree(tmp, ignore_errors=True)
@@ -162,8 +175,10 @@ class ChunkedParquetWriter:
         strays = [p.name for p in self.parts.iterdir() if not _is_work_file(p.name)]
         if strays:
             self.release()
-            raise FileExistsError(f"{self.parts} holds files normfast did not write ({', '.join(strays[:5])}); "
-                                  f"it was not deleted. Move them away or delete the folder yourself")
+            raise FileExistsError(
+                f"{self.parts} holds files normfast did not write ({', '.join(strays[:5])}); "
+                f"it was not deleted. Move them away or delete the folder yourself"
+            )
         for p in self.parts.iterdir():
             if p.name != _LOCK_FILE:
                 p.unlink()
@@ -180,7 +195,8 @@ class ChunkedParquetWriter:
             raise ValueError(
                 f"cannot resume: the unfinished run in {self.parts} has no {_RUN_FILE} (deleted, or left by an older "
                 f"normfast that was stopped while starting), so its chunks cannot be matched to these arguments. "
-                f"Start over with overwrite=True (CLI: --overwrite), or delete the folder: rm -r {self.parts}") from None
+                f"Start over with overwrite=True (CLI: --overwrite), or delete the folder: rm -r {self.parts}"
+            ) from None
         except (OSError, ValueError):
             previous = {}
         if previous.get("key") != self.key:
@@ -189,7 +205,8 @@ class ChunkedParquetWriter:
             raise ValueError(
                 f"cannot resume: the unfinished run in {self.parts} was made with different arguments; "
                 f"changed: {changed}. Run again with the same arguments, or start over with overwrite=True "
-                f"(CLI: --overwrite) or by deleting the folder (rm -r {self.parts})")
+                f"(CLI: --overwrite) or by deleting the folder (rm -r {self.parts})"
+            )
 
     def _drop_unreadable_chunks(self) -> None:
         """Resume: delete the chunk files that fail their checksum or cannot be read (a truncated write, a
@@ -198,7 +215,7 @@ class ChunkedParquetWriter:
         for tmp in self.parts.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
         for digest in self.parts.glob(f"chunk-*.parquet{_DIGEST}"):
-            if not digest.with_name(digest.name[:-len(_DIGEST)]).exists():
+            if not digest.with_name(digest.name[: -len(_DIGEST)]).exists():
                 digest.unlink(missing_ok=True)  # its chunk was never renamed into place
         bad = []
         for path in sorted(self.parts.glob("chunk-*.parquet")):
@@ -210,8 +227,12 @@ class ChunkedParquetWriter:
             path.with_name(path.name + _DIGEST).unlink(missing_ok=True)
         if bad:
             names = ", ".join(p.name for p, _ in bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
-            warnings.warn(f"resume: {len(bad)} chunk file(s) in {self.parts} could not be read ({bad[0][1]}): "
-                          f"{names}; computing them again", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"resume: {len(bad)} chunk file(s) in {self.parts} could not be read ({bad[0][1]}): "
+                f"{names}; computing them again",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def release(self) -> None:
         """Give up the folder's lock (the run stops here; its files stay)."""
@@ -241,27 +262,36 @@ class ChunkedParquetWriter:
             table = table.cast(self.schema)
         data = _parquet_bytes(table)
         path = self._chunk_path(index)
-        write_file_atomically(hashlib.sha256(memoryview(data)).hexdigest().encode(),
-                               path.with_name(path.name + _DIGEST))
+        write_file_atomically(
+            hashlib.sha256(memoryview(data)).hexdigest().encode(), path.with_name(path.name + _DIGEST)
+        )
         write_file_atomically(data, path)
 
     def read_chunk(self, index: int, columns: Sequence[str] | None = None) -> pa.Table:
         path = self._chunk_path(index)
         try:
-            return pq.read_table(path, columns=None if columns is None else list(columns),
-                                 page_checksum_verification=True)
+            return pq.read_table(
+                path, columns=None if columns is None else list(columns), page_checksum_verification=True
+            )
         except (OSError, pa.ArrowException) as exc:
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EIO):
                 raise
-            raise ValueError(f"{path} cannot be read ({first_line(exc)}): the chunk was damaged after it was "
-                             f"written; run again with --resume (resume=True) to compute it again") from exc
+            raise ValueError(
+                f"{path} cannot be read ({first_line(exc)}): the chunk was damaged after it was "
+                f"written; run again with --resume (resume=True) to compute it again"
+            ) from exc
 
     def chunk_columns(self, index: int) -> list[str]:
         """The column names of finished chunk ``index`` (from its footer; no data read)."""
         return list(pq.read_schema(self._chunk_path(index)).names)
 
-    def write_part(self, chunks: Sequence[int], path: str | os.PathLike, metadata: Mapping[str, Any],
-                   transform: Callable[[pa.Table], pa.Table] | None = None) -> int:
+    def write_part(
+        self,
+        chunks: Sequence[int],
+        path: str | os.PathLike,
+        metadata: Mapping[str, Any],
+        transform: Callable[[pa.Table], pa.Table] | None = None,
+    ) -> int:
         """Concatenate the given finished chunks, in order, into ``path`` (one row group per
         chunk; ``metadata`` in the schema; page checksums); atomic, through a temporary file in
         the work folder. Returns the number of rows written. ``transform``, when given, maps
@@ -273,8 +303,9 @@ class ChunkedParquetWriter:
         chunks = list(chunks)
         missing = sorted(set(chunks) - self.done())
         if missing:
-            raise RuntimeError(f"write_part: chunks {missing[:10]}{'...' if len(missing) > 10 else ''} "
-                               f"are missing from {self.parts}")
+            raise RuntimeError(
+                f"write_part: chunks {missing[:10]}{'...' if len(missing) > 10 else ''} are missing from {self.parts}"
+            )
         if not chunks:
             raise RuntimeError("write_part: nothing to write (no chunks)")
         meta_blob = json.dumps(dict(metadata), default=str).encode()
@@ -303,8 +334,9 @@ class ChunkedParquetWriter:
             Path(tmp).unlink(missing_ok=True)
         return rows
 
-    def finalize(self, n_chunks: int, metadata: Mapping[str, Any],
-                 transform: Callable[[pa.Table], pa.Table] | None = None) -> Path:
+    def finalize(
+        self, n_chunks: int, metadata: Mapping[str, Any], transform: Callable[[pa.Table], pa.Table] | None = None
+    ) -> Path:
         """Concatenate chunks ``0..n_chunks-1`` into the output file and clean up.
 
         A manifest left at the same output by an earlier sharded run (only possible
@@ -312,8 +344,9 @@ class ChunkedParquetWriter:
         """
         missing = sorted(set(range(n_chunks)) - self.done())
         if missing:
-            raise RuntimeError(f"finalize: chunks {missing[:10]}{'...' if len(missing) > 10 else ''} "
-                               f"are missing from {self.parts}")
+            raise RuntimeError(
+                f"finalize: chunks {missing[:10]}{'...' if len(missing) > 10 else ''} are missing from {self.parts}"
+            )
         self.write_part(range(n_chunks), self.out, metadata, transform)
         remove_manifest(manifest_path(self.out))
         self.cleanup()
@@ -334,8 +367,12 @@ def glob_escape(name: str) -> str:
 
 def _is_work_file(name: str) -> bool:
     """Whether a file in a work folder is one normfast writes there."""
-    return (name in (_RUN_FILE, _LOCK_FILE) or re.fullmatch(r"chunk-\d+\.parquet(\.sha256)?", name) is not None
-            or (name.startswith(".") and name.endswith(".tmp")) or name.startswith("outer-"))
+    return (
+        name in (_RUN_FILE, _LOCK_FILE)
+        or re.fullmatch(r"chunk-\d+\.parquet(\.sha256)?", name) is not None
+        or (name.startswith(".") and name.endswith(".tmp"))
+        or name.startswith("outer-")
+    )
 
 
 def verify_chunk(path: str | os.PathLike) -> str | None:
@@ -353,4 +390,3 @@ def verify_chunk(path: str | os.PathLike) -> str | None:
     except (OSError, pa.ArrowException) as exc:
         return first_line(exc)
     return None
-

@@ -19,6 +19,7 @@ Adding, removing, renaming or retyping a column or a metadata key:
 ``tests/data/test_schema.py`` fails, with these steps in its message, when any of
 this is forgotten.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,18 +42,18 @@ METADATA_KEY = b"normfast"
 CHANGES = {
     1: "unversioned output (normfast <= 0.1.0 before the key existed)",
     2: "schema_version and objective_settings in the metadata; is_special column; encoder_note, "
-       "input_fingerprints metadata",
+    "input_fingerprints metadata",
     3: "corpus runs: doc_id, window, doc_position, word_id, word, primary columns; corpus metadata",
     4: "error bars: se_V2, se_Q (and _w), r_eq_lo/hi, r_eq_heat_lo/hi columns; uncertainty, M_initial, "
-       "adaptive metadata (M is the heat's batches as run); the regime check: kappa_exempt, drift_to_heat, "
-       "regime, regime_reason columns; regime metadata",
+    "adaptive metadata (M is the heat's batches as run); the regime check: kappa_exempt, drift_to_heat, "
+    "regime, regime_reason columns; regime metadata",
     5: "the single-snapshot predictor: r_eq_snapshot, D_snapshot, Q_snapshot columns and snapshot metadata "
-       "(snapshot=True); ProbeConfig's snapshot settings in the config metadata",
+    "(snapshot=True); ProbeConfig's snapshot settings in the config metadata",
     6: "truncation counted: the n_truncated column and the max_length metadata",
     7: "the heat's two parts: heat_loo, heat_rel, se_heat_rel columns and the heat_reference metadata "
-       "(the run's common level and its standard error); norm_continued beside r_eq_snapshot",
+    "(the run's common level and its standard error); norm_continued beside r_eq_snapshot",
     8: "intervals of the snapshot predictor: r_eq_snapshot_lo/hi and norm_continued_lo/hi columns; "
-       "interval_segments in the snapshot metadata",
+    "interval_segments in the snapshot metadata",
 }
 
 
@@ -83,19 +84,33 @@ COLUMNS: tuple[Column, ...] = (
     Column("text", "string", "always", "the input text (empty for non-text inputs)"),
     Column("position", "int32", "always", "token position inside the input; -1 for pooled rows"),
     Column("token_id", "int64", "always", "vocabulary id of the token; -1 for pooled rows and untokenized inputs"),
-    Column("token", "string", "always", "the token's text as the tokenizer writes it (e.g. `##ing`); empty for pooled rows"),
-    Column("is_special", "bool", "always",
-           "the token was added by the tokenizer (`[CLS]`, `[SEP]`, `<s>`, padding, ...); False for pooled rows. "
-           "Summaries and figures leave these rows out"),
-    Column("n_truncated", "int32", "always",
-           "tokens cut off the end of the input because it was longer than the model's maximum length "
-           "(metadata `max_length`), on every row of that input; 0 when it fit, and for inputs normfast does "
-           "not tokenize (images, tensors, corpus windows, which are never cut)"),
+    Column(
+        "token", "string", "always", "the token's text as the tokenizer writes it (e.g. `##ing`); empty for pooled rows"
+    ),
+    Column(
+        "is_special",
+        "bool",
+        "always",
+        "the token was added by the tokenizer (`[CLS]`, `[SEP]`, `<s>`, padding, ...); False for pooled rows. "
+        "Summaries and figures leave these rows out",
+    ),
+    Column(
+        "n_truncated",
+        "int32",
+        "always",
+        "tokens cut off the end of the input because it was longer than the model's maximum length "
+        "(metadata `max_length`), on every row of that input; 0 when it fit, and for inputs normfast does "
+        "not tokenize (images, tensors, corpus windows, which are never cut)",
+    ),
     # -- corpus runs (probe items that are windows of documents: `normfast probe --corpus`)
     Column("doc_id", "string", "corpus runs", "the document's id"),
     Column("window", "int32", "corpus runs", "index of the window in its document"),
-    Column("doc_position", "int32", "corpus runs", "the token's index among the document's tokens; -1 for special tokens"),
-    Column("word_id", "int32", "corpus runs", "index of the word (the tokenizer's pre-tokenized word) the piece belongs to"),
+    Column(
+        "doc_position", "int32", "corpus runs", "the token's index among the document's tokens; -1 for special tokens"
+    ),
+    Column(
+        "word_id", "int32", "corpus runs", "index of the word (the tokenizer's pre-tokenized word) the piece belongs to"
+    ),
     Column("word", "string", "corpus runs", "that word, as written in the document"),
     Column("primary", "bool", "corpus runs", "False only for the second occurrence of a token in overlapping windows"),
     # -- the embedding and the statistics of the scale-invariant (u) branch
@@ -106,8 +121,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("V2", "double", _U, "stochastic heat, Σ_B ‖u^B − ū‖² / (M − 1)"),
     Column("m2", "double", _U, "‖ū‖², the squared mean displacement"),
     Column("Q", "double", _U, "second moment m2 + V2"),
-    Column("se_V2", "double", _U, "standard error of V2 (delete-a-group jackknife over the K batch groups, "
-                                  "K − 1 degrees of freedom); NaN without error bars"),
+    Column(
+        "se_V2",
+        "double",
+        _U,
+        "standard error of V2 (delete-a-group jackknife over the K batch groups, "
+        "K − 1 degrees of freedom); NaN without error bars",
+    ),
     Column("se_Q", "double", _U, "standard error of Q (the same jackknife); NaN without error bars"),
     # -- the scale-free (w) branch and the cross term
     Column("D_w", "double", _W, "radial drift of the scale-free branch"),
@@ -118,65 +138,127 @@ COLUMNS: tuple[Column, ...] = (
     Column("Q_w", "double", _W, "second moment of the scale-free branch"),
     Column("se_V2_w", "double", _W, "standard error of V2_w"),
     Column("se_Q_w", "double", _W, "standard error of Q_w"),
-    Column("C_uw", "double", "both branches (parameter groups with different optimizers)",
-           "cross term, mean over batches of u·w"),
-    # -- the heat split into the run's common level and each row's relative heat (normfast.engine.diagnostics.relative_heat)
-    Column("heat_loo", "list<element: double>", "error bars (`uncertainty=True`)",
-           "the heat (V2; V2_w for AdamW-only runs) recomputed without each of the K batch groups: the "
-           "jackknife's replicates, from which se_heat_rel and a type-level error bar (`normfast aggregate`) "
-           "are computed"),
-    Column("heat_rel", "double", "always",
-           "relative heat: log(V2) minus the run's reference level (metadata `heat_reference`: the median of "
-           "log V2 over valid non-special rows); natural log, so 0.2 is a factor 1.22 above the typical row"),
-    Column("se_heat_rel", "double", "always",
-           "standard error of heat_rel (the delete-a-group jackknife, the reference recomputed without each "
-           "group): the error of the row's place in the ranking, without the common factor that moves every "
-           "row's V2 together (that one is `heat_reference.se_log_level`); NaN without error bars"),
+    Column(
+        "C_uw",
+        "double",
+        "both branches (parameter groups with different optimizers)",
+        "cross term, mean over batches of u·w",
+    ),
+    # -- the heat split into the run's common level and each row's relative heat
+    #    (normfast.engine.diagnostics.relative_heat)
+    Column(
+        "heat_loo",
+        "list<element: double>",
+        "error bars (`uncertainty=True`)",
+        "the heat (V2; V2_w for AdamW-only runs) recomputed without each of the K batch groups: the "
+        "jackknife's replicates, from which se_heat_rel and a type-level error bar (`normfast aggregate`) "
+        "are computed",
+    ),
+    Column(
+        "heat_rel",
+        "double",
+        "always",
+        "relative heat: log(V2) minus the run's reference level (metadata `heat_reference`: the median of "
+        "log V2 over valid non-special rows); natural log, so 0.2 is a factor 1.22 above the typical row",
+    ),
+    Column(
+        "se_heat_rel",
+        "double",
+        "always",
+        "standard error of heat_rel (the delete-a-group jackknife, the reference recomputed without each "
+        "group): the error of the row's place in the ranking, without the common factor that moves every "
+        "row's V2 together (that one is `heat_reference.se_log_level`); NaN without error bars",
+    ),
     # -- the law
     Column("kappa", "double", "always", "radial damping ẑ·(J θ_decayed)/R"),
     Column("r_eq", "double", "always", "equilibrium norm: the largest positive root of the law's quartic (NaN: none)"),
     Column("r_eq_heat", "double", "always", "the same with the drift set to zero (heat-only law)"),
-    Column("r_eq_lo", "double", "always", "lower end of the 95% interval of r_eq (jackknife over the K groups, "
-                                          "Student t with K − 1 degrees of freedom); NaN without error bars"),
+    Column(
+        "r_eq_lo",
+        "double",
+        "always",
+        "lower end of the 95% interval of r_eq (jackknife over the K groups, "
+        "Student t with K − 1 degrees of freedom); NaN without error bars",
+    ),
     Column("r_eq_hi", "double", "always", "upper end of the 95% interval of r_eq"),
     Column("r_eq_heat_lo", "double", "always", "lower end of the 95% interval of r_eq_heat"),
     Column("r_eq_heat_hi", "double", "always", "upper end of the 95% interval of r_eq_heat"),
-    Column("r_eq_snapshot", "double", "`snapshot=True` (`--snapshot`)",
-           "single-snapshot predictor: the stationary norm from a virtual continuation of the model from this "
-           "snapshot (shrunk trajectory drift, heat + curvature heat); scope in `normfast.engine.trajectory.snapshot`"),
-    Column("r_eq_snapshot_lo", "double", "`snapshot=True`",
-           "lower end of its 95% interval: the predictor recomputed without each of the continuation's "
-           "contiguous segments in turn (jackknife, Student t with segments − 1 degrees of freedom); the "
-           "continuation's sampling error only, not the law's error (E1 measures the coverage)"),
+    Column(
+        "r_eq_snapshot",
+        "double",
+        "`snapshot=True` (`--snapshot`)",
+        "single-snapshot predictor: the stationary norm from a virtual continuation of the model from this "
+        "snapshot (shrunk trajectory drift, heat + curvature heat); scope in `normfast.engine.trajectory.snapshot`",
+    ),
+    Column(
+        "r_eq_snapshot_lo",
+        "double",
+        "`snapshot=True`",
+        "lower end of its 95% interval: the predictor recomputed without each of the continuation's "
+        "contiguous segments in turn (jackknife, Student t with segments − 1 degrees of freedom); the "
+        "continuation's sampling error only, not the law's error (E1 measures the coverage)",
+    ),
     Column("r_eq_snapshot_hi", "double", "`snapshot=True`", "upper end of that interval"),
-    Column("D_snapshot", "double", "`snapshot=True`", "the drift it used (D; AdamW: D_w), averaged along the "
-                                                      "virtual trajectory and shrunk by empirical Bayes"),
-    Column("Q_snapshot", "double", "`snapshot=True`", "the heat it used (Q; AdamW: Q_w), trajectory mean plus "
-                                                      "the curvature heat"),
-    Column("norm_continued", "double", "`snapshot=True`",
-           "the plain baseline beside r_eq_snapshot: sqrt of the mean R² over the measured steps of the same "
-           "virtual continuation (the norm the continued copy kept); r_eq_snapshot predicts no better than it, "
-           "its use is the decomposition into heat, drift and decay"),
+    Column(
+        "D_snapshot",
+        "double",
+        "`snapshot=True`",
+        "the drift it used (D; AdamW: D_w), averaged along the virtual trajectory and shrunk by empirical Bayes",
+    ),
+    Column(
+        "Q_snapshot",
+        "double",
+        "`snapshot=True`",
+        "the heat it used (Q; AdamW: Q_w), trajectory mean plus the curvature heat",
+    ),
+    Column(
+        "norm_continued",
+        "double",
+        "`snapshot=True`",
+        "the plain baseline beside r_eq_snapshot: sqrt of the mean R² over the measured steps of the same "
+        "virtual continuation (the norm the continued copy kept); r_eq_snapshot predicts no better than it, "
+        "its use is the decomposition into heat, drift and decay",
+    ),
     Column("norm_continued_lo", "double", "`snapshot=True`", "lower end of its 95% interval (the same jackknife)"),
     Column("norm_continued_hi", "double", "`snapshot=True`", "upper end of that interval"),
     Column("n_pos_roots", "int8", "always", "number of positive roots (> 1: bistable)"),
     # -- status
     Column("valid", "bool", "always", "the row's statistics are finite and usable"),
-    Column("reason", "string", "always",
-           "`ok`, or why the row is not valid: `zero_norm`, `non_finite_embedding`, "
-           "`non_finite_displacement`, `non_finite_kappa`, `no_positive_root`"),
+    Column(
+        "reason",
+        "string",
+        "always",
+        "`ok`, or why the row is not valid: `zero_norm`, `non_finite_embedding`, "
+        "`non_finite_displacement`, `non_finite_kappa`, `no_positive_root`",
+    ),
     # -- the regime check (normfast.engine.diagnostics.regime): does the law apply to this row?
-    Column("kappa_exempt", "double", "always",
-           "radial grip of the probed parameters exempt from decay, ẑ·(J θ_exempt)/R (0 when none is exempt); "
-           "when it outweighs kappa, the exempt parameters set the scale and the law has no equilibrium"),
-    Column("drift_to_heat", "double", "always",
-           "|D| / sqrt(2λκηQ): the drift against the heat (below 0.3: r_eq within about 15% of r_eq_heat)"),
-    Column("regime", "string", "always",
-           "`law applicable`, `heat-dominated` (r_eq_heat is the prediction) or `not applicable` "
-           "(r_eq is no prediction; V2 and D are still measured)"),
-    Column("regime_reason", "string", "always",
-           "the check that decided the row: `invalid`, `no_update`, `no_decay`, `undecayed_sets_scale`, "
-           "`kappa_nonpositive`, `kappa_small`, `drift_small`, `drift_resolved`, `drift_unresolved`"),
+    Column(
+        "kappa_exempt",
+        "double",
+        "always",
+        "radial grip of the probed parameters exempt from decay, ẑ·(J θ_exempt)/R (0 when none is exempt); "
+        "when it outweighs kappa, the exempt parameters set the scale and the law has no equilibrium",
+    ),
+    Column(
+        "drift_to_heat",
+        "double",
+        "always",
+        "|D| / sqrt(2λκηQ): the drift against the heat (below 0.3: r_eq within about 15% of r_eq_heat)",
+    ),
+    Column(
+        "regime",
+        "string",
+        "always",
+        "`law applicable`, `heat-dominated` (r_eq_heat is the prediction) or `not applicable` "
+        "(r_eq is no prediction; V2 and D are still measured)",
+    ),
+    Column(
+        "regime_reason",
+        "string",
+        "always",
+        "the check that decided the row: `invalid`, `no_update`, `no_decay`, `undecayed_sets_scale`, "
+        "`kappa_nonpositive`, `kappa_small`, `drift_small`, `drift_resolved`, `drift_unresolved`",
+    ),
 )
 
 #: every key of the run metadata (``normfast.read_metadata(path)``)
@@ -184,21 +266,27 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("schema_version", "version of this format (an int; absent: 1)"),
     MetadataKey("model", "the model as given (spec string or class name)"),
     MetadataKey("model_fingerprint", "hash of the model's parameter names, shapes and values (sampled)"),
-    MetadataKey("encoder_note", "how the model was wrapped, when normfast decided something for the user "
-                                "(e.g. an `nn.Sequential` split into stages with its last Linear as the head); "
-                                "null otherwise"),
+    MetadataKey(
+        "encoder_note",
+        "how the model was wrapped, when normfast decided something for the user "
+        "(e.g. an `nn.Sequential` split into stages with its last Linear as the head); "
+        "null otherwise",
+    ),
     MetadataKey("objective", "objective name (`infonce`, `clip`, `supcon`, `simcse`, or a user objective's name)"),
     MetadataKey("temperature", "the objective's temperature"),
-    MetadataKey("objective_settings", "every setting of the objective, e.g. "
-                                      "`{\"temperature\": 0.05, \"symmetric\": false}`"),
+    MetadataKey(
+        "objective_settings", 'every setting of the objective, e.g. `{"temperature": 0.05, "symmetric": false}`'
+    ),
     MetadataKey("optimizer", "`sgd`, `adamw`, or `{regex: preset}` for parameter groups"),
     MetadataKey("lr", "η of the law"),
     MetadataKey("weight_decay", "λ of the law (decoupled)"),
     MetadataKey("momentum", "heavy-ball momentum β (the law uses η/(1−β))"),
     MetadataKey("M", "number of virtual batches of the heat, as run (with `target_rse`: the M adaptive M chose)"),
     MetadataKey("M_initial", "number of heat batches asked for (`batches`; adaptive M starts there)"),
-    MetadataKey("M_D", "number of virtual batches of the drift (its mean direction); null: the drift of the M "
-                       "heat batches, per batch"),
+    MetadataKey(
+        "M_D",
+        "number of virtual batches of the drift (its mean direction); null: the drift of the M heat batches, per batch",
+    ),
     MetadataKey("groups", "K, the groups of batches behind the standard errors"),
     MetadataKey("uncertainty", "whether the run has error bars (the grouped estimators; false: the bare estimates)"),
     MetadataKey("batch_size", "pairs / items per virtual batch"),
@@ -212,31 +300,52 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("n_items", "number of probe inputs"),
     MetadataKey("n_pairs", "size of the virtual-batch source"),
     MetadataKey("chunk_size", "probe inputs per streamed chunk"),
-    MetadataKey("max_length", "the longest input, in tokens, the encoder keeps (longer ones are cut to it and "
-                              "counted in `n_truncated`); null when it truncates nothing"),
+    MetadataKey(
+        "max_length",
+        "the longest input, in tokens, the encoder keeps (longer ones are cut to it and "
+        "counted in `n_truncated`); null when it truncates nothing",
+    ),
     MetadataKey("config", "the whole `ProbeConfig` as a JSON object (see its docstring)"),
-    MetadataKey("input_fingerprints", "hashes of the probes, the pair source, the ids and given second moments "
-                                      "(used to name what changed when a resume is refused)"),
+    MetadataKey(
+        "input_fingerprints",
+        "hashes of the probes, the pair source, the ids and given second moments "
+        "(used to name what changed when a resume is refused)",
+    ),
     MetadataKey("spec_fingerprint", "hash of everything that determines the rows (resume checks it)"),
     MetadataKey("versions", "library versions (normfast, torch, numpy, pyarrow, python, ...)"),
     MetadataKey("device", "where the model ran"),
     MetadataKey("world_size", "number of processes of a sharded run (1: not sharded)"),
     MetadataKey("seconds", "wall time of the probe loop"),
-    MetadataKey("corpus", "corpus runs: the windowing and its counts (documents, windows, content tokens, token rows, max_length, window, stride, lowercase, special tokens added)"),
-    MetadataKey("adaptive", "adaptive M only (`target_rse`): the target, the quantile, and every round's M and "
-                            "quantile of se(V2)/V2"),
-    MetadataKey("snapshot", "`snapshot=True` only: the virtual trajectory's steps, the relaxation times asked "
-                            "and covered, the median κ at the snapshot, the shrinkage (weight, error and signal "
-                            "variance, the regression of drift on heat), the intervals' jackknife segments "
-                            "(`interval_segments`), seconds, and the predictor's scope"),
-    MetadataKey("heat_reference", "the relative heat's reference level: `column` (the heat), `rows` (valid "
-                                  "non-special rows with a positive heat), `log_level` (median of their log "
-                                  "heat), `level` (its exp), `se_log_level` (standard error of the common "
-                                  "level, log units: the factor every row's heat shares) and `loo_log_levels` "
-                                  "(the level without each of the K groups)"),
-    MetadataKey("regime", "the run's regime check: `regime` (the class of most valid rows), `reason`, the "
-                          "share of rows in each class (`fractions`), the thresholds, and a sentence in plain "
-                          "words (see `normfast.engine.diagnostics.regime`)"),
+    MetadataKey(
+        "corpus",
+        "corpus runs: the windowing and its counts (documents, windows, content tokens, token rows, max_length, "
+        "window, stride, lowercase, special tokens added)",
+    ),
+    MetadataKey(
+        "adaptive",
+        "adaptive M only (`target_rse`): the target, the quantile, and every round's M and quantile of se(V2)/V2",
+    ),
+    MetadataKey(
+        "snapshot",
+        "`snapshot=True` only: the virtual trajectory's steps, the relaxation times asked "
+        "and covered, the median κ at the snapshot, the shrinkage (weight, error and signal "
+        "variance, the regression of drift on heat), the intervals' jackknife segments "
+        "(`interval_segments`), seconds, and the predictor's scope",
+    ),
+    MetadataKey(
+        "heat_reference",
+        "the relative heat's reference level: `column` (the heat), `rows` (valid "
+        "non-special rows with a positive heat), `log_level` (median of their log "
+        "heat), `level` (its exp), `se_log_level` (standard error of the common "
+        "level, log units: the factor every row's heat shares) and `loo_log_levels` "
+        "(the level without each of the K groups)",
+    ),
+    MetadataKey(
+        "regime",
+        "the run's regime check: `regime` (the class of most valid rows), `reason`, the "
+        "share of rows in each class (`fractions`), the thresholds, and a sentence in plain "
+        "words (see `normfast.engine.diagnostics.regime`)",
+    ),
 )
 
 #: schema version -> fingerprint of the registry it was released with
@@ -254,11 +363,13 @@ COLUMN_NAMES = tuple(c.name for c in COLUMNS)
 _BY_NAME = {c.name: c for c in COLUMNS}
 
 
-def schema_fingerprint(columns: Iterable[Column] = COLUMNS,
-                       metadata_keys: Iterable[MetadataKey] = METADATA_KEYS) -> str:
+def schema_fingerprint(
+    columns: Iterable[Column] = COLUMNS, metadata_keys: Iterable[MetadataKey] = METADATA_KEYS
+) -> str:
     """Hash of the column names and types (in order) and of the metadata key names."""
-    blob = json.dumps({"columns": [[c.name, c.type] for c in columns],
-                       "metadata": [k.name for k in metadata_keys]}).encode()
+    blob = json.dumps(
+        {"columns": [[c.name, c.type] for c in columns], "metadata": [k.name for k in metadata_keys]}
+    ).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -313,8 +424,11 @@ def _cell(text: str) -> str:
 
 def column_rows(columns: tuple[Column, ...]) -> list[str]:
     """A column registry as a Markdown table (header included)."""
-    return ["| column | type | present | meaning |", "|---|---|---|---|",
-            *(f"| `{c.name}` | {c.type} | {_cell(c.when)} | {_cell(c.meaning)} |" for c in columns)]
+    return [
+        "| column | type | present | meaning |",
+        "|---|---|---|---|",
+        *(f"| `{c.name}` | {c.type} | {_cell(c.when)} | {_cell(c.meaning)} |" for c in columns),
+    ]
 
 
 def key_rows(keys: tuple[MetadataKey, ...], header: str = "metadata key") -> list[str]:
@@ -324,8 +438,13 @@ def key_rows(keys: tuple[MetadataKey, ...], header: str = "metadata key") -> lis
 
 def render_markdown() -> str:
     """The "Output format" tables (columns, then metadata keys), as the docs page shows them."""
-    lines = [f"Schema version {SCHEMA_VERSION} (`normfast.data.schema.SCHEMA_VERSION`).", "",
-             *column_rows(COLUMNS), "", *key_rows(METADATA_KEYS)]
+    lines = [
+        f"Schema version {SCHEMA_VERSION} (`normfast.data.schema.SCHEMA_VERSION`).",
+        "",
+        *column_rows(COLUMNS),
+        "",
+        *key_rows(METADATA_KEYS),
+    ]
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ pointing it at an empty folder simulates a machine without the packages.
 Data derived from it is cached under ``$NORMFAST_CACHE`` (default
 ``~/.cache/normfast``, :func:`cache_dir`), never inside the repo.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,16 +21,28 @@ FASHION_MNIST_DIR = SYSTEM_ROOT / "usr/share/datasets/fashion-mnist"
 WORDNET_APT = "apt-get install wordnet-base wordnet-sense-index"
 FASHION_APT = "apt-get install dataset-fashion-mnist"
 #: split -> (images file, labels file, number of examples) of Fashion-MNIST
-FASHION_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", 60000),
-                 "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", 10000)}
+FASHION_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", 60000),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", 10000),
+}
 
 # The files NLTK's WordNetCorpusReader opens. index.sense comes from
 # wordnet-sense-index; lexnames is generated from the lexnames(5WN) man page.
 WORDNET_FILES = (
-    "cntlist.rev", "index.sense",
-    "index.adj", "index.adv", "index.noun", "index.verb",
-    "data.adj", "data.adv", "data.noun", "data.verb",
-    "adj.exc", "adv.exc", "noun.exc", "verb.exc",
+    "cntlist.rev",
+    "index.sense",
+    "index.adj",
+    "index.adv",
+    "index.noun",
+    "index.verb",
+    "data.adj",
+    "data.adv",
+    "data.noun",
+    "data.verb",
+    "adj.exc",
+    "adv.exc",
+    "noun.exc",
+    "verb.exc",
 )
 
 
@@ -44,8 +57,7 @@ def missing_system_data(name: str) -> str | None:
             return f"WordNet 3.0 not installed (missing {missing[0]} under {SYSTEM_ROOT}): {WORDNET_APT}"
         return None
     if name == "fashion-mnist":
-        missing = [f for files in FASHION_FILES.values() for f in files[:2]
-                   if not (FASHION_MNIST_DIR / f).is_file()]
+        missing = [f for files in FASHION_FILES.values() for f in files[:2] if not (FASHION_MNIST_DIR / f).is_file()]
         if missing:
             return f"Fashion-MNIST not installed (missing {missing[0]} under {SYSTEM_ROOT}): {FASHION_APT}"
         return None

@@ -1,4 +1,5 @@
 """Reading a user's text file as UTF-8, with an error that names the file, the line and the byte."""
+
 from __future__ import annotations
 
 import os
@@ -24,9 +25,11 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
 def decode_error(path: str | os.PathLike, data: bytes, exc: UnicodeDecodeError, what: str = "file") -> str:
     """The message for a UTF-8 decoding error at ``exc.start`` of ``data`` read from ``path``."""
     line = data.count(b"\n", 0, exc.start) + 1
-    bad = data[exc.start:exc.end]
-    return (f"{what} {path}: line {line} (byte {exc.start}) is not UTF-8 ({bad!r}: {exc.reason}); "
-            f"save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 {Path(path).name})")
+    bad = data[exc.start : exc.end]
+    return (
+        f"{what} {path}: line {line} (byte {exc.start}) is not UTF-8 ({bad!r}: {exc.reason}); "
+        f"save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 {Path(path).name})"
+    )
 
 
 def iter_lines(path: str | os.PathLike, what: str = "file") -> Iterator[tuple[int, str]]:
@@ -39,8 +42,10 @@ def iter_lines(path: str | os.PathLike, what: str = "file") -> Iterator[tuple[in
             try:
                 yield number, raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                bad = raw[exc.start:exc.end]
-                raise ValueError(f"{what} {path}: line {number} (byte {offset + exc.start}) is not UTF-8 "
-                                 f"({bad!r}: {exc.reason}); save the file as UTF-8 (e.g. iconv -f latin1 "
-                                 f"-t utf-8 {path.name})") from None
+                bad = raw[exc.start : exc.end]
+                raise ValueError(
+                    f"{what} {path}: line {number} (byte {offset + exc.start}) is not UTF-8 "
+                    f"({bad!r}: {exc.reason}); save the file as UTF-8 (e.g. iconv -f latin1 "
+                    f"-t utf-8 {path.name})"
+                ) from None
             offset += len(raw)

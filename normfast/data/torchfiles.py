@@ -10,6 +10,7 @@ shape). Anything else is refused when the file is written, not when it is
 read. :func:`save_plain` and :func:`load_plain` do both; a file that does not load this way is a
 ``ValueError`` naming it.
 """
+
 from __future__ import annotations
 
 import io
@@ -23,12 +24,7 @@ import torch
 
 from normfast.data.atomic import write_file_atomically
 
-__all__ = [
-    "from_plain",
-    "load_plain",
-    "save_plain",
-    "to_plain",
-]
+__all__ = ["from_plain", "load_plain", "save_plain", "to_plain"]
 
 _ARRAY, _OBJECTS, _SCALAR = "__numpy__", "__list__", "__numpy_scalar__"
 
@@ -55,9 +51,11 @@ def to_plain(obj: Any) -> Any:
         return {_SCALAR: to_plain(np.asarray(obj))}
     if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
         return obj
-    raise TypeError(f"to_plain: cannot store a {type(obj).__name__} in a state file read with "
-                    f"weights_only=True (tensors, numpy arrays and scalars, dicts, lists, tuples, numbers, "
-                    f"strings and None only)")
+    raise TypeError(
+        f"to_plain: cannot store a {type(obj).__name__} in a state file read with "
+        f"weights_only=True (tensors, numpy arrays and scalars, dicts, lists, tuples, numbers, "
+        f"strings and None only)"
+    )
 
 
 def from_plain(obj: Any) -> Any:
@@ -100,8 +98,10 @@ def load_plain(path: str | os.PathLike, what: str = "state file") -> Any:
     try:
         return from_plain(torch.load(path, map_location="cpu", weights_only=True))
     except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError, ValueError) as exc:
-        raise ValueError(f"{what} {path} cannot be read safely ({_why(exc)}): it was not written by normfast, "
-                         f"or it is damaged; nothing in it was run. Delete it to start that part afresh") from None
+        raise ValueError(
+            f"{what} {path} cannot be read safely ({_why(exc)}): it was not written by normfast, "
+            f"or it is damaged; nothing in it was run. Delete it to start that part afresh"
+        ) from None
 
 
 def _why(exc: BaseException) -> str:

@@ -1,5 +1,6 @@
 """English (and other) word frequencies from the ``wordfreq`` package: :func:`zipf_frequency`,
 :func:`top_words`."""
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -8,10 +9,7 @@ import numpy as np
 
 from normfast.core.checks import check_positive_int
 
-__all__ = [
-    "top_words",
-    "zipf_frequency",
-]
+__all__ = ["top_words", "zipf_frequency"]
 
 
 def _check_wordfreq_lang(fn: str, lang: str) -> None:
@@ -19,8 +17,7 @@ def _check_wordfreq_lang(fn: str, lang: str) -> None:
 
     langs = wordfreq.available_languages()
     if lang not in langs:
-        raise ValueError(f"{fn}: wordfreq has no word list for lang={lang!r} "
-                         f"(available: {', '.join(sorted(langs))})")
+        raise ValueError(f"{fn}: wordfreq has no word list for lang={lang!r} (available: {', '.join(sorted(langs))})")
 
 
 def zipf_frequency(words: str | Iterable[str], lang: str = "en") -> float | np.ndarray:
@@ -55,5 +52,7 @@ def top_words(n: int, lang: str = "en", *, alpha_only: bool = True, min_len: int
         out.append(word)
         if len(out) == n:
             return out
-    raise ValueError(f"{fn}: wordfreq's {lang!r} list has only {len(out)} words that pass the "
-                     f"filters (alpha_only={alpha_only}, min_len={min_len}), asked for {n}")
+    raise ValueError(
+        f"{fn}: wordfreq's {lang!r} list has only {len(out)} words that pass the "
+        f"filters (alpha_only={alpha_only}, min_len={min_len}), asked for {n}"
+    )

@@ -1,5 +1,6 @@
 """WordNet 3.0 from Debian's ``wordnet-base`` (+ ``wordnet-sense-index``), read with NLTK's
 WordNet corpus reader (:func:`load_wordnet`), and the noun (lemma, gloss) pairs drawn from it."""
+
 from __future__ import annotations
 
 import gzip
@@ -52,12 +53,12 @@ def parse_lexnames_man(path: str | os.PathLike = LEXNAMES_MAN) -> str:
         if m:
             number, prefix, rest = m.groups()
             if prefix not in _SYNTACTIC_CATEGORY:
-                raise ValueError(f"parse_lexnames_man: unexpected lexicographer file "
-                                 f"{prefix}.{rest} in {p}")
+                raise ValueError(f"parse_lexnames_man: unexpected lexicographer file {prefix}.{rest} in {p}")
             rows.append((int(number), f"{prefix}.{rest}", _SYNTACTIC_CATEGORY[prefix]))
     if [r[0] for r in rows] != list(range(45)):
-        raise ValueError(f"parse_lexnames_man: expected the 45 lexicographer files 00..44 in {p}, "
-                         f"found {len(rows)} table rows")
+        raise ValueError(
+            f"parse_lexnames_man: expected the 45 lexicographer files 00..44 in {p}, found {len(rows)} table rows"
+        )
     return "".join(f"{n:02d}\t{name}\t{cat}\n" for n, name, cat in rows)
 
 
@@ -81,19 +82,24 @@ def _wordnet_cache_ok(root: Path, dict_dir: Path) -> bool:
 def _check_wordnet_sources(dict_dir: Path, man_page: Path) -> None:
     missing = [n for n in WORDNET_FILES if not (dict_dir / n).is_file()]
     if missing:
-        pkg = ("wordnet-sense-index" if missing == ["index.sense"] else "wordnet-base")
+        pkg = "wordnet-sense-index" if missing == ["index.sense"] else "wordnet-base"
         raise FileNotFoundError(
             f"load_wordnet: WordNet 3.0 files missing from {dict_dir} ({', '.join(missing[:4])}"
-            f"{', ...' if len(missing) > 4 else ''}; package {pkg}); install with: {WORDNET_APT}")
+            f"{', ...' if len(missing) > 4 else ''}; package {pkg}); install with: {WORDNET_APT}"
+        )
     if not man_page.is_file():
         raise FileNotFoundError(
             f"load_wordnet: the lexnames(5WN) man page {man_page} is missing (it ships with "
-            f"wordnet-base and is needed to generate 'lexnames'); install with: {WORDNET_APT}")
+            f"wordnet-base and is needed to generate 'lexnames'); install with: {WORDNET_APT}"
+        )
 
 
-def prepare_wordnet(dict_dir: str | os.PathLike = WORDNET_DIR, *,
-                    man_page: str | os.PathLike = LEXNAMES_MAN,
-                    cache: str | os.PathLike | None = None) -> Path:
+def prepare_wordnet(
+    dict_dir: str | os.PathLike = WORDNET_DIR,
+    *,
+    man_page: str | os.PathLike = LEXNAMES_MAN,
+    cache: str | os.PathLike | None = None,
+) -> Path:
     """Copy WordNet 3.0 into an NLTK data folder under the cache and return that folder.
 
     The result ``ROOT`` holds ``ROOT/corpora/wordnet/`` with the database files
@@ -131,9 +137,12 @@ _READERS: dict[tuple[str, str], Any] = {}
 _READERS_LOCK = threading.Lock()
 
 
-def load_wordnet(dict_dir: str | os.PathLike = WORDNET_DIR, *,
-                 man_page: str | os.PathLike = LEXNAMES_MAN,
-                 cache: str | os.PathLike | None = None):
+def load_wordnet(
+    dict_dir: str | os.PathLike = WORDNET_DIR,
+    *,
+    man_page: str | os.PathLike = LEXNAMES_MAN,
+    cache: str | os.PathLike | None = None,
+):
     """NLTK's ``WordNetCorpusReader`` over Debian's WordNet 3.0 (cached per process).
 
     The reader is built directly on the prepared folder rather than through
@@ -153,6 +162,7 @@ def load_wordnet(dict_dir: str | os.PathLike = WORDNET_DIR, *,
         if str(root) not in nltk.data.path:
             nltk.data.path.insert(0, str(root))  # NLTK only opens files under its data path
         pointer = nltk.data.find("corpora/wordnet", paths=[str(root)])
+
         class EnglishWordNet(WordNetCorpusReader):
             def map_wn(self, version: str = "wordnet") -> None:
                 # NLTK maps the Open Multilingual WordNet's 3.0 synsets onto the loaded version at start-up
@@ -165,8 +175,10 @@ def load_wordnet(dict_dir: str | os.PathLike = WORDNET_DIR, *,
             reader = EnglishWordNet(pointer, None)
         version = reader.get_version()
         if version != "3.0":
-            raise RuntimeError(f"load_wordnet: expected WordNet 3.0 in {root}, the reader reports "
-                               f"{version!r}; reinstall with: {WORDNET_APT}")
+            raise RuntimeError(
+                f"load_wordnet: expected WordNet 3.0 in {root}, the reader reports "
+                f"{version!r}; reinstall with: {WORDNET_APT}"
+            )
         _READERS[key] = reader
         return reader
 
@@ -197,8 +209,9 @@ def lemma_names(synset: Any) -> list[str]:
     return [name.replace("_", " ") for name in synset.lemma_names()]
 
 
-def wordnet_gloss_pairs(n_pairs: int, n_probes: int, seed: int = 0, wn: Any = None
-                        ) -> tuple[list[tuple[str, str]], list[str]]:
+def wordnet_gloss_pairs(
+    n_pairs: int, n_probes: int, seed: int = 0, wn: Any = None
+) -> tuple[list[tuple[str, str]], list[str]]:
     """A pool of WordNet noun (lemma, gloss) pairs and probe lemmas, both drawn with ``seed``.
 
     Every lemma of every noun synset is paired with the synset's definition;
@@ -212,14 +225,12 @@ def wordnet_gloss_pairs(n_pairs: int, n_probes: int, seed: int = 0, wn: Any = No
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{fn}: expected {name} to be a positive int, got {value!r}")
     if n_pairs > len(every):
-        raise ValueError(f"{fn}: expected n_pairs <= {len(every)} (all noun lemma-gloss pairs), "
-                         f"got {n_pairs}")
+        raise ValueError(f"{fn}: expected n_pairs <= {len(every)} (all noun lemma-gloss pairs), got {n_pairs}")
     rng = np.random.default_rng(seed)
     pool = [every[i] for i in rng.choice(len(every), size=n_pairs, replace=False)]
     lemmas = sorted({lemma for lemma, _ in pool})
     if n_probes > len(lemmas):
-        raise ValueError(f"{fn}: expected n_probes <= {len(lemmas)} (distinct lemmas in the pool), "
-                         f"got {n_probes}")
+        raise ValueError(f"{fn}: expected n_probes <= {len(lemmas)} (distinct lemmas in the pool), got {n_probes}")
     probes = [lemmas[i] for i in rng.choice(len(lemmas), size=n_probes, replace=False)]
     return pool, probes
 
@@ -251,8 +262,7 @@ def noun_table(wn: Any) -> list[tuple[str, str, int, str]]:
         except (OSError, ValueError, KeyError):
             table = None
     if table is None:
-        table = [(s.name(), ", ".join(lemma_names(s)), hypernym_depth(s), gloss(s))
-                 for s in noun_synsets(wn)]
+        table = [(s.name(), ", ".join(lemma_names(s)), hypernym_depth(s), gloss(s)) for s in noun_synsets(wn)]
         if key is not None:
             try:
                 fd, tmp = tempfile.mkstemp(prefix=".noun-table.", dir=root)

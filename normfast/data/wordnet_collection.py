@@ -1,4 +1,5 @@
 """WordNet definition -> term retrieval, a BEIR-format collection derived from WordNet 3.0."""
+
 from __future__ import annotations
 
 import os
@@ -11,14 +12,11 @@ from normfast.core.checks import check_positive_int
 from normfast.data.beir import write_beir
 from normfast.data.wordnet import load_wordnet, noun_table
 
-__all__ = [
-    "DEPTH_BUCKETS",
-    "build_wordnet_collection",
-]
+__all__ = ["DEPTH_BUCKETS", "build_wordnet_collection"]
 
 #: (stratum, min depth, max depth inclusive or None) over hypernym_depth, fixed up front.
-DEPTH_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
-    ("shallow", 0, 5), ("mid", 6, 8), ("deep", 9, None))
+DEPTH_BUCKETS: tuple[tuple[str, int, int | None], ...] = (("shallow", 0, 5), ("mid", 6, 8), ("deep", 9, None))
+
 
 def _bucket(depth: int, buckets: Sequence[tuple[str, int, int | None]]) -> str | None:
     for name, lo, hi in buckets:
@@ -27,11 +25,17 @@ def _bucket(depth: int, buckets: Sequence[tuple[str, int, int | None]]) -> str |
     return None
 
 
-def build_wordnet_collection(out_dir: str | os.PathLike, *, n_queries: int = 3000,
-                             n_distractors: int = 20000, seed: int = 0,
-                             min_depth: int = 0, max_depth: int | None = None,
-                             buckets: Sequence[tuple[str, int, int | None]] = DEPTH_BUCKETS,
-                             wn: Any = None) -> Path:
+def build_wordnet_collection(
+    out_dir: str | os.PathLike,
+    *,
+    n_queries: int = 3000,
+    n_distractors: int = 20000,
+    seed: int = 0,
+    min_depth: int = 0,
+    max_depth: int | None = None,
+    buckets: Sequence[tuple[str, int, int | None]] = DEPTH_BUCKETS,
+    wn: Any = None,
+) -> Path:
     """WordNet definition -> term retrieval, written in BEIR format; returns ``out_dir``.
 
     * Query: the gloss of a noun synset. Document: that synset's lemma names,
@@ -78,18 +82,18 @@ def build_wordnet_collection(out_dir: str | os.PathLike, *, n_queries: int = 300
         want = per + (1 if j < extra else 0)
         pool = by_bucket[name]
         if want > len(pool):
-            raise ValueError(f"{fn}: stratum {name!r} has only {len(pool)} eligible synsets within "
-                             f"the depth limits, asked for {want}")
+            raise ValueError(
+                f"{fn}: stratum {name!r} has only {len(pool)} eligible synsets within "
+                f"the depth limits, asked for {want}"
+            )
         chosen.extend(int(pool[i]) for i in rng.choice(len(pool), size=want, replace=False))
     taken = set(chosen)
     rest = [i for i in range(len(eligible)) if i not in taken]
     if n_distractors > len(rest):
-        raise ValueError(f"{fn}: only {len(rest)} other eligible noun synsets, asked for "
-                         f"{n_distractors} distractors")
+        raise ValueError(f"{fn}: only {len(rest)} other eligible noun synsets, asked for {n_distractors} distractors")
     distractors = [rest[i] for i in rng.choice(len(rest), size=n_distractors, replace=False)]
 
-    corpus = {eligible[i][0]: {"title": "", "text": eligible[i][1]}
-              for i in sorted(chosen + distractors)}
+    corpus = {eligible[i][0]: {"title": "", "text": eligible[i][1]} for i in sorted(chosen + distractors)}
     queries: dict[str, dict[str, Any]] = {}
     qrels: dict[str, dict[str, int]] = {}
     for i in sorted(chosen):

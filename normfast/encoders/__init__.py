@@ -57,20 +57,37 @@ Stage modules
     ``dict(module.named_parameters())`` tells which probed names a stage owns.
     It is not meant to be called.
 """
+
 from .base import OUTPUTS, Encoder, LinearHead, State
 from .cached import CachedFrontEncoder, length_groups
 from .hf import HFEncoder
 from .load import MINILM_ALIASES, MINILM_HUB_ID, load_encoder
 from .module import ModuleEncoder
-from .packaged import MPNET_ALIASES, mpnet_path
 from .openclip import OpenCLIPEncoder
+from .packaged import MPNET_ALIASES, mpnet_path
 from .pooling import HF_POOLINGS, DenseLayer, L2Normalize, pool_tokens
 from .sentence_transformers import SentenceTransformerEncoder
 from .staging import forward_ad_safe
 
 __all__ = [
-    "OUTPUTS", "State", "Encoder", "LinearHead", "ModuleEncoder", "HFEncoder", "SentenceTransformerEncoder",
-    "OpenCLIPEncoder", "CachedFrontEncoder", "load_encoder", "length_groups", "forward_ad_safe", "pool_tokens",
-    "HF_POOLINGS", "DenseLayer", "L2Normalize", "MINILM_ALIASES", "MINILM_HUB_ID",
-    "MPNET_ALIASES", "mpnet_path",
+    "OUTPUTS",
+    "State",
+    "Encoder",
+    "LinearHead",
+    "ModuleEncoder",
+    "HFEncoder",
+    "SentenceTransformerEncoder",
+    "OpenCLIPEncoder",
+    "CachedFrontEncoder",
+    "load_encoder",
+    "length_groups",
+    "forward_ad_safe",
+    "pool_tokens",
+    "HF_POOLINGS",
+    "DenseLayer",
+    "L2Normalize",
+    "MINILM_ALIASES",
+    "MINILM_HUB_ID",
+    "MPNET_ALIASES",
+    "mpnet_path",
 ]

@@ -1,4 +1,5 @@
 """The encoder protocol: :class:`Encoder` (staged forward, ``prepare``) and :class:`LinearHead`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,7 +7,6 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
-
 
 State = dict  # dict[str, torch.Tensor]
 
@@ -44,8 +44,22 @@ class LinearHead:
 
 
 #: token texts that are never content (a fallback when the tokenizer's special ids are unknown)
-SPECIAL_TOKEN_TEXTS = frozenset({"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>", "<cls>", "<sep>",
-                                 "<start_of_text>", "<end_of_text>", "<|startoftext|>", "<|endoftext|>"})
+SPECIAL_TOKEN_TEXTS = frozenset(
+    {
+        "[CLS]",
+        "[SEP]",
+        "[PAD]",
+        "<s>",
+        "</s>",
+        "<pad>",
+        "<cls>",
+        "<sep>",
+        "<start_of_text>",
+        "<end_of_text>",
+        "<|startoftext|>",
+        "<|endoftext|>",
+    }
+)
 
 
 def special_token_ids(tokenizer: Any) -> set[int]:
@@ -54,8 +68,15 @@ def special_token_ids(tokenizer: Any) -> set[int]:
     for tok in (tokenizer, getattr(tokenizer, "tokenizer", None)):
         if tok is None:
             continue
-        for attr in ("cls_token_id", "sep_token_id", "bos_token_id", "eos_token_id", "pad_token_id",
-                     "sot_token_id", "eot_token_id"):
+        for attr in (
+            "cls_token_id",
+            "sep_token_id",
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+            "sot_token_id",
+            "eot_token_id",
+        ):
             value = getattr(tok, attr, None)
             if isinstance(value, int) and not isinstance(value, bool):
                 out.add(value)
@@ -122,8 +143,9 @@ class Encoder(nn.Module):
         if info is None:
             return None
         ids, texts = info
-        special = torch.tensor([[t in SPECIAL_TOKEN_TEXTS for t in row] for row in texts], dtype=torch.bool,
-                               device=ids.device).reshape(ids.shape)
+        special = torch.tensor(
+            [[t in SPECIAL_TOKEN_TEXTS for t in row] for row in texts], dtype=torch.bool, device=ids.device
+        ).reshape(ids.shape)
         known = special_token_ids(getattr(self, "tokenizer", None))
         if known:
             special |= torch.isin(ids, torch.tensor(sorted(known), dtype=ids.dtype, device=ids.device))
@@ -142,13 +164,15 @@ class Encoder(nn.Module):
             return b.device
         return torch.device("cpu")
 
-    def forward(self, state: State, start: int = 0, stop: int | None = None,
-                output: str = "pooled") -> torch.Tensor | State:
+    def forward(
+        self, state: State, start: int = 0, stop: int | None = None, output: str = "pooled"
+    ) -> torch.Tensor | State:
         n = self.n_stages
         stop = n if stop is None else stop
         if not 0 <= start <= stop <= n:
-            raise ValueError(f"{type(self).__name__}.forward: expected 0 <= start <= stop <= {n}, "
-                             f"got start={start}, stop={stop}")
+            raise ValueError(
+                f"{type(self).__name__}.forward: expected 0 <= start <= stop <= {n}, got start={start}, stop={stop}"
+            )
         if output not in OUTPUTS:
             raise ValueError(f"{type(self).__name__}.forward: output must be one of {OUTPUTS}, got {output!r}")
         if output in ("tokens", "pre_head_tokens") and not self.has_tokens:

@@ -1,4 +1,5 @@
 """``CachedFrontEncoder``: run a frozen front once and serve cached activations."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
@@ -9,13 +10,11 @@ from torch import nn
 from .base import Encoder, LinearHead, State
 from .staging import StageView
 
-
 # ---------------------------------------------------------------------------
 # cached front
 
 
-def length_groups(lengths: Sequence[int], overhead: int = 48, max_groups: int = 3
-                  ) -> list[tuple[int, int]]:
+def length_groups(lengths: Sequence[int], overhead: int = 48, max_groups: int = 3) -> list[tuple[int, int]]:
     """Split ascending ``lengths`` into at most ``max_groups`` contiguous groups of least padded area.
 
     A group ``[lo, hi)`` costs ``(hi - lo) * lengths[hi - 1]`` (its rows padded to its
@@ -44,7 +43,7 @@ def length_groups(lengths: Sequence[int], overhead: int = 48, max_groups: int = 
             best_cost, best = cost, [(0, i), (i, n)]
         if max_groups == 2:
             continue
-        for j in cuts[a + 1:]:
+        for j in cuts[a + 1 :]:
             cost = head + (j - i) * lengths[j - 1] + (n - j) * last + 2 * overhead
             if cost < best_cost:
                 best_cost, best = cost, [(0, i), (i, j), (j, n)]
@@ -102,22 +101,32 @@ class CachedFrontEncoder(Encoder):
     The cache lives in non-persistent buffers: ``.to(device)`` moves it along.
     """
 
-    def __init__(self, base: Encoder, items: Sequence[Any], cut: int, *, batch_size: int = 128,
-                 group_lengths: bool = True, progress: bool = False):
+    def __init__(
+        self,
+        base: Encoder,
+        items: Sequence[Any],
+        cut: int,
+        *,
+        batch_size: int = 128,
+        group_lengths: bool = True,
+        progress: bool = False,
+    ):
         super().__init__()
         fn = "CachedFrontEncoder"
         if not isinstance(base, Encoder):
-            raise TypeError(f"{fn}: expected base to be a normfast Encoder, "
-                            f"got {type(base).__name__}")
+            raise TypeError(f"{fn}: expected base to be a normfast Encoder, got {type(base).__name__}")
         n_base = base.n_stages
         if isinstance(cut, bool) or not isinstance(cut, int) or not 1 <= cut < n_base:
-            raise ValueError(f"{fn}: expected 1 <= cut < {n_base} (base.n_stages; stages "
-                             f"{[name for name, _ in base.stages]}), got cut={cut!r}")
+            raise ValueError(
+                f"{fn}: expected 1 <= cut < {n_base} (base.n_stages; stages "
+                f"{[name for name, _ in base.stages]}), got cut={cut!r}"
+            )
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"{fn}: expected batch_size to be a positive int, got {batch_size!r}")
         if isinstance(items, (str, bytes)):
-            raise TypeError(f"{fn}: expected a sequence of items, got a single "
-                            f"{type(items).__name__} (wrap it in a list)")
+            raise TypeError(
+                f"{fn}: expected a sequence of items, got a single {type(items).__name__} (wrap it in a list)"
+            )
         items = list(items)
         if not items:
             raise ValueError(f"{fn}: expected at least one item, got an empty sequence")
@@ -127,8 +136,7 @@ class CachedFrontEncoder(Encoder):
         self.has_tokens = base.has_tokens
         self.name = f"{getattr(base, 'name', type(base).__name__)} (cached front, cut {cut})"
         base_stages = base.stages
-        self._tail = [(label, [n for n, _ in view.named_parameters()])
-                      for label, view in base_stages[cut:]]
+        self._tail = [(label, [n for n, _ in view.named_parameters()]) for label, view in base_stages[cut:]]
         self._attach_tail(fn, base, [n for _, names in self._tail for n in names])
         self.n_items = len(items)
         self._token_keys: tuple[str, ...] = ()
@@ -159,15 +167,17 @@ class CachedFrontEncoder(Encoder):
                 if all(f"{path}.{n}" in tail for n, _ in module.named_parameters()):
                     break
             else:
-                raise ValueError(f"{fn}: parameter {name!r} sits directly on the base encoder; "
-                                 "only parameters of submodules can form a tail")
+                raise ValueError(
+                    f"{fn}: parameter {name!r} sits directly on the base encoder; "
+                    "only parameters of submodules can form a tail"
+                )
             try:
                 self.get_submodule(path)
                 continue  # attached already, through this path or an ancestor
             except AttributeError:
                 pass
             parent: nn.Module = self
-            for part in parts[:depth - 1]:
+            for part in parts[: depth - 1]:
                 child = getattr(parent, part, None) if part in parent._modules else None
                 if child is None:
                     child = nn.Module()
@@ -175,8 +185,7 @@ class CachedFrontEncoder(Encoder):
                 parent = child
             parent.add_module(parts[depth - 1], module)
 
-    def _build_cache(self, fn: str, base: Encoder, items: list[Any], batch_size: int,
-                     progress: bool) -> None:
+    def _build_cache(self, fn: str, base: Encoder, items: list[Any], batch_size: int, progress: bool) -> None:
         from tqdm.auto import tqdm
 
         n = len(items)
@@ -191,9 +200,10 @@ class CachedFrontEncoder(Encoder):
         base.eval()
         try:
             with torch.no_grad():
-                for lo in tqdm(range(0, n, batch_size), desc=f"{fn}: cache front", unit="batch",
-                               disable=not progress, leave=False):
-                    chunk = order[lo:lo + batch_size]
+                for lo in tqdm(
+                    range(0, n, batch_size), desc=f"{fn}: cache front", unit="batch", disable=not progress, leave=False
+                ):
+                    chunk = order[lo : lo + batch_size]
                     state = base(base.prepare([items[i] for i in chunk]), 0, self.cut)
                     masked = self._store(fn, state, len(chunk), masked, token_parts, item_parts)
                     if masked:
@@ -213,17 +223,21 @@ class CachedFrontEncoder(Encoder):
             packed_lengths = lengths[torch.as_tensor(order)]
             packed_offsets = torch.cumsum(packed_lengths, 0) - packed_lengths
             self.register_buffer("cache_lengths", lengths.to(device), persistent=False)
-            self.register_buffer("cache_offsets", packed_offsets[position].to(device),
-                                 persistent=False)
+            self.register_buffer("cache_offsets", packed_offsets[position].to(device), persistent=False)
             for key, parts in token_parts.items():
                 self.register_buffer(f"cache_token_{key}", torch.cat(parts), persistent=False)
 
-    def _store(self, fn: str, state: Any, batch: int, masked: bool | None,
-               token_parts: dict[str, list[torch.Tensor]],
-               item_parts: dict[str, list[torch.Tensor]]) -> bool:
+    def _store(
+        self,
+        fn: str,
+        state: Any,
+        batch: int,
+        masked: bool | None,
+        token_parts: dict[str, list[torch.Tensor]],
+        item_parts: dict[str, list[torch.Tensor]],
+    ) -> bool:
         if not isinstance(state, Mapping):
-            raise TypeError(f"{fn}: expected the front to return a state dict, "
-                            f"got {type(state).__name__}")
+            raise TypeError(f"{fn}: expected the front to return a state dict, got {type(state).__name__}")
         mask = state.get("mask")
         has_mask = isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[0] == batch
         if masked is not None and has_mask != masked:
@@ -232,22 +246,25 @@ class CachedFrontEncoder(Encoder):
             if key == "mask" and has_mask:
                 continue
             if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != batch:
-                raise ValueError(f"{fn}: expected every front state entry to be a tensor with a "
-                                 f"leading batch dimension of {batch}, got {key!r}: "
-                                 f"{type(value).__name__} {tuple(getattr(value, 'shape', ()))}")
+                raise ValueError(
+                    f"{fn}: expected every front state entry to be a tensor with a "
+                    f"leading batch dimension of {batch}, got {key!r}: "
+                    f"{type(value).__name__} {tuple(getattr(value, 'shape', ()))}"
+                )
             per_token = has_mask and value.dim() >= 2 and tuple(value.shape[:2]) == tuple(mask.shape)
             kind_known = key in token_parts or key in item_parts
             if kind_known and per_token != (key in token_parts):
-                raise ValueError(f"{fn}: front state entry {key!r} is per token in some batches "
-                                 "and per item in others")
+                raise ValueError(f"{fn}: front state entry {key!r} is per token in some batches and per item in others")
             if per_token:
                 token_parts.setdefault(key, []).append(value[mask.bool()])
             else:
                 parts = item_parts.setdefault(key, [])
                 if parts and parts[0].shape[1:] != value.shape[1:]:
-                    raise ValueError(f"{fn}: front state entry {key!r} changes shape between "
-                                     f"batches ({tuple(parts[0].shape[1:])} vs "
-                                     f"{tuple(value.shape[1:])}); per-item entries must agree")
+                    raise ValueError(
+                        f"{fn}: front state entry {key!r} changes shape between "
+                        f"batches ({tuple(parts[0].shape[1:])} vs "
+                        f"{tuple(value.shape[1:])}); per-item entries must agree"
+                    )
                 parts.append(value)
         return has_mask
 
@@ -255,7 +272,8 @@ class CachedFrontEncoder(Encoder):
     @property
     def stages(self) -> list[tuple[str, nn.Module]]:
         return [("cached front", StageView(self, []))] + [
-            (label, StageView(self, names)) for label, names in self._tail]
+            (label, StageView(self, names)) for label, names in self._tail
+        ]
 
     def prepare(self, items: Sequence[int]) -> State:
         """Items are indices into the ``items`` the cache was built from."""
@@ -270,22 +288,21 @@ class CachedFrontEncoder(Encoder):
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"{fn}: expected a sequence of int cache indices ({exc})") from None
         if index.dim() != 1 or index.numel() == 0:
-            raise ValueError(f"{fn}: expected a non-empty 1-D sequence of cache indices, got "
-                             f"shape {tuple(index.shape)}")
+            raise ValueError(
+                f"{fn}: expected a non-empty 1-D sequence of cache indices, got shape {tuple(index.shape)}"
+            )
         if index.dtype.is_floating_point or index.dtype == torch.bool or index.is_complex():
             raise TypeError(f"{fn}: expected integer cache indices, got dtype {index.dtype}")
         lo, hi = int(index.min()), int(index.max())
         if lo < 0 or hi >= self.n_items:
-            raise IndexError(f"{fn}: expected cache indices in [0, {self.n_items}), got "
-                             f"min={lo}, max={hi}")
+            raise IndexError(f"{fn}: expected cache indices in [0, {self.n_items}), got min={lo}, max={hi}")
         return {"index": index.long().to(self.device)}
 
     def run_stage(self, k: int, state: State) -> State:
         if k > 0:
             return self.base.run_stage(self.cut + k - 1, state)
         if "index" not in state:
-            raise ValueError("CachedFrontEncoder.forward: stage 0 needs the state from prepare() "
-                             "(cache indices)")
+            raise ValueError("CachedFrontEncoder.forward: stage 0 needs the state from prepare() (cache indices)")
         index = state["index"]
         out = {key: getattr(self, f"cache_item_{key}")[index] for key in self._item_keys}
         if not self._token_keys:
@@ -297,8 +314,7 @@ class CachedFrontEncoder(Encoder):
         for key in self._token_keys:
             flat = getattr(self, f"cache_token_{key}")
             keep = mask.view(*mask.shape, *([1] * (flat.dim() - 1)))
-            out[key] = torch.where(keep, flat[rows], torch.zeros((), dtype=flat.dtype,
-                                                                  device=flat.device))
+            out[key] = torch.where(keep, flat[rows], torch.zeros((), dtype=flat.dtype, device=flat.device))
         out["mask"] = mask
         return out
 
@@ -322,8 +338,9 @@ class CachedFrontEncoder(Encoder):
     def max_length(self) -> int | None:
         return self.base.max_length
 
-    def forward(self, state: State, start: int = 0, stop: int | None = None,
-                output: str = "pooled") -> torch.Tensor | State:
+    def forward(
+        self, state: State, start: int = 0, stop: int | None = None, output: str = "pooled"
+    ) -> torch.Tensor | State:
         n = self.n_stages
         end = n if stop is None else stop
         if not (self.group_lengths and 0 <= start < end <= n and self._token_keys):
@@ -347,8 +364,7 @@ class CachedFrontEncoder(Encoder):
         inverse[order] = torch.arange(len(order), device=order.device)
         parts = []
         for lo, hi in groups:
-            parts.append(super().forward(self._take(state, order[lo:hi], sorted_lengths[hi - 1]), start, stop,
-                                         output))
+            parts.append(super().forward(self._take(state, order[lo:hi], sorted_lengths[hi - 1]), start, stop, output))
         if end < n:  # a state part-way through the tail (e.g. a head probe's front): merged back
             merged = self._merge(parts, width, inverse)
             return merged if merged is not None else super().forward(state, start, stop, output)
@@ -368,8 +384,10 @@ class CachedFrontEncoder(Encoder):
         out: State = {}
         for key in parts[0]:
             values = [p.get(key) for p in parts]
-            if not all(isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == len(p.get("mask", v))
-                       for v, p in zip(values, parts)):
+            if not all(
+                isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == len(p.get("mask", v))
+                for v, p in zip(values, parts)
+            ):
                 return None
             padded = []
             for v, p in zip(values, parts):

@@ -1,4 +1,5 @@
 """Hugging Face ``transformers`` models as encoders (loading their files: :mod:`.hf_files`)."""
+
 from __future__ import annotations
 
 import inspect
@@ -9,9 +10,8 @@ import torch
 from torch import nn
 
 from .base import TRUNCATED, Encoder, LinearHead, State
-from .pooling import DenseLayer, pooling_modes, pool_tokens
+from .pooling import DenseLayer, pool_tokens, pooling_modes
 from .staging import block_index, check_texts, stage_list
-
 
 # ---------------------------------------------------------------------------
 # Hugging Face transformers
@@ -96,15 +96,23 @@ class HFEncoder(Encoder):
     modality = "text"
     has_tokens = True
 
-    def __init__(self, model: nn.Module, tokenizer: Any = None, *,
-                 pooling: str | Sequence[str] = "mean", dense: Sequence[nn.Module] = (),
-                 max_length: int | None = None, lowercase: bool = False,
-                 staged: bool | str = "auto"):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any = None,
+        *,
+        pooling: str | Sequence[str] = "mean",
+        dense: Sequence[nn.Module] = (),
+        max_length: int | None = None,
+        lowercase: bool = False,
+        staged: bool | str = "auto",
+    ):
         super().__init__()
         fn = "HFEncoder"
         if not isinstance(model, nn.Module) or not hasattr(model, "config"):
-            raise TypeError(f"{fn}: expected a transformers model (an nn.Module with .config), "
-                            f"got {type(model).__name__}")
+            raise TypeError(
+                f"{fn}: expected a transformers model (an nn.Module with .config), got {type(model).__name__}"
+            )
         if staged not in (True, False, "auto"):
             raise ValueError(f"{fn}: staged must be True, False or 'auto', got {staged!r}")
         self.model = model
@@ -128,18 +136,17 @@ class HFEncoder(Encoder):
             if problem is None:
                 self.staged = True
             elif staged is True:
-                raise ValueError(f"{fn}: cannot split {type(model).__name__} into stages: "
-                                 f"{problem}")
+                raise ValueError(f"{fn}: cannot split {type(model).__name__} into stages: {problem}")
             else:
-                warnings.warn(f"{fn}: running {type(model).__name__} as a single stage "
-                              f"(no tail cut): {problem}", stacklevel=2)
+                warnings.warn(
+                    f"{fn}: running {type(model).__name__} as a single stage (no tail cut): {problem}", stacklevel=2
+                )
 
     # -- construction helpers ---------------------------------------------------
     def _default_max_length(self, max_length: int | None) -> int | None:
         if max_length is not None:
             if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-                raise ValueError("HFEncoder: expected max_length to be a positive int, "
-                                 f"got {max_length!r}")
+                raise ValueError(f"HFEncoder: expected max_length to be a positive int, got {max_length!r}")
             return max_length
         limits = []
         tok_max = getattr(self.tokenizer, "model_max_length", None)
@@ -154,8 +161,7 @@ class HFEncoder(Encoder):
         model = self.model
         embeddings = getattr(model, "embeddings", None)
         layers = getattr(getattr(model, "encoder", None), "layer", None)
-        if (not isinstance(embeddings, nn.Module) or not isinstance(layers, nn.ModuleList)
-                or len(layers) == 0):
+        if not isinstance(embeddings, nn.Module) or not isinstance(layers, nn.ModuleList) or len(layers) == 0:
             return "it has no .embeddings + .encoder.layer layout"
         if getattr(model.config, "is_decoder", False):
             return "it is configured as a decoder (causal attention)"
@@ -244,30 +250,38 @@ class HFEncoder(Encoder):
         fn = "HFEncoder.prepare"
         if isinstance(items, Mapping):
             if "input_ids" not in items:
-                raise ValueError(f"{fn}: a tokenized batch needs 'input_ids', "
-                                 f"got keys {sorted(items)}")
+                raise ValueError(f"{fn}: a tokenized batch needs 'input_ids', got keys {sorted(items)}")
             batch = dict(items)
         elif _is_pretokenized(items):
             batch = self._pad_pretokenized(fn, items)
         else:
             texts = check_texts(fn, items)
             if self.tokenizer is None:
-                raise ValueError(f"{fn}: raw strings need a tokenizer; build the encoder with "
-                                 "tokenizer=..., or pass a mapping with input_ids and "
-                                 "attention_mask")
+                raise ValueError(
+                    f"{fn}: raw strings need a tokenizer; build the encoder with "
+                    "tokenizer=..., or pass a mapping with input_ids and "
+                    "attention_mask"
+                )
             if self.lowercase:
                 texts = [t.lower() for t in texts]
-            batch = self.tokenizer(texts, padding=True, truncation=self.max_length is not None,
-                                   max_length=self.max_length, return_tensors="pt")
+            batch = self.tokenizer(
+                texts,
+                padding=True,
+                truncation=self.max_length is not None,
+                max_length=self.max_length,
+                return_tensors="pt",
+            )
             batch[TRUNCATED] = self._truncated(texts, batch)
         device = self.device
         ids = torch.as_tensor(batch["input_ids"]).to(device)
         if ids.dim() != 2:
-            raise ValueError(f"{fn}: expected input_ids to be 2-D [B, T], "
-                             f"got input_ids.shape={tuple(ids.shape)}")
+            raise ValueError(f"{fn}: expected input_ids to be 2-D [B, T], got input_ids.shape={tuple(ids.shape)}")
         attention = batch.get("attention_mask")
-        mask = (torch.ones_like(ids, dtype=torch.bool) if attention is None
-                else torch.as_tensor(attention).to(device).bool())
+        mask = (
+            torch.ones_like(ids, dtype=torch.bool)
+            if attention is None
+            else torch.as_tensor(attention).to(device).bool()
+        )
         state = {"input_ids": ids, "mask": mask}
         token_types = batch.get("token_type_ids")
         if token_types is not None:
@@ -302,16 +316,17 @@ class HFEncoder(Encoder):
         if longest == 0:
             raise ValueError(f"{fn}: expected token windows with at least one token, got only empty ones")
         if self.max_length is not None and longest > self.max_length:
-            raise ValueError(f"{fn}: a token window holds {longest} tokens, more than the model's maximum "
-                             f"length {self.max_length}")
+            raise ValueError(
+                f"{fn}: a token window holds {longest} tokens, more than the model's maximum length {self.max_length}"
+            )
         pad = getattr(self.tokenizer, "pad_token_id", None)
         if pad is None:
             pad = getattr(self.model.config, "pad_token_id", None) or 0
         ids = torch.full((len(rows), longest), int(pad), dtype=torch.long)
         mask = torch.zeros((len(rows), longest), dtype=torch.long)
         for i, r in enumerate(rows):
-            ids[i, :len(r)] = torch.as_tensor(r, dtype=torch.long)
-            mask[i, :len(r)] = 1
+            ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+            mask[i, : len(r)] = 1
         return {"input_ids": ids, "attention_mask": mask}
 
     def run_stage(self, k: int, state: State) -> State:
@@ -325,16 +340,19 @@ class HFEncoder(Encoder):
     def finish(self, state: State, output: str) -> torch.Tensor:
         if self.staged:
             if "hidden" not in state:
-                raise ValueError("HFEncoder.forward: the last stage needs a state with 'hidden' "
-                                 "(the output of forward(state, 0, k))")
+                raise ValueError(
+                    "HFEncoder.forward: the last stage needs a state with 'hidden' (the output of forward(state, 0, k))"
+                )
             hidden = state["hidden"]
         else:
             hidden = self._whole_model(state)
         per_position = output in ("tokens", "pre_head_tokens")
         if per_position:
             if len(self.dense) and len(self.pooling_modes) > 1:
-                raise ValueError(f"HFEncoder: output={output!r} is unavailable with dense "
-                                 f"layers after a concatenated pooling {self.pooling_modes}")
+                raise ValueError(
+                    f"HFEncoder: output={output!r} is unavailable with dense "
+                    f"layers after a concatenated pooling {self.pooling_modes}"
+                )
             x = hidden
         else:
             x = self._pool(hidden, state["mask"])
@@ -374,8 +392,10 @@ class HFEncoder(Encoder):
 
     def _run_layer(self, i: int, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if getattr(self.model.config, "_attn_implementation", "eager") != "eager":
-            raise RuntimeError("HFEncoder: the model's attention implementation was changed "
-                               "from 'eager'; forward-mode AD needs eager attention")
+            raise RuntimeError(
+                "HFEncoder: the model's attention implementation was changed "
+                "from 'eager'; forward-mode AD needs eager attention"
+            )
         bias = _additive_attention_mask(mask, hidden.dtype)
         kwargs = {}
         if self._position_bias_module() is not None:

@@ -2,6 +2,7 @@
 and its tokenizer (refused, in one line, when the folder is damaged or lacks its tokenizer), a
 sentence-transformers ``Dense`` activation (torch classes only, unless remote code is trusted) and
 its pooling settings."""
+
 from __future__ import annotations
 
 import importlib
@@ -27,8 +28,9 @@ class ModelFiles:
     def path(self, relative: str) -> str | None:
         """Local path of ``relative`` (None when the model has no such file)."""
         if self.local:  # a module path from modules.json stays inside the model folder
-            candidate = str(inside_folder(self.source, os.path.join(*relative.split("/")),
-                                          f"the model folder {self.source}"))
+            candidate = str(
+                inside_folder(self.source, os.path.join(*relative.split("/")), f"the model folder {self.source}")
+            )
             return candidate if os.path.isfile(candidate) else None
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import EntryNotFoundError
@@ -70,12 +72,18 @@ def _dtype_kwarg() -> str:
 
 
 #: files that carry a tokenizer's vocabulary (at least one must be in a local model folder)
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
-                   "tokenizer.model", "sentencepiece.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+    "sentencepiece.model",
+)
 
 
-def load_transformers(name_or_path: str, extra: dict,
-                       trust_remote_code: bool) -> tuple[nn.Module, Any]:
+def load_transformers(name_or_path: str, extra: dict, trust_remote_code: bool) -> tuple[nn.Module, Any]:
     """Model (fp32, eager attention, safetensors preferred) and tokenizer, via the Auto classes.
 
     A local folder without tokenizer files is refused (transformers would build a
@@ -89,26 +97,35 @@ def load_transformers(name_or_path: str, extra: dict,
     fn = "load_encoder"
     local = os.path.isdir(name_or_path)
     if local and not any(os.path.isfile(os.path.join(name_or_path, f)) for f in TOKENIZER_FILES):
-        raise ValueError(f"{fn}: the model folder {name_or_path} has no tokenizer files (none of "
-                         f"{', '.join(TOKENIZER_FILES)}); without them every word would become [UNK]. Save the "
-                         f"tokenizer beside the model: tokenizer.save_pretrained({name_or_path!r})")
+        raise ValueError(
+            f"{fn}: the model folder {name_or_path} has no tokenizer files (none of "
+            f"{', '.join(TOKENIZER_FILES)}); without them every word would become [UNK]. Save the "
+            f"tokenizer beside the model: tokenizer.save_pretrained({name_or_path!r})"
+        )
     try:
-        model = AutoModel.from_pretrained(name_or_path, attn_implementation="eager",
-                                          trust_remote_code=trust_remote_code,
-                                          **{_dtype_kwarg(): torch.float32}, **extra)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code,
-                                                  **extra)
+        model = AutoModel.from_pretrained(
+            name_or_path,
+            attn_implementation="eager",
+            trust_remote_code=trust_remote_code,
+            **{_dtype_kwarg(): torch.float32},
+            **extra,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **extra)
     except Exception as exc:  # noqa: BLE001 - the folder's files, named in one line
         if not local:
             raise
-        raise ValueError(f"{fn}: cannot load the model in {name_or_path}: {_load_failure(name_or_path, exc)}. "
-                         f"Its files are damaged or incomplete: copy the model folder again from its "
-                         f"source") from exc
+        raise ValueError(
+            f"{fn}: cannot load the model in {name_or_path}: {_load_failure(name_or_path, exc)}. "
+            f"Its files are damaged or incomplete: copy the model folder again from its "
+            f"source"
+        ) from exc
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if isinstance(vocab, int) and vocab >= 1000 and len(tokenizer) < vocab // 10:
-        raise ValueError(f"{fn}: the tokenizer of {name_or_path} knows {len(tokenizer)} tokens, the model's "
-                         f"embedding table {vocab}: the tokenizer files do not belong to this model (or are "
-                         f"missing); save the model's own tokenizer beside it")
+        raise ValueError(
+            f"{fn}: the tokenizer of {name_or_path} knows {len(tokenizer)} tokens, the model's "
+            f"embedding table {vocab}: the tokenizer files do not belong to this model (or are "
+            f"missing); save the model's own tokenizer beside it"
+        )
     return model.eval(), tokenizer
 
 
@@ -125,8 +142,7 @@ def activation_from_name(fn: str, dotted: str | None, trust_remote_code: bool) -
     if dotted is None:
         return nn.Tanh()  # sentence-transformers' default for Dense
     if not dotted.startswith("torch.") and not trust_remote_code:
-        raise ValueError(f"{fn}: activation {dotted!r} is not a torch class; pass "
-                         "trust_remote_code=True to import it")
+        raise ValueError(f"{fn}: activation {dotted!r} is not a torch class; pass trust_remote_code=True to import it")
     module_name, _, attr = dotted.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), attr)

@@ -1,4 +1,5 @@
 """``load_encoder``: the right adapter from a model object, folder, hub id or ``open_clip:`` spec."""
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,6 @@ from .openclip import OpenCLIPEncoder
 from .packaged import MPNET_ALIASES, minilm_source, mpnet_path
 from .sentence_transformers import SentenceTransformerEncoder, is_sentence_transformer, wrap_sentence_transformer
 
-
 # ---------------------------------------------------------------------------
 # load_encoder
 
@@ -32,8 +32,7 @@ def _minilm_source() -> str:
     return minilm_source() or MINILM_HUB_ID
 
 
-def _module_pooling(fn: str,
-                    pooling: Any) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, bool]:
+def _module_pooling(fn: str, pooling: Any) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, bool]:
     """``(pooling function, whether it commutes with a final linear map)``."""
     if pooling is None or callable(pooling):
         return pooling, True
@@ -43,58 +42,70 @@ def _module_pooling(fn: str,
         return (lambda x: x.max(dim=1).values), False
     if pooling == "cls":
         return (lambda x: x[:, 0]), True
-    raise ValueError(f"{fn}: unsupported pooling {pooling!r} for an nn.Module; expected a "
-                     f"callable, None or one of {_MODULE_POOLINGS}")
+    raise ValueError(
+        f"{fn}: unsupported pooling {pooling!r} for an nn.Module; expected a "
+        f"callable, None or one of {_MODULE_POOLINGS}"
+    )
 
 
 def _require_trainable(fn: str, encoder: Encoder, label: str) -> Encoder:
     if not any(p.requires_grad for p in encoder.parameters()):
-        raise ValueError(f"{fn}: model {label} has no trainable parameters (none, or all with "
-                         "requires_grad=False); the probe differentiates with respect to them")
+        raise ValueError(
+            f"{fn}: model {label} has no trainable parameters (none, or all with "
+            "requires_grad=False); the probe differentiates with respect to them"
+        )
     return encoder
 
 
 def _looks_like_path(spec: str) -> bool:
-    return (spec.startswith(("/", "./", "../", "~", "\\")) or spec.count("/") > 1
-            or os.sep in spec and os.sep != "/" or (len(spec) > 1 and spec[1] == ":"))
+    return (
+        spec.startswith(("/", "./", "../", "~", "\\"))
+        or spec.count("/") > 1
+        or os.sep in spec
+        and os.sep != "/"
+        or (len(spec) > 1 and spec[1] == ":")
+    )
 
 
-def _load_open_clip(fn: str, arch: str, pretrained: str | None, tower: str, projection: bool,
-                    device: str | torch.device) -> OpenCLIPEncoder:
+def _load_open_clip(
+    fn: str, arch: str, pretrained: str | None, tower: str, projection: bool, device: str | torch.device
+) -> OpenCLIPEncoder:
     import open_clip
 
     if not arch:
-        raise ValueError(f"{fn}: expected 'open_clip:ARCH' or 'open_clip:ARCH@PRETRAINED', "
-                         "got an empty ARCH")
+        raise ValueError(f"{fn}: expected 'open_clip:ARCH' or 'open_clip:ARCH@PRETRAINED', got an empty ARCH")
     if not arch.startswith(("hf-hub:", "local-dir:")) and arch not in open_clip.list_models():
-        raise ValueError(f"{fn}: unknown open_clip architecture {arch!r}; "
-                         "open_clip.list_models() lists the built-in ones")
-    if pretrained is not None and _looks_like_path(pretrained) and not os.path.exists(
-            os.path.expanduser(pretrained)):
+        raise ValueError(
+            f"{fn}: unknown open_clip architecture {arch!r}; open_clip.list_models() lists the built-in ones"
+        )
+    if pretrained is not None and _looks_like_path(pretrained) and not os.path.exists(os.path.expanduser(pretrained)):
         raise FileNotFoundError(f"{fn}: open_clip checkpoint {pretrained!r} does not exist")
     if pretrained is not None and os.path.exists(os.path.expanduser(pretrained)):
         pretrained = os.path.expanduser(pretrained)
     try:
-        model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained,
-                                                                     device=device)
+        model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained, device=device)
     except (RuntimeError, OSError, ValueError) as exc:
-        raise ValueError(f"{fn}: could not create open_clip model {arch!r} "
-                         f"(pretrained={pretrained!r}): {exc}") from exc
+        raise ValueError(f"{fn}: could not create open_clip model {arch!r} (pretrained={pretrained!r}): {exc}") from exc
     try:
         tokenizer = open_clip.get_tokenizer(arch)
     except Exception:  # noqa: BLE001 - an image-only use needs no tokenizer
         if tower == "text":
             raise
         tokenizer = None
-    encoder = OpenCLIPEncoder(model.eval(), tower, projection=projection, tokenizer=tokenizer,
-                              preprocess=preprocess)
+    encoder = OpenCLIPEncoder(model.eval(), tower, projection=projection, tokenizer=tokenizer, preprocess=preprocess)
     encoder.name = f"open_clip:{arch}" + (f"@{pretrained}" if pretrained else "")
     return encoder
 
 
-def load_encoder(spec: Any, *, tower: str | None = None, pooling: Any = None,
-                 projection: bool = True, device: str | torch.device = "cpu",
-                 trust_remote_code: bool = False) -> Encoder:
+def load_encoder(
+    spec: Any,
+    *,
+    tower: str | None = None,
+    pooling: Any = None,
+    projection: bool = True,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+) -> Encoder:
     """Build an :class:`Encoder` from a model object or a model name.
 
     ``spec`` may be
@@ -131,18 +142,23 @@ def load_encoder(spec: Any, *, tower: str | None = None, pooling: Any = None,
         raise ValueError(f"{fn}: tower must be 'image', 'text' or None, got {tower!r}")
     if isinstance(spec, Encoder):
         if tower is not None or pooling is not None or projection is not True:
-            raise ValueError(f"{fn}: tower/pooling/projection apply when building an encoder; "
-                             f"got an already built {type(spec).__name__}, which is returned as is")
+            raise ValueError(
+                f"{fn}: tower/pooling/projection apply when building an encoder; "
+                f"got an already built {type(spec).__name__}, which is returned as is"
+            )
         return _require_trainable(fn, spec, type(spec).__name__)
     if is_sentence_transformer(spec):
         if tower is not None or pooling is not None or projection is not True:
-            raise ValueError(f"{fn}: tower/pooling/projection do not apply to a live SentenceTransformer "
-                             "(its own modules are used)")
+            raise ValueError(
+                f"{fn}: tower/pooling/projection do not apply to a live SentenceTransformer (its own modules are used)"
+            )
         return _require_trainable(fn, wrap_sentence_transformer(spec), type(spec).__name__)
     if isinstance(spec, nn.Module):
         if tower is not None or projection is not True:
-            raise ValueError(f"{fn}: tower and projection apply to open_clip and "
-                             f"sentence-transformers models, not to a plain {type(spec).__name__}")
+            raise ValueError(
+                f"{fn}: tower and projection apply to open_clip and "
+                f"sentence-transformers models, not to a plain {type(spec).__name__}"
+            )
         pool, linear = _module_pooling(fn, pooling)
         # max pooling does not commute with a final linear layer: no head mode then
         encoder = ModuleEncoder(spec, pooling=pool, head=linear)
@@ -150,24 +166,26 @@ def load_encoder(spec: Any, *, tower: str | None = None, pooling: Any = None,
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
     if not isinstance(spec, str):
-        raise TypeError(f"{fn}: expected an Encoder, an nn.Module, a folder, a hub id or "
-                        f"'open_clip:ARCH[@PRETRAINED]', got {type(spec).__name__}")
+        raise TypeError(
+            f"{fn}: expected an Encoder, an nn.Module, a folder, a hub id or "
+            f"'open_clip:ARCH[@PRETRAINED]', got {type(spec).__name__}"
+        )
     name = spec.strip()
     if not name:
         raise ValueError(f"{fn}: expected a model name, got an empty string")
 
     if name.startswith("open_clip:"):
         if pooling is not None:
-            raise ValueError(f"{fn}: pooling does not apply to open_clip models (it is part of the "
-                             f"architecture), got pooling={pooling!r}")
-        arch, _, pretrained = name[len("open_clip:"):].partition("@")
-        encoder = _load_open_clip(fn, arch.strip(), pretrained.strip() or None, tower or "image",
-                                  projection, device)
+            raise ValueError(
+                f"{fn}: pooling does not apply to open_clip models (it is part of the "
+                f"architecture), got pooling={pooling!r}"
+            )
+        arch, _, pretrained = name[len("open_clip:") :].partition("@")
+        encoder = _load_open_clip(fn, arch.strip(), pretrained.strip() or None, tower or "image", projection, device)
         return _require_trainable(fn, encoder, name)
 
     if tower is not None:
-        raise ValueError(f"{fn}: tower applies to open_clip models only, got tower={tower!r} "
-                         f"for {name!r}")
+        raise ValueError(f"{fn}: tower applies to open_clip models only, got tower={tower!r} for {name!r}")
     if name.lower() in MINILM_ALIASES:
         name = _minilm_source()
     elif name.lower() in MPNET_ALIASES:
@@ -175,16 +193,16 @@ def load_encoder(spec: Any, *, tower: str | None = None, pooling: Any = None,
     path = os.path.expanduser(name)
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "modules.json")):
-            encoder = SentenceTransformerEncoder(path, pooling=pooling, projection=projection,
-                                                 device=device,
-                                                 trust_remote_code=trust_remote_code)
+            encoder = SentenceTransformerEncoder(
+                path, pooling=pooling, projection=projection, device=device, trust_remote_code=trust_remote_code
+            )
         elif os.path.isfile(os.path.join(path, "config.json")):
             model, tokenizer = load_transformers(path, {}, trust_remote_code)
-            encoder = HFEncoder(model, tokenizer,
-                                pooling="mean" if pooling is None else pooling).to(device)
+            encoder = HFEncoder(model, tokenizer, pooling="mean" if pooling is None else pooling).to(device)
         else:
-            raise ValueError(f"{fn}: folder {path!r} has neither modules.json "
-                             "(sentence-transformers) nor config.json (transformers)")
+            raise ValueError(
+                f"{fn}: folder {path!r} has neither modules.json (sentence-transformers) nor config.json (transformers)"
+            )
         return _require_trainable(fn, encoder, name)
     if os.path.exists(path):
         raise ValueError(f"{fn}: {path!r} is a file; expected a model folder")
@@ -207,36 +225,49 @@ def _check_hub(fn: str, repo_id: str) -> None:
         raise ValueError(f"{fn}: {repo_id!r} is neither a local folder nor a valid hub id ({exc})") from None
     if constants.HF_HUB_OFFLINE:
         if not cached:
-            raise ValueError(f"{fn}: {repo_id!r} is not a local folder, and as a hub id it is not in the Hugging "
-                             f"Face cache ({constants.HF_HUB_CACHE}); HF_HUB_OFFLINE=1 is set, so nothing is downloaded. "
-                             f"Pass a local model folder, or unset HF_HUB_OFFLINE to download it")
+            raise ValueError(
+                f"{fn}: {repo_id!r} is not a local folder, and as a hub id it is not in the Hugging "
+                f"Face cache ({constants.HF_HUB_CACHE}); HF_HUB_OFFLINE=1 is set, so nothing is downloaded. "
+                f"Pass a local model folder, or unset HF_HUB_OFFLINE to download it"
+            )
         return
     try:
         HfApi().model_info(repo_id, timeout=10)
     except RepositoryNotFoundError:
-        raise ValueError(f"{fn}: {repo_id!r} is not a local folder, and the Hugging Face hub has no such hub id "
-                         f"(or the repository is private: log in with `hf auth login`)") from None
+        raise ValueError(
+            f"{fn}: {repo_id!r} is not a local folder, and the Hugging Face hub has no such hub id "
+            f"(or the repository is private: log in with `hf auth login`)"
+        ) from None
     except HfHubHTTPError:
         return  # reachable; the loader reports what it says (gated, rate-limited, ...)
     except Exception as exc:  # noqa: BLE001 - no connection: said now, instead of after the retries
-        where = ("a copy is in the cache: set HF_HUB_OFFLINE=1 to use it without the hub" if cached else
-                 "it is not in the cache either: pass a local model folder (or set HF_HUB_OFFLINE=1 to "
-                 "use cached models only)")
-        raise ValueError(f"{fn}: {repo_id!r} is not a local folder, and the Hugging Face hub cannot be reached "
-                         f"to load it as a hub id ({type(exc).__name__}: {first_line(exc)}); {where}") from None
+        where = (
+            "a copy is in the cache: set HF_HUB_OFFLINE=1 to use it without the hub"
+            if cached
+            else "it is not in the cache either: pass a local model folder (or set HF_HUB_OFFLINE=1 to "
+            "use cached models only)"
+        )
+        raise ValueError(
+            f"{fn}: {repo_id!r} is not a local folder, and the Hugging Face hub cannot be reached "
+            f"to load it as a hub id ({type(exc).__name__}: {first_line(exc)}); {where}"
+        ) from None
 
 
-def _load_hub(fn: str, repo_id: str, pooling: Any, projection: bool, device: str | torch.device,
-              trust_remote_code: bool) -> Encoder:
+def _load_hub(
+    fn: str, repo_id: str, pooling: Any, projection: bool, device: str | torch.device, trust_remote_code: bool
+) -> Encoder:
     from huggingface_hub.errors import HFValidationError
 
     _check_hub(fn, repo_id)
     try:
         if ModelFiles(repo_id).path("modules.json") is not None:
-            return SentenceTransformerEncoder(repo_id, pooling=pooling, projection=projection,
-                                              device=device, trust_remote_code=trust_remote_code)
+            return SentenceTransformerEncoder(
+                repo_id, pooling=pooling, projection=projection, device=device, trust_remote_code=trust_remote_code
+            )
         model, tokenizer = load_transformers(repo_id, {}, trust_remote_code)
     except (OSError, HFValidationError) as exc:
-        raise ValueError(f"{fn}: {repo_id!r} is not a local folder, and loading it as a hub id "
-                         f"failed (offline, or no such repository?): {exc}") from exc
+        raise ValueError(
+            f"{fn}: {repo_id!r} is not a local folder, and loading it as a hub id "
+            f"failed (offline, or no such repository?): {exc}"
+        ) from exc
     return HFEncoder(model, tokenizer, pooling="mean" if pooling is None else pooling).to(device)

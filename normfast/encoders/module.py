@@ -1,4 +1,5 @@
 """Any ``nn.Module`` (or list of stages) plus a pooling function as an :class:`Encoder`."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -31,10 +32,13 @@ class ModuleEncoder(Encoder):
             fixed weighted average); with max-like poolings pass ``head=False``.
     """
 
-    def __init__(self, stages: nn.Module | Sequence[nn.Module],
-                 pooling: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 collate: Callable[[Sequence[Any]], torch.Tensor] | None = None,
-                 head: bool = True):
+    def __init__(
+        self,
+        stages: nn.Module | Sequence[nn.Module],
+        pooling: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        collate: Callable[[Sequence[Any]], torch.Tensor] | None = None,
+        head: bool = True,
+    ):
         super().__init__()
         mods = [stages] if isinstance(stages, nn.Module) else list(stages)
         if not mods:
@@ -76,11 +80,15 @@ class ModuleEncoder(Encoder):
         if isinstance(last, nn.Linear):
             return ""
         if len(self._stage_list) == 1:
-            return (f"ModuleEncoder wraps {type(last).__name__} as one opaque stage, so no final linear map "
-                    f"is visible: pass its stages as a list that ends with the final nn.Linear, e.g. "
-                    f"ModuleEncoder([model.body, model.proj]) (an nn.Sequential is split automatically)")
-        return (f"the last stage ({name}) is {type(last).__name__}, not an nn.Linear: head mode needs the "
-                f"embedding to be a linear map of the previous stage's output")
+            return (
+                f"ModuleEncoder wraps {type(last).__name__} as one opaque stage, so no final linear map "
+                f"is visible: pass its stages as a list that ends with the final nn.Linear, e.g. "
+                f"ModuleEncoder([model.body, model.proj]) (an nn.Sequential is split automatically)"
+            )
+        return (
+            f"the last stage ({name}) is {type(last).__name__}, not an nn.Linear: head mode needs the "
+            f"embedding to be a linear map of the previous stage's output"
+        )
 
     @property
     def stages(self) -> list[tuple[str, nn.Module]]:

@@ -1,4 +1,5 @@
 """open_clip image and text towers, with or without the projection head."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -8,7 +9,6 @@ from torch import nn
 
 from .base import TRUNCATED, Encoder, LinearHead, State
 from .staging import block_index, check_texts, stage_list
-
 
 # ---------------------------------------------------------------------------
 # open_clip
@@ -47,8 +47,9 @@ class _CLIPTextTower(nn.Module):
         return x, mask
 
 
-def _run_block(transformer: nn.Module, block: nn.Module, x: torch.Tensor,
-               attn_mask: torch.Tensor | None) -> torch.Tensor:
+def _run_block(
+    transformer: nn.Module, block: nn.Module, x: torch.Tensor, attn_mask: torch.Tensor | None
+) -> torch.Tensor:
     """One residual block on batch-first ``x``, as open_clip's Transformer runs it."""
     if getattr(transformer, "batch_first", True):
         return block(x, attn_mask=attn_mask)
@@ -95,15 +96,21 @@ class OpenCLIPEncoder(Encoder):
     pooled output with the projection only.
     """
 
-    def __init__(self, model: nn.Module, tower: str = "image", *, projection: bool = True,
-                 tokenizer: Any = None, preprocess: Callable[[Any], torch.Tensor] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        tower: str = "image",
+        *,
+        projection: bool = True,
+        tokenizer: Any = None,
+        preprocess: Callable[[Any], torch.Tensor] | None = None,
+    ):
         super().__init__()
         fn = "OpenCLIPEncoder"
         if tower not in ("image", "text"):
             raise ValueError(f"{fn}: tower must be 'image' or 'text', got {tower!r}")
         if not isinstance(model, nn.Module) or not hasattr(model, "visual"):
-            raise TypeError(f"{fn}: expected an open_clip model (with .visual), "
-                            f"got {type(model).__name__}")
+            raise TypeError(f"{fn}: expected an open_clip model (with .visual), got {type(model).__name__}")
         from open_clip.transformer import TextTransformer, VisionTransformer
 
         # kept out of the module tree: the other tower's parameters are not ours
@@ -119,8 +126,7 @@ class OpenCLIPEncoder(Encoder):
             self._staged = isinstance(self.visual, VisionTransformer)
             self.has_tokens = self._staged and self.visual.attn_pool is None
             self._blocks_prefix = "visual.transformer.resblocks."
-            self._head_names = ("visual.ln_post.", "visual.attn_pool.",
-                                "visual.attn_pool_contrastive.")
+            self._head_names = ("visual.ln_post.", "visual.attn_pool.", "visual.attn_pool_contrastive.")
             self._head_params = ("visual.proj",)
             has_projection = self._staged and self.visual.proj is not None
         else:
@@ -133,8 +139,10 @@ class OpenCLIPEncoder(Encoder):
             self._head_params = ("text.text_projection",)
             has_projection = self._staged and self.text.text_projection is not None
         if not self._staged and not projection:
-            raise ValueError(f"{fn}: projection=False needs a ViT image tower or an open_clip text "
-                             f"transformer; this {tower} tower runs as one opaque stage")
+            raise ValueError(
+                f"{fn}: projection=False needs a ViT image tower or an open_clip text "
+                f"transformer; this {tower} tower runs as one opaque stage"
+            )
         self.projection = bool(projection) and (has_projection or not self._staged)
 
     # -- helpers ----------------------------------------------------------------
@@ -144,9 +152,13 @@ class OpenCLIPEncoder(Encoder):
 
     def with_tower(self, tower: str, projection: bool | None = None) -> "OpenCLIPEncoder":
         """An encoder for ``tower`` of the same model (shared weights)."""
-        return OpenCLIPEncoder(self.clip_model, tower,
-                               projection=self.projection if projection is None else projection,
-                               tokenizer=self.tokenizer, preprocess=self.preprocess)
+        return OpenCLIPEncoder(
+            self.clip_model,
+            tower,
+            projection=self.projection if projection is None else projection,
+            tokenizer=self.tokenizer,
+            preprocess=self.preprocess,
+        )
 
     def _text_mask(self, ids: torch.Tensor) -> torch.Tensor:
         text = self.text
@@ -204,20 +216,20 @@ class OpenCLIPEncoder(Encoder):
                 elif self.preprocess is not None:
                     tensors.append(self.preprocess(item))
                 else:
-                    raise TypeError(f"{fn}: item {i} is a {type(item).__name__}; pass image "
-                                    "tensors [3, H, W] or build the encoder with preprocess=...")
+                    raise TypeError(
+                        f"{fn}: item {i} is a {type(item).__name__}; pass image "
+                        "tensors [3, H, W] or build the encoder with preprocess=..."
+                    )
             pixels = torch.stack(tensors)
         if pixels.dim() != 4 or pixels.shape[1] != 3 or pixels.shape[0] == 0:
-            raise ValueError(f"{fn}: expected images [B, 3, H, W] with B >= 1, "
-                             f"got shape {tuple(pixels.shape)}")
+            raise ValueError(f"{fn}: expected images [B, 3, H, W] with B >= 1, got shape {tuple(pixels.shape)}")
         weight = next(self.visual.parameters())
         pixels = pixels.to(device=weight.device, dtype=weight.dtype)
         state = {"pixels": pixels}
         if self._staged:
             ph, pw = self.visual.patch_size
             n_tokens = 1 + (pixels.shape[2] // ph) * (pixels.shape[3] // pw)
-            state["mask"] = torch.ones(pixels.shape[0], n_tokens, dtype=torch.bool,
-                                       device=pixels.device)
+            state["mask"] = torch.ones(pixels.shape[0], n_tokens, dtype=torch.bool, device=pixels.device)
         return state
 
     def _prepare_text(self, items: Any) -> State:
@@ -227,12 +239,15 @@ class OpenCLIPEncoder(Encoder):
         else:
             texts = check_texts(fn, items)
             if self.tokenizer is None:
-                raise ValueError(f"{fn}: raw strings need a tokenizer; build the encoder with "
-                                 "tokenizer=open_clip.get_tokenizer(arch), or pass token ids")
+                raise ValueError(
+                    f"{fn}: raw strings need a tokenizer; build the encoder with "
+                    "tokenizer=open_clip.get_tokenizer(arch), or pass token ids"
+                )
             ids = self.tokenizer(texts)
         if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{fn}: expected token ids [B, T] (integer), "
-                             f"got shape {tuple(ids.shape)}, dtype={ids.dtype}")
+            raise ValueError(
+                f"{fn}: expected token ids [B, T] (integer), got shape {tuple(ids.shape)}, dtype={ids.dtype}"
+            )
         ids = ids.to(self.device).long()
         state = {"input_ids": ids, "mask": self._text_mask(ids)}
         if not isinstance(items, torch.Tensor) and self.max_length is not None:
@@ -244,8 +259,11 @@ class OpenCLIPEncoder(Encoder):
         """The text tower's context length, when its tokenizer's truncation can be counted (open_clip's
         ``SimpleTokenizer``: start token, the text's tokens, end token, cut to the context); else None."""
         tok = self.tokenizer
-        if self.tower != "text" or getattr(tok, "reduction_fn", None) is not None or not all(
-                hasattr(tok, a) for a in ("encode", "context_length", "sot_token_id", "eot_token_id")):
+        if (
+            self.tower != "text"
+            or getattr(tok, "reduction_fn", None) is not None
+            or not all(hasattr(tok, a) for a in ("encode", "context_length", "sot_token_id", "eot_token_id"))
+        ):
             return None
         return int(tok.context_length)
 
@@ -276,8 +294,9 @@ class OpenCLIPEncoder(Encoder):
             if attn_mask is not None:
                 out["attn_mask"] = attn_mask
         else:
-            out["x"] = _run_block(text.transformer, text.transformer.resblocks[k - 1], state["x"],
-                                  state.get("attn_mask"))
+            out["x"] = _run_block(
+                text.transformer, text.transformer.resblocks[k - 1], state["x"], state.get("attn_mask")
+            )
         return out
 
     def finish(self, state: State, output: str) -> torch.Tensor:
@@ -286,8 +305,9 @@ class OpenCLIPEncoder(Encoder):
             out = tower(state["pixels"] if self.tower == "image" else state["input_ids"])
             return out[0] if isinstance(out, (tuple, list)) else out
         if "x" not in state:
-            raise ValueError("OpenCLIPEncoder.forward: the last stage needs a state with 'x' "
-                             "(the output of forward(state, 0, k))")
+            raise ValueError(
+                "OpenCLIPEncoder.forward: the last stage needs a state with 'x' (the output of forward(state, 0, k))"
+            )
         per_position = output in ("tokens", "pre_head_tokens")
         if self.tower == "image":
             visual = self.visual
@@ -305,8 +325,9 @@ class OpenCLIPEncoder(Encoder):
 
                 # pool first, then normalize: LayerNorm is per row, so this equals
                 # open_clip's order at 1/T of the cost
-                a = text.ln_final(text_global_pool(x, state["input_ids"], text.pool_type,
-                                                   eos_token_id=getattr(text, "eos_id", None)))
+                a = text.ln_final(
+                    text_global_pool(x, state["input_ids"], text.pool_type, eos_token_id=getattr(text, "eos_id", None))
+                )
             projection = text.text_projection
         if output.startswith("pre_head") or not self.projection:
             return a
@@ -319,8 +340,9 @@ class OpenCLIPEncoder(Encoder):
             return LinearHead("visual.proj", transposed=True)
         projection = self.text.text_projection
         if isinstance(projection, nn.Linear):
-            return LinearHead("text.text_projection.weight",
-                              "text.text_projection.bias" if projection.bias is not None else None)
+            return LinearHead(
+                "text.text_projection.weight", "text.text_projection.bias" if projection.bias is not None else None
+            )
         if isinstance(projection, nn.Module):
             return None
         return LinearHead("text.text_projection", transposed=True)

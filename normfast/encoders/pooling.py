@@ -1,11 +1,11 @@
 """Pooling and dense layers with sentence-transformers semantics."""
+
 from __future__ import annotations
 
 from typing import Sequence
 
 import torch
 from torch import nn
-
 
 # ---------------------------------------------------------------------------
 # pooling and dense layers (sentence-transformers semantics)
@@ -26,8 +26,7 @@ def pool_tokens(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Te
     last real position.
     """
     if mode not in HF_POOLINGS or mode == "pooler":
-        raise ValueError(f"pool_tokens: unsupported mode {mode!r}; "
-                         f"expected one of {HF_POOLINGS[:-1]}")
+        raise ValueError(f"pool_tokens: unsupported mode {mode!r}; expected one of {HF_POOLINGS[:-1]}")
     mask = mask.bool()
     batch, length, _ = hidden.shape
     rows = torch.arange(batch, device=hidden.device)
@@ -62,11 +61,11 @@ def pooling_modes(fn: str, pooling: str | Sequence[str], model: nn.Module) -> tu
             raise ValueError(f"{fn}: unsupported pooling {mode!r}; expected one of {HF_POOLINGS}")
     if "pooler" in modes:
         if len(modes) > 1:
-            raise ValueError(f"{fn}: pooling='pooler' cannot be combined with other modes, "
-                             f"got {modes}")
+            raise ValueError(f"{fn}: pooling='pooler' cannot be combined with other modes, got {modes}")
         if getattr(model, "pooler", None) is None:
-            raise ValueError(f"{fn}: pooling='pooler' needs a model with a pooler, "
-                             f"but {type(model).__name__}.pooler is None")
+            raise ValueError(
+                f"{fn}: pooling='pooler' needs a model with a pooler, but {type(model).__name__}.pooler is None"
+            )
     return modes
 
 
@@ -77,8 +76,14 @@ class DenseLayer(nn.Module):
     match the files sentence-transformers writes, so its weights load directly.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 activation: nn.Module | None = None, use_residual: bool = False):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        activation: nn.Module | None = None,
+        use_residual: bool = False,
+    ):
         super().__init__()
         self.in_features = int(in_features)
         self.out_features = int(out_features)

@@ -1,4 +1,5 @@
 """sentence-transformers folders (Transformer + Pooling + Dense; the Normalize module is skipped)."""
+
 from __future__ import annotations
 
 import os
@@ -52,16 +53,22 @@ class SentenceTransformerEncoder(HFEncoder):
         staged: see :class:`HFEncoder`.
     """
 
-    def __init__(self, source: str | os.PathLike, *, pooling: str | Sequence[str] | None = None,
-                 projection: bool = True, device: str | torch.device = "cpu",
-                 trust_remote_code: bool = False, staged: bool | str = "auto"):
+    def __init__(
+        self,
+        source: str | os.PathLike,
+        *,
+        pooling: str | Sequence[str] | None = None,
+        projection: bool = True,
+        device: str | torch.device = "cpu",
+        trust_remote_code: bool = False,
+        staged: bool | str = "auto",
+    ):
         fn = "SentenceTransformerEncoder"
         source = os.fspath(source)
         files = ModelFiles(source)
         modules = files.json("modules.json")
         if modules is None:
-            raise ValueError(f"{fn}: {source!r} has no modules.json, so it is not a "
-                             "sentence-transformers model")
+            raise ValueError(f"{fn}: {source!r} has no modules.json, so it is not a sentence-transformers model")
         if not isinstance(modules, list) or not modules:
             raise ValueError(f"{fn}: {source!r}: modules.json must be a non-empty list of modules")
         entries = sorted(modules, key=lambda m: m.get("idx", 0))
@@ -69,20 +76,24 @@ class SentenceTransformerEncoder(HFEncoder):
         supported = ("Transformer", "Pooling", "Dense", "Normalize")
         for kind, entry in zip(kinds, entries):
             if kind not in supported:
-                raise ValueError(f"{fn}: {source!r}: module type {entry.get('type')!r} is not "
-                                 f"supported (supported: {', '.join(supported)})")
+                raise ValueError(
+                    f"{fn}: {source!r}: module type {entry.get('type')!r} is not "
+                    f"supported (supported: {', '.join(supported)})"
+                )
         if len(kinds) < 2 or kinds[0] != "Transformer" or kinds.count("Transformer") != 1:
-            raise ValueError(f"{fn}: {source!r}: expected exactly one Transformer module, "
-                             f"first; got {kinds}")
+            raise ValueError(f"{fn}: {source!r}: expected exactly one Transformer module, first; got {kinds}")
         if kinds.count("Pooling") != 1 or kinds[1] != "Pooling":
-            raise ValueError(f"{fn}: {source!r}: expected one Pooling module right after the "
-                             "Transformer (modules on token embeddings are not supported); "
-                             f"got {kinds}")
+            raise ValueError(
+                f"{fn}: {source!r}: expected one Pooling module right after the "
+                "Transformer (modules on token embeddings are not supported); "
+                f"got {kinds}"
+            )
 
         # Transformer
         subfolder = str(entries[0].get("path", "") or "")
-        bert_config = files.json(f"{subfolder}/sentence_bert_config.json" if subfolder
-                                 else "sentence_bert_config.json") or {}
+        bert_config = (
+            files.json(f"{subfolder}/sentence_bert_config.json" if subfolder else "sentence_bert_config.json") or {}
+        )
         name_or_path, extra = files.model_location(subfolder)
         model, tokenizer = load_transformers(name_or_path, extra, trust_remote_code)
 
@@ -93,7 +104,7 @@ class SentenceTransformerEncoder(HFEncoder):
         modes = folder_modes if pooling is None else pooling
 
         # Dense / Normalize after the pooling; a trailing Normalize is dropped
-        tail = list(zip(kinds, entries))[kinds.index("Pooling") + 1:]
+        tail = list(zip(kinds, entries))[kinds.index("Pooling") + 1 :]
         skipped = []
         while tail and tail[-1][0] == "Normalize":
             skipped.append(tail.pop()[1].get("type"))
@@ -107,9 +118,15 @@ class SentenceTransformerEncoder(HFEncoder):
                 path = str(entry.get("path", ""))
                 dense.append(type(self)._load_dense(fn, files, path, trust_remote_code))
 
-        super().__init__(model, tokenizer, pooling=modes, dense=dense,
-                         max_length=bert_config.get("max_seq_length"),
-                         lowercase=bool(bert_config.get("do_lower_case", False)), staged=staged)
+        super().__init__(
+            model,
+            tokenizer,
+            pooling=modes,
+            dense=dense,
+            max_length=bert_config.get("max_seq_length"),
+            lowercase=bool(bert_config.get("do_lower_case", False)),
+            staged=staged,
+        )
         self.name = source
         self.source = source
         self.folder_pooling = folder_modes
@@ -124,17 +141,21 @@ class SentenceTransformerEncoder(HFEncoder):
             raise ValueError(f"{fn}: {files.source!r}: Dense module {path!r} has no config.json")
         source = config.get("module_input_name", "sentence_embedding")
         if source != "sentence_embedding":
-            raise ValueError(f"{fn}: {files.source!r}: Dense module {path!r} reads {source!r}; "
-                             "only Dense layers on the sentence embedding are supported")
+            raise ValueError(
+                f"{fn}: {files.source!r}: Dense module {path!r} reads {source!r}; "
+                "only Dense layers on the sentence embedding are supported"
+            )
         try:
-            activation = activation_from_name(fn, config.get("activation_function"),
-                                               trust_remote_code)
-            layer = DenseLayer(config["in_features"], config["out_features"],
-                               bias=config.get("bias", True), activation=activation,
-                               use_residual=config.get("use_residual", False))
+            activation = activation_from_name(fn, config.get("activation_function"), trust_remote_code)
+            layer = DenseLayer(
+                config["in_features"],
+                config["out_features"],
+                bias=config.get("bias", True),
+                activation=activation,
+                use_residual=config.get("use_residual", False),
+            )
         except KeyError as exc:
-            raise ValueError(f"{fn}: {files.source!r}: Dense config {path}/config.json "
-                             f"lacks {exc}") from None
+            raise ValueError(f"{fn}: {files.source!r}: Dense config {path}/config.json lacks {exc}") from None
         weights_path = files.path(f"{path}/model.safetensors")
         try:
             if weights_path is not None:
@@ -144,26 +165,33 @@ class SentenceTransformerEncoder(HFEncoder):
             else:
                 weights_path = files.path(f"{path}/pytorch_model.bin")
                 if weights_path is None:
-                    raise ValueError(f"{fn}: {files.source!r}: Dense module {path!r} has neither "
-                                     "model.safetensors nor pytorch_model.bin")
+                    raise ValueError(
+                        f"{fn}: {files.source!r}: Dense module {path!r} has neither "
+                        "model.safetensors nor pytorch_model.bin"
+                    )
                 state = torch.load(weights_path, map_location="cpu", weights_only=True)
         except ValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - a damaged weights file, named in one line
-            raise ValueError(f"{fn}: cannot read the Dense weights {weights_path}: {first_line(exc)}. The file is damaged "
-                             f"or incomplete: copy the model folder again from its source") from exc
+            raise ValueError(
+                f"{fn}: cannot read the Dense weights {weights_path}: {first_line(exc)}. The file is damaged "
+                f"or incomplete: copy the model folder again from its source"
+            ) from exc
         try:
             layer.load_state_dict(state, strict=True)
         except RuntimeError as exc:
-            raise ValueError(f"{fn}: {files.source!r}: Dense weights in {path!r} do not fit "
-                             f"its config: {exc}") from None
+            raise ValueError(
+                f"{fn}: {files.source!r}: Dense weights in {path!r} do not fit its config: {exc}"
+            ) from None
         return layer
 
 
 def is_sentence_transformer(obj: object) -> bool:
     """Whether ``obj`` is a live ``sentence_transformers.SentenceTransformer`` (without importing the package)."""
-    return any(cls.__name__ == "SentenceTransformer" and cls.__module__.startswith("sentence_transformers")
-               for cls in type(obj).__mro__)
+    return any(
+        cls.__name__ == "SentenceTransformer" and cls.__module__.startswith("sentence_transformers")
+        for cls in type(obj).__mro__
+    )
 
 
 def wrap_sentence_transformer(model: nn.Module, *, staged: bool | str = "auto") -> HFEncoder:
@@ -175,8 +203,9 @@ def wrap_sentence_transformer(model: nn.Module, *, staged: bool | str = "auto") 
     modules = list(model)
     kinds = [type(m).__name__ for m in modules]
     if len(modules) < 2 or kinds[0] != "Transformer" or kinds[1] != "Pooling":
-        raise ValueError(f"{fn}: a SentenceTransformer must start with a Transformer and a Pooling module to be "
-                         f"wrapped, got {kinds}")
+        raise ValueError(
+            f"{fn}: a SentenceTransformer must start with a Transformer and a Pooling module to be wrapped, got {kinds}"
+        )
     transformer, pooling = modules[0], modules[1]
     tokenizer = getattr(transformer, "tokenizer", None)
     modes = pooling.pooling_mode
@@ -189,18 +218,30 @@ def wrap_sentence_transformer(model: nn.Module, *, staged: bool | str = "auto") 
         if kind == "Normalize":
             dense.append(L2Normalize())
         elif kind == "Dense" and getattr(module, "module_input_name", "sentence_embedding") == "sentence_embedding":
-            layer = DenseLayer(module.in_features, module.out_features, bias=module.linear.bias is not None,
-                               activation=module.activation_function,
-                               use_residual=bool(getattr(module, "use_residual", False)))
-            layer.linear = module.linear            # the live parameters, not a copy
+            layer = DenseLayer(
+                module.in_features,
+                module.out_features,
+                bias=module.linear.bias is not None,
+                activation=module.activation_function,
+                use_residual=bool(getattr(module, "use_residual", False)),
+            )
+            layer.linear = module.linear  # the live parameters, not a copy
             if hasattr(module, "residual") and hasattr(layer, "residual"):
                 layer.residual = module.residual
             dense.append(layer)
         else:
-            raise ValueError(f"{fn}: SentenceTransformer module {kind} ({type(module).__module__}) is not supported "
-                             f"after the pooling (supported: Dense on the sentence embedding, Normalize)")
-    encoder = HFEncoder(transformer.auto_model, tokenizer, pooling=modes, dense=dense,
-                        max_length=getattr(transformer, "max_seq_length", None),
-                        lowercase=bool(getattr(transformer, "do_lower_case", False)), staged=staged)
+            raise ValueError(
+                f"{fn}: SentenceTransformer module {kind} ({type(module).__module__}) is not supported "
+                f"after the pooling (supported: Dense on the sentence embedding, Normalize)"
+            )
+    encoder = HFEncoder(
+        transformer.auto_model,
+        tokenizer,
+        pooling=modes,
+        dense=dense,
+        max_length=getattr(transformer, "max_seq_length", None),
+        lowercase=bool(getattr(transformer, "do_lower_case", False)),
+        staged=staged,
+    )
     encoder.name = str(getattr(transformer.auto_model.config, "_name_or_path", "") or type(model).__name__)
     return encoder

@@ -1,4 +1,5 @@
 """Stage views and forward-mode-AD helpers shared by the adapters."""
+
 from __future__ import annotations
 
 import contextlib
@@ -6,7 +7,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
-
 
 # ---------------------------------------------------------------------------
 # forward-mode AD and stage views
@@ -76,8 +76,9 @@ class StageView(nn.Module):
         self._root = [root]
         self.parameter_names = list(names)
 
-    def named_parameters(self, prefix: str = "", recurse: bool = True,
-                         remove_duplicate: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         root = self._root[0]
         for name in self.parameter_names:
             yield (f"{prefix}.{name}" if prefix else name), _resolve(root, name)
@@ -93,8 +94,7 @@ class StageView(nn.Module):
         return f"{len(self.parameter_names)} parameters"
 
 
-def stage_list(encoder: nn.Module, labels: Sequence[str], assign: Callable[[str], int]
-                ) -> list[tuple[str, nn.Module]]:
+def stage_list(encoder: nn.Module, labels: Sequence[str], assign: Callable[[str], int]) -> list[tuple[str, nn.Module]]:
     """Group ``encoder.named_parameters()`` into stages: ``assign(name)`` gives the stage index."""
     names: list[list[str]] = [[] for _ in labels]
     for name, _ in encoder.named_parameters():
@@ -106,19 +106,17 @@ def block_index(name: str, prefix: str) -> int | None:
     """``k`` when ``name`` starts with ``prefix + "k."``, else None."""
     if not name.startswith(prefix):
         return None
-    head = name[len(prefix):].split(".", 1)[0]
+    head = name[len(prefix) :].split(".", 1)[0]
     return int(head) if head.isdigit() else None
 
 
 def check_texts(fn: str, items: Any) -> list[str]:
     if isinstance(items, str):
-        raise TypeError(f"{fn}: expected a sequence of strings, got a single str "
-                        "(wrap it in a list)")
+        raise TypeError(f"{fn}: expected a sequence of strings, got a single str (wrap it in a list)")
     try:
         texts = list(items)
     except TypeError:
-        raise TypeError(f"{fn}: expected a sequence of strings, "
-                        f"got {type(items).__name__}") from None
+        raise TypeError(f"{fn}: expected a sequence of strings, got {type(items).__name__}") from None
     if not texts:
         raise ValueError(f"{fn}: expected at least one item, got an empty sequence")
     for i, t in enumerate(texts):

@@ -1,4 +1,5 @@
 """``ProbeConfig``: everything that defines a probe run besides the model, probes, objective and pairs."""
+
 from __future__ import annotations
 
 import re
@@ -9,7 +10,6 @@ from typing import Any, Mapping, Sequence
 from normfast.core.checks import check_groups
 from normfast.engine.directions.presets import PRESETS, OptimizerPreset
 from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS
-
 
 MODES = ("auto", "jvp", "head")
 #: Default M_D: 1024 drift batches put se_D near 0.3 |D| at a per-batch drift signal-to-noise of
@@ -147,8 +147,9 @@ class ProbeConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 2:
                 what = "M (virtual batches)" if name == "batches" else name
-                raise ValueError(f"{fn}: {what} must be an integer >= 2 (a variance needs two batches), "
-                                 f"got {name}={v!r}")
+                raise ValueError(
+                    f"{fn}: {what} must be an integer >= 2 (a variance needs two batches), got {name}={v!r}"
+                )
         self._validate_drift(fn)
         self._validate_adaptive(fn)
         self._validate_snapshot(fn)
@@ -157,9 +158,11 @@ class ProbeConfig:
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise ValueError(f"{fn}: chunk_size must be a positive integer, got {self.chunk_size!r}")
         if self.directions_per_pass is not None and (
-                not isinstance(self.directions_per_pass, int) or self.directions_per_pass < 1):
-            raise ValueError(f"{fn}: directions_per_pass must be a positive integer or None, "
-                             f"got {self.directions_per_pass!r}")
+            not isinstance(self.directions_per_pass, int) or self.directions_per_pass < 1
+        ):
+            raise ValueError(
+                f"{fn}: directions_per_pass must be a positive integer or None, got {self.directions_per_pass!r}"
+            )
         if not self.memory_budget_mb > 0:
             raise ValueError(f"{fn}: memory_budget_mb must be > 0, got {self.memory_budget_mb!r}")
         presets = [self.optimizer] if isinstance(self.optimizer, str) else list(self.optimizer.values())
@@ -167,9 +170,11 @@ class ProbeConfig:
             if p not in PRESETS:
                 raise ValueError(f"{fn}: optimizer presets must be in {PRESETS}, got {p!r}")
         if self.momentum and "sgd" not in presets:
-            raise ValueError(f"{fn}: momentum (heavy-ball beta) applies to the sgd preset only, got "
-                             f"momentum={self.momentum!r} with optimizer={self.optimizer!r}; AdamW's first moment is "
-                             f"betas[0], which leaves the long-run noise unchanged (DESIGN §1): leave momentum at 0")
+            raise ValueError(
+                f"{fn}: momentum (heavy-ball beta) applies to the sgd preset only, got "
+                f"momentum={self.momentum!r} with optimizer={self.optimizer!r}; AdamW's first moment is "
+                f"betas[0], which leaves the long-run noise unchanged (DESIGN §1): leave momentum at 0"
+            )
         OptimizerPreset(presets[0], self.lr, self.weight_decay, self.momentum if presets[0] == "sgd" else 0.0)
 
     def _validate_drift(self, fn: str) -> None:
@@ -180,56 +185,71 @@ class ProbeConfig:
         top = self.max_batches if self.target_rse is not None else self.batches
         if isinstance(md, bool) or not isinstance(md, int) or md < top:
             what = f"max_batches={top}" if self.target_rse is not None else f"batches (M={top})"
-            raise ValueError(f"{fn}: drift_batches (M_D, the virtual batches of the drift) must be None or 0 "
-                             f"(drift from the M heat batches) or an integer >= {what} (the heat's batches "
-                             f"are the first M of the drift's), got drift_batches={md!r}")
+            raise ValueError(
+                f"{fn}: drift_batches (M_D, the virtual batches of the drift) must be None or 0 "
+                f"(drift from the M heat batches) or an integer >= {what} (the heat's batches "
+                f"are the first M of the drift's), got drift_batches={md!r}"
+            )
 
     def _validate_adaptive(self, fn: str) -> None:
         if self.target_rse is None:
             return
         t = self.target_rse
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 10:
-            raise ValueError(f"{fn}: target_rse (the relative standard error of V2 to reach) must be a number in "
-                             f"(0, 10) or None, got target_rse={t!r}")
+            raise ValueError(
+                f"{fn}: target_rse (the relative standard error of V2 to reach) must be a number in "
+                f"(0, 10) or None, got target_rse={t!r}"
+            )
         mb = self.max_batches
         if isinstance(mb, bool) or not isinstance(mb, int) or mb < self.batches:
-            raise ValueError(f"{fn}: max_batches must be an integer >= batches (M={self.batches}), got "
-                             f"max_batches={mb!r}")
+            raise ValueError(
+                f"{fn}: max_batches must be an integer >= batches (M={self.batches}), got max_batches={mb!r}"
+            )
         q = self.target_quantile
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 1:
             raise ValueError(f"{fn}: target_quantile must be in (0, 1], got target_quantile={q!r}")
         if not self.uncertainty or self.radial_spread:
-            raise ValueError(f"{fn}: target_rse needs the grouped error bars (uncertainty=True, "
-                             f"radial_spread=False), got uncertainty={self.uncertainty!r}, "
-                             f"radial_spread={self.radial_spread!r}")
+            raise ValueError(
+                f"{fn}: target_rse needs the grouped error bars (uncertainty=True, "
+                f"radial_spread=False), got uncertainty={self.uncertainty!r}, "
+                f"radial_spread={self.radial_spread!r}"
+            )
 
     def _validate_snapshot(self, fn: str) -> None:
         for name in ("snapshot_min_steps", "snapshot_max_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 50:
-                raise ValueError(f"{fn}: {name} must be an integer >= 50 (two blocks of 25 virtual steps), "
-                                 f"got {name}={v!r}")
+                raise ValueError(
+                    f"{fn}: {name} must be an integer >= 50 (two blocks of 25 virtual steps), got {name}={v!r}"
+                )
         if self.snapshot_max_steps < self.snapshot_min_steps:
-            raise ValueError(f"{fn}: snapshot_max_steps ({self.snapshot_max_steps}) must be >= "
-                             f"snapshot_min_steps ({self.snapshot_min_steps})")
+            raise ValueError(
+                f"{fn}: snapshot_max_steps ({self.snapshot_max_steps}) must be >= "
+                f"snapshot_min_steps ({self.snapshot_min_steps})"
+            )
         t = self.snapshot_steps
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 50):
-            raise ValueError(f"{fn}: snapshot_steps must be None (the relaxation rule) or an integer >= 50, "
-                             f"got snapshot_steps={t!r}")
+            raise ValueError(
+                f"{fn}: snapshot_steps must be None (the relaxation rule) or an integer >= 50, got snapshot_steps={t!r}"
+            )
         r = self.snapshot_relaxations
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
             raise ValueError(f"{fn}: snapshot_relaxations must be a number > 0, got {r!r}")
         if not self.snapshot:
             return
         if self.output != "pooled":
-            raise ValueError(f"{fn}: snapshot=True needs output='pooled' (the virtual trajectory samples every "
-                             f"probe item at every step), got output={self.output!r}")
+            raise ValueError(
+                f"{fn}: snapshot=True needs output='pooled' (the virtual trajectory samples every "
+                f"probe item at every step), got output={self.output!r}"
+            )
         if not isinstance(self.optimizer, str):
-            raise ValueError(f"{fn}: snapshot=True needs one optimizer preset for every probed parameter "
-                             f"(the virtual trajectory runs one optimizer), got optimizer={self.optimizer!r}")
+            raise ValueError(
+                f"{fn}: snapshot=True needs one optimizer preset for every probed parameter "
+                f"(the virtual trajectory runs one optimizer), got optimizer={self.optimizer!r}"
+            )
 
     def _validate_batch_indices(self, fn: str) -> None:
-        from normfast.data.pairs import check_batch_indices
+        from normfast.data.batches import check_batch_indices
 
         n = len(self.batch_indices) if hasattr(self.batch_indices, "__len__") else None
         if self.drift_from_mean and n is not None and n != self.total_batches:
@@ -241,9 +261,11 @@ class ProbeConfig:
             raise ValueError(
                 f"{fn}: batch_indices holds {n} batches but the drift comes from drift_batches="
                 f"{self.drift_batches} batches (the first batches={self.batches} of them are also the heat's): "
-                + ", or ".join(options))
-        self.batch_indices = check_batch_indices(fn, "batch_indices", self.batch_indices, M=self.total_batches,
-                                                 batch_size=self.batch_size)
+                + ", or ".join(options)
+            )
+        self.batch_indices = check_batch_indices(
+            fn, "batch_indices", self.batch_indices, M=self.total_batches, batch_size=self.batch_size
+        )
 
     @property
     def drift_from_mean(self) -> bool:
@@ -264,13 +286,22 @@ class ProbeConfig:
 
         return effective_groups(self.groups, self.batches)
 
-    def presets(self, names: Sequence[str], second_moments: Mapping[str, Any] | None = None
-                ) -> dict[str, OptimizerPreset]:
+    def presets(
+        self, names: Sequence[str], second_moments: Mapping[str, Any] | None = None
+    ) -> dict[str, OptimizerPreset]:
         """The optimizer preset of every probed parameter in ``names`` (momentum is sgd's only)."""
-        return {n: OptimizerPreset(self.preset_for(n), self.lr, self.weight_decay,
-                                   self.momentum if self.preset_for(n) == "sgd" else 0.0,
-                                   self.betas, self.eps, second_moments)
-                for n in names}
+        return {
+            n: OptimizerPreset(
+                self.preset_for(n),
+                self.lr,
+                self.weight_decay,
+                self.momentum if self.preset_for(n) == "sgd" else 0.0,
+                self.betas,
+                self.eps,
+                second_moments,
+            )
+            for n in names
+        }
 
     def preset_for(self, name: str) -> str:
         if isinstance(self.optimizer, str):
@@ -278,5 +309,4 @@ class ProbeConfig:
         for pattern, preset in self.optimizer.items():
             if re.search(pattern, name):
                 return preset
-        raise ValueError(f"ProbeConfig: parameter {name!r} matches none of the optimizer groups "
-                         f"{list(self.optimizer)}")
+        raise ValueError(f"ProbeConfig: parameter {name!r} matches none of the optimizer groups {list(self.optimizer)}")

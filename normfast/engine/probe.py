@@ -50,6 +50,7 @@ Scale-out: inside a ``torch.distributed`` process group (e.g. under
 once on rank 0 and broadcast, and the output is a manifest over one Parquet
 part per rank -- see ``normfast.engine.runner.distributed``.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -68,25 +69,35 @@ from normfast.data.io import fingerprint
 from normfast.data.pairs import as_pair_source
 from normfast.data.schema import METADATA_KEY, SCHEMA_VERSION
 from normfast.encoders import Encoder
-from normfast.engine.runner.chunks import run_chunks
 from normfast.engine.config import ProbeConfig
-from normfast.engine.runner.distributed import chunks_for_rank, current_shard
-from normfast.engine.directions.objectives import objective_settings
-from normfast.engine.runner.provenance import device_name, hash_items, hash_model, library_versions
 from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
 from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
+from normfast.engine.directions.objectives import objective_settings
 from normfast.engine.result import ProbeResult
-from normfast.engine.runner.state import ProbeRun
+from normfast.engine.runner.chunks import run_chunks
+from normfast.engine.runner.distributed import chunks_for_rank, current_shard
 from normfast.engine.runner.files import finish_sharded, open_output
+from normfast.engine.runner.provenance import device_name, hash_items, hash_model, library_versions
+from normfast.engine.runner.state import ProbeRun
 
 
-def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objective: Any = "simcse",
-          pairs: Any = None, config: ProbeConfig | None = None, *, out: str | Path | None = None,
-          resume: bool = False, overwrite: bool = False, pair_encoder: Encoder | None = None,
-          ids: Sequence[str] | None = None, progress: bool = True,
-          model_name: str | None = None,
-          second_moments: Mapping[str, torch.Tensor] | None = None,
-          distributed: bool = True) -> ProbeResult:
+def probe(
+    encoder: Encoder | str | torch.nn.Module,
+    probes: Sequence[Any],
+    objective: Any = "simcse",
+    pairs: Any = None,
+    config: ProbeConfig | None = None,
+    *,
+    out: str | Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    pair_encoder: Encoder | None = None,
+    ids: Sequence[str] | None = None,
+    progress: bool = True,
+    model_name: str | None = None,
+    second_moments: Mapping[str, torch.Tensor] | None = None,
+    distributed: bool = True,
+) -> ProbeResult:
     """Measure drift, heat and damping for every probe item and predict its equilibrium norm.
 
     Args:
@@ -150,8 +161,17 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
     shard = current_shard() if distributed else None
 
     n_items = len(probes)
-    run = ProbeRun(encoder, objective, pairs, config, pair_encoder, progress and (shard is None or shard.is_root),
-               second_moments, shard=shard, n_items=n_items)
+    run = ProbeRun(
+        encoder,
+        objective,
+        pairs,
+        config,
+        pair_encoder,
+        progress and (shard is None or shard.is_root),
+        second_moments,
+        shard=shard,
+        n_items=n_items,
+    )
     n_chunks = math.ceil(n_items / config.chunk_size)
     inputs = {  # what the rows depend on besides the settings; named when a resume is refused
         "probes": hash_items(probes),
@@ -161,22 +181,37 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
     }
     metadata = {
         "schema_version": SCHEMA_VERSION,
-        "model": str(model_name), "model_fingerprint": hash_model(encoder),
+        "model": str(model_name),
+        "model_fingerprint": hash_model(encoder),
         "encoder_note": getattr(encoder, "note", None),
-        "objective": objective.name, "temperature": getattr(objective, "temperature", None),
+        "objective": objective.name,
+        "temperature": getattr(objective, "temperature", None),
         "objective_settings": objective_settings(objective),
-        "optimizer": config.optimizer, "lr": config.lr, "weight_decay": config.weight_decay,
-        "momentum": config.momentum, "M": config.batches,
-        "M_D": config.drift_batches if config.drift_from_mean else None, "M_initial": config.batches,
+        "optimizer": config.optimizer,
+        "lr": config.lr,
+        "weight_decay": config.weight_decay,
+        "momentum": config.momentum,
+        "M": config.batches,
+        "M_D": config.drift_batches if config.drift_from_mean else None,
+        "M_initial": config.batches,
         "groups": run.groups if config.uncertainty or config.drift_from_mean else None,
         "uncertainty": config.uncertainty,
         "batch_size": config.batch_size,
-        "seed": config.seed, "mode": run.mode, "output": config.output, "params": config.params,
-        "n_probed_parameters": len(run.names), "cut_stage": run.cut, "branch": run.branch,
-        "n_items": n_items, "n_pairs": len(pairs), "chunk_size": config.chunk_size,
+        "seed": config.seed,
+        "mode": run.mode,
+        "output": config.output,
+        "params": config.params,
+        "n_probed_parameters": len(run.names),
+        "cut_stage": run.cut,
+        "branch": run.branch,
+        "n_items": n_items,
+        "n_pairs": len(pairs),
+        "chunk_size": config.chunk_size,
         "max_length": getattr(encoder, "max_length", None),
-        "versions": library_versions(), "device": device_name(run.device),
-        "config": asdict(config), "input_fingerprints": inputs,
+        "versions": library_versions(),
+        "device": device_name(run.device),
+        "config": asdict(config),
+        "input_fingerprints": inputs,
     }
     if callable(getattr(probes, "describe", None)):  # e.g. corpus windows: documents, windows, stride
         metadata["corpus"] = probes.describe()
@@ -207,8 +242,9 @@ def probe(encoder: Encoder | str | torch.nn.Module, probes: Sequence[Any], objec
     if config.snapshot:  # before the chunks: every chunk's rows take their slice of it
         from normfast.engine.trajectory.snapshot import snapshot_prediction
 
-        run.snapshot = snapshot_prediction(encoder, probes, objective, pairs, config, second_moments=second_moments,
-                                           progress=run.progress)
+        run.snapshot = snapshot_prediction(
+            encoder, probes, objective, pairs, config, second_moments=second_moments, progress=run.progress
+        )
         metadata["snapshot"] = run.snapshot.info
     todo = [c for c in range(n_chunks) if c not in done]
     mine = todo if shard is None else chunks_for_rank(todo, shard.rank, shard.world_size)
@@ -247,6 +283,7 @@ def _as_probe_sequence(probes: Any) -> Sequence[Any]:
     if isinstance(probes, (list, torch.Tensor)):
         return probes
     if isinstance(probes, (str, bytes, tuple, collections.abc.Mapping)) or not (
-            hasattr(probes, "__len__") and hasattr(probes, "__getitem__")):
+        hasattr(probes, "__len__") and hasattr(probes, "__getitem__")
+    ):
         return list(probes)
     return probes  # anything with len and slicing is read chunk by chunk, never copied whole

@@ -1,4 +1,5 @@
 """``ProbeResult``: a probe run's table (in memory or lazily over Parquet files) and its metadata."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,8 +28,9 @@ class ProbeResult:
         self.path = path
 
     @classmethod
-    def from_files(cls, files: Sequence[str | Path], metadata: Mapping[str, Any],
-                   path: str | Path | None = None) -> "ProbeResult":
+    def from_files(
+        cls, files: Sequence[str | Path], metadata: Mapping[str, Any], path: str | Path | None = None
+    ) -> "ProbeResult":
         """A lazy result over Parquet files holding the rows in item order (nothing is read yet)."""
         files = [Path(f) for f in files]
         if not files:
@@ -107,9 +109,11 @@ class ProbeResult:
         try:
             import pandas  # noqa: F401
         except ImportError:
-            raise ImportError('ProbeResult.to_pandas needs pandas, which normfast does not install by default: '
-                              'pip install "normfast[pandas]" (or pip install pandas). The same data is '
-                              'available without it as result.table (a pyarrow.Table).') from None
+            raise ImportError(
+                "ProbeResult.to_pandas needs pandas, which normfast does not install by default: "
+                'pip install "normfast[pandas]" (or pip install pandas). The same data is '
+                "available without it as result.table (a pyarrow.Table)."
+            ) from None
         return self.table.to_pandas()
 
     @property
@@ -131,7 +135,7 @@ class ProbeResult:
         return format_summary(self)
 
     def plots(self, outdir: str | Path, prefix: str = "probe") -> list[Path]:
-        from normfast.engine.report.summary import make_plots
+        from normfast.engine.report.figures import make_plots
 
         return make_plots(self, outdir, prefix=prefix)
 
@@ -158,8 +162,10 @@ class ProbeResult:
         return summary_html(self)
 
     def __repr__(self) -> str:
-        return (f"ProbeResult({len(self)} rows, model={self.metadata.get('model')!r}, "
-                f"objective={self.metadata.get('objective')!r}, M={self.metadata.get('M')})")
+        return (
+            f"ProbeResult({len(self)} rows, model={self.metadata.get('model')!r}, "
+            f"objective={self.metadata.get('objective')!r}, M={self.metadata.get('M')})"
+        )
 
 
 # ----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The command line: help, probe -> report on a local model folder, validate (E1) and demo
 at their quick sizes, and the errors a user sees."""
+
 from __future__ import annotations
 
 import json
@@ -45,16 +46,38 @@ def test_probe_then_report_on_a_local_model(tmp_path, bert_folder, capsys):
     words = tmp_path / "words.txt"
     words.write_text("apple\nriver\nthe\ndemocracy\nblue\nquantum\n")
     out = tmp_path / "run.parquet"
-    rc = main(["probe", str(bert_folder), "--probes", str(words), "--tokens", "--params", r"encoder\.layer\.1\.",
-               "--batches", "3", "--drift-batches", "12", "--groups", "3", "--batch-size", "4", "--chunk-size", "4",
-               "--out", str(out), "--no-progress"])
+    rc = main(
+        [
+            "probe",
+            str(bert_folder),
+            "--probes",
+            str(words),
+            "--tokens",
+            "--params",
+            r"encoder\.layer\.1\.",
+            "--batches",
+            "3",
+            "--drift-batches",
+            "12",
+            "--groups",
+            "3",
+            "--batch-size",
+            "4",
+            "--chunk-size",
+            "4",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "observed norm vs R_eq" in printed and "hottest tokens" in printed
     table = pq.read_table(out)
     assert table.num_rows >= 6 * 3  # [CLS] word [SEP] at least
     assert set(["norm", "D", "V2", "m2", "Q", "kappa", "se_D", "r_eq", "n_pos_roots", "token"]) <= set(
-        table.column_names)
+        table.column_names
+    )
     meta = json.loads(table.schema.metadata[b"normfast"])
     assert meta["M"] == 3 and meta["objective"] == "simcse" and meta["output"] == "tokens"
     assert meta["M_D"] == 12 and meta["groups"] == 3
@@ -64,8 +87,21 @@ def test_probe_then_report_on_a_local_model(tmp_path, bert_folder, capsys):
     for c in ("se_V2", "se_Q", "r_eq_lo", "r_eq_hi"):
         assert np.isfinite(np.asarray(table.column(c))[valid]).any(), c
     # rerunning onto an existing file without --overwrite is refused with a clear message
-    rc = main(["probe", str(bert_folder), "--probes", str(words), "--batches", "3", "--batch-size", "4",
-               "--out", str(out), "--no-progress"])
+    rc = main(
+        [
+            "probe",
+            str(bert_folder),
+            "--probes",
+            str(words),
+            "--batches",
+            "3",
+            "--batch-size",
+            "4",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 2
     assert "exists" in capsys.readouterr().err
 
@@ -81,16 +117,38 @@ def test_probe_cli_errors(tmp_path, bert_folder, capsys):
     empty.write_text("\n\n")
     rc = main(["probe", str(bert_folder), "--probes", str(empty), "--out", str(tmp_path / "x.parquet")])
     assert rc == 2 and "no probe items" in capsys.readouterr().err
-    rc = main(["probe", str(bert_folder), "--probes", str(tmp_path / "missing.txt"), "--out",
-               str(tmp_path / "x.parquet")])
+    rc = main(
+        ["probe", str(bert_folder), "--probes", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "x.parquet")]
+    )
     assert rc == 2 and "does not exist" in capsys.readouterr().err
     words = tmp_path / "w.txt"
     words.write_text("a\nb\nc\n")
-    rc = main(["probe", str(bert_folder), "--probes", str(words), "--params", "no_such_param",
-               "--out", str(tmp_path / "x.parquet"), "--no-progress"])
+    rc = main(
+        [
+            "probe",
+            str(bert_folder),
+            "--probes",
+            str(words),
+            "--params",
+            "no_such_param",
+            "--out",
+            str(tmp_path / "x.parquet"),
+            "--no-progress",
+        ]
+    )
     assert rc == 2 and "matches no trainable parameter" in capsys.readouterr().err
-    rc = main(["probe", str(bert_folder), "--probes", str(words), "--batches", "1",
-               "--out", str(tmp_path / "x.parquet"), "--no-progress"])
+    rc = main(
+        [
+            "probe",
+            str(bert_folder),
+            "--probes",
+            str(words),
+            "--batches",
+            "1",
+            "--out",
+            str(tmp_path / "x.parquet"),
+            "--no-progress",
+        ]
+    )
     assert rc == 2 and ">= 2" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "nope.parquet")]) == 2
-

@@ -5,6 +5,7 @@ path of each, run with its defaults in a scratch copy of the repository (conftes
 quick path), must leave `git status` of its copy clean. ``normfast demo`` as a user runs it prints no raw warnings, no
 special tokens in its token lists, and no token twice.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,9 +21,15 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 # quick path -> (the Debian data it needs, the folder under runs/ it writes by default)
-QUICK_PATHS = {"e2_quick": ("wordnet", "e2"), "e3_quick": ("wordnet", "e3"), "e4_quick": ("wordnet", "e4"),
-               "e5_quick": ("fashion-mnist", "e5"), "bench_quick": (None, "throughput"), "demo_run": (None, "demo"),
-               "cli_runs": (None, "cli")}
+QUICK_PATHS = {
+    "e2_quick": ("wordnet", "e2"),
+    "e3_quick": ("wordnet", "e3"),
+    "e4_quick": ("wordnet", "e4"),
+    "e5_quick": ("fashion-mnist", "e5"),
+    "bench_quick": (None, "throughput"),
+    "demo_run": (None, "demo"),
+    "cli_runs": (None, "cli"),
+}
 
 
 @pytest.fixture(scope="session")
@@ -39,43 +46,74 @@ def cli_runs(repo_copies, tiny_bert_folder) -> dict[str, str]:
     np.save(work / "coeffs.npy", np.array([[1.0, 0.0, -5.0, 0.0, 4.0]]))
     beir = work / "beir"
     beir.mkdir()
-    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n"
-                                               for i, t in enumerate(["a red apple", "a blue river", "the sea"])))
+    (beir / "corpus.jsonl").write_text(
+        "".join(
+            json.dumps({"_id": f"d{i}", "text": t}) + "\n"
+            for i, t in enumerate(["a red apple", "a blue river", "the sea"])
+        )
+    )
     (beir / "queries.jsonl").write_text(json.dumps({"_id": "q0", "text": "fruit"}) + "\n")
     (beir / "qrels").mkdir()
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\n")
     rng = np.random.default_rng(0)
-    np.savez(work / "vectors.npz", query_ids=np.array(["q0"]), queries=rng.normal(size=(1, 4)),
-             doc_ids=np.array(["d0", "d1", "d2"]), docs=rng.normal(size=(3, 4)))
+    np.savez(
+        work / "vectors.npz",
+        query_ids=np.array(["q0"]),
+        queries=rng.normal(size=(1, 4)),
+        doc_ids=np.array(["d0", "d1", "d2"]),
+        docs=rng.normal(size=(3, 4)),
+    )
     return {
-        "probe": run_cli(repo_copy, "probe", "runs/cli/bert", "--probes", "runs/cli/words.txt", "--tokens",
-                         "--batches", "2", "--drift-batches", "8", "--batch-size", "4", "--out", "runs/cli/run.parquet",
-                         "--no-progress"),
+        "probe": run_cli(
+            repo_copy,
+            "probe",
+            "runs/cli/bert",
+            "--probes",
+            "runs/cli/words.txt",
+            "--tokens",
+            "--batches",
+            "2",
+            "--drift-batches",
+            "8",
+            "--batch-size",
+            "4",
+            "--out",
+            "runs/cli/run.parquet",
+            "--no-progress",
+        ),
         "report": run_cli(repo_copy, "report", "runs/cli/run.parquet"),
         "solve": run_cli(repo_copy, "solve", "runs/cli/coeffs.npy"),
-        "retrieval": run_cli(repo_copy, "retrieval", "--beir", "runs/cli/beir", "--vectors", "runs/cli/vectors.npz",
-                             "--no-progress"),
+        "retrieval": run_cli(
+            repo_copy, "retrieval", "--beir", "runs/cli/beir", "--vectors", "runs/cli/vectors.npz", "--no-progress"
+        ),
     }
 
 
-@pytest.mark.parametrize("fixture", [
-    pytest.param(name, marks=[pytest.mark.needs_data(data)] if data else []) for name, (data, _) in QUICK_PATHS.items()
-])
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        pytest.param(name, marks=[pytest.mark.needs_data(data)] if data else [])
+        for name, (data, _) in QUICK_PATHS.items()
+    ],
+)
 def test_quick_path_leaves_the_repository_clean(request, repo_copies, fixture):
     """Each quick path in its own copy (conftest.py), with its default output location."""
     request.getfixturevalue(fixture)
     repo_copy = repo_copies(fixture)
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo_copy,
-                            capture_output=True, text=True, check=True).stdout
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=repo_copy,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert status == "", f"the quick run {fixture} changed the repository:\n{status}"
     written = sorted(p.name for p in (repo_copy / "runs").iterdir())
     assert written == [QUICK_PATHS[fixture][1]], written
     assert any((repo_copy / "runs" / written[0]).iterdir())
 
 
-@pytest.mark.parametrize("command", [
-    "demo", "throughput", "report", "retrieval", "solve", "probe",
-])
+@pytest.mark.parametrize("command", ["demo", "throughput", "report", "retrieval", "solve", "probe"])
 def test_no_command_defaults_to_the_committed_results(command):
     """Commands without a quick path here: their --out default is none, or under runs/."""
     from normfast.cli import build_parser
@@ -92,20 +130,29 @@ def _out_defaults(path: Path) -> list[tuple[int, str]]:
     import ast
 
     tree = ast.parse(path.read_text())
-    names = {t.id: ast.unparse(node.value) for node in tree.body if isinstance(node, ast.Assign)
-             for t in node.targets if isinstance(t, ast.Name)}
+    names = {
+        t.id: ast.unparse(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
     found = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
-                and any(isinstance(a, ast.Constant) and a.value == "--out" for a in node.args)):
+        if not (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", "") == "add_argument"
+            and any(isinstance(a, ast.Constant) and a.value == "--out" for a in node.args)
+        ):
             continue
         kw = {k.arg: k.value for k in node.keywords}
         if "required" in kw and ast.literal_eval(kw["required"]) is True:
             continue
         text = ast.unparse(kw["default"]) if "default" in kw else "None"
         for _ in range(3):  # RUNS = REPO / "runs" / "e4", REPO = Path(__file__)...
-            text = re.sub(r"\b[A-Z_][A-Z0-9_]*\b", lambda m: f"({names[m.group(0)]})" if m.group(0) in names
-                          else m.group(0), text)
+            text = re.sub(
+                r"\b[A-Z_][A-Z0-9_]*\b", lambda m: f"({names[m.group(0)]})" if m.group(0) in names else m.group(0), text
+            )
         found.append((node.lineno, text))
     return found
 
@@ -125,8 +172,11 @@ def test_every_experiment_writes_under_runs_unless_told():
     assert "/runs/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
-SCRIPTS = sorted(p for p in [*ROOT.joinpath("bench").rglob("*.py"), *ROOT.joinpath("normfast", "apps").rglob("*.py")]
-                 if "--out" in p.read_text())
+SCRIPTS = sorted(
+    p
+    for p in [*ROOT.joinpath("bench").rglob("*.py"), *ROOT.joinpath("normfast", "apps").rglob("*.py")]
+    if "--out" in p.read_text()
+)
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -136,11 +186,13 @@ def test_every_out_option_defaults_to_runs_or_is_required(path):
     for line, default in _out_defaults(path):
         assert default == "None" or ("runs" in default and "results" not in default), (
             f"{path.relative_to(ROOT)}:{line}: --out defaults to {default}; default to runs/ (git-ignored) "
-            f"and write committed results only with an explicit --out bench/results")
+            f"and write committed results only with an explicit --out bench/results"
+        )
 
 
 # ---------------------------------------------------------------------------
 # normfast demo, as printed
+
 
 def _token_list(printed: str, which: str) -> list[str]:
     line = next(ln for ln in printed.splitlines() if ln.startswith(f"{which} tokens"))

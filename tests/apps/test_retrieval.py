@@ -1,4 +1,5 @@
 """Norm-discounted retrieval: score, exact search, alpha sweep, BEIR I/O, FAISS export, CLI."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,8 @@ import pytest
 import torch
 
 from normfast.apps import retrieval as R
-from normfast.data import beir
 from normfast.apps.retrieval import command
+from normfast.data import beir
 
 
 def _data(rng, n_q=40, n_d=300, dim=16):
@@ -36,13 +37,14 @@ def _planted(rng, n_q=60, n_d=400, dim=16, alpha=-0.5, noise=0.0):
 # The score
 # ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("alpha", [-1.0, -0.5, 0.0, 0.3, 1.0, 2.0])
 def test_rescaled_inner_product_equals_explicit_score(rng, alpha):
     Q, D = _data(rng)
     # the explicit formula, written out in numpy independently of the module
     qn = np.linalg.norm(Q, axis=1, keepdims=True)
     dn = np.linalg.norm(D, axis=1, keepdims=True)
-    expected = (Q @ D.T) / (qn * dn.T) * dn.T ** alpha
+    expected = (Q @ D.T) / (qn * dn.T) * dn.T**alpha
     np.testing.assert_allclose(R.scores(Q, D, alpha).numpy(), expected, rtol=1e-12, atol=1e-12)
     via_rescale = (Q / qn) @ R.rescale_documents(D, alpha).numpy().T
     np.testing.assert_allclose(via_rescale, expected, rtol=1e-10, atol=1e-12)
@@ -75,7 +77,7 @@ def test_length_control_uses_length_not_norm(rng):
     _, D = _data(rng, n_d=20)
     lengths = rng.integers(1, 40, size=20).astype(float)
     out = R.rescale_by_length(D, lengths, -0.7).numpy()
-    np.testing.assert_allclose(np.linalg.norm(out, axis=1), lengths ** -0.7, rtol=1e-10)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), lengths**-0.7, rtol=1e-10)
     with pytest.raises(ValueError, match="positive finite lengths"):
         R.rescale_by_length(D, np.r_[0.0, lengths[1:]], 0.5)
     with pytest.raises(ValueError, match="one entry per document"):
@@ -94,6 +96,7 @@ def test_bad_arguments_are_named():
 # ---------------------------------------------------------------------------
 # Exact search
 # ---------------------------------------------------------------------------
+
 
 def _brute_topk(s: np.ndarray, k: int) -> np.ndarray:
     clean = np.where(np.isnan(s), -np.inf, s)
@@ -129,6 +132,7 @@ def test_search_chunking_does_not_change_results(rng):
 # FAISS export
 # ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("alpha", [-0.8, 0.0, 0.5])
 def test_faiss_ranking_equals_explicit_ranking(rng, alpha, tmp_path):
     Q, D = _data(rng, n_q=25, n_d=400, dim=32)
@@ -156,6 +160,7 @@ def test_faiss_rejects_rows_without_direction(rng):
 # Metrics and sweep
 # ---------------------------------------------------------------------------
 
+
 def test_toy_metrics_match_hand_computation():
     # q1 = (1, 0), q2 = (0, 1);
     # d1 = (1, .1):   |d| 1.005, cos(q1) .995, cos(q2) .0995
@@ -180,11 +185,9 @@ def test_toy_metrics_match_hand_computation():
     i0, i1 = res.alphas.index(0.0), res.alphas.index(1.0)
     ndcg, mrr = R.METRICS.index("ndcg@10"), R.METRICS.index("mrr")
     l3 = math.log2(3)
-    np.testing.assert_allclose(res.per_query["norm"][i0, :, ndcg], [2 / (2 + 1 / l3), 0.5],
-                               rtol=1e-9)
+    np.testing.assert_allclose(res.per_query["norm"][i0, :, ndcg], [2 / (2 + 1 / l3), 0.5], rtol=1e-9)
     np.testing.assert_allclose(res.per_query["norm"][i0, :, mrr], [1.0, 1 / 3], rtol=1e-9)
-    np.testing.assert_allclose(res.per_query["norm"][i1, :, ndcg],
-                               [(1 / l3 + 1) / (2 + 1 / l3), 1 / l3], rtol=1e-9)
+    np.testing.assert_allclose(res.per_query["norm"][i1, :, ndcg], [(1 / l3 + 1) / (2 + 1 / l3), 1 / l3], rtol=1e-9)
     np.testing.assert_allclose(res.per_query["norm"][i1, :, mrr], [0.5, 0.5], rtol=1e-9)
     np.testing.assert_allclose(res.curve("norm", "recall@100"), [1.0, 1.0])
     assert res.baselines()["cosine"]["ndcg@10"] == pytest.approx((2 / (2 + 1 / l3) + 0.5) / 2)
@@ -193,8 +196,7 @@ def test_toy_metrics_match_hand_computation():
 def test_sweep_is_deterministic_and_has_length_control(rng):
     q_ids, Q, d_ids, D, qrels = _planted(rng, noise=0.3)
     lengths = rng.integers(1, 60, size=len(d_ids))
-    runs = [R.alpha_sweep((q_ids, Q), (d_ids, D), qrels, [-0.5, 0.5], k=50, lengths=lengths)
-            for _ in range(2)]
+    runs = [R.alpha_sweep((q_ids, Q), (d_ids, D), qrels, [-0.5, 0.5], k=50, lengths=lengths) for _ in range(2)]
     assert runs[0].controls == ["norm", "length"]
     assert runs[0].alphas == [-0.5, 0.0, 0.5, 1.0]  # cosine and dot always added
     for c in runs[0].controls:
@@ -210,8 +212,7 @@ def test_sweep_is_deterministic_and_has_length_control(rng):
 
 def test_length_control_with_norms_as_lengths_equals_norm_control(rng):
     q_ids, Q, d_ids, D, qrels = _planted(rng, noise=0.2)
-    res = R.alpha_sweep((q_ids, Q), (d_ids, D), qrels, [-1, -0.3, 0.4], k=20,
-                        lengths=np.linalg.norm(D, axis=1))
+    res = R.alpha_sweep((q_ids, Q), (d_ids, D), qrels, [-1, -0.3, 0.4], k=20, lengths=np.linalg.norm(D, axis=1))
     np.testing.assert_allclose(res.per_query["length"], res.per_query["norm"], atol=1e-12)
 
 
@@ -282,8 +283,10 @@ def test_sweep_validates_inputs(rng):
         R.alpha_sweep((qids, Q), (dids, D[:, :3]), qrels, [0.0])
     with pytest.raises(ValueError, match="unique ids"):
         R.alpha_sweep((qids, Q), (["d0"] * 5, D), qrels, [0.0])
-    with pytest.raises(ValueError, match="no query can be evaluated"), \
-            pytest.warns(UserWarning, match="without an embedding"):
+    with (
+        pytest.raises(ValueError, match="no query can be evaluated"),
+        pytest.warns(UserWarning, match="without an embedding"),
+    ):
         R.alpha_sweep((qids, Q), (dids, D), {"zz": {"d0": 1}}, [0.0])
     with pytest.raises(TypeError, match="integer relevance"):
         R.alpha_sweep((qids, Q), (dids, D), {"a": {"d0": 0.5}}, [0.0])
@@ -294,8 +297,9 @@ def test_sweep_validates_inputs(rng):
 def test_save_writes_json_and_png(rng, tmp_path):
     q_ids, Q, d_ids, D, qrels = _planted(rng, noise=0.3)
     strata = {q: "x" if i % 2 else "y" for i, q in enumerate(q_ids)}
-    res = R.alpha_sweep((q_ids, Q), (d_ids, D), qrels, [-0.5], k=20, strata=strata,
-                        lengths=np.arange(1, len(d_ids) + 1))
+    res = R.alpha_sweep(
+        (q_ids, Q), (d_ids, D), qrels, [-0.5], k=20, strata=strata, lengths=np.arange(1, len(d_ids) + 1)
+    )
     js, png = res.save(tmp_path / "out")
     data = json.loads(js.read_text())
     assert data["alphas"] == [-0.5, 0.0, 1.0]
@@ -309,10 +313,10 @@ def test_save_writes_json_and_png(rng, tmp_path):
 # BEIR format
 # ---------------------------------------------------------------------------
 
+
 def _toy_beir():
     corpus = {"d1": {"title": "Dogs", "text": "a domesticated canine"}, "d2": "plain text doc"}
-    queries = {"q1": {"text": "what is a dog", "metadata": {"stratum": "deep", "depth": 9}},
-               "q2": "café ünïcode"}
+    queries = {"q1": {"text": "what is a dog", "metadata": {"stratum": "deep", "depth": 9}}, "q2": "café ünïcode"}
     qrels = {"q1": {"d1": 1, "d2": 0}, "q2": {"d2": 2}}
     return corpus, queries, qrels
 
@@ -322,16 +326,17 @@ def test_beir_round_trip(tmp_path):
     beir.write_beir(tmp_path, corpus, queries, qrels, split="dev")
     data = beir.load_beir(tmp_path, split="dev")
     c, q, r = data  # unpacks like BEIR's loader
-    assert c == {"d1": {"title": "Dogs", "text": "a domesticated canine"},
-                 "d2": {"title": "", "text": "plain text doc"}}
+    assert c == {
+        "d1": {"title": "Dogs", "text": "a domesticated canine"},
+        "d2": {"title": "", "text": "plain text doc"},
+    }
     assert q == {"q1": "what is a dog", "q2": "café ünïcode"}
     assert r == qrels
     assert data.metadata == {"q1": {"stratum": "deep", "depth": 9}}
     assert data.strata("stratum") == {"q1": "deep"}
     assert data.doc_text("d1") == "Dogs a domesticated canine"
     # and again through the loaded form
-    beir.write_beir(tmp_path / "copy", data.corpus, data.queries, data.qrels, split="dev",
-                 metadata=data.metadata)
+    beir.write_beir(tmp_path / "copy", data.corpus, data.queries, data.qrels, split="dev", metadata=data.metadata)
     assert beir.load_beir(tmp_path / "copy", split="dev") == data
 
 
@@ -340,22 +345,35 @@ def _write(path, text):
     path.write_text(text)
 
 
-@pytest.mark.parametrize("fname, content, pattern", [
-    ("corpus.jsonl", '{"_id": "d1", "text": "x"}\n{"_id": "d2", "text": \n',
-     r"corpus\.jsonl:2: not valid JSON"),
-    ("corpus.jsonl", '{"_id": "d1", "text": "x"}\n\n{"title": "t", "text": "y"}\n',
-     r"corpus\.jsonl:3: missing field '_id'"),
-    ("corpus.jsonl", '{"_id": "d1", "text": "x"}\n{"_id": "d1", "text": "y"}\n',
-     r"corpus\.jsonl:2: duplicate _id 'd1'"),
-    ("queries.jsonl", '{"_id": "q1"}\n', r"queries\.jsonl:1: missing field 'text'"),
-    ("queries.jsonl", '["q1", "text"]\n', r"queries\.jsonl:1: expected a JSON object"),
-    ("queries.jsonl", '{"_id": "q1", "text": "t", "metadata": 3}\n',
-     r"queries\.jsonl:1: metadata must be a JSON object"),
-    ("qrels/test.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\thigh\n",
-     r"test\.tsv:3: score must be an integer, got 'high'"),
-    ("qrels/test.tsv", "query-id\tcorpus-id\tscore\nq1 d1 1\n",
-     r"test\.tsv:2: expected 3 tab-separated fields"),
-])
+@pytest.mark.parametrize(
+    "fname, content, pattern",
+    [
+        ("corpus.jsonl", '{"_id": "d1", "text": "x"}\n{"_id": "d2", "text": \n', r"corpus\.jsonl:2: not valid JSON"),
+        (
+            "corpus.jsonl",
+            '{"_id": "d1", "text": "x"}\n\n{"title": "t", "text": "y"}\n',
+            r"corpus\.jsonl:3: missing field '_id'",
+        ),
+        (
+            "corpus.jsonl",
+            '{"_id": "d1", "text": "x"}\n{"_id": "d1", "text": "y"}\n',
+            r"corpus\.jsonl:2: duplicate _id 'd1'",
+        ),
+        ("queries.jsonl", '{"_id": "q1"}\n', r"queries\.jsonl:1: missing field 'text'"),
+        ("queries.jsonl", '["q1", "text"]\n', r"queries\.jsonl:1: expected a JSON object"),
+        (
+            "queries.jsonl",
+            '{"_id": "q1", "text": "t", "metadata": 3}\n',
+            r"queries\.jsonl:1: metadata must be a JSON object",
+        ),
+        (
+            "qrels/test.tsv",
+            "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\thigh\n",
+            r"test\.tsv:3: score must be an integer, got 'high'",
+        ),
+        ("qrels/test.tsv", "query-id\tcorpus-id\tscore\nq1 d1 1\n", r"test\.tsv:2: expected 3 tab-separated fields"),
+    ],
+)
 def test_malformed_beir_files_name_file_and_line(tmp_path, fname, content, pattern):
     corpus, queries, qrels = _toy_beir()
     beir.write_beir(tmp_path, corpus, queries, qrels)
@@ -387,9 +405,13 @@ def test_qrels_without_header_are_read(tmp_path):
 # CLI
 # ---------------------------------------------------------------------------
 
+
 def _parse(argv):
-    parser = argparse.ArgumentParser(prog="normfast retrieval", description=command.retrieval_description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="normfast retrieval",
+        description=command.retrieval_description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     command.retrieval_arguments(parser)
     return parser.parse_args(argv)
 
@@ -399,19 +421,42 @@ def collection(rng, tmp_path):
     """A planted BEIR collection on disk and its embeddings in an .npz."""
     q_ids, Q, d_ids, D, qrels = _planted(rng, n_q=30, n_d=120, noise=0.2)
     corpus = {d: {"title": "", "text": " ".join(["w"] * (1 + i % 9))} for i, d in enumerate(d_ids)}
-    queries = {q: {"text": f"query {q}", "metadata": {"band": "low" if i < 15 else "high"}}
-               for i, q in enumerate(q_ids)}
+    queries = {
+        q: {"text": f"query {q}", "metadata": {"band": "low" if i < 15 else "high"}} for i, q in enumerate(q_ids)
+    }
     beir.write_beir(tmp_path / "beir", corpus, queries, qrels)
-    np.savez(tmp_path / "emb.npz", query_ids=np.array(q_ids), queries=Q.astype(np.float32),
-             doc_ids=np.array(d_ids), docs=D.astype(np.float32))
+    np.savez(
+        tmp_path / "emb.npz",
+        query_ids=np.array(q_ids),
+        queries=Q.astype(np.float32),
+        doc_ids=np.array(d_ids),
+        docs=D.astype(np.float32),
+    )
     return tmp_path
 
 
 def test_cli_runs_sweep_and_exports(collection, capsys):
     t = collection
-    args = _parse(["--beir", str(t / "beir"), "--vectors", str(t / "emb.npz"), "--alphas=-1:1:0.5",
-                   "--strata-key", "band", "--out", str(t / "out"), "--faiss", str(t / "i.faiss"),
-                   "--alpha", "-0.5", "--no-progress", "--k", "50"])
+    args = _parse(
+        [
+            "--beir",
+            str(t / "beir"),
+            "--vectors",
+            str(t / "emb.npz"),
+            "--alphas=-1:1:0.5",
+            "--strata-key",
+            "band",
+            "--out",
+            str(t / "out"),
+            "--faiss",
+            str(t / "i.faiss"),
+            "--alpha",
+            "-0.5",
+            "--no-progress",
+            "--k",
+            "50",
+        ]
+    )
     assert command.retrieval_main(args) == 0
     out = capsys.readouterr().out
     assert "best norm" in out and "best length" in out and "high" in out
@@ -437,21 +482,36 @@ def test_cli_with_model_batches_through_the_encoder(collection, monkeypatch, cap
 
     monkeypatch.setattr(enc, "load_encoder", lambda spec, **kw: FakeEncoder(), raising=False)
     monkeypatch.setattr(command, "_ENCODERS", {})
-    args = _parse(["--beir", str(collection / "beir"), "--model", "fake", "--batch-size", "16",
-                   "--alphas", "0,0.5", "--no-progress"])
+    args = _parse(
+        [
+            "--beir",
+            str(collection / "beir"),
+            "--model",
+            "fake",
+            "--batch-size",
+            "16",
+            "--alphas",
+            "0,0.5",
+            "--no-progress",
+        ]
+    )
     assert command.retrieval_main(args) == 0
     assert calls == [16, 14, 16, 16, 16, 16, 16, 16, 16, 8]  # 30 queries, then 120 documents
     assert "queries: 30 evaluated, documents: 120" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv_tail, pattern", [
-    (["--faiss", "x.faiss"], "--faiss and --alpha go together"),
-    (["--alphas", "1:0:0.1"], "--alphas: expected START:STOP:STEP"),
-    (["--strata-key", "nokey"], "no query .* has metadata key 'nokey'"),
-])
+@pytest.mark.parametrize(
+    "argv_tail, pattern",
+    [
+        (["--faiss", "x.faiss"], "--faiss and --alpha go together"),
+        (["--alphas", "1:0:0.1"], "--alphas: expected START:STOP:STEP"),
+        (["--strata-key", "nokey"], "no query .* has metadata key 'nokey'"),
+    ],
+)
 def test_cli_errors_exit_2_without_traceback(collection, capsys, argv_tail, pattern):
-    args = _parse(["--beir", str(collection / "beir"), "--vectors", str(collection / "emb.npz"),
-                   "--no-progress", *argv_tail])
+    args = _parse(
+        ["--beir", str(collection / "beir"), "--vectors", str(collection / "emb.npz"), "--no-progress", *argv_tail]
+    )
     assert command.retrieval_main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("normfast retrieval: error:") and "Traceback" not in err

@@ -1,4 +1,5 @@
 """`normfast solve`: files in, equilibrium norms out, errors without tracebacks."""
+
 from __future__ import annotations
 
 import csv
@@ -9,13 +10,15 @@ import pytest
 from normfast.cli import main
 from normfast.core.equilibrium import solve_quartic
 
-ROWS = np.array([
-    [1.0, -10.0, 35.0, -50.0, 24.0],   # roots 1, 2, 3, 4
-    [1.0, 0.0, -5.0, 0.0, 4.0],        # biquadratic: +-1, +-2
-    [0.0, 0.0, 1.0, 0.0, 1.0],         # no real root
-    [0.0, 0.0, 0.0, 2.0, -1.0],        # linear: 1/2
-    [2e-4, 0.0, 2e6, 0.0, -1e-6],      # inward drift >> heat
-])
+ROWS = np.array(
+    [
+        [1.0, -10.0, 35.0, -50.0, 24.0],  # roots 1, 2, 3, 4
+        [1.0, 0.0, -5.0, 0.0, 4.0],  # biquadratic: +-1, +-2
+        [0.0, 0.0, 1.0, 0.0, 1.0],  # no real root
+        [0.0, 0.0, 0.0, 2.0, -1.0],  # linear: 1/2
+        [2e-4, 0.0, 2e6, 0.0, -1e-6],  # inward drift >> heat
+    ]
+)
 
 
 @pytest.fixture
@@ -89,12 +92,15 @@ def test_large_input_needs_out(tmp_path, capsys):
     assert "25 rows: pass -o/--out" in read_error(capsys)
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("missing.npy", None, "input file not found"),
-    ("coeffs.txt", "1,2,3,4,5\n", "unsupported input extension '.txt'"),
-    ("narrow.csv", "1,2,3,4\n", "line 1: expected 5 columns (a,b,c,d,e), got 4"),
-    ("words.csv", "a,b,c,d,e\n1,2,x,4,5\n", "line 2: expected 5 numbers"),
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("missing.npy", None, "input file not found"),
+        ("coeffs.txt", "1,2,3,4,5\n", "unsupported input extension '.txt'"),
+        ("narrow.csv", "1,2,3,4\n", "line 1: expected 5 columns (a,b,c,d,e), got 4"),
+        ("words.csv", "a,b,c,d,e\n1,2,x,4,5\n", "line 2: expected 5 numbers"),
+    ],
+)
 def test_input_errors(tmp_path, capsys, name, content, message):
     src = tmp_path / name
     if content is not None:
@@ -129,6 +135,13 @@ def test_help_explains_the_law(capsys):
         main(["solve", "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for needle in ("a R^4 + b R^3 + c R^2 + d R + e = 0", "a = 2 lambda kappa", "e = -eta Q",
-                   "largest positive real root", "bistability", "--out", "--threads"):
+    for needle in (
+        "a R^4 + b R^3 + c R^2 + d R + e = 0",
+        "a = 2 lambda kappa",
+        "e = -eta Q",
+        "largest positive real root",
+        "bistability",
+        "--out",
+        "--threads",
+    ):
         assert needle in text

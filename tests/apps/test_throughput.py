@@ -4,6 +4,7 @@ Speed is never asserted (timings on a shared CPU say nothing); what is
 asserted is the structure of the results, that every accuracy check ran and
 passed, and that every ratio is a positive finite number.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,13 @@ def test_every_accuracy_check_passed(quick_run):
     # every timed method of every comparison section was checked
     for method in ("normfast", "torch.func", "backpack", "opacus"):
         assert f"head/{method}" in names or method in report["head"]["skipped"]
-    assert {"jacrev/normfast", "jacrev/jacrev", "minilm/batched/float64", "minilm/sequential_cached",
-            "minilm/sequential_full"} <= names
+    assert {
+        "jacrev/normfast",
+        "jacrev/jacrev",
+        "minilm/batched/float64",
+        "minilm/sequential_cached",
+        "minilm/sequential_full",
+    } <= names
     for c in checks:
         assert c["passed"], c
         assert 0 <= c["max_rel_diff"] <= c["tolerance"], c
@@ -61,8 +67,12 @@ def test_every_accuracy_check_passed(quick_run):
 def test_ratios_timings_and_flops_are_positive_finite(quick_run):
     _, _, report = quick_run
     ratios = report["ratios"]
-    expected = ["head/normfast_vs_torch.func", "jacrev/normfast_vs_jacrev",
-                "minilm/batched_vs_sequential_cached", "minilm/batched_vs_sequential_full"]
+    expected = [
+        "head/normfast_vs_torch.func",
+        "jacrev/normfast_vs_jacrev",
+        "minilm/batched_vs_sequential_cached",
+        "minilm/batched_vs_sequential_full",
+    ]
     for key in expected:
         assert _positive_finite(ratios[key]), (key, ratios.get(key))
     assert all(_positive_finite(v) for v in ratios.values())
@@ -95,8 +105,9 @@ def test_scaling_runs_fresh_processes(quick_run):
     assert [r["n_requested"] for r in sec["runs"]] == list(sizes)
     for r in sec["runs"]:
         assert r["valid_fraction"] == 1.0
-        assert r["tokens"] == (r["n_requested"] // Settings.quick().scaling.tokens_per_item
-                               * Settings.quick().scaling.tokens_per_item)
+        assert r["tokens"] == (
+            r["n_requested"] // Settings.quick().scaling.tokens_per_item * Settings.quick().scaling.tokens_per_item
+        )
         assert r["peak_rss_mb"] >= r["rss_after_setup_mb"] > 0
         assert _positive_finite(r["tokens_per_s"])
     assert math.isfinite(sec["linear_fit"]["seconds_per_token"])
@@ -108,8 +119,10 @@ def test_only_keeps_other_sections(quick_run, tmp_path):
     target.mkdir()
     # an earlier quick run's file; --only jacrev replaces that section alone
     (target / "throughput.json").write_text(json.dumps(report))
-    assert main(["throughput", "--quick", "--only", "jacrev", "--out", str(target), "--no-progress",
-                 "--threads", "1"]) == 0
+    assert (
+        main(["throughput", "--quick", "--only", "jacrev", "--out", str(target), "--no-progress", "--threads", "1"])
+        == 0
+    )
     merged = json.loads((target / "throughput.json").read_text())
     assert merged["sections_run"] == ["jacrev"]
     assert merged["head"] == report["head"]
@@ -117,12 +130,15 @@ def test_only_keeps_other_sections(quick_run, tmp_path):
     assert set(merged["ratios"]) == set(report["ratios"])
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--only", "nosuch"], "expected --only names"),
-    (["--only", ","], "at least one section"),
-    (["--repeats", "0"], "--repeats >= 1"),
-    (["--threads", "-1"], "--threads >= 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--only", "nosuch"], "expected --only names"),
+        (["--only", ","], "at least one section"),
+        (["--repeats", "0"], "--repeats >= 1"),
+        (["--threads", "-1"], "--threads >= 0"),
+    ],
+)
 def test_bad_arguments_are_refused(argv, message, tmp_path, capsys):
     assert main(["throughput", "--quick", "--out", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """The equilibrium law (DESIGN section 1): coefficients, limits, closed forms, validation."""
+
 from __future__ import annotations
 
 import warnings
@@ -66,8 +67,7 @@ def test_drift_only_limit(stats):
     # Q -> 0 with D > 0: R^2 = D / (lambda kappa)
     D = np.abs(stats["D"]) + 1e-3
     expected = np.sqrt(D / (WD * stats["kappa"]))
-    np.testing.assert_allclose(equilibrium_norm(D, 0.0, stats["kappa"], lr=LR, weight_decay=WD),
-                               expected, rtol=1e-15)
+    np.testing.assert_allclose(equilibrium_norm(D, 0.0, stats["kappa"], lr=LR, weight_decay=WD), expected, rtol=1e-15)
     r = equilibrium_norm(D, 1e-6 * D, stats["kappa"], lr=LR, weight_decay=WD)
     np.testing.assert_allclose(r, expected, rtol=1e-7)
     assert np.all(r > expected)  # heat only ever pushes the norm out
@@ -89,22 +89,26 @@ def test_inward_drift_dominating_heat_needs_the_cancellation_free_form():
 def test_pure_adamw_branch(rng):
     n = 200
     D_w, Q_w, kappa = rng.standard_normal(n), 10.0 ** rng.uniform(-3, 2, n), rng.uniform(0.5, 3, n)
-    r, count = equilibrium_norm(None, None, kappa, lr=LR, weight_decay=WD, D_w=D_w, Q_w=Q_w,
-                                return_count=True)
+    r, count = equilibrium_norm(None, None, kappa, lr=LR, weight_decay=WD, D_w=D_w, Q_w=Q_w, return_count=True)
     lam_k = WD * kappa
     with mp.workdps(50):
-        exact = [(mpf(float(d)) + mpmath.sqrt(mpf(float(d)) ** 2 + 2 * mpf(float(lk)) * mpf(LR) * mpf(float(q))))
-                 / (2 * mpf(float(lk))) for d, q, lk in zip(D_w, Q_w, lam_k)]
+        exact = [
+            (mpf(float(d)) + mpmath.sqrt(mpf(float(d)) ** 2 + 2 * mpf(float(lk)) * mpf(LR) * mpf(float(q))))
+            / (2 * mpf(float(lk)))
+            for d, q, lk in zip(D_w, Q_w, lam_k)
+        ]
     assert max_rel(r, exact) <= 1e-13
     np.testing.assert_array_equal(count, 1)
 
 
 def test_momentum_heuristic(stats):
     beta = 0.9
-    coeffs = equilibrium_coefficients(stats["D"], stats["Q"], stats["kappa"], lr=LR, weight_decay=WD,
-                                      Q_w=stats["Q"], C_uw=stats["D"], momentum=beta)
-    plain = equilibrium_coefficients(stats["D"], stats["Q"], stats["kappa"], lr=LR / (1 - beta),
-                                     weight_decay=WD, Q_w=stats["Q"], C_uw=stats["D"])
+    coeffs = equilibrium_coefficients(
+        stats["D"], stats["Q"], stats["kappa"], lr=LR, weight_decay=WD, Q_w=stats["Q"], C_uw=stats["D"], momentum=beta
+    )
+    plain = equilibrium_coefficients(
+        stats["D"], stats["Q"], stats["kappa"], lr=LR / (1 - beta), weight_decay=WD, Q_w=stats["Q"], C_uw=stats["D"]
+    )
     np.testing.assert_allclose(coeffs, plain, rtol=1e-15)
     base = equilibrium_coefficients(stats["D"], stats["Q"], stats["kappa"], lr=LR, weight_decay=WD)
     np.testing.assert_array_equal(coeffs[:, :2], base[:, :2])  # decay and drift carry no learning rate
@@ -131,20 +135,27 @@ def test_bistable_mixed_branches():
 
 def test_inputs_broadcast_and_accept_tensors(stats):
     r_np = equilibrium_norm(stats["D"], stats["Q"], stats["kappa"], lr=LR, weight_decay=WD)
-    r_t = equilibrium_norm(torch.from_numpy(stats["D"]).float(), torch.from_numpy(stats["Q"]),
-                           torch.from_numpy(stats["kappa"]), lr=LR, weight_decay=WD)
+    r_t = equilibrium_norm(
+        torch.from_numpy(stats["D"]).float(),
+        torch.from_numpy(stats["Q"]),
+        torch.from_numpy(stats["kappa"]),
+        lr=LR,
+        weight_decay=WD,
+    )
     np.testing.assert_allclose(r_t, r_np, rtol=1e-6)
     scalar_kappa = equilibrium_norm(stats["D"], stats["Q"], 2.0, lr=LR, weight_decay=WD)
     np.testing.assert_array_equal(
-        scalar_kappa, equilibrium_norm(stats["D"], stats["Q"], np.full(len(stats["D"]), 2.0), lr=LR, weight_decay=WD))
+        scalar_kappa, equilibrium_norm(stats["D"], stats["Q"], np.full(len(stats["D"]), 2.0), lr=LR, weight_decay=WD)
+    )
     one = equilibrium_norm(0.1, 2.0, 1.5, lr=LR, weight_decay=WD)
     assert one.shape == (1,) and np.isclose(one[0], float(sgd_exact([0.1], [2.0], [1.5], LR, WD)[0]), rtol=1e-14)
     assert equilibrium_norm(np.array([]), np.array([]), 1.0, lr=LR, weight_decay=WD).shape == (0,)
 
 
 def test_non_finite_probe_rows_give_nan_not_an_error():
-    r, count = equilibrium_norm([0.1, np.nan, 0.1], [1.0, 1.0, 1.0], [1.0, 1.0, np.inf], lr=LR, weight_decay=WD,
-                                return_count=True)
+    r, count = equilibrium_norm(
+        [0.1, np.nan, 0.1], [1.0, 1.0, 1.0], [1.0, 1.0, np.inf], lr=LR, weight_decay=WD, return_count=True
+    )
     assert np.isfinite(r[0]) and np.isnan(r[1:]).all() and list(count) == [1, 0, 0]
 
 
@@ -156,23 +167,27 @@ def test_negative_heat_warns():
 def test_non_positive_kappa_warns_once_and_still_solves():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        r, count = equilibrium_norm([0.0, 0.0, 1.0], [1.0, 1.0, 1.0], [-1.0, -2.0, 1.0], lr=LR, weight_decay=WD,
-                                    return_count=True)
+        r, count = equilibrium_norm(
+            [0.0, 0.0, 1.0], [1.0, 1.0, 1.0], [-1.0, -2.0, 1.0], lr=LR, weight_decay=WD, return_count=True
+        )
     kappa_warnings = [w for w in caught if "kappa <= 0" in str(w.message)]
     assert len(kappa_warnings) == 1 and "2 probe(s)" in str(kappa_warnings[0].message)
     # -|a| R^4 - eta Q = 0 has no positive root: no equilibrium at all
     assert np.isnan(r[:2]).all() and list(count[:2]) == [0, 0] and np.isfinite(r[2])
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(lr=0.0), "lr > 0"),
-    (dict(lr=-1e-3), "lr > 0"),
-    (dict(lr=float("nan")), "lr to be finite"),
-    (dict(weight_decay=0.0), "weight_decay > 0"),
-    (dict(weight_decay=float("inf")), "weight_decay to be finite"),
-    (dict(momentum=1.0), "momentum < 1"),
-    (dict(momentum=-0.1), "momentum >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(lr=0.0), "lr > 0"),
+        (dict(lr=-1e-3), "lr > 0"),
+        (dict(lr=float("nan")), "lr to be finite"),
+        (dict(weight_decay=0.0), "weight_decay > 0"),
+        (dict(weight_decay=float("inf")), "weight_decay to be finite"),
+        (dict(momentum=1.0), "momentum < 1"),
+        (dict(momentum=-0.1), "momentum >= 0"),
+    ],
+)
 def test_bad_hyperparameters(kwargs, match):
     law = dict(lr=LR, weight_decay=WD) | kwargs
     with pytest.raises(ValueError, match=match):

@@ -4,6 +4,7 @@ Accuracy is measured against a 50-digit mpmath refinement of each known root
 on the *rounded* float64 coefficients (so the test sees only the solver's
 error, not the rounding of the polynomial), certified by a sign change.
 """
+
 from __future__ import annotations
 
 import threading
@@ -50,10 +51,9 @@ def random_quartic(rng: np.random.Generator, scale: float | None = None):
     if scale is None:
         scale = 10.0 ** rng.uniform(-4, 4)
     log_pos = rng.uniform(-2, 0) + np.cumsum(rng.uniform(np.log10(1.3), 1.2, n_pos))
-    pos = scale * 10.0 ** log_pos
+    pos = scale * 10.0**log_pos
     neg = -scale * 10.0 ** rng.uniform(-2, 2, n_neg)
-    pairs = [scale * 10.0 ** rng.uniform(-2, 2) * np.exp(1j * rng.uniform(0.3, np.pi - 0.3))
-             for _ in range(n_pairs)]
+    pairs = [scale * 10.0 ** rng.uniform(-2, 2) * np.exp(1j * rng.uniform(0.3, np.pi - 0.3)) for _ in range(n_pairs)]
     lead = rng.choice([-1.0, 1.0]) * 10.0 ** rng.uniform(-3, 3)
     return poly_from_roots(lead, list(pos) + list(neg), pairs), pos
 
@@ -127,8 +127,8 @@ def test_coefficients_spanning_1e_minus200_to_1e200(scale_exp, lead_exp):
     for _ in range(50):
         row, pos = random_quartic(rng, scale=1.0)
         exps = lead_exp + scale_exp * np.arange(5)
-        rows.append(row / abs(row[0]) * 10.0 ** exps)
-        largest.append(pos.max() * 10.0 ** scale_exp)
+        rows.append(row / abs(row[0]) * 10.0**exps)
+        largest.append(pos.max() * 10.0**scale_exp)
     coeffs = np.array(rows)
     assert np.isfinite(coeffs).all()
     magnitudes = np.abs(coeffs[coeffs != 0])
@@ -319,18 +319,20 @@ def test_coefficients_of_independent_random_exponents_match_exact_isolation():
 
 
 def test_degenerate_rows():
-    rows = np.array([
-        poly_from_roots(2.0, [3.0, -1.0, 0.5], []),       # cubic: a = 0
-        poly_from_roots(-1.5, [0.25, 4.0], []),            # quadratic: a = b = 0
-        [0.0, 0.0, 0.0, 2.0, -1.0],                        # linear: R = 1/2
-        [0.0, 0.0, 0.0, 2.0, 1.0],                         # linear, negative root
-        [0.0, 0.0, 0.0, 0.0, 3.0],                         # constant: no root
-        [0.0, 0.0, 0.0, 0.0, 0.0],                         # all zero: every R, so none reported
-        [1.0, -3.0, 2.0, 0.0, 0.0],                        # R^2 (R - 1)(R - 2): R = 0 is not positive
-        [1.0, 0.0, -4.0, 0.0, 0.0],                        # R^2 (R^2 - 4)
-        [0.0, 1.0, 0.0, 0.0, 0.0],                         # R^3 = 0
-        [1.0, 0.0, 1.0, 0.0, 1.0],                         # no real root at all
-    ])
+    rows = np.array(
+        [
+            poly_from_roots(2.0, [3.0, -1.0, 0.5], []),  # cubic: a = 0
+            poly_from_roots(-1.5, [0.25, 4.0], []),  # quadratic: a = b = 0
+            [0.0, 0.0, 0.0, 2.0, -1.0],  # linear: R = 1/2
+            [0.0, 0.0, 0.0, 2.0, 1.0],  # linear, negative root
+            [0.0, 0.0, 0.0, 0.0, 3.0],  # constant: no root
+            [0.0, 0.0, 0.0, 0.0, 0.0],  # all zero: every R, so none reported
+            [1.0, -3.0, 2.0, 0.0, 0.0],  # R^2 (R - 1)(R - 2): R = 0 is not positive
+            [1.0, 0.0, -4.0, 0.0, 0.0],  # R^2 (R^2 - 4)
+            [0.0, 1.0, 0.0, 0.0, 0.0],  # R^3 = 0
+            [1.0, 0.0, 1.0, 0.0, 1.0],  # no real root at all
+        ]
+    )
     roots, counts = solve_quartic(rows)
     np.testing.assert_allclose(roots[:3], [3.0, 4.0, 0.5], rtol=1e-15)
     np.testing.assert_array_equal(counts, [2, 2, 1, 0, 0, 0, 2, 1, 0, 0])
@@ -377,8 +379,14 @@ def test_input_kinds_agree(sample_rows):
             return self._a.__dlpack_device__()
 
     t = torch.tensor(sample_rows, requires_grad=True)
-    for value in (wide[:, 2:7], np.asfortranarray(sample_rows), sample_rows.tolist(), t,
-                  DLPackOnly(sample_rows), torch.tensor(sample_rows).T.contiguous().T):
+    for value in (
+        wide[:, 2:7],
+        np.asfortranarray(sample_rows),
+        sample_rows.tolist(),
+        t,
+        DLPackOnly(sample_rows),
+        torch.tensor(sample_rows).T.contiguous().T,
+    ):
         roots, counts = solve_quartic(value)
         np.testing.assert_array_equal(roots, expected_roots)
         np.testing.assert_array_equal(counts, expected_counts)
@@ -408,7 +416,9 @@ def test_cuda_tensor_input(sample_rows):
 
 
 def test_bad_shapes_and_types():
-    with pytest.raises(ValueError, match=r"solve_quartic: expected coeffs of shape \[N, 5\], got coeffs.shape=\(3, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"solve_quartic: expected coeffs of shape \[N, 5\], got coeffs.shape=\(3, 4\)"
+    ):
         solve_quartic(np.zeros((3, 4)))
     for shape in [(5,), (2, 5, 1), ()]:
         with pytest.raises(ValueError, match=r"coeffs.shape="):
@@ -496,8 +506,12 @@ def test_public_api():
 coefficient = st.one_of(st.just(0.0), st.floats(1e-3, 1e3), st.floats(-1e3, -1e-3))
 rows_strategy = st.lists(coefficient, min_size=5, max_size=5)
 # small integers make multiple and clustered roots likely; wide floats, roots of very different sizes
-awkward = st.one_of(st.integers(-3, 3).map(float), st.floats(1e-8, 1e8), st.floats(-1e8, -1e-8),
-                    st.sampled_from([1e-8, -1e-8, 0.5, -0.5]))
+awkward = st.one_of(
+    st.integers(-3, 3).map(float),
+    st.floats(1e-8, 1e8),
+    st.floats(-1e8, -1e-8),
+    st.sampled_from([1e-8, -1e-8, 0.5, -0.5]),
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -523,7 +537,7 @@ def test_reported_roots_have_tiny_residuals(row):
     if counts[0]:
         assert roots[0] > 0
         residual, magnitude = exact_residual(coeffs[0], float(roots[0]))
-        assert residual <= Fraction(TOUCH_FACTOR * 2.0 ** -52) * magnitude
+        assert residual <= Fraction(TOUCH_FACTOR * 2.0**-52) * magnitude
     ref_roots, ref_counts = solve_quartic_reference(coeffs)
     if ref_counts[0] and not counts[0]:
         # a root the reference finds must be one the solver calls absent only

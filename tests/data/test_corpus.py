@@ -1,5 +1,6 @@
 """Corpus input: documents -> token windows (stride policy, ownership, words), probed in context
 through the engine (streaming, resume) and the CLI; gensim's data files read without gensim."""
+
 from __future__ import annotations
 
 import json
@@ -7,15 +8,13 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
 import transformers
 
 from normfast.data.corpus import CorpusWindows, Document, read_documents, special_template, split_sentences
-from normfast.data.gensim_data import (gensim_test_data, lee_pairs, lee_similarity, simlex999, wordsim353)
+from normfast.data.gensim_data import gensim_test_data, lee_pairs, lee_similarity, simlex999, wordsim353
 from normfast.encoders import HFEncoder
 from normfast.engine.config import ProbeConfig
 from normfast.engine.probe import probe
-
 from tests._models import tiny_bert
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -94,15 +93,15 @@ def _check_windows(cw: CorpusWindows, tokenizer, docs) -> None:
     owned: dict[int, list[int]] = {}
     for w in cw:
         assert len(w) <= cw.max_length
-        assert list(w.input_ids[:len(pre)]) == pre and list(w.input_ids[len(w) - len(suf):]) == suf
+        assert list(w.input_ids[: len(pre)]) == pre and list(w.input_ids[len(w) - len(suf) :]) == suf
         content = slice(len(pre), len(w) - len(suf))
-        assert not any(w.is_special[content]) and all(w.is_special[:len(pre)])
+        assert not any(w.is_special[content]) and all(w.is_special[: len(pre)])
         assert len(w) - len(pre) - len(suf) <= cw.window
         full = tokenizer(docs[w.doc_index], add_special_tokens=False)
         ids = full["input_ids"]
         pos = list(w.doc_positions[content])
         assert pos == list(range(w.start, w.start + len(pos)))
-        assert list(w.input_ids[content]) == ids[pos[0]:pos[-1] + 1]
+        assert list(w.input_ids[content]) == ids[pos[0] : pos[-1] + 1]
         wids = full.word_ids()
         # a window never splits a word (no word here is longer than the window)
         assert pos[0] == 0 or wids[pos[0]] != wids[pos[0] - 1]
@@ -161,8 +160,16 @@ def test_windows_errors_and_fingerprint(tokenizer):
 
 
 def _config(**kw) -> ProbeConfig:
-    base = dict(params=r"encoder\.layer\.1\.", mode="jvp", output="tokens", batches=3, drift_batches=None,
-                batch_size=4, seed=3, chunk_size=3)
+    base = dict(
+        params=r"encoder\.layer\.1\.",
+        mode="jvp",
+        output="tokens",
+        batches=3,
+        drift_batches=None,
+        batch_size=4,
+        seed=3,
+        chunk_size=3,
+    )
     base.update(kw)
     return ProbeConfig(**base)
 
@@ -199,6 +206,7 @@ def test_corpus_run_streams_and_resumes(encoder, tokenizer, tmp_path, monkeypatc
     sents = split_sentences(DOCS)
     full = probe(encoder, cw, "simcse", sents, _config(), out=tmp_path / "full.parquet", progress=False)
     from normfast.data import schema  # corpus columns and metadata are registered output
+
     assert not schema.check_table(pq.read_schema(full.path)) + schema.check_metadata(full.metadata)
     assert {"doc_id", "word", "primary"} <= set(full.table.column_names)
     real = engine._jvp_chunk
@@ -216,8 +224,16 @@ def test_corpus_run_streams_and_resumes(encoder, tokenizer, tmp_path, monkeypatc
     seen = []
     monkeypatch.setattr(engine, "_jvp_chunk", lambda run, it, c, *a, **k: seen.append(c) or real(run, it, c, *a, **k))
     with pytest.raises(ValueError, match="different arguments"):  # other windows: another run
-        probe(encoder, CorpusWindows(DOCS, tokenizer, max_length=14), "simcse", sents, _config(), out=out,
-              resume=True, progress=False)
+        probe(
+            encoder,
+            CorpusWindows(DOCS, tokenizer, max_length=14),
+            "simcse",
+            sents,
+            _config(),
+            out=out,
+            resume=True,
+            progress=False,
+        )
     resumed = probe(encoder, cw, "simcse", sents, _config(), out=out, resume=True, progress=False)
     assert seen == list(range(2, -(-len(cw) // 3)))
     assert resumed.table.equals(full.table)
@@ -233,21 +249,79 @@ def test_cli_probe_corpus(tmp_path, tokenizer, capsys):
     corpus = tmp_path / "news.txt"
     corpus.write_text("\n".join(DOCS) + "\n")
     out = tmp_path / "news.parquet"
-    args = ["probe", str(folder), "--corpus", str(corpus), "--params", r"encoder\.layer\.1\.", "--batches", "2",
-            "--drift-batches", "0", "--batch-size", "3", "--window", "10", "--out", str(out), "--no-progress"]
+    args = [
+        "probe",
+        str(folder),
+        "--corpus",
+        str(corpus),
+        "--params",
+        r"encoder\.layer\.1\.",
+        "--batches",
+        "2",
+        "--drift-batches",
+        "0",
+        "--batch-size",
+        "3",
+        "--window",
+        "10",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(args) == 0
     t = pq.read_table(out)
     cw = CorpusWindows(DOCS, tokenizer, max_length=64, window=10)
     assert t.num_rows == cw.n_rows and t.column("primary").to_numpy(zero_copy_only=False).all()
     assert "wrote" in capsys.readouterr().out
-    assert main(["probe", str(folder), "--corpus", str(corpus), "--pooled", "--out", str(tmp_path / "x.parquet"),
-                 "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "probe",
+                str(folder),
+                "--corpus",
+                str(corpus),
+                "--pooled",
+                "--out",
+                str(tmp_path / "x.parquet"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "--pooled does not apply" in capsys.readouterr().err
-    assert main(["probe", str(folder), "--corpus", str(corpus), "--objective", "infonce",
-                 "--out", str(tmp_path / "y.parquet"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "probe",
+                str(folder),
+                "--corpus",
+                str(corpus),
+                "--objective",
+                "infonce",
+                "--out",
+                str(tmp_path / "y.parquet"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "needs --pairs" in capsys.readouterr().err
-    assert main(["probe", str(folder), "--probes", str(corpus), "--stride", "3",
-                 "--out", str(tmp_path / "z.parquet"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "probe",
+                str(folder),
+                "--probes",
+                str(corpus),
+                "--stride",
+                "3",
+                "--out",
+                str(tmp_path / "z.parquet"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -312,8 +386,9 @@ def test_corpus_run_shards_over_ranks(encoder, tokenizer, tmp_path):
     from tests.engine.runner.test_distributed import _spawn
 
     cw = CorpusWindows(DOCS, tokenizer, max_length=14)
-    single = probe(encoder, cw, "simcse", split_sentences(DOCS), _config(), out=tmp_path / "single.parquet",
-                   progress=False)
+    single = probe(
+        encoder, cw, "simcse", split_sentences(DOCS), _config(), out=tmp_path / "single.parquet", progress=False
+    )
     _spawn(_sharded_corpus_worker, str(tmp_path), str(minilm.get_model_path()))
     manifest = tmp_path / "sharded.manifest.json"
     assert manifest.exists() and len(json.loads(manifest.read_text())["parts"]) == 2

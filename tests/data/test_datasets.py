@@ -1,4 +1,5 @@
 """Offline data sources: WordNet 3.0, wordfreq, Fashion-MNIST, MiniLM, the WordNet collection."""
+
 from __future__ import annotations
 
 import gzip
@@ -10,9 +11,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from normfast.data import fashion_mnist, system, word_frequencies, wordnet, wordnet_collection
+from normfast.data import beir, fashion_mnist, system, word_frequencies, wordnet, wordnet_collection
 from normfast.encoders import packaged
-from normfast.data import beir
 
 needs_wordnet = pytest.mark.needs_data("wordnet")
 needs_fashion = pytest.mark.needs_data("fashion-mnist")
@@ -33,6 +33,7 @@ def wn():
 # ---------------------------------------------------------------------------
 # WordNet
 # ---------------------------------------------------------------------------
+
 
 @needs_wordnet
 def test_lexnames_generated_from_the_man_page():
@@ -56,9 +57,11 @@ def test_lexnames_parser_rejects_an_incomplete_table(tmp_path):
 def test_wordnet_reads_version_3_0_with_real_glosses(wn):
     assert wn.get_version() == "3.0"
     dog = wn.synset("dog.n.01")
-    assert wordnet.gloss(dog) == ("a member of the genus Canis (probably descended from the common "
-                             "wolf) that has been domesticated by man since prehistoric times; "
-                             "occurs in many breeds")
+    assert wordnet.gloss(dog) == (
+        "a member of the genus Canis (probably descended from the common "
+        "wolf) that has been domesticated by man since prehistoric times; "
+        "occurs in many breeds"
+    )
     assert wordnet.lemma_names(dog) == ["dog", "domestic dog", "Canis familiaris"]
     assert dog.lexname() == "noun.animal"  # read through the generated lexnames file
     # entity <- physical entity <- object <- whole <- living thing <- organism <- animal
@@ -85,13 +88,13 @@ def test_wordnet_cache_rebuilds_when_incomplete(wn_cache, tmp_path):
     root = wordnet.prepare_wordnet(cache=cache)
     (root / "corpora" / "wordnet" / "data.noun").write_text("truncated")
     assert wordnet.prepare_wordnet(cache=cache) == root
-    assert (root / "corpora" / "wordnet" / "data.noun").stat().st_size == \
-        (system.WORDNET_DIR / "data.noun").stat().st_size
+    assert (root / "corpora" / "wordnet" / "data.noun").stat().st_size == (
+        system.WORDNET_DIR / "data.noun"
+    ).stat().st_size
 
 
 def test_wordnet_missing_names_the_packages(tmp_path):
-    with pytest.raises(FileNotFoundError,
-                       match="apt-get install wordnet-base wordnet-sense-index"):
+    with pytest.raises(FileNotFoundError, match="apt-get install wordnet-base wordnet-sense-index"):
         wordnet.load_wordnet(tmp_path, cache=tmp_path / "cache")
 
 
@@ -118,6 +121,7 @@ def test_noun_synsets(wn):
 # ---------------------------------------------------------------------------
 # Word frequencies
 # ---------------------------------------------------------------------------
+
 
 def test_zipf_ordering():
     the, dog, aardvark = word_frequencies.zipf_frequency(["the", "dog", "aardvark"])
@@ -147,6 +151,7 @@ def test_wordfreq_unknown_language():
 # ---------------------------------------------------------------------------
 # Fashion-MNIST
 # ---------------------------------------------------------------------------
+
 
 @needs_fashion
 def test_fashion_mnist_shapes_and_labels():
@@ -198,6 +203,7 @@ def test_idx_parser_validates(tmp_path):
 # MiniLM
 # ---------------------------------------------------------------------------
 
+
 def test_minilm_path_is_a_model_folder():
     path = packaged.minilm_path()
     config = json.loads((path / "config.json").read_text())
@@ -215,6 +221,7 @@ def test_minilm_missing_names_the_package(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------
 # WordNet definition -> term collection
 # ---------------------------------------------------------------------------
+
 
 @needs_wordnet
 def test_wordnet_collection_is_deterministic_and_well_formed(wn, tmp_path):
@@ -249,10 +256,10 @@ def test_wordnet_collection_is_deterministic_and_well_formed(wn, tmp_path):
 
 @needs_wordnet
 def test_wordnet_collection_depth_limits(wn, tmp_path):
-    out = wordnet_collection.build_wordnet_collection(tmp_path / "d", n_queries=10, n_distractors=10, wn=wn,
-                                      min_depth=9, max_depth=10, buckets=(("deep", 9, None),))
+    out = wordnet_collection.build_wordnet_collection(
+        tmp_path / "d", n_queries=10, n_distractors=10, wn=wn, min_depth=9, max_depth=10, buckets=(("deep", 9, None),)
+    )
     depths = [m["depth"] for m in beir.load_beir(out).metadata.values()]
     assert len(depths) == 10 and all(9 <= d <= 10 for d in depths)
     with pytest.raises(ValueError, match="stratum 'shallow' has only 0 eligible"):
-        wordnet_collection.build_wordnet_collection(tmp_path / "e", n_queries=6, n_distractors=0, wn=wn,
-                                    min_depth=12)
+        wordnet_collection.build_wordnet_collection(tmp_path / "e", n_queries=6, n_distractors=0, wn=wn, min_depth=12)

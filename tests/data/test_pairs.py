@@ -1,4 +1,5 @@
 """Pair sources: file round trips, virtual batches, errors."""
+
 from __future__ import annotations
 
 import json
@@ -7,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from normfast.data.pairs import PairSource, virtual_batches
+from normfast.data.batches import virtual_batches
+from normfast.data.pairs import PairSource
 
-PAIRS = [("a cat", "a kitten"), ("a dog", "a puppy"), ("the sea", "the ocean"), ("red", "crimson"),
-         ("fast", "quick")]
+PAIRS = [("a cat", "a kitten"), ("a dog", "a puppy"), ("the sea", "the ocean"), ("red", "crimson"), ("fast", "quick")]
 
 
 def write_jsonl(path, records, blank_lines=False):
@@ -32,8 +33,7 @@ def test_jsonl_pairs_round_trip(tmp_path):
 
 
 def test_jsonl_custom_keys_labels_and_items(tmp_path):
-    records = [{"sentence": "x", "y": "b"}, {"sentence": "y", "y": "a"},
-               {"sentence": "z", "y": "b"}]
+    records = [{"sentence": "x", "y": "b"}, {"sentence": "y", "y": "a"}, {"sentence": "z", "y": "b"}]
     path = write_jsonl(tmp_path / "l.jsonl", records)
     src = PairSource.from_jsonl(path, label_key="y", text_key="sentence")
     assert src.kind == "labels" and src.classes == ["b", "a"]
@@ -93,8 +93,9 @@ def test_virtual_batches_are_deterministic_and_distinct():
     full = virtual_batches(5, 2, 5, seed=0)
     assert all(sorted(x.tolist()) == [0, 1, 2, 3, 4] for x in full)
     src = PairSource.from_iterable(PAIRS)
-    assert all(np.array_equal(x, y) for x, y in zip(src.virtual_batches(3, 2, seed=9),
-                                                    virtual_batches(5, 3, 2, seed=9)))
+    assert all(
+        np.array_equal(x, y) for x, y in zip(src.virtual_batches(3, 2, seed=9), virtual_batches(5, 3, 2, seed=9))
+    )
 
 
 def test_virtual_batches_errors():

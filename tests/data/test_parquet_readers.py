@@ -4,6 +4,7 @@ same rows and types as ``ProbeResult.load``. The code blocks of docs/view.md are
 every Python and SQL block there runs here, on a real corpus run laid out under the names the
 docs use (``runs/news.parquet``; ``runs/big.rank*-of-*.parquet``, more than ten parts so that a
 glob's order is not the item order; ``runs/live.parquet.parts/`` of an interrupted run)."""
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,10 @@ import pytest
 from normfast.data.corpus import CorpusWindows, split_sentences
 from normfast.data.io import read_metadata
 from normfast.encoders import HFEncoder
-from normfast.engine.report.aggregate import aggregate
 from normfast.engine.config import ProbeConfig
 from normfast.engine.probe import probe
+from normfast.engine.report.aggregate import aggregate
 from normfast.engine.result import ProbeResult
-
 from tests._models import tiny_bert
 from tests.conftest import ROOT
 from tests.engine.report.test_view import DOCS, shard_run
@@ -37,8 +37,15 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 DOC = ROOT / "docs" / "view.md"
 N_PARTS = 12
 #: Arrow type of a run column -> the type DuckDB reads it as
-DUCKDB_TYPES = {"int64": "BIGINT", "int32": "INTEGER", "int8": "TINYINT", "double": "DOUBLE", "bool": "BOOLEAN",
-                "string": "VARCHAR", "list<element: double>": "DOUBLE[]"}
+DUCKDB_TYPES = {
+    "int64": "BIGINT",
+    "int32": "INTEGER",
+    "int8": "TINYINT",
+    "double": "DOUBLE",
+    "bool": "BOOLEAN",
+    "string": "VARCHAR",
+    "list<element: double>": "DOUBLE[]",
+}
 
 
 def blocks(language: str) -> list[str]:
@@ -56,8 +63,16 @@ def layout(tmp_path_factory, minilm_tokenizer, monkeypatch_module) -> Path:
     docs = DOCS * 2
     windows = CorpusWindows(docs, minilm_tokenizer, max_length=14, stride=7)
     enc = HFEncoder(tiny_bert(minilm_tokenizer), minilm_tokenizer, max_length=14)
-    config = ProbeConfig(params=r"encoder\.layer\.1\.", mode="jvp", output="tokens", batches=3, drift_batches=None,
-                         batch_size=4, seed=1, chunk_size=3)
+    config = ProbeConfig(
+        params=r"encoder\.layer\.1\.",
+        mode="jvp",
+        output="tokens",
+        batches=3,
+        drift_batches=None,
+        batch_size=4,
+        seed=1,
+        chunk_size=3,
+    )
     sents = split_sentences(docs)
     news = folder / "runs" / "news.parquet"
     probe(enc, windows, "simcse", sents, config, out=news, progress=False)

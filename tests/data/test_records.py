@@ -1,4 +1,5 @@
 """normfast.data.records: the one reader of JSON-lines and tab-separated files."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,17 +11,19 @@ from normfast.data.records import RecordError, read_jsonl, read_tsv
 def test_jsonl_skips_blank_lines_and_counts_every_line(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text('{"text": "a", "id": 7}\n\n  \n{"text": "b"}\n')
-    assert list(read_jsonl(path, fn="f", text_fields=("text",))) == [
-        (1, {"text": "a", "id": 7}), (4, {"text": "b"})]
+    assert list(read_jsonl(path, fn="f", text_fields=("text",))) == [(1, {"text": "a", "id": 7}), (4, {"text": "b"})]
 
 
-@pytest.mark.parametrize("content, pattern", [
-    ('{"text": "a"}\n{"text": null}\n', r"f: .*r\.jsonl:2: field 'text' must be a string, got NoneType"),
-    ('{"text": "a"}\n{"text": 3}\n', r"r\.jsonl:2: field 'text' must be a string, got int"),
-    ('{"text": "a"}\n{"body": "b"}\n', r"r\.jsonl:2: missing field 'text' \(fields present: \['body'\]\)"),
-    ('{"text": "a"}\n{"text": \n', r"r\.jsonl:2: not valid JSON"),
-    ('"a"\n', r"r\.jsonl:1: expected a JSON object, got str"),
-])
+@pytest.mark.parametrize(
+    "content, pattern",
+    [
+        ('{"text": "a"}\n{"text": null}\n', r"f: .*r\.jsonl:2: field 'text' must be a string, got NoneType"),
+        ('{"text": "a"}\n{"text": 3}\n', r"r\.jsonl:2: field 'text' must be a string, got int"),
+        ('{"text": "a"}\n{"body": "b"}\n', r"r\.jsonl:2: missing field 'text' \(fields present: \['body'\]\)"),
+        ('{"text": "a"}\n{"text": \n', r"r\.jsonl:2: not valid JSON"),
+        ('"a"\n', r"r\.jsonl:1: expected a JSON object, got str"),
+    ],
+)
 def test_jsonl_errors_name_the_file_the_line_and_the_field(tmp_path, content, pattern):
     path = tmp_path / "r.jsonl"
     path.write_text(content)

@@ -1,5 +1,6 @@
 """The Parquet output contract (normfast.data.schema): what the engine writes is what is
 registered, the registry is versioned, and the docs' "Output format" page is rendered from it."""
+
 from __future__ import annotations
 
 import warnings
@@ -15,9 +16,11 @@ from normfast.data import schema
 
 ROOT = Path(__file__).resolve().parents[2]
 
-HOW_TO = ("to change the output format: edit normfast/data/schema.py (COLUMNS / METADATA_KEYS), bump "
-          "SCHEMA_VERSION, add the new version and `python -m normfast.data.schema --fingerprint` to "
-          "RELEASED, one line in CHANGES (the docs' Output format page renders the registry itself)")
+HOW_TO = (
+    "to change the output format: edit normfast/data/schema.py (COLUMNS / METADATA_KEYS), bump "
+    "SCHEMA_VERSION, add the new version and `python -m normfast.data.schema --fingerprint` to "
+    "RELEASED, one line in CHANGES (the docs' Output format page renders the registry itself)"
+)
 
 
 def test_the_registry_changes_only_with_a_new_version():
@@ -26,7 +29,8 @@ def test_the_registry_changes_only_with_a_new_version():
     assert released is not None, f"SCHEMA_VERSION {schema.SCHEMA_VERSION} is not in RELEASED; {HOW_TO}"
     assert current == released, (
         f"the columns or metadata keys changed (fingerprint {current}) but SCHEMA_VERSION is still "
-        f"{schema.SCHEMA_VERSION} (released as {released}); {HOW_TO}")
+        f"{schema.SCHEMA_VERSION} (released as {released}); {HOW_TO}"
+    )
     assert schema.SCHEMA_VERSION in schema.CHANGES, f"CHANGES has no line for version {schema.SCHEMA_VERSION}"
     assert max(schema.RELEASED) == schema.SCHEMA_VERSION
     names = [c.name for c in schema.COLUMNS]
@@ -51,18 +55,22 @@ def _probe(tmp_path: Path, name: str, optimizer, output: str, **config):
     g = torch.Generator().manual_seed(1)
     items = torch.randn(5, 3, 6, generator=g)
     pairs = normfast.PairSource.from_tensors(torch.randn(12, 3, 6, generator=g), torch.randn(12, 3, 6, generator=g))
-    cfg = normfast.ProbeConfig(optimizer=optimizer, output=output, batches=3, drift_batches=8, batch_size=4,
-                               chunk_size=2, **config)
+    cfg = normfast.ProbeConfig(
+        optimizer=optimizer, output=output, batches=3, drift_batches=8, batch_size=4, chunk_size=2, **config
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return normfast.probe(enc, items, "infonce", pairs, cfg, out=tmp_path / f"{name}.parquet", progress=False)
 
 
-@pytest.mark.parametrize("name, optimizer, output", [
-    ("sgd", "sgd", "pooled"),
-    ("adamw", "adamw", "tokens"),
-    ("mixed", {r"blocks\.0\.": "sgd", r"blocks\.2\.": "adamw"}, "pooled"),
-])
+@pytest.mark.parametrize(
+    "name, optimizer, output",
+    [
+        ("sgd", "sgd", "pooled"),
+        ("adamw", "adamw", "tokens"),
+        ("mixed", {r"blocks\.0\.": "sgd", r"blocks\.2\.": "adamw"}, "pooled"),
+    ],
+)
 def test_what_the_engine_writes_is_registered(tmp_path, name, optimizer, output):
     result = _probe(tmp_path, name, optimizer, output)
     file_schema = pq.read_schema(result.path)
@@ -91,7 +99,8 @@ def test_check_table_names_an_unregistered_or_retyped_column():
     assert any("'norm' is float" in p for p in problems)
     assert any("'heat_rank'" in p and "not registered" in p for p in problems)
     assert schema.check_metadata({"model": "x", "colour": "A"}) == [
-        "metadata key 'colour' is not registered in normfast/data/schema.py METADATA_KEYS"]
+        "metadata key 'colour' is not registered in normfast/data/schema.py METADATA_KEYS"
+    ]
 
 
 def test_docs_output_format_is_rendered_from_the_registry():

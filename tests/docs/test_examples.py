@@ -6,6 +6,7 @@
   command-line parser;
 * each ``python -m bench run NAME`` names an experiment of the runner.
 """
+
 from __future__ import annotations
 
 import ast
@@ -87,8 +88,8 @@ def _command_lines() -> list[tuple[str, list[str]]]:
                         segment.pop(0)  # VAR=value prefixes
                     if segment[:1] == ["normfast"]:
                         argv = segment[1:]
-                    elif "-m" in segment and segment[segment.index("-m") + 1:][:1] == ["normfast"]:
-                        argv = segment[segment.index("-m") + 2:]
+                    elif "-m" in segment and segment[segment.index("-m") + 1 :][:1] == ["normfast"]:
+                        argv = segment[segment.index("-m") + 2 :]
                     else:
                         argv = None
                     if argv is not None:
@@ -135,7 +136,10 @@ def test_example_runs(where, tmp_path, monkeypatch, capsys):
     if "runs/words.parquet" in code:
         assert (tmp_path / "runs" / "words.parquet").is_file()
         assert sorted(p.name for p in (tmp_path / "runs").glob("*.png")) == [
-            "probe_heat.png", "probe_norm_vs_req.png", "probe_tokens.png"]
+            "probe_heat.png",
+            "probe_norm_vs_req.png",
+            "probe_tokens.png",
+        ]
         lists = [ln for ln in printed.splitlines() if ln.startswith(("hottest tokens", "coldest tokens"))]
         assert len(lists) == 2
         for ln in lists:
@@ -174,4 +178,5 @@ def test_bench_commands_name_an_experiment():
     unknown = [(str(p), name) for p, name in found if name not in EXPERIMENTS]
     assert not unknown, f"`python -m bench run NAME` with an unknown NAME: {unknown}"
     assert {name for _, name in found} == set(EXPERIMENTS), (
-        f"experiments the docs never show how to run: {sorted(set(EXPERIMENTS) - {n for _, n in found})}")
+        f"experiments the docs never show how to run: {sorted(set(EXPERIMENTS) - {n for _, n in found})}"
+    )

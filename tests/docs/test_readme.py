@@ -1,5 +1,6 @@
 """The README's promises: its results tables equal the committed JSON, and its test
 command is the one CI runs."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_tables_match_bench_results():
-    proc = subprocess.run([sys.executable, "-m", "bench", "tables", "--check", "README.md"], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "tables", "--check", "README.md"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"<!-- results:([\w-]+) -->", readme)

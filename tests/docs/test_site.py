@@ -2,6 +2,7 @@
 (a results table from the committed JSON, a command's --help, the output format, the API
 blocks), no committed result is left off the site, and every figure a page shows exists.
 `mkdocs build --strict` itself runs in CI (.ci/run)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,8 +40,13 @@ def test_every_marker_renders(page):
 
 
 def test_an_unknown_marker_fails_the_build():
-    for bad in ("<!-- results:no_such_table -->", "<!-- cli:no_such_command -->", "<!-- schema:input -->",
-                "<!-- include:no/such/file.md -->", "<!-- api:no_such_name -->"):
+    for bad in (
+        "<!-- results:no_such_table -->",
+        "<!-- cli:no_such_command -->",
+        "<!-- schema:input -->",
+        "<!-- include:no/such/file.md -->",
+        "<!-- api:no_such_name -->",
+    ):
         with pytest.raises(hooks.MarkerError):
             hooks.expand(f"# page\n\n{bad}\n", "test.md")
 

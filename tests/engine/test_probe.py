@@ -1,6 +1,7 @@
 """The probe engine end to end: statistics against finite differences, κ, head mode vs
 jvp mode, token/pooled probes on HF and open_clip models, streaming + resume, loop
 orders, presets, and the errors users hit first."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,12 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from tests._models import tiny_bert, tiny_clip
+from normfast.core.reference import brute_force_stats
+from normfast.data.batches import virtual_batches
+from normfast.data.pairs import PairSource
 from normfast.encoders import HFEncoder, ModuleEncoder, OpenCLIPEncoder
 from normfast.engine.directions.objectives import InfoNCE, Objective
-from normfast.data.pairs import PairSource, virtual_batches
 from normfast.engine.probe import ProbeConfig, ProbeResult, probe
-from normfast.core.reference import brute_force_stats
+from tests._models import tiny_bert, tiny_clip
 
 transformers = pytest.importorskip("transformers")
 open_clip = pytest.importorskip("open_clip")
@@ -37,8 +39,9 @@ def mlp(bias: bool, dtype=torch.float32, seed: int = 0, head: bool = True) -> Mo
 def toy_data(n_items=13, n_pairs=60, dtype=torch.float32, seed=1):
     g = torch.Generator().manual_seed(seed)
     items = [torch.randn(6, generator=g, dtype=dtype) for _ in range(n_items)]
-    pairs = [(torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype))
-             for _ in range(n_pairs)]
+    pairs = [
+        (torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype)) for _ in range(n_pairs)
+    ]
     return items, pairs
 
 
@@ -61,9 +64,18 @@ def test_jvp_statistics_match_finite_differences_in_float64():
     enc = mlp(bias=True, dtype=torch.float64)
     items, pairs = toy_data(dtype=torch.float64)
     obj = InfoNCE(0.2)
-    cfg = ProbeConfig(drift_batches=None, uncertainty=False, params="all", mode="jvp", batches=5, batch_size=8,
-                      chunk_size=4, lr=0.1,
-                      weight_decay=0.01, seed=3)
+    cfg = ProbeConfig(
+        drift_batches=None,
+        uncertainty=False,
+        params="all",
+        mode="jvp",
+        batches=5,
+        batch_size=8,
+        chunk_size=4,
+        lr=0.1,
+        weight_decay=0.01,
+        seed=3,
+    )
     res = probe(enc, items, obj, pairs, cfg, progress=False)
 
     source = PairSource.from_iterable(pairs)
@@ -102,11 +114,24 @@ def test_jvp_statistics_match_finite_differences_in_float64():
 def test_kappa_is_two_for_bias_free_two_layer_relu():
     enc = mlp(bias=False)
     items, pairs = toy_data()
-    res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=3, batch_size=8), progress=False)
+    res = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(drift_batches=DRIFT_BATCHES, batches=3, batch_size=8),
+        progress=False,
+    )
     np.testing.assert_allclose(res.column("kappa"), 2.0, rtol=1e-5)
     # with biases the network is no longer homogeneous: kappa moves away from 2
-    res_b = probe(mlp(bias=True), items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=3, batch_size=8),
-                  progress=False)
+    res_b = probe(
+        mlp(bias=True),
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(drift_batches=DRIFT_BATCHES, batches=3, batch_size=8),
+        progress=False,
+    )
     assert np.max(np.abs(res_b.column("kappa") - 2.0)) > 1e-3
 
 
@@ -129,12 +154,13 @@ def test_head_mode_equals_jvp_mode_on_open_clip_projection():
     text = enc.with_tower("text")
     g = torch.Generator().manual_seed(0)
     images = [torch.randn(3, 32, 32, generator=g) for _ in range(5)]
-    captions = ["a photo of a cat", "a dog", "two birds", "red car", "blue sky", "green tree", "a house",
-                "the sea"]
+    captions = ["a photo of a cat", "a dog", "two birds", "red car", "blue sky", "green tree", "a house", "the sea"]
     pairs = [(torch.randn(3, 32, 32, generator=g), c) for c in captions]
     out = {}
     for mode in ("jvp", "head"):
-        cfg = ProbeConfig(drift_batches=DRIFT_BATCHES, params="head", mode=mode, batches=3, batch_size=4, output="tokens")
+        cfg = ProbeConfig(
+            drift_batches=DRIFT_BATCHES, params="head", mode=mode, batches=3, batch_size=4, output="tokens"
+        )
         out[mode] = probe(enc, images, "clip", pairs, cfg, pair_encoder=text, progress=False)
     assert len(out["head"]) == 5 * 17  # class token + 16 patches per image
     for k in ("D", "V2", "Q", "kappa", "r_eq"):
@@ -154,7 +180,9 @@ def tokenizer():
 def test_bert_token_and_pooled_probes(tokenizer, output):
     enc = HFEncoder(tiny_bert(tokenizer), tokenizer)
     words = ["apple", "river", "democracy", "the", "quantum", "blue"]
-    cfg = ProbeConfig(drift_batches=DRIFT_BATCHES, params=r"encoder\.layer\.1\.", output=output, batches=3, batch_size=4, chunk_size=4)
+    cfg = ProbeConfig(
+        drift_batches=DRIFT_BATCHES, params=r"encoder\.layer\.1\.", output=output, batches=3, batch_size=4, chunk_size=4
+    )
     res = probe(enc, words, "simcse", None, cfg, progress=False)
     assert res.metadata["cut_stage"] == 2  # embeddings, layer 0 frozen and cached
     if output == "tokens":
@@ -223,13 +251,23 @@ def test_resume_after_injected_failure_equals_uninterrupted(tmp_path, monkeypatc
         probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, progress=False)
     # a different configuration may not be mixed into the unfinished run
     with pytest.raises(ValueError, match="different arguments"):
-        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=5, batch_size=8, chunk_size=5), out=out,
-              resume=True, progress=False)
+        probe(
+            enc,
+            items,
+            InfoNCE(0.1),
+            pairs,
+            ProbeConfig(drift_batches=DRIFT_BATCHES, batches=5, batch_size=8, chunk_size=5),
+            out=out,
+            resume=True,
+            progress=False,
+        )
 
     calls["n"] = 0
     monkeypatch.setattr(engine, "_jvp_chunk", real_chunk)
     seen = []
-    monkeypatch.setattr(engine, "_jvp_chunk", lambda run, it, c, *a, **k: seen.append(c) or real_chunk(run, it, c, *a, **k))
+    monkeypatch.setattr(
+        engine, "_jvp_chunk", lambda run, it, c, *a, **k: seen.append(c) or real_chunk(run, it, c, *a, **k)
+    )
     resumed = probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, resume=True, progress=False)
     assert seen == [3, 4]  # finished chunks are not recomputed
     assert resumed.table.equals(full.table)
@@ -241,13 +279,41 @@ def test_resume_after_injected_failure_equals_uninterrupted(tmp_path, monkeypatc
 def test_same_seed_same_table_and_chunking_invariance():
     enc = mlp(bias=True)
     items, pairs = toy_data()
-    a = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=5), progress=False)
-    b = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=5), progress=False)
+    a = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=5),
+        progress=False,
+    )
+    b = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=5),
+        progress=False,
+    )
     assert a.table.equals(b.table)
-    c = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=13), progress=False)
+    c = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=13),
+        progress=False,
+    )
     for k in STATS:
         assert rel(a.column(k), c.column(k)) < 1e-5
-    d = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, seed=1), progress=False)
+    d = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, seed=1),
+        progress=False,
+    )
     assert not np.allclose(a.column("D"), d.column("D"))
 
 
@@ -257,8 +323,14 @@ def test_directions_outer_loop_order_gives_the_same_table():
     base = ProbeConfig(drift_batches=DRIFT_BATCHES, batches=6, batch_size=8, chunk_size=4, directions_per_pass=2)
     a = probe(enc, items, InfoNCE(0.1), pairs, base, progress=False)
     n_params = sum(p.numel() for p in enc.parameters())
-    tiny_budget = ProbeConfig(drift_batches=DRIFT_BATCHES, batches=6, batch_size=8, chunk_size=4, directions_per_pass=2,
-                              memory_budget_mb=2.5 * n_params * 4 * 2 / 2**20)
+    tiny_budget = ProbeConfig(
+        drift_batches=DRIFT_BATCHES,
+        batches=6,
+        batch_size=8,
+        chunk_size=4,
+        directions_per_pass=2,
+        memory_budget_mb=2.5 * n_params * 4 * 2 / 2**20,
+    )
     with pytest.warns(UserWarning, match="directions-outer"):
         b = probe(enc, items, InfoNCE(0.1), pairs, tiny_budget, progress=False)
     for k in (*STATS, "kappa", "r_eq"):
@@ -268,10 +340,22 @@ def test_directions_outer_loop_order_gives_the_same_table():
 def test_batched_directions_equal_one_at_a_time():
     enc = mlp(bias=True, dtype=torch.float64)
     items, pairs = toy_data(dtype=torch.float64)
-    a = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=5, batch_size=8, directions_per_pass=5),
-              progress=False)
-    b = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=5, batch_size=8, directions_per_pass=1),
-              progress=False)
+    a = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(drift_batches=DRIFT_BATCHES, batches=5, batch_size=8, directions_per_pass=5),
+        progress=False,
+    )
+    b = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(drift_batches=DRIFT_BATCHES, batches=5, batch_size=8, directions_per_pass=1),
+        progress=False,
+    )
     for k in STATS:
         assert rel(a.column(k), b.column(k)) < 1e-10
 
@@ -279,13 +363,29 @@ def test_batched_directions_equal_one_at_a_time():
 def test_adamw_and_mixed_groups():
     enc = mlp(bias=True, dtype=torch.float64)
     items, pairs = toy_data(dtype=torch.float64)
-    w = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, optimizer="adamw", batches=4, batch_size=8),
-              progress=False)
+    w = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(drift_batches=DRIFT_BATCHES, optimizer="adamw", batches=4, batch_size=8),
+        progress=False,
+    )
     assert {"D_w", "V2_w", "Q_w"} <= set(w.table.column_names) and "D" not in w.table.column_names
     assert w.metadata["branch"] == "w" and np.all(np.isfinite(w.column("r_eq")))
-    mixed = probe(enc, items, InfoNCE(0.1), pairs,
-                  ProbeConfig(drift_batches=DRIFT_BATCHES, optimizer={r"blocks\.0\.": "sgd", r"blocks\.2\.": "adamw"}, batches=4, batch_size=8),
-                  progress=False)
+    mixed = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(
+            drift_batches=DRIFT_BATCHES,
+            optimizer={r"blocks\.0\.": "sgd", r"blocks\.2\.": "adamw"},
+            batches=4,
+            batch_size=8,
+        ),
+        progress=False,
+    )
     assert mixed.metadata["branch"] == "uw"
     assert {"D", "D_w", "C_uw"} <= set(mixed.table.column_names)
     # AdamW directions are scale-free: scaling the loss leaves them unchanged up to eps
@@ -316,7 +416,14 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="empty probe set"):
         probe(enc, [], InfoNCE(0.1), pairs, progress=False)
     with pytest.raises(ValueError, match="matches no trainable parameter"):
-        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, params=r"^nonexistent"), progress=False)
+        probe(
+            enc,
+            items,
+            InfoNCE(0.1),
+            pairs,
+            ProbeConfig(drift_batches=DRIFT_BATCHES, params=r"^nonexistent"),
+            progress=False,
+        )
     with pytest.raises(ValueError, match="M \\(virtual batches\\) must be an integer >= 2"):
         probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=1), progress=False)
     frozen = mlp(bias=True)
@@ -327,7 +434,14 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="needs pairs"):
         probe(enc, items, InfoNCE(0.1), None, progress=False)
     with pytest.raises(ValueError, match="mode='head'"):
-        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, params="all", mode="head"), progress=False)
+        probe(
+            enc,
+            items,
+            InfoNCE(0.1),
+            pairs,
+            ProbeConfig(drift_batches=DRIFT_BATCHES, params="all", mode="head"),
+            progress=False,
+        )
 
 
 def test_non_scale_invariant_objective_warns():
@@ -340,14 +454,28 @@ def test_non_scale_invariant_objective_warns():
 
     items, pairs = toy_data()
     with pytest.warns(UserWarning, match="dot"):
-        probe(mlp(bias=True), items, DotLoss(), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=2, batch_size=8), progress=False)
+        probe(
+            mlp(bias=True),
+            items,
+            DotLoss(),
+            pairs,
+            ProbeConfig(drift_batches=DRIFT_BATCHES, batches=2, batch_size=8),
+            progress=False,
+        )
 
 
 def test_zero_norm_probe_is_reported_not_dropped():
     enc = mlp(bias=False)
     items, pairs = toy_data()
     items[2] = torch.zeros(6)  # bias-free network: embedding exactly zero
-    res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(drift_batches=DRIFT_BATCHES, batches=3, batch_size=8), progress=False)
+    res = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(drift_batches=DRIFT_BATCHES, batches=3, batch_size=8),
+        progress=False,
+    )
     assert len(res) == len(items)
     assert not res.column("valid")[2] and res.column("reason")[2] == "zero_norm"
     assert np.isnan(res.column("D")[2]) and np.isnan(res.column("r_eq")[2])

@@ -1,4 +1,5 @@
 """E1's radial-budget ledger and the law's per-step terms (bench.experiments.e1)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,9 +13,22 @@ from bench.experiments.e1.ledger import RealizedLedger, estimated_terms, realize
 from bench.experiments.e1.training import train
 
 # a run whose window is stationary at test size: 2ηλκ = 0.02 per step (a relaxation time of ~50 steps)
-TINY = E1Config(concepts=8, items_per_concept=4, d_in=8, hidden=16, d_out=8, n_pairs=800, batch_size=16,
-                lr=0.05, weight_decay=0.1, heavyball_lr=0.005, steps=1500, window=0.4, record_every=10,
-                probe_every=50)
+TINY = E1Config(
+    concepts=8,
+    items_per_concept=4,
+    d_in=8,
+    hidden=16,
+    d_out=8,
+    n_pairs=800,
+    batch_size=16,
+    lr=0.05,
+    weight_decay=0.1,
+    heavyball_lr=0.005,
+    steps=1500,
+    window=0.4,
+    record_every=10,
+    probe_every=50,
+)
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +39,10 @@ def tiny_data():
 @pytest.fixture(scope="module")
 def tiny_runs(tiny_data):
     torch.set_num_threads(1)
-    return {v: train(VARIANT_SPECS[v], TINY, tiny_data, ledger=True, fresh_meter=(v == "mlp"), progress=False)
-            for v in ("mlp", "table")}
+    return {
+        v: train(VARIANT_SPECS[v], TINY, tiny_data, ledger=True, fresh_meter=(v == "mlp"), progress=False)
+        for v in ("mlp", "table")
+    }
 
 
 def test_dense_meter_samples_the_steps_own_batch(tiny_runs):
@@ -50,7 +66,7 @@ def test_table_terms_are_exact(tiny_runs):
     m = tiny_runs["table"].ledger.means()
     decay = np.abs(m["decay"])
     assert np.max(np.abs(m["remainder"]) / decay) < 1e-9
-    assert np.max(np.abs(m["task1"]) / decay) < 1e-6   # float32 steps: the split is exact to their rounding
+    assert np.max(np.abs(m["task1"]) / decay) < 1e-6  # float32 steps: the split is exact to their rounding
     eta, lam = TINY.lr, TINY.weight_decay
     np.testing.assert_allclose(m["decay_first_order"], -2 * eta * lam * m["R2"], rtol=1e-9)
     assert np.all(m["task2"] > 0)
@@ -128,8 +144,8 @@ def test_curvature_heat_matches_the_realized_remainder(tiny_runs, tiny_data):
     window (SGD, where one step is the long-run step): same size, and it ranks the items alike."""
     from bench.experiments.e1.data import probe_config
     from normfast.data.pairs import PairSource
-    from normfast.engine.trajectory.curvature import curvature_heat
     from normfast.engine.directions.objectives import InfoNCE
+    from normfast.engine.trajectory.curvature import curvature_heat
 
     run = tiny_runs["mlp"]
     n = tiny_data.x.shape[0]
@@ -142,15 +158,15 @@ def test_curvature_heat_matches_the_realized_remainder(tiny_runs, tiny_data):
     realized = run.ledger.means()["remainder"]
     assert 0.5 < est["c"].mean() / realized.mean() < 1.5
     assert np.corrcoef(est["c"], realized)[0, 1] > 0.6
-    np.testing.assert_allclose(est["Q_curv"], est["norm"] ** 2 * est["c"] / TINY.lr ** 2)
+    np.testing.assert_allclose(est["Q_curv"], est["norm"] ** 2 * est["c"] / TINY.lr**2)
 
 
 def test_virtual_trajectory_is_torch_training_on_a_copy(tiny_data):
     """The trajectory is plain torch SGD on its virtual batches, run on a copy (the model is untouched),
     and probed at evenly spaced steps."""
-    from bench.experiments.e1.data import build_encoder
-    from bench.experiments.e1.data import probe_config
-    from normfast.data.pairs import PairSource, virtual_batches
+    from bench.experiments.e1.data import build_encoder, probe_config
+    from normfast.data.batches import virtual_batches
+    from normfast.data.pairs import PairSource
     from normfast.engine.directions.gradients import batch_loss
     from normfast.engine.directions.objectives import InfoNCE
     from normfast.engine.trajectory.virtual import virtual_trajectory
@@ -166,11 +182,19 @@ def test_virtual_trajectory_is_torch_training_on_a_copy(tiny_data):
     from normfast.engine.probe import probe
 
     def measure(model, step, second_moments):
-        return probe(model, list(range(n)), objective, pairs, replace(cfg, seed=step), progress=False,
-                     second_moments=second_moments)
+        return probe(
+            model,
+            list(range(n)),
+            objective,
+            pairs,
+            replace(cfg, seed=step),
+            progress=False,
+            second_moments=second_moments,
+        )
 
-    traj = virtual_trajectory(enc, list(range(n)), objective, pairs, cfg, steps=30, points=3, measure=measure,
-                              progress=False)
+    traj = virtual_trajectory(
+        enc, list(range(n)), objective, pairs, cfg, steps=30, points=3, measure=measure, progress=False
+    )
     for k, p in enc.named_parameters():
         assert torch.equal(p, before[k])
     assert traj.steps == [10, 20, 30] and traj.columns["D"].shape == (3, n) and len(traj.losses) == 30
@@ -190,8 +214,9 @@ def test_virtual_trajectory_is_torch_training_on_a_copy(tiny_data):
         norms = ref(ref.prepare(list(range(n)))).norm(dim=-1).double().numpy()
     np.testing.assert_allclose(traj.columns["norm"][-1], norms, rtol=1e-5)
     with pytest.raises(ValueError, match="points"):
-        virtual_trajectory(enc, list(range(n)), objective, pairs, cfg, steps=5, points=6, measure=measure,
-                           progress=False)
+        virtual_trajectory(
+            enc, list(range(n)), objective, pairs, cfg, steps=5, points=6, measure=measure, progress=False
+        )
     with pytest.raises(ValueError, match="needs measure="):
         virtual_trajectory(enc, list(range(n)), objective, pairs, cfg, steps=5, points=2, progress=False)
 
@@ -201,10 +226,11 @@ def test_trajectory_meter_matches_the_engine_batch_by_batch(tiny_data, variant):
     """Fed the engine's own per-batch directions at one state, the meter's means are the engine's
     per-batch drift and κ, and its heat is the mean of |u|² (the engine's Q less its V2/M bias term)."""
     from bench.experiments.e1.data import build_encoder, probe_config
-    from normfast.data.pairs import PairSource, virtual_batches
+    from normfast.data.batches import virtual_batches
+    from normfast.data.pairs import PairSource
     from normfast.engine.directions.gradients import compute_directions, estimate_second_moments
-    from normfast.engine.directions.presets import OptimizerPreset
     from normfast.engine.directions.objectives import InfoNCE
+    from normfast.engine.directions.presets import OptimizerPreset
     from normfast.engine.probe import probe
     from normfast.engine.trajectory.virtual import TrajectoryMeter
 
@@ -218,8 +244,11 @@ def test_trajectory_meter_matches_the_engine_batch_by_batch(tiny_data, variant):
     names = [k for k, _ in enc.named_parameters()]
     rng = np.random.default_rng(cfg.seed)
     batches = virtual_batches(len(pairs), M, cfg.batch_size, int(rng.integers(2**31)))
-    v = estimate_second_moments(enc, objective, pairs, names, batches, progress=False) if spec.optimizer == "adamw" \
+    v = (
+        estimate_second_moments(enc, objective, pairs, names, batches, progress=False)
+        if spec.optimizer == "adamw"
         else None
+    )
     res = probe(enc, list(range(n)), objective, pairs, cfg, progress=False, second_moments=v)
     presets = {k: OptimizerPreset(spec.optimizer, cfg.lr, cfg.weight_decay, second_moments=v) for k in names}
     dirs = compute_directions(enc, objective, pairs, names, presets, batches, progress=False)

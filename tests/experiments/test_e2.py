@@ -6,6 +6,7 @@ reproduces the full encoder, the regime check of both probes), not the law's
 accuracy. Protocol B is the one run here: it covers the head-mode and the jvp
 probe, the trained head and the trained last layer.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -46,8 +47,7 @@ def setup_b(e2, quick_cfg):
 @pytest.fixture(scope="module")
 def pilot_b(e2, quick_cfg, setup_b):
     """The pilot first (it restores the parameters), then the run trains the same setup."""
-    return e2.run_pilot(quick_cfg, n_probes=16, progress=False, setup=setup_b,
-                        candidates=e2.PILOT_CANDIDATES[:1])
+    return e2.run_pilot(quick_cfg, n_probes=16, progress=False, setup=setup_b, candidates=e2.PILOT_CANDIDATES[:1])
 
 
 @pytest.fixture
@@ -78,8 +78,9 @@ def test_protocols_are_what_the_docstring_says(e2):
     b = e2.E2Config.of("B")
     assert b.head_dim == 256 and b.no_decay is None and "dense" in b.trained and "layer\\.5" in b.trained
     assert set(e2.probes_of(b)) == {"jvp", "head"} and e2.probes_of(b)["head"][1] == "head"
-    assert [c["lr"] for c in e2.PILOT_CANDIDATES] == sorted((c["lr"] for c in e2.PILOT_CANDIDATES),
-                                                            reverse=True)  # towards smaller η
+    assert [c["lr"] for c in e2.PILOT_CANDIDATES] == sorted(
+        (c["lr"] for c in e2.PILOT_CANDIDATES), reverse=True
+    )  # towards smaller η
     with pytest.raises(ValueError, match="protocol"):
         e2.E2Config.of("C")
 
@@ -114,8 +115,16 @@ def test_e2_quick_structure(quick_b: tuple[dict, Path]) -> None:
     assert summary["protocol"]["checkpoints"] == math.ceil((stop - start) / cfg["probe_every"])
     assert summary["protocol"]["records"] == math.ceil((stop - start) / cfg["record_every"])
     for probe in ("jvp", "head"):
-        for key in ("predicted_full", "predicted_heat", "predicted_last_full", "predicted_last_heat", "D", "Q",
-                    "kappa", "kappa_exempt"):
+        for key in (
+            "predicted_full",
+            "predicted_heat",
+            "predicted_last_full",
+            "predicted_last_heat",
+            "D",
+            "Q",
+            "kappa",
+            "kappa_exempt",
+        ):
             assert len(summary["items"][f"{probe}_{key}"]) == n, (probe, key)
     assert len(set(summary["items"]["text"])) == n
     assert summary["paper"] == {"model": "DistilBERT, fine-tuned", "slope": 0.88, "pearson_r": 0.97}
@@ -159,7 +168,7 @@ def test_e2_quick_fits_regime_and_statistics(quick_b: tuple[dict, Path]) -> None
 
 
 def test_the_readme_table_renders_every_committed_run():
-    from bench.experiments.e2.report import E2_RUNS, table_e2
+    from bench.experiments.e2.render import E2_RUNS, table_e2
     from bench.tables import committed
 
     text = table_e2(lambda rel: committed(f"e2/{rel}"))
@@ -187,7 +196,7 @@ def test_wordnet_pool_reproduces_the_committed_runs() -> None:
     # the first 3000 synsets of the walk noun_synsets lists (tests/data/test_datasets.py counts all 82 115)
     first = itertools.islice(wn.all_synsets("n"), 3000)
     walked = [(lemma, wordnet.gloss(s)) for s in first for lemma in wordnet.lemma_names(s)]
-    assert wordnet._lemma_gloss_pairs(wn)[:len(walked)] == walked
+    assert wordnet._lemma_gloss_pairs(wn)[: len(walked)] == walked
     committed = json.loads((REPO / "bench" / "results" / "e2" / "e2_real_encoder.json").read_text())
     _, probes = wordnet.wordnet_gloss_pairs(20_000, 500, 0, wn=wn)
     assert probes == committed["items"]["text"]

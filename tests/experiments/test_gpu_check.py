@@ -6,6 +6,7 @@ keep it working in between. The dry run runs every stage at tiny sizes on
 CPU (Triton interpreter, torch paths) in a subprocess, exactly as the GPU run
 would orchestrate them; a second run injects a hang and an error.
 """
+
 import json
 import os
 import subprocess
@@ -22,9 +23,14 @@ STAGES = ("build", "tests", "env", "ceilings", "kernels", "e2e")
 
 def _start(out: Path, *extra: str) -> subprocess.Popen:
     # from the repository root, as the README says: `python -m bench` finds the harness there
-    return subprocess.Popen([sys.executable, "-m", "bench", "run", "gpu_check", "--quick", "--out", str(out), *extra],
-                            cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench", "run", "gpu_check", "--quick", "--out", str(out), *extra],
+        cwd=REPO,
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(proc: subprocess.Popen, out: Path, timeout: float = 240):
@@ -40,8 +46,17 @@ def failing(tmp_path_factory):
     """A dry run of three stages with a hang and an error injected, started before the full dry run
     and read after it: it spends most of its time waiting out the hang (its cap, then the grace)."""
     out = tmp_path_factory.mktemp("gpu-check-failing")
-    proc = _start(out, "--stages", "env,ceilings,kernels", "--inject", "env=hang", "--inject", "kernels=error",
-                  "--stage-cap", "env=3")
+    proc = _start(
+        out,
+        "--stages",
+        "env,ceilings,kernels",
+        "--inject",
+        "env=hang",
+        "--inject",
+        "kernels=error",
+        "--stage-cap",
+        "env=3",
+    )
     yield proc, out
     if proc.poll() is None:
         proc.kill()
@@ -97,12 +112,10 @@ def test_ceilings_and_kernel_cases_are_measured_and_checked(dry):
         assert c["first_call_s"] > 0 and c["GBps"] > 0 and c["fraction_of_roofline"] > 0
         # the binding ceiling is the one with the larger floor (tiny sizes: either may bind)
         compute = c["fraction_of_compute_ceiling"] or 0.0
-        assert c["bound_by"] == ("compute" if compute > c["fraction_of_copy_bandwidth"]
-                                 else "memory")
+        assert c["bound_by"] == ("compute" if compute > c["fraction_of_copy_bandwidth"] else "memory")
         assert c["fraction_of_roofline"] == max(compute, c["fraction_of_copy_bandwidth"])
         assert (c["op"] == "accumulate") == (c["compute_ceiling"] is None)
-        assert c["speedup_vs_torch_path"] == pytest.approx(
-            c["torch_path"]["p50_ms"] / c["kernel"]["p50_ms"])
+        assert c["speedup_vs_torch_path"] == pytest.approx(c["torch_path"]["p50_ms"] / c["kernel"]["p50_ms"])
         assert c["config"]["BLOCK_N"] >= 1  # the tile configuration the launch ran with
         if c["op"] != "accumulate":
             assert c["l2_bytes"] > 0 and c["fraction_of_l2_bandwidth"] > 0

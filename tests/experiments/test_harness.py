@@ -8,6 +8,7 @@ bench/results/NAME/quick exactly, apart from the fields that describe the clock 
 (:func:`bench.harness.comparable`); its command is in ``conftest.QUICK_COMMANDS`` and in
 bench/results/README.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ from tests.conftest import QUICK_COMMANDS, assert_reproduces, run_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
 def quick(tmp_path: Path, name: str, *extra: str) -> tuple[Path, str]:
     """``python -m bench run NAME --quick`` (or its committed quick command) into ``tmp_path``."""
     argv = QUICK_COMMANDS.get(name, (["--quick"], ()))[0]
@@ -38,8 +40,9 @@ def quick(tmp_path: Path, name: str, *extra: str) -> tuple[Path, str]:
 
 
 def test_list_names_every_experiment_and_imports_no_torch():
-    done = subprocess.run([sys.executable, "-m", "bench", "list"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "list"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     listed = [line.split()[0] for line in done.stdout.splitlines() if line and not line[0].isspace()]
     assert listed == list(EXPERIMENTS)
@@ -63,8 +66,9 @@ def test_catalog_covers_every_committed_file_and_block():
     assert "--screenshot bench/results/demo/demo_view.png" in (ROOT / "docs" / "view.md").read_text()
     claimed = {f"{r['name']}/{f}" for r in rows for f in r["results"] + r["figures"]}
     claimed |= {"demo/demo_output.txt", "demo/demo_view.png", "README.md", ".gitignore"}
-    committed = {p.relative_to(RESULTS_DIR).as_posix() for p in RESULTS_DIR.rglob("*")
-                 if p.is_file() and p.parent.name != QUICK}
+    committed = {
+        p.relative_to(RESULTS_DIR).as_posix() for p in RESULTS_DIR.rglob("*") if p.is_file() and p.parent.name != QUICK
+    }
     assert not committed - claimed, f"committed results no experiment writes: {sorted(committed - claimed)}"
     blocks = {b for r in rows for b in r["tables"]}
     assert blocks.isdisjoint(EXTRA) and set(render_all()) <= blocks | set(EXTRA)
@@ -130,8 +134,10 @@ def test_tables_check_finds_a_stale_block(tmp_path):
     path = tmp_path / "page.md"
     path.write_text(good)
     assert tables.check(path) == [] and main(["tables", "--check", str(path)]) == 0
-    path.write_text(good.replace("<!-- /results:quartic -->", "1\n<!-- /results:quartic -->")
-                    + "<!-- results:nosuch -->\n|x|\n<!-- /results:nosuch -->\n")
+    path.write_text(
+        good.replace("<!-- /results:quartic -->", "1\n<!-- /results:quartic -->")
+        + "<!-- results:nosuch -->\n|x|\n<!-- /results:nosuch -->\n"
+    )
     assert tables.check(path) == ["quartic", "nosuch"] and main(["tables", "--check", str(path)]) == 1
     main(["tables", "--write", str(path)])
     assert tables.check(path) == ["nosuch"]
@@ -270,7 +276,7 @@ def test_figures_are_redrawn_from_a_result_json(tmp_path, capsys):
     assert (tmp_path / "e1_counterfactual.png").stat().st_size > 10_000
     assert main(["figures", "e1_counterfactual", "--json", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
     assert "no such result file" in capsys.readouterr().err
-    assert main(["figures", "e1", "--json", str(src), "--out", str(tmp_path)]) == 2   # not an E1 result
+    assert main(["figures", "e1", "--json", str(src), "--out", str(tmp_path)]) == 2  # not an E1 result
     assert "figures need 'observed'" in capsys.readouterr().err
     assert main(["figures", "e1", "--json", str(quick_dir("e1") / "equilibrium.json"), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "equilibrium.png").stat().st_size > 10_000
@@ -326,8 +332,14 @@ def test_streaming_quick(tmp_path):
 def test_kernel_resources_quick(tmp_path):
     """Compiles for real (TRITON_INTERPRET=0), so in a fresh process, as the README runs it."""
     env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, "-m", "bench", "run", "kernel_resources", "--quick", "--no-progress",
-                           "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "run", "kernel_resources", "--quick", "--no-progress", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     if done.returncode != 0 and "ptxas" in done.stderr and "not found" in done.stderr:
         pytest.skip("no ptxas available to lower for a CUDA target")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -339,8 +351,9 @@ def test_kernel_resources_quick(tmp_path):
 @pytest.mark.parametrize("name", ["corpus", "judgments"])
 def test_gensim_experiments_quick(tmp_path, name):
     pytest.importorskip("gensim")
-    out, printed = quick(tmp_path, name, "--probe-dir", str(tmp_path / "probes")) if name == "corpus" \
-        else quick(tmp_path, name)
+    out, printed = (
+        quick(tmp_path, name, "--probe-dir", str(tmp_path / "probes")) if name == "corpus" else quick(tmp_path, name)
+    )
     d = json.loads((out / load(name).RESULTS[0]).read_text())
     assert d["quick"] is True and list(d["models"]) == ["all-MiniLM-L6-v2"]
     assert f"## {name}" in printed

@@ -1,5 +1,6 @@
 """Norm-aware similarity against human scores (the held-out alpha choice, paired bootstrap CIs), and the
 two experiments' messages when their optional data or model is missing."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -88,7 +89,7 @@ def test_scripts_name_the_gensim_extra(name, monkeypatch, capsys, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "gensim" else real(n, *a))
     assert main(["run", name, "--out", str(tmp_path)]) == 2
-    assert 'normfast[gensim]' in capsys.readouterr().err
+    assert "normfast[gensim]" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 
@@ -96,7 +97,6 @@ def test_scripts_name_the_gensim_extra(name, monkeypatch, capsys, tmp_path):
 def test_scripts_name_the_mpnet_extra(name, monkeypatch, capsys, tmp_path):
     from normfast.data import gensim_data
     from normfast.encoders import packaged
-
     from tests.data.test_corpus import _fake_gensim
 
     fake = _fake_gensim(tmp_path)
@@ -110,5 +110,5 @@ def test_scripts_name_the_mpnet_extra(name, monkeypatch, capsys, tmp_path):
     if name == "corpus":
         argv += ["--probe-dir", str(tmp_path / "runs"), "--no-progress"]
     assert main(argv) == 2
-    assert 'normfast[mpnet]' in capsys.readouterr().err
+    assert "normfast[mpnet]" in capsys.readouterr().err
     assert not out.exists() or not list(out.iterdir())

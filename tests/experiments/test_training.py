@@ -1,5 +1,6 @@
 """bench.training: SGD + decay to a stationary state, its health criteria, the pilot and the
 checkpoint-averaged law, on small models (fast); and the bootstrap fit of normfast.core.stats."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,8 +10,19 @@ import pytest
 import torch
 from torch import nn
 
-from bench.training import (CheckpointLaw, CheckpointSnapshots, HealthThresholds, Resume, TrainSettings,
-                                    health, mean_cosine, pilot, probe_checkpoints, split_decay, train)
+from bench.training import (
+    CheckpointLaw,
+    CheckpointSnapshots,
+    HealthThresholds,
+    Resume,
+    TrainSettings,
+    health,
+    mean_cosine,
+    pilot,
+    probe_checkpoints,
+    split_decay,
+    train,
+)
 from normfast.core.equilibrium import equilibrium_norm
 from normfast.core.stats import loglog_fit, loglog_fit_ci
 from normfast.data.pairs import PairSource
@@ -39,8 +51,18 @@ def toy(seed: int = 0, layer_norm: bool = False) -> tuple[ModuleEncoder, np.ndar
     return enc, np.stack([a, b], 1)
 
 
-SETTINGS = TrainSettings(lr=0.1, weight_decay=0.05, steps=400, temperature=0.2, batch_size=16, warmup=20,
-                         window=0.5, record_every=10, probe_every=50, trajectory_every=50)
+SETTINGS = TrainSettings(
+    lr=0.1,
+    weight_decay=0.05,
+    steps=400,
+    temperature=0.2,
+    batch_size=16,
+    warmup=20,
+    window=0.5,
+    record_every=10,
+    probe_every=50,
+    trajectory_every=50,
+)
 
 
 def test_split_decay_partitions_and_freezes():
@@ -79,8 +101,13 @@ def test_train_decays_only_the_decayed_group_and_records_the_window():
     # on it would have shrunk it by a factor ~e^-2
     assert enc.get_parameter("blocks.3.weight").norm() > 0.5 * ln_before.norm()
     h = health(rec, SETTINGS)
-    assert set(h) >= {"loss_below_chance", "no_collapse", "stationary", "passed",
-                      "norm_change_between_window_halves_median"}
+    assert set(h) >= {
+        "loss_below_chance",
+        "no_collapse",
+        "stationary",
+        "passed",
+        "norm_change_between_window_halves_median",
+    }
     assert h["passed"] == (h["loss_below_chance"] and h["no_collapse"] and h["stationary"])
 
 
@@ -103,13 +130,30 @@ def test_pilot_takes_the_first_passing_candidate_and_restores_the_model():
     enc, pairs = toy()
     before = {n: p.detach().clone() for n, p in enc.named_parameters()}
     strict = HealthThresholds(norm_change_max=-1.0)  # nothing can pass
-    rec = pilot(enc, pairs, list(range(N)), SETTINGS, [{"lr": 0.1}, {"lr": 0.05}], trained="blocks",
-                no_decay=None, thresholds=strict, progress=False)
+    rec = pilot(
+        enc,
+        pairs,
+        list(range(N)),
+        SETTINGS,
+        [{"lr": 0.1}, {"lr": 0.05}],
+        trained="blocks",
+        no_decay=None,
+        thresholds=strict,
+        progress=False,
+    )
     assert rec["chosen"] is None and [r["lr"] for r in rec["results"]] == [0.1, 0.05]
-    loose = HealthThresholds(loss_fraction_of_chance=10, collapse_cosine=1.1, norm_change_max=10,
-                             weight_change_max=10)
-    rec = pilot(enc, pairs, list(range(N)), SETTINGS, [{"lr": 0.1}, {"lr": 0.05}], trained="blocks",
-                no_decay=None, thresholds=loose, progress=False)
+    loose = HealthThresholds(loss_fraction_of_chance=10, collapse_cosine=1.1, norm_change_max=10, weight_change_max=10)
+    rec = pilot(
+        enc,
+        pairs,
+        list(range(N)),
+        SETTINGS,
+        [{"lr": 0.1}, {"lr": 0.05}],
+        trained="blocks",
+        no_decay=None,
+        thresholds=loose,
+        progress=False,
+    )
     assert rec["chosen"] == {"lr": 0.1} and len(rec["results"]) == 1
     for n, p in enc.named_parameters():
         torch.testing.assert_close(p.detach(), before[n], rtol=0, atol=0)
@@ -120,16 +164,29 @@ def test_pilot_takes_the_first_passing_candidate_and_restores_the_model():
 def test_checkpoint_law_averages_and_solves():
     enc, pairs = toy()
     source = PairSource.from_iterable([(int(a), int(b)) for a, b in pairs])
-    cfg = ProbeConfig(mode="jvp", lr=SETTINGS.lr, weight_decay=SETTINGS.weight_decay, batches=3,
-                      drift_batches=8, batch_size=16, chunk_size=N)
+    cfg = ProbeConfig(
+        mode="jvp",
+        lr=SETTINGS.lr,
+        weight_decay=SETTINGS.weight_decay,
+        batches=3,
+        drift_batches=8,
+        batch_size=16,
+        chunk_size=N,
+    )
     seeds = []
 
     def run(seed):
         seeds.append(seed)
         with torch.no_grad():
             enc.get_parameter("blocks.2.weight").mul_(1.1)  # another state per checkpoint
-        return probe(enc, list(range(N)), InfoNCE(temperature=0.2), source, ProbeConfig(**{**cfg.__dict__,
-                     "seed": seed}), progress=False)
+        return probe(
+            enc,
+            list(range(N)),
+            InfoNCE(temperature=0.2),
+            source,
+            ProbeConfig(**{**cfg.__dict__, "seed": seed}),
+            progress=False,
+        )
 
     law = CheckpointLaw(run, seed=2)
     for i in range(3):
@@ -138,19 +195,30 @@ def test_checkpoint_law_averages_and_solves():
     avg = law.averages()
     np.testing.assert_allclose(avg["Q"], np.mean(law.columns["Q"], axis=0))
     pred = law.predictions(SETTINGS.lr, SETTINGS.weight_decay)
-    np.testing.assert_allclose(pred["full"], equilibrium_norm(avg["D"], avg["Q"], avg["kappa"], lr=SETTINGS.lr,
-                                                             weight_decay=SETTINGS.weight_decay))
+    np.testing.assert_allclose(
+        pred["full"],
+        equilibrium_norm(avg["D"], avg["Q"], avg["kappa"], lr=SETTINGS.lr, weight_decay=SETTINGS.weight_decay),
+    )
     np.testing.assert_allclose(pred["last_full"], law.last["r_eq"])
     regime = law.regime(SETTINGS.lr, SETTINGS.weight_decay)
     assert regime["fractions"]["not applicable"] == 0.0  # a bias-free MLP: κ = 2
     assert len(regime["rows"]["regime"]) == N and regime["last_checkpoint"]["regime"] in (
-        "law applicable", "heat-dominated")
+        "law applicable",
+        "heat-dominated",
+    )
 
 
 def _toy_law(enc, pairs, calls: list | None = None) -> CheckpointLaw:
     source = PairSource.from_iterable([(int(a), int(b)) for a, b in pairs])
-    cfg = ProbeConfig(mode="jvp", lr=SETTINGS.lr, weight_decay=SETTINGS.weight_decay, batches=3,
-                      drift_batches=8, batch_size=16, chunk_size=N)
+    cfg = ProbeConfig(
+        mode="jvp",
+        lr=SETTINGS.lr,
+        weight_decay=SETTINGS.weight_decay,
+        batches=3,
+        drift_batches=8,
+        batch_size=16,
+        chunk_size=N,
+    )
 
     def run(seed):
         if calls is not None:
@@ -164,8 +232,15 @@ def _toy_law(enc, pairs, calls: list | None = None) -> CheckpointLaw:
 def test_checkpoints_probed_after_training_equal_probing_during_it(tmp_path, workers):
     enc, pairs = toy()
     law = _toy_law(enc, pairs)
-    train(enc, pairs, list(range(N)), SETTINGS, split_decay(enc, r"blocks\.[02]\.", None), on_checkpoint=law,
-          progress=False)
+    train(
+        enc,
+        pairs,
+        list(range(N)),
+        SETTINGS,
+        split_decay(enc, r"blocks\.[02]\.", None),
+        on_checkpoint=law,
+        progress=False,
+    )
 
     enc2, pairs2 = toy()
     law2 = _toy_law(enc2, pairs2)
@@ -209,14 +284,31 @@ class _Stop(Exception):
 def _resumable_run(tmp_path, stop_at: int | None) -> tuple:
     """SETTINGS on the toy model with a checkpoint law; ``stop_at``: the checkpoint index at which
     the first process dies (then a second one resumes from the state file)."""
+
     def attempt(stop):
         enc, pairs = toy()
         source = PairSource.from_iterable([(int(a), int(b)) for a, b in pairs])
         # M_D = 8 drift batches, not the default 1024: the law runs at every checkpoint of both runs
-        cfg = ProbeConfig(mode="jvp", lr=SETTINGS.lr, weight_decay=SETTINGS.weight_decay, batches=3,
-                          drift_batches=8, batch_size=16, chunk_size=N)
-        law = CheckpointLaw(lambda seed: probe(enc, list(range(N)), InfoNCE(temperature=0.2), source,
-                                               ProbeConfig(**{**cfg.__dict__, "seed": seed}), progress=False), 1)
+        cfg = ProbeConfig(
+            mode="jvp",
+            lr=SETTINGS.lr,
+            weight_decay=SETTINGS.weight_decay,
+            batches=3,
+            drift_batches=8,
+            batch_size=16,
+            chunk_size=N,
+        )
+        law = CheckpointLaw(
+            lambda seed: probe(
+                enc,
+                list(range(N)),
+                InfoNCE(temperature=0.2),
+                source,
+                ProbeConfig(**{**cfg.__dict__, "seed": seed}),
+                progress=False,
+            ),
+            1,
+        )
 
         def checkpoint(i):
             if i == stop:
@@ -225,8 +317,9 @@ def _resumable_run(tmp_path, stop_at: int | None) -> tuple:
 
         resume = Resume(tmp_path / "state.pt", every=60, parts={"law": law}, identity={"toy": 0})
         groups = split_decay(enc, r"blocks\.[02]\.", None)
-        rec = train(enc, pairs, list(range(N)), SETTINGS, groups, on_checkpoint=checkpoint, progress=False,
-                    resume=resume)
+        rec = train(
+            enc, pairs, list(range(N)), SETTINGS, groups, on_checkpoint=checkpoint, progress=False, resume=resume
+        )
         return rec, law, enc
 
     if stop_at is not None:
@@ -261,15 +354,22 @@ def test_resume_refuses_a_state_of_other_settings(tmp_path):
     with pytest.raises(ValueError, match="settings"):
         train(enc, pairs, list(range(N)), replace(SETTINGS, lr=0.2), groups, progress=False, resume=resume)
     with pytest.raises(ValueError, match="identity"):
-        train(enc, pairs, list(range(N)), SETTINGS, groups, progress=False,
-              resume=Resume(tmp_path / "s.pt", identity={"data": 1}))
+        train(
+            enc,
+            pairs,
+            list(range(N)),
+            SETTINGS,
+            groups,
+            progress=False,
+            resume=Resume(tmp_path / "s.pt", identity={"data": 1}),
+        )
     with pytest.raises(ValueError, match="every"):
         Resume(tmp_path / "x.pt", every=0)
 
 
 def test_bootstrap_fit_brackets_the_estimate(rng):
     x = rng.lognormal(0, 1, 300)
-    y = 2.0 * x ** 0.9 * rng.lognormal(0, 0.1, 300)
+    y = 2.0 * x**0.9 * rng.lognormal(0, 0.1, 300)
     fit = loglog_fit_ci(x, y, n_boot=500, seed=1)
     assert fit["slope"] == pytest.approx(loglog_fit(x, y)["slope"])
     lo, hi = fit["slope_ci95"]

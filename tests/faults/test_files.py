@@ -3,6 +3,7 @@ that are not text, SimCSE with a plain --pairs file, inputs longer than the mode
 files that are not UTF-8, and state files planted in a run folder. Each path gets one line naming the
 file and the line, or is counted and said, instead of a wrong input passing silently; nothing planted
 runs. Toy sizes: the tiny BERT with MiniLM's tokenizer (maximum length 64)."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,18 @@ WORDS = ["apple", "river", "the", "democracy", "blue", "quantum"]
 
 
 def _probe(model: Path, probes: Path, out: Path, *extra: str) -> list[str]:
-    return ["probe", str(model), "--probes", str(probes), "--params", r"encoder\.layer\.1\.", *F,
-            "--out", str(out), *extra]
+    return [
+        "probe",
+        str(model),
+        "--probes",
+        str(probes),
+        "--params",
+        r"encoder\.layer\.1\.",
+        *F,
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _one_error_line(err: str) -> str:
@@ -51,8 +62,7 @@ BAD = [None, 5, ["a", "b"]]
 
 
 @pytest.mark.parametrize("bad", BAD, ids=["null", "number", "list"])
-def test_a_probes_or_corpus_file_with_a_text_or_id_that_is_not_text_is_refused(tiny_bert_folder, tmp_path, bad,
-                                                                              capsys):
+def test_a_probes_or_corpus_file_with_a_text_or_id_that_is_not_text_is_refused(tiny_bert_folder, tmp_path, bad, capsys):
     # the text of a probe or a document, and their ids (a null or a list id used to become "None", "['a', 'b']")
     cases = [("--probes", {"text": bad}, "text"), ("--corpus", {"text": bad}, "text")]
     if bad != 5:  # an integer id is an id
@@ -70,8 +80,13 @@ def test_a_probes_or_corpus_file_with_a_text_or_id_that_is_not_text_is_refused(t
 @pytest.mark.parametrize("bad", BAD, ids=["null", "number", "list"])
 def test_pair_source_from_jsonl_refuses_an_anchor_positive_or_item_that_is_not_text(tmp_path, bad):
     good = {"anchor": "a cat", "positive": "a kitten", "text": "x", "y": "b"}
-    for kind, key, extra in (("pairs", "anchor", {}), ("pairs", "positive", {}), ("items", "text", {}),
-                             ("labels", "text", {"label_key": "y"}), ("labels", "y", {"label_key": "y"})):
+    for kind, key, extra in (
+        ("pairs", "anchor", {}),
+        ("pairs", "positive", {}),
+        ("items", "text", {}),
+        ("labels", "text", {"label_key": "y"}),
+        ("labels", "y", {"label_key": "y"}),
+    ):
         path = _jsonl(tmp_path / "p.jsonl", [good, {**good, key: bad}])
         if key == "y" and bad == 5:
             assert PairSource.from_jsonl(path, kind=kind, **extra).classes == ["b", 5]  # an integer label is fine
@@ -83,10 +98,14 @@ def test_pair_source_from_jsonl_refuses_an_anchor_positive_or_item_that_is_not_t
 def test_the_cli_pairs_file_refuses_a_pair_that_is_not_text(tiny_bert_folder, tmp_path, capsys):
     words = tmp_path / "words.txt"
     words.write_text("\n".join(WORDS) + "\n")
-    pairs = _jsonl(tmp_path / "pairs.jsonl", [{"anchor": w, "positive": w.upper()} for w in WORDS[:5]]
-                   + [{"anchor": None, "positive": "x"}])
-    assert main(_probe(tiny_bert_folder, words, tmp_path / "x.parquet", "--objective", "infonce",
-                       "--pairs", str(pairs))) == 2
+    pairs = _jsonl(
+        tmp_path / "pairs.jsonl",
+        [{"anchor": w, "positive": w.upper()} for w in WORDS[:5]] + [{"anchor": None, "positive": "x"}],
+    )
+    assert (
+        main(_probe(tiny_bert_folder, words, tmp_path / "x.parquet", "--objective", "infonce", "--pairs", str(pairs)))
+        == 2
+    )
     assert "pairs.jsonl:6: field 'anchor' must be a string, got NoneType" in _one_error_line(capsys.readouterr().err)
     items = _jsonl(tmp_path / "items.jsonl", [{"text": w} for w in WORDS] + [{"text": ["a", "b"]}])
     assert main(_probe(tiny_bert_folder, words, tmp_path / "x.parquet", "--pairs", str(items))) == 2  # simcse
@@ -106,10 +125,14 @@ def test_simcse_reads_a_plain_items_file_or_the_anchors_of_a_pairs_file(tmp_path
         "items.txt": ("a cat\nred\nbig\tdog\n", ["a cat", "red", "big\tdog"]),  # whole lines
         "items.tsv": ("a cat\nred\n", ["a cat", "red"]),
         "pairs.tsv": ("a cat\ta kitten\nred\tcrimson\n", ["a cat", "red"]),  # the issue's failure
-        "items.jsonl": ("".join(json.dumps({"text": a, "anchor": "no"}) + "\n" for a, _ in pairs),
-                        [a for a, _ in pairs]),  # --text-key first
-        "pairs.jsonl": ("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in pairs),
-                        [a for a, _ in pairs]),
+        "items.jsonl": (
+            "".join(json.dumps({"text": a, "anchor": "no"}) + "\n" for a, _ in pairs),
+            [a for a, _ in pairs],
+        ),  # --text-key first
+        "pairs.jsonl": (
+            "".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in pairs),
+            [a for a, _ in pairs],
+        ),
     }
     for name, (content, want) in files.items():
         (tmp_path / name).write_text(content)
@@ -137,15 +160,19 @@ def test_simcse_runs_with_a_two_column_pairs_file(tiny_bert_folder, tmp_path, ca
 # 10: truncation is counted per row, said in the summary and warned once
 
 
-def test_a_probe_longer_than_the_maximum_length_is_counted_said_and_warned_once(tiny_bert_folder, minilm_tokenizer,
-                                                                                 tmp_path, capsys):
+def test_a_probe_longer_than_the_maximum_length_is_counted_said_and_warned_once(
+    tiny_bert_folder, minilm_tokenizer, tmp_path, capsys
+):
     long = " ".join(["river"] * 300)
     longer = " ".join(["stone"] * 400)
     probes = tmp_path / "probes.txt"
     probes.write_text("\n".join(["apple", long, "the", "blue " * 62, longer, "house"]) + "\n")
     out = tmp_path / "run.parquet"
-    with pytest.warns(UserWarning, match=r"item 1 is longer than the model's maximum length of 64 tokens and was "
-                                         r"truncated \(238 tokens cut\)") as record:
+    with pytest.warns(
+        UserWarning,
+        match=r"item 1 is longer than the model's maximum length of 64 tokens and was "
+        r"truncated \(238 tokens cut\)",
+    ) as record:
         assert main(_probe(tiny_bert_folder, probes, out, "--chunk-size", "2")) == 0
     assert sum("maximum length" in str(w.message) for w in record) == 1  # once, though two chunks hold one
     full = [len(minilm_tokenizer(t)["input_ids"]) for t in (long, longer)]
@@ -158,10 +185,9 @@ def test_a_probe_longer_than_the_maximum_length_is_counted_said_and_warned_once(
 
 
 def test_token_rows_carry_the_count_and_corpus_windows_are_never_cut(tiny_bert_folder, minilm_tokenizer):
-    from tests._models import tiny_bert
-
     from normfast.data.corpus import CorpusWindows
     from normfast.encoders import HFEncoder
+    from tests._models import tiny_bert
 
     enc = HFEncoder(tiny_bert(minilm_tokenizer), minilm_tokenizer)
     state = enc.prepare(["a short one", "word " * 70])
@@ -177,9 +203,8 @@ def test_token_rows_carry_the_count_and_corpus_windows_are_never_cut(tiny_bert_f
 
 def test_open_clip_text_truncation_is_counted():
     open_clip = pytest.importorskip("open_clip")
-    from tests._models import tiny_clip
-
     from normfast.encoders import OpenCLIPEncoder
+    from tests._models import tiny_clip
 
     tok = open_clip.tokenizer.SimpleTokenizer(context_length=16)
     enc = OpenCLIPEncoder(tiny_clip(), "text", tokenizer=tok)
@@ -193,11 +218,19 @@ def test_open_clip_text_truncation_is_counted():
 # 12: a file that is not UTF-8 is named with its line, on every reading path
 
 
-@pytest.mark.parametrize("flag, name, good", [
-    ("--probes", "p.txt", "apple\n"), ("--probes", "p.tsv", "apple\tx\n"), ("--probes", "p.jsonl", '{"text": "a"}\n'),
-    ("--corpus", "c.txt", "a document\n"), ("--corpus", "c.jsonl", '{"text": "a document"}\n')])
-def test_a_probes_or_corpus_file_that_is_not_utf8_is_named_with_its_line(tiny_bert_folder, tmp_path, flag, name, good,
-                                                                         capsys):
+@pytest.mark.parametrize(
+    "flag, name, good",
+    [
+        ("--probes", "p.txt", "apple\n"),
+        ("--probes", "p.tsv", "apple\tx\n"),
+        ("--probes", "p.jsonl", '{"text": "a"}\n'),
+        ("--corpus", "c.txt", "a document\n"),
+        ("--corpus", "c.jsonl", '{"text": "a document"}\n'),
+    ],
+)
+def test_a_probes_or_corpus_file_that_is_not_utf8_is_named_with_its_line(
+    tiny_bert_folder, tmp_path, flag, name, good, capsys
+):
     path = tmp_path / name
     path.write_bytes(good.encode() * 2 + good.encode().replace(b"a", b"caf\xe9", 1))
     argv = _probe(tiny_bert_folder, path, tmp_path / "x.parquet")
@@ -242,8 +275,11 @@ def test_a_planted_pickle_in_a_state_or_checkpoint_folder_is_refused_and_never_r
     params = [torch.zeros(3)]
     state = tmp_path / "state.pt"
     state.write_bytes(planted)
-    with pytest.raises(ValueError, match=r"Resume: the state file .*state\.pt cannot be read safely \(Unsupported "
-                                         r"global: GLOBAL io.open\): .*nothing in it was run"):
+    with pytest.raises(
+        ValueError,
+        match=r"Resume: the state file .*state\.pt cannot be read safely \(Unsupported "
+        r"global: GLOBAL io.open\): .*nothing in it was run",
+    ):
         Resume(state).load(TrainSettings(lr=0.1, weight_decay=0.01, steps=1000), params)
     snapshots = CheckpointSnapshots(params, tmp_path / "checkpoints")
     snapshots(0)
@@ -259,14 +295,24 @@ def test_a_planted_pickle_in_a_state_or_checkpoint_folder_is_refused_and_never_r
 def test_state_files_keep_numpy_values_exactly_and_refuse_what_would_need_a_pickle(tmp_path):
     from normfast.data.torchfiles import load_plain, save_plain
 
-    state = {"norms": [np.arange(4.0), np.array([[1, 2], [3, 4]], np.int32)], "labels": np.array(["a", "bc"]),
-             "regime": np.array(["ok", None], dtype=object), "x": np.float32(1.5), "n": np.int64(7),
-             "rng": np.random.default_rng(3).bit_generator.state, "pair": (1, "a"), "t": torch.ones(2)}
+    state = {
+        "norms": [np.arange(4.0), np.array([[1, 2], [3, 4]], np.int32)],
+        "labels": np.array(["a", "bc"]),
+        "regime": np.array(["ok", None], dtype=object),
+        "x": np.float32(1.5),
+        "n": np.int64(7),
+        "rng": np.random.default_rng(3).bit_generator.state,
+        "pair": (1, "a"),
+        "t": torch.ones(2),
+    }
     save_plain(state, tmp_path / "s.pt")
     back = load_plain(tmp_path / "s.pt")
     assert back.keys() == state.keys() and back["rng"] == state["rng"] and back["pair"] == (1, "a")
-    for got, want in [*zip(back["norms"], state["norms"]), (back["labels"], state["labels"]),
-                      (back["regime"], state["regime"])]:
+    for got, want in [
+        *zip(back["norms"], state["norms"]),
+        (back["labels"], state["labels"]),
+        (back["regime"], state["regime"]),
+    ]:
         assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all()
     assert type(back["x"]) is np.float32 and back["x"] == 1.5 and type(back["n"]) is np.int64
     assert torch.equal(back["t"], state["t"])

@@ -2,6 +2,7 @@
 model folders, a malformed solve row, OS faults, settings that were silently ignored, a zero loss,
 an unreachable hub, files that are not UTF-8 and files that name paths outside their folder. Each
 gets one line naming what is wrong, before any compute, instead of a traceback or a wrong result."""
+
 from __future__ import annotations
 
 import errno
@@ -34,8 +35,18 @@ def words(tmp_path) -> Path:
 
 
 def _probe(model, words, out, *extra) -> list[str]:
-    return ["probe", str(model), "--probes", str(words), "--params", r"encoder\.layer\.1\.", *F,
-            "--out", str(out), *extra]
+    return [
+        "probe",
+        str(model),
+        "--probes",
+        str(words),
+        "--params",
+        r"encoder\.layer\.1\.",
+        *F,
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _one_error_line(err: str) -> str:
@@ -47,6 +58,7 @@ def _one_error_line(err: str) -> str:
 @pytest.fixture
 def no_compute(monkeypatch):
     """Fail the test if any virtual batch is differentiated (the refusal must come first)."""
+
     def grad(*a, **k):
         raise AssertionError("the run started computing before refusing its arguments")
 
@@ -83,17 +95,38 @@ def test_retrieval_refuses_an_index_over_its_vectors(tmp_path, capsys):
 
     beir = write_beir(tmp_path / "beir", {"d1": "a river", "d2": "a hill"}, {"q1": "river"}, {"q1": {"d1": 1}})
     vectors = tmp_path / "v.npz"
-    np.savez(vectors, query_ids=np.array(["q1"]), queries=np.ones((1, 3)), doc_ids=np.array(["d1", "d2"]),
-             docs=np.eye(2, 3) + 0.5)
+    np.savez(
+        vectors,
+        query_ids=np.array(["q1"]),
+        queries=np.ones((1, 3)),
+        doc_ids=np.array(["d1", "d2"]),
+        docs=np.eye(2, 3) + 0.5,
+    )
     before = vectors.read_bytes()
-    assert main(["retrieval", "--beir", str(beir), "--vectors", str(vectors), "--faiss", str(vectors),
-                 "--alpha", "0", "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "retrieval",
+                "--beir",
+                str(beir),
+                "--vectors",
+                str(vectors),
+                "--faiss",
+                str(vectors),
+                "--alpha",
+                "0",
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "is also an input" in capsys.readouterr().err
     assert vectors.read_bytes() == before
 
 
-def test_probe_refuses_an_out_that_is_a_folder_before_any_compute(tiny_bert_folder, words, tmp_path, no_compute,
-                                                                   capsys):
+def test_probe_refuses_an_out_that_is_a_folder_before_any_compute(
+    tiny_bert_folder, words, tmp_path, no_compute, capsys
+):
     folder = tmp_path / "taken.parquet"
     folder.mkdir()
     assert main(_probe(tiny_bert_folder, words, folder)) == 2
@@ -117,18 +150,22 @@ def _damaged(tiny_bert_folder: Path, tmp_path: Path, how: str) -> Path:
         (folder / "model.safetensors").unlink()
     elif how == "truncated weights":
         data = (folder / "model.safetensors").read_bytes()
-        (folder / "model.safetensors").write_bytes(data[:len(data) // 3])
+        (folder / "model.safetensors").write_bytes(data[: len(data) // 3])
     return folder
 
 
-@pytest.mark.parametrize("how, named", [
-    ("no tokenizer", r"no tokenizer files .*tokenizer.save_pretrained"),
-    ("broken config", r"config.json.* not a valid JSON"),
-    ("no weights", r"no file named model.safetensors"),
-    ("truncated weights", r"model.safetensors: Error while deserializing"),
-])
-def test_a_damaged_model_folder_is_one_line_before_any_compute(tiny_bert_folder, words, tmp_path, no_compute,
-                                                               capsys, how, named):
+@pytest.mark.parametrize(
+    "how, named",
+    [
+        ("no tokenizer", r"no tokenizer files .*tokenizer.save_pretrained"),
+        ("broken config", r"config.json.* not a valid JSON"),
+        ("no weights", r"no file named model.safetensors"),
+        ("truncated weights", r"model.safetensors: Error while deserializing"),
+    ],
+)
+def test_a_damaged_model_folder_is_one_line_before_any_compute(
+    tiny_bert_folder, words, tmp_path, no_compute, capsys, how, named
+):
     import re
 
     folder = _damaged(tiny_bert_folder, tmp_path, how)
@@ -188,8 +225,9 @@ def test_ctrl_c_is_one_line_that_points_to_resume(words, tmp_path, monkeypatch, 
 # 12: settings that were silently ignored, a zero loss, the hub, requires_grad, UTF-8
 
 
-@pytest.mark.parametrize("extra, named", [(["--chunk-size", "0"], "chunk_size"),
-                                          (["--optimizer", "adamw", "--momentum", "0.9"], "momentum")])
+@pytest.mark.parametrize(
+    "extra, named", [(["--chunk-size", "0"], "chunk_size"), (["--optimizer", "adamw", "--momentum", "0.9"], "momentum")]
+)
 def test_settings_that_were_ignored_are_refused(tiny_bert_folder, words, tmp_path, no_compute, capsys, extra, named):
     assert main(_probe(tiny_bert_folder, words, tmp_path / "run.parquet", *extra)) == 2
     assert named in _one_error_line(capsys.readouterr().err)
@@ -208,8 +246,10 @@ def test_a_zero_loss_is_not_labelled_law_applicable():
     items = [torch.randn(6, generator=g) for _ in range(12)]
     pairs = [(torch.randn(6, generator=g), label) for label in range(40)]  # every label unique: no positive
     cfg = ProbeConfig(mode="jvp", batches=4, drift_batches=8, groups=2, batch_size=8, chunk_size=6)
-    with pytest.warns(RuntimeWarning, match="no anchor in this batch has a positive"), \
-            pytest.warns(UserWarning, match="receive no gradient from the objective"):
+    with (
+        pytest.warns(RuntimeWarning, match="no anchor in this batch has a positive"),
+        pytest.warns(UserWarning, match="receive no gradient from the objective"),
+    ):
         result = probe(enc, items, SupCon(0.1), pairs, cfg, progress=False)
     regime = result.metadata["regime"]
     assert regime["regime"] == "not applicable" and regime["reason"] == "no_update"
@@ -234,8 +274,11 @@ def test_an_uncached_hub_id_fails_at_once(monkeypatch):
         load_encoder("normfast-tests/certainly-not-a-cached-model")
     # online, but the hub cannot be reached: said at once, with the way to work offline
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.HfApi, "model_info",
-                        lambda *a, **k: (_ for _ in ()).throw(ConnectionError("Name or service not known")))
+    monkeypatch.setattr(
+        huggingface_hub.HfApi,
+        "model_info",
+        lambda *a, **k: (_ for _ in ()).throw(ConnectionError("Name or service not known")),
+    )
     with pytest.raises(ValueError, match=r"cannot be reached .*Name or service not known.*HF_HUB_OFFLINE=1"):
         load_encoder("normfast-tests/certainly-not-a-cached-model")
     assert time.perf_counter() - t0 < 5
@@ -259,9 +302,8 @@ def test_backend_statistics_accept_tensors_that_require_grad():
 
 
 def test_text_that_is_not_utf8_is_named_by_file_and_line(tmp_path, capsys):
-    from normfast.data.beir import write_beir
+    from normfast.data.beir import load_beir, write_beir
     from normfast.data.manifest import read_manifest
-    from normfast.data.beir import load_beir
 
     src = tmp_path / "c.csv"
     src.write_bytes(b"1,-10,35,-50,24\n1,0,-5,0,4 \xe9\n")
@@ -296,8 +338,13 @@ def test_a_beir_split_and_a_module_path_cannot_leave_their_folder(tiny_bert_fold
     st = tmp_path / "st"
     (st / "1_Pooling").mkdir(parents=True)
     (st / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
-    (st / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "../elsewhere", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (st / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "../elsewhere", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            ]
+        )
+    )
     with pytest.raises(ValueError, match="outside its folder"):
         load_encoder(str(st))

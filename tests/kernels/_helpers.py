@@ -1,11 +1,12 @@
 """What the kernel tests share: the device they run on, the fp32 tolerance, random inputs."""
+
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from normfast.kernels import interpreted  # noqa: E402
 from normfast.core.reference import allowed_error  # noqa: E402
+from normfast.kernels import interpreted  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and not interpreted()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -25,8 +26,7 @@ def worst(errors):
 
 
 def sign_ok(errors):
-    return all(v <= (1 if "batches" in k else 0.01)
-               for k, v in errors.items() if k.startswith("sign_stability"))
+    return all(v <= (1 if "batches" in k else 0.01) for k, v in errors.items() if k.startswith("sign_stability"))
 
 
 def rand(gen, *shape):

@@ -6,6 +6,7 @@ On a machine without a GPU the kernels run through ``TRITON_INTERPRET=1`` (set i
 triton is imported): sizes stay small and inputs fp32. The CUDA-only cases run where a GPU is present
 and the interpreter is off; the compiled path is checked without a GPU by tests/kernels/test_resources.py.
 """
+
 import os
 
 import pytest
@@ -15,6 +16,11 @@ from tests.kernels._helpers import DEVICE, ON_GPU, TOL, gpu, rand, sign_ok, skip
 
 skip_without_kernels()
 
+from normfast.core.reference import (  # noqa: E402
+    accumulate_reference,
+    brute_force_stats,
+    stat_errors,
+)
 from normfast.kernels import (  # noqa: E402
     MAX_FUSED_DIM,
     accumulate,
@@ -24,11 +30,6 @@ from normfast.kernels import (  # noqa: E402
 )
 from normfast.kernels.utils import MAX_BLOCK_ROWS, accumulate_configs  # noqa: E402
 from normfast.ops import ProbeAccumulator  # noqa: E402
-from normfast.core.reference import (  # noqa: E402
-    accumulate_reference,
-    brute_force_stats,
-    stat_errors,
-)
 
 
 def _acc_cases():
@@ -41,10 +42,11 @@ def _acc_cases():
         for j, d in enumerate((1, 3, 64, 384)):
             m = (2, 5, 64)[(i + j) % 3]
             cases.append(("u", n, d, m if n * d * m <= 5_000_000 else 5))
-    return cases + [("w", 7, 3, 5), ("uw", 7, 3, 5), ("uw", 5, 384, 2), ("w", 3, 200, 64),
-                    ("uw", 333, 64, 2)]
+    return cases + [("w", 7, 3, 5), ("uw", 7, 3, 5), ("uw", 5, 384, 2), ("w", 3, 200, 64), ("uw", 333, 64, 2)]
+
 
 ACC_CASES = _acc_cases()
+
 
 @pytest.mark.parametrize("branch,n,d,m", ACC_CASES)
 def test_accumulate_kernel(gen, branch, n, d, m):
@@ -70,8 +72,9 @@ def test_accumulate_kernel(gen, branch, n, d, m):
 
     # the reference: a Welford loop in float64 on the same fp32 inputs
     empty = ProbeAccumulator(n, d, branch=branch, dtype=torch.float64).state_dict()
-    ref_state = accumulate_reference(empty, t32.double(), Z.float().double(), branch=branch,
-                                     t_w=None if tw32 is None else tw32.double())
+    ref_state = accumulate_reference(
+        empty, t32.double(), Z.float().double(), branch=branch, t_w=None if tw32 is None else tw32.double()
+    )
     ref = ProbeAccumulator(n, d, branch=branch, dtype=torch.float64)
     ref = ref.load_state_dict(ref_state).finalize()
     torch_path = ProbeAccumulator(n, d, branch=branch, backend="torch")
@@ -88,6 +91,7 @@ def test_accumulate_kernel(gen, branch, n, d, m):
     for key in [k for k in state if k.startswith(("npos", "nneg"))]:
         assert (state[key].cpu() - ref_state[key]).abs().max() <= 1, key
 
+
 def test_accumulate_launcher_validates_state():
     t, z = torch.randn(2, 4, 3), torch.randn(4, 3)
     mean, moments = torch.zeros(1, 4, 3), torch.zeros(1, 3, 4)
@@ -101,6 +105,7 @@ def test_accumulate_launcher_validates_state():
     with pytest.raises(TypeError, match=r"accumulate: expected t to have dtype"):
         accumulate(t.double(), z, mean, moments, counts, reason, 0)
 
+
 def test_block_sizes():
     for d in (1, 3, 64, 384, 1000, MAX_FUSED_DIM):
         cfg = block_sizes("accumulate", dim=d)
@@ -111,8 +116,12 @@ def test_block_sizes():
     cfg = block_sizes("project", d_in=3, d_out=700)
     assert min(cfg["BLOCK_N"], cfg["BLOCK_J"], cfg["BLOCK_K"]) >= 16  # tl.dot minimum
     # the GPU candidates: several to tune from, rows within the int32 offset bound
-    for dtype, precision in ((torch.float32, "ieee"), (torch.float32, "tf32"),
-                             (torch.bfloat16, "ieee"), (torch.float16, "ieee")):
+    for dtype, precision in (
+        (torch.float32, "ieee"),
+        (torch.float32, "tf32"),
+        (torch.bfloat16, "ieee"),
+        (torch.float16, "ieee"),
+    ):
         pool = head_configs(d_in=384, d_out=256, dtype=dtype, precision=precision, for_gpu=True)
         assert len(pool) >= 2 and all(c["BLOCK_N"] <= MAX_BLOCK_ROWS for c in pool)
         assert all(min(c["BLOCK_J"], c["BLOCK_N"]) >= 16 and c["BLOCK_K"] >= 8 for c in pool)
@@ -122,6 +131,7 @@ def test_block_sizes():
         for cfg in accumulate_configs(dim=d, for_gpu=True):
             per_thread = cfg["BLOCK_N"] * cfg["BLOCK_D"] / (32 * cfg["num_warps"])
             assert cfg["BLOCK_D"] >= d and per_thread <= 8, (d, cfg)
+
 
 @gpu
 def test_accumulate_large_on_gpu(gen):
@@ -133,8 +143,10 @@ def test_accumulate_large_on_gpu(gen):
     errors = stat_errors(got, want)
     assert worst(errors) <= TOL and sign_ok(errors), errors
 
+
 def test_interpreter_flag_is_set_for_cpu_runs():
     assert ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"
+
 
 @pytest.mark.parametrize("branch,d", [("u", 300), ("uw", 100), ("w", 3)])
 def test_accumulate_every_gpu_tile_configuration_computes_the_same(gen, branch, d):

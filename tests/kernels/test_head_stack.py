@@ -13,18 +13,17 @@ from tests.kernels._helpers import DEVICE, TOL, rand, skip_without_kernels
 
 skip_without_kernels()
 
+from normfast.core.reference import (  # noqa: E402
+    allowed_error,
+    head_stack_errors,
+    head_stack_reference,
+)
 from normfast.kernels import (  # noqa: E402
     capture_launches,
     head_configs,
     head_stack,
 )
 from normfast.kernels.head_stack import head_stack_operands  # noqa: E402
-from normfast.core.reference import (  # noqa: E402
-    allowed_error,
-    head_stack_errors,
-    head_stack_reference,
-)
-
 
 STACK_CASES = [  # n, d_in, d_out, k1, k2, bias
     (1, 1, 1, 1, 1, False),
@@ -37,6 +36,7 @@ STACK_CASES = [  # n, d_in, d_out, k1, k2, bias
     (29, 6, 37, 5, 0, True),
 ]
 
+
 def _stack_inputs(gen, n, d_in, d_out, k1, k2, bias):
     da = d_in + int(bias)
     A = rand(gen, n, d_in)
@@ -46,15 +46,20 @@ def _stack_inputs(gen, n, d_in, d_out, k1, k2, bias):
     S[0:1] = S[0:1] @ S[0:1].transpose(1, 2) if k2 else S[0:1]
     return A.float(), Z.float(), G.float(), S.float()
 
+
 def _stack_brute_force(A, Z, G, S, bias):
     """Every product straight from its definition, all at once, in float64."""
     A, Z, G, S = (x.double() for x in (A, Z, G, S))
     if bias:
         A = torch.cat([A, torch.ones(A.shape[0], 1, dtype=A.dtype)], 1)
     v = torch.einsum("kjd,nd->nkj", G, A)
-    return {"zdot": torch.einsum("nj,nkj->nk", Z, v), "sq": v.square().sum(-1),
-            "quad": torch.einsum("nd,kde,ne->nk", A, S, A),
-            "norm": Z.square().sum(1).sqrt()}
+    return {
+        "zdot": torch.einsum("nj,nkj->nk", Z, v),
+        "sq": v.square().sum(-1),
+        "quad": torch.einsum("nd,kde,ne->nk", A, S, A),
+        "norm": Z.square().sum(1).sqrt(),
+    }
+
 
 @pytest.mark.parametrize("n,d_in,d_out,k1,k2,bias", STACK_CASES)
 def test_head_stack_kernel(gen, n, d_in, d_out, k1, k2, bias):
@@ -75,16 +80,17 @@ def test_head_stack_kernel(gen, n, d_in, d_out, k1, k2, bias):
         errors = head_stack_errors(got, truth, A, Z, G, S, has_bias=bias)
         assert max(errors.values()) <= TOL, errors
 
+
 def test_head_stack_every_gpu_tile_configuration_computes_the_same(gen):
     """Each autotuning candidate (block shape) runs through the interpreter on an awkward shape."""
     n, d_in, d_out, k1, k2 = 70, 37, 45, 2, 2
     A, Z, G, S = _stack_inputs(gen, n, d_in, d_out, k1, k2, True)
     want = _stack_brute_force(A, Z, G, S, True)
-    shapes = {(c["BLOCK_N"], c["BLOCK_J"], c["BLOCK_K"])
-              for dtype, prec in ((torch.float32, "ieee"), (torch.float32, "tf32"),
-                                  (torch.bfloat16, "ieee"))
-              for c in head_configs(d_in=d_in, d_out=d_out, dtype=dtype, precision=prec,
-                                    for_gpu=True)}
+    shapes = {
+        (c["BLOCK_N"], c["BLOCK_J"], c["BLOCK_K"])
+        for dtype, prec in ((torch.float32, "ieee"), (torch.float32, "tf32"), (torch.bfloat16, "ieee"))
+        for c in head_configs(d_in=d_in, d_out=d_out, dtype=dtype, precision=prec, for_gpu=True)
+    }
     with capture_launches() as launches:
         outs = head_stack(A.to(DEVICE), Z.to(DEVICE), G.to(DEVICE), S.to(DEVICE), has_bias=True)
     (spec,) = launches
@@ -96,17 +102,18 @@ def test_head_stack_every_gpu_tile_configuration_computes_the_same(gen):
         errors = head_stack_errors(outs, want, A, Z, G, S, has_bias=True)
         assert max(errors.values()) <= TOL, (cfg, errors)
 
+
 def test_head_stack_non_finite_rows_stay_in_their_rows(gen):
     A, Z, G, S = _stack_inputs(gen, 9, 5, 4, 2, 2, False)
     A[2, 1] = float("inf")
     Z[4] = 0.0
     Z[6, 0] = float("nan")
-    zdot, sq, quad, norm = (x.cpu() for x in head_stack(A.to(DEVICE), Z.to(DEVICE),
-                                                         G.to(DEVICE), S.to(DEVICE)))
+    zdot, sq, quad, norm = (x.cpu() for x in head_stack(A.to(DEVICE), Z.to(DEVICE), G.to(DEVICE), S.to(DEVICE)))
     assert not torch.isfinite(sq[2]).any() and not torch.isfinite(quad[2]).any()
     assert norm[4] == 0 and torch.isnan(norm[6]) and torch.isnan(zdot[6]).all()
     others = [i for i in range(9) if i not in (2, 6)]
     assert torch.isfinite(torch.cat([zdot[others], sq[others], quad[others]], 1)).all()
+
 
 def test_head_stack_validates():
     A, Z = torch.randn(5, 4, device=DEVICE), torch.randn(5, 3, device=DEVICE)
@@ -123,6 +130,7 @@ def test_head_stack_validates():
         head_stack(A, Z, G.long(), S)
     zdot, sq, quad, norm = head_stack(A[:0], Z[:0], G, None)
     assert zdot.shape == (0, 2) and quad.shape == (0, 0) and norm.shape == (0,)
+
 
 @pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
 def test_low_precision_operands_keep_the_tolerance_rule(gen, low):
@@ -145,14 +153,19 @@ def test_low_precision_operands_keep_the_tolerance_rule(gen, low):
     a = A.double()
     v = torch.einsum("kjd,nd->nkj", gw.double(), a) + gb.double()[None]
     p = torch.einsum("kjd,nd->nkj", lw.double(), a) + lb[:, :d_in].double()[None]
-    emulated = (torch.einsum("nj,nkj->nk", Z.double(), v), v.square().sum(-1),
-                (p * a[:, None]).sum(-1) + lb[:, d_in].double()[None], want["norm"])
+    emulated = (
+        torch.einsum("nj,nkj->nk", Z.double(), v),
+        v.square().sum(-1),
+        (p * a[:, None]).sum(-1) + lb[:, d_in].double()[None],
+        want["norm"],
+    )
     plain = head_stack_reference(A, Z, G.to(low), S.to(low), has_bias=True)
     fast = head_stack_errors(emulated, want, A, Z, G, S, has_bias=True)
     base = head_stack_errors(plain, want, A, Z, G, S, has_bias=True)
     for key in ("zdot", "sq", "quad"):
         assert fast[key] <= allowed_error(low, base[key]), (key, fast[key], base[key])
         assert fast[key] <= base[key], (key, fast[key], base[key])  # fp32 outputs, not 16-bit
+
 
 def test_head_stack_copies_only_rows_that_are_not_16_aligned(gen):
     """Aligned contiguous inputs go to the kernel as they are; others as zero-padded copies."""

@@ -14,6 +14,7 @@ Here, in a subprocess with ``TRITON_INTERPRET=0`` (the test process runs the int
    ``accumulate`` rows of both branches; Triton's on-disk cache may serve a compile
    it has seen) and must pass on its own, with the registers the report recorded.
 """
+
 import json
 import os
 import subprocess
@@ -27,21 +28,28 @@ REPORT = REPO / "bench" / "results" / "kernel_resources" / "kernel_resources.jso
 
 # (kernel, label filter, arch): the variants compiled fresh by the test
 SUBSET = [
-    ("_head_stack_kernel", {"op": "head_stack", "dtype": "float32", "precision": "ieee",
-                            "d_in": 385, "bias": True}, 90),
-    ("_head_stack_kernel", {"op": "head_stack", "dtype": "float32", "precision": "ieee",
-                            "d_in": 385, "bias": True}, 80),
-    ("_head_stack_kernel", {"op": "head_stack", "dtype": "float32", "precision": "tf32",
-                            "d_in": 385, "bias": True}, 80),
-    ("_head_stack_kernel", {"op": "head_stack", "dtype": "bfloat16", "d_in": 385,
-                            "bias": True}, 90),
-    ("_head_stack_kernel", {"op": "head_stack", "dtype": "bfloat16", "d_in": 385,
-                            "bias": True}, 80),
+    (
+        "_head_stack_kernel",
+        {"op": "head_stack", "dtype": "float32", "precision": "ieee", "d_in": 385, "bias": True},
+        90,
+    ),
+    (
+        "_head_stack_kernel",
+        {"op": "head_stack", "dtype": "float32", "precision": "ieee", "d_in": 385, "bias": True},
+        80,
+    ),
+    (
+        "_head_stack_kernel",
+        {"op": "head_stack", "dtype": "float32", "precision": "tf32", "d_in": 385, "bias": True},
+        80,
+    ),
+    ("_head_stack_kernel", {"op": "head_stack", "dtype": "bfloat16", "d_in": 385, "bias": True}, 90),
+    ("_head_stack_kernel", {"op": "head_stack", "dtype": "bfloat16", "d_in": 385, "bias": True}, 80),
     ("_accumulate_kernel", {"dtype": "float32", "branch": "uw", "dim": 2048}, 90),
     ("_accumulate_kernel", {"dtype": "bfloat16", "branch": "u", "dim": 384}, 80),
 ]
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, sys
 import triton
 from normfast.kernels import resources
@@ -64,15 +72,21 @@ for kernel, want, arch in subset:
         raise SystemExit(f"no planned variant matches {kernel} {want} sm_{arch}")
 print(json.dumps({"planned": sorted(plan), "source_keys": resources.kernel_source_keys(),
                   "triton": triton.__version__, "fresh": fresh}))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def current():
     env = dict(os.environ, TRITON_INTERPRET="0")
     try:
-        done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(SUBSET)], env=env,
-                              capture_output=True, text=True, timeout=420, cwd=REPO)
+        done = subprocess.run(
+            [sys.executable, "-c", SCRIPT, json.dumps(SUBSET)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=420,
+            cwd=REPO,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("planning and compiling the subset took over 420 s")
     if done.returncode != 0 and "ptxas" in done.stderr and "not found" in done.stderr:
@@ -91,17 +105,23 @@ def test_the_committed_report_covers_every_variant_the_launchers_would_compile(c
     assert report["complete"], "the committed report was made with --limit"
     assert report["kernel_source_keys"] == current["source_keys"], (
         "the kernels changed since bench/results/kernel_resources/kernel_resources.json was written: "
-        "re-run python -m bench run kernel_resources --out bench/results/kernel_resources")
+        "re-run python -m bench run kernel_resources --out bench/results/kernel_resources"
+    )
     recorded = {r["key"] for r in report["variants"]}
     missing = sorted(set(current["planned"]) - recorded)
-    assert not missing, (f"{len(missing)} variants the launchers can compile are not in the "
-                         f"report (tile lists or the sweep changed): re-run the report")
+    assert not missing, (
+        f"{len(missing)} variants the launchers can compile are not in the "
+        f"report (tile lists or the sweep changed): re-run the report"
+    )
     assert len(current["planned"]) >= 100
 
 
 def test_no_shipped_variant_spills_sits_at_the_register_cap_or_runs_alone(report):
-    bad = [(r["kernel"], r["class"], r["config_label"], r["arch"], r["problems"])
-           for r in report["variants"] if r["problems"]]
+    bad = [
+        (r["kernel"], r["class"], r["config_label"], r["arch"], r["problems"])
+        for r in report["variants"]
+        if r["problems"]
+    ]
     assert not bad and report["failing"] == 0, bad[:10]
     for r in report["variants"]:
         assert r["stack"] == 0 and r["local"] == 0, r

@@ -73,6 +73,7 @@ Commands::
     python -m bench run e1 --seed 1 --out bench/results/e1/seed1     # the fresh seed
     python -m bench run e1 --quick                                    # a toy size (the tests)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -91,12 +92,14 @@ WRITES_OWN_FILES = True
 
 @dataclass
 class Config:
-    variants: str | None = field(default=None, metadata={"help": "comma-separated subset of the variants "
-                                                                 "(none: all of them)"})
+    variants: str | None = field(
+        default=None, metadata={"help": "comma-separated subset of the variants (none: all of them)"}
+    )
     ledger: bool = field(default=False, metadata={"help": "also the radial-budget ledger (ledger.json/.png)"})
     steps: int | None = field(default=None, metadata={"help": "override the number of training steps"})
-    size: str = field(default="full", metadata={"choices": ("full", "quick"),
-                                                 "help": "E1's full or quick configuration"})
+    size: str = field(
+        default="full", metadata={"choices": ("full", "quick"), "help": "E1's full or quick configuration"}
+    )
     seed: int = 0
 
     @classmethod
@@ -119,8 +122,11 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     from bench.experiments.e1.experiment import run as run_variants
 
     variants = config.variant_names()
-    cfg = replace(E1Config.quick() if config.size == "quick" else E1Config(), seed=config.seed,
-                  **({"steps": config.steps} if config.steps is not None else {}))
+    cfg = replace(
+        E1Config.quick() if config.size == "quick" else E1Config(),
+        seed=config.seed,
+        **({"steps": config.steps} if config.steps is not None else {}),
+    )
     summary = run_variants(cfg, variants, out=ctx.out, progress=ctx.progress, ledger=config.ledger)
     result = {k: v for k, v in summary.items() if k != "ledger"}
     result["_written"] = ["equilibrium.json", "equilibrium.png"]
@@ -156,16 +162,24 @@ E1_RUNS = (("0", "equilibrium.json"), ("1 (fresh)", "seed1/equilibrium.json"))
 def blocks(load: Callable[[str], dict | None]) -> dict[str, str | None]:
     runs = [(seed, d) for seed, path in E1_RUNS if (d := load(path)) is not None]
     ledger = load("ledger.json")
-    return {"e1": table_e1(runs, (ledger or {}).get("timing")), "e1-snapshot": table_e1_snapshot(runs),
-            "e1-ledger": None if ledger is None else table_e1_ledger(ledger),
-            "e1-resists": None if ledger is None else table_e1_resists(ledger)}
+    return {
+        "e1": table_e1(runs, (ledger or {}).get("timing")),
+        "e1-snapshot": table_e1_snapshot(runs),
+        "e1-ledger": None if ledger is None else table_e1_ledger(ledger),
+        "e1-resists": None if ledger is None else table_e1_resists(ledger),
+    }
 
 
 # ---------------------------------------------------------------------------
 # the README's renderers
-E1_NAMES = {"mlp": "MLP, no biases", "mlp_bias": "MLP, biases", "table": "embedding table",
-            "mlp_adamw": "MLP, AdamW β1 = 0.9", "mlp_adamw_b0": "MLP, AdamW β1 = 0",
-            "mlp_heavyball": "MLP, heavy-ball SGD β = 0.9"}
+E1_NAMES = {
+    "mlp": "MLP, no biases",
+    "mlp_bias": "MLP, biases",
+    "table": "embedding table",
+    "mlp_adamw": "MLP, AdamW β1 = 0.9",
+    "mlp_adamw_b0": "MLP, AdamW β1 = 0",
+    "mlp_heavyball": "MLP, heavy-ball SGD β = 0.9",
+}
 
 
 def _lag(t: dict, lag: str) -> str:
@@ -189,8 +203,12 @@ def e1_setup(size: str, seed: int, steps: int | None = None, **overrides: Any) -
     from bench.experiments.e1.data import E1Config, make_concepts
 
     torch.set_num_threads(1)
-    cfg = replace(E1Config.quick() if size == "quick" else E1Config(), seed=seed,
-                  **({"steps": steps} if steps else {}), **{k: v for k, v in overrides.items() if v})
+    cfg = replace(
+        E1Config.quick() if size == "quick" else E1Config(),
+        seed=seed,
+        **({"steps": steps} if steps else {}),
+        **{k: v for k, v in overrides.items() if v},
+    )
     return cfg, make_concepts(cfg)
 
 
@@ -203,31 +221,45 @@ def table_e1(runs: list[tuple[str, dict]], ledger_timing: dict | None) -> str | 
     runs = [(seed, d) for seed, d in runs if "dense_corrected_law" in d["results"][0]["fits"]]
     if not runs:
         return None
-    cols = (("dense_corrected_law", "dense, corrected law"), ("dense_law_without_curvature", "dense, no curvature"),
-            ("dense_heat_only_law", "dense, heat-only"), ("full_law", "checkpoints, full law"),
-            ("heat_only_law", "checkpoints, heat-only"), ("dense_fresh_batch_corrected_law", "dense, fresh batch (v3)"))
-    rows = ["| seed | E1 variant (slope / r) | " + " | ".join(c for _, c in cols) + " | target met |",
-            "|---" * (len(cols) + 3) + "|"]
+    cols = (
+        ("dense_corrected_law", "dense, corrected law"),
+        ("dense_law_without_curvature", "dense, no curvature"),
+        ("dense_heat_only_law", "dense, heat-only"),
+        ("full_law", "checkpoints, full law"),
+        ("heat_only_law", "checkpoints, heat-only"),
+        ("dense_fresh_batch_corrected_law", "dense, fresh batch (v3)"),
+    )
+    rows = [
+        "| seed | E1 variant (slope / r) | " + " | ".join(c for _, c in cols) + " | target met |",
+        "|---" * (len(cols) + 3) + "|",
+    ]
     for seed, d in runs:
         for r in d["results"]:
-            rows.append(f"| {seed} | {e1_name(r)} | " + " | ".join(_sr(r["fits"][k]) if k in r["fits"] else "n/a"
-                                                                  for k, _ in cols)
-                        + f" | {'yes' if r['target']['met'] else 'no'} |")
+            rows.append(
+                f"| {seed} | {e1_name(r)} | "
+                + " | ".join(_sr(r["fits"][k]) if k in r["fits"] else "n/a" for k, _ in cols)
+                + f" | {'yes' if r['target']['met'] else 'no'} |"
+            )
     d = runs[0][1]
     cfg, r0 = d["config"], d["results"][0]
     rows.append("")
-    rows.append(f"{cfg['concepts']} concepts x {cfg['items_per_concept']} items, {cfg['steps']} steps, window = last "
-                f"{int(cfg['window'] * 100)}% ({r0['dense_samples']} steps); SGD lr {cfg['lr']}, heavy-ball lr "
-                f"{cfg['heavyball_lr']}, AdamW lr {cfg['adamw_lr']}, wd {cfg['weight_decay']} throughout. Dense: at every step "
-                f"of the window, along the batch the step takes{_meter_note(r0)}. Checkpoints: {r0['checkpoints']} x (M = {cfg['M']}, "
-                f"M_D = {cfg['drift_batches']}). Target: slope in [0.85, 1.15], r >= 0.93 (on the dense corrected law).")
+    rows.append(
+        f"{cfg['concepts']} concepts x {cfg['items_per_concept']} items, {cfg['steps']} steps, window = last "
+        f"{int(cfg['window'] * 100)}% ({r0['dense_samples']} steps); SGD lr {cfg['lr']}, heavy-ball lr "
+        f"{cfg['heavyball_lr']}, AdamW lr {cfg['adamw_lr']}, wd {cfg['weight_decay']} throughout. "
+        f"Dense: at every step of the window, along the batch the step takes{_meter_note(r0)}. "
+        f"Checkpoints: {r0['checkpoints']} x (M = {cfg['M']}, "
+        f"M_D = {cfg['drift_batches']}). Target: slope in [0.85, 1.15], r >= 0.93 (on the dense corrected law)."
+    )
     for seed, d in runs:
         t = d.get("timing")
         if t:
             how = "with" if seed == runs[0][0] and ledger_timing == t else "without"
-            rows.append(f"Seed {seed}: `python -m bench run e1 --seed {d['config']['seed']}` ({how} --ledger) took "
-                        f"{t['wall_seconds'] / 60:.0f} min wall, {t['cpu_seconds'] / 60:.0f} min CPU on the shared "
-                        f"2-core machine.")
+            rows.append(
+                f"Seed {seed}: `python -m bench run e1 --seed {d['config']['seed']}` ({how} --ledger) took "
+                f"{t['wall_seconds'] / 60:.0f} min wall, {t['cpu_seconds'] / 60:.0f} min CPU on the shared "
+                f"2-core machine."
+            )
     return "\n".join(rows)
 
 
@@ -241,22 +273,37 @@ def table_e1_snapshot(runs: list[tuple[str, dict]]) -> str | None:
     runs = [(n, d) for n, d in runs if "snapshot" in d["results"][0]]
     if not runs:
         return None
-    cands = ("heat_only", "heat_only_curvature", "snapshot_full", "trajectory", "trajectory_curvature",
-             "trajectory_shrunk", "trajectory_shrunk_regression")
+    cands = (
+        "heat_only",
+        "heat_only_curvature",
+        "snapshot_full",
+        "trajectory",
+        "trajectory_curvature",
+        "trajectory_shrunk",
+        "trajectory_shrunk_regression",
+    )
     extra = all("norm_continued_fit" in d["results"][0]["snapshot"] for _, d in runs)
-    head = " | reference: present norm |" + (" reference: norm continued | 95% interval coverage (r_eq snapshot"
-                                             " / norm continued) |" if extra else "")
-    rows = ["| seed | E1 variant (slope / r) | " + " | ".join(c.replace("_", " ") for c in cands) + head,
-            "|---" * (len(cands) + 3 + 2 * extra) + "|"]
+    head = " | reference: present norm |" + (
+        " reference: norm continued | 95% interval coverage (r_eq snapshot / norm continued) |" if extra else ""
+    )
+    rows = [
+        "| seed | E1 variant (slope / r) | " + " | ".join(c.replace("_", " ") for c in cands) + head,
+        "|---" * (len(cands) + 3 + 2 * extra) + "|",
+    ]
     for seed, d in runs:
         for r in d["results"]:
             s = r["snapshot"]
-            row = f"| {seed} | {e1_name(r)} | " + " | ".join(_sr(s["fits"][c]) for c in cands) \
+            row = (
+                f"| {seed} | {e1_name(r)} | "
+                + " | ".join(_sr(s["fits"][c]) for c in cands)
                 + f" | {_sr(s['present_norm_fit'])} |"
+            )
             if extra:
                 cov = s["interval_coverage"]
-                row += (f" {_sr(s['norm_continued_fit'])} | {fmt(cov['trajectory_shrunk_regression']['coverage'])}"
-                        f" / {fmt(cov['norm_continued']['coverage'])} |")
+                row += (
+                    f" {_sr(s['norm_continued_fit'])} | {fmt(cov['trajectory_shrunk_regression']['coverage'])}"
+                    f" / {fmt(cov['norm_continued']['coverage'])} |"
+                )
             rows.append(row)
     notes = []
     for seed, d in runs:
@@ -265,43 +312,63 @@ def table_e1_snapshot(runs: list[tuple[str, dict]]) -> str | None:
         met = ch.get("scores", {}).get(w, {}).get("targets_met")
         steps = {r["variant"]: r["snapshot"]["trajectory_steps"] for r in d["results"]}
         t = d.get("timing", {})
-        notes.append(f"seed {seed}: protocol's choice {w} (target met on {met} of 4); "
-                     f"trajectory steps {', '.join(f'{k} {v}' for k, v in steps.items())}; "
-                     f"the whole run {t.get('wall_seconds', float('nan')) / 60:.0f} min wall, "
-                     f"{t.get('cpu_seconds', float('nan')) / 60:.0f} min CPU")
+        notes.append(
+            f"seed {seed}: protocol's choice {w} (target met on {met} of 4); "
+            f"trajectory steps {', '.join(f'{k} {v}' for k, v in steps.items())}; "
+            f"the whole run {t.get('wall_seconds', float('nan')) / 60:.0f} min wall, "
+            f"{t.get('cpu_seconds', float('nan')) / 60:.0f} min CPU"
+        )
     rows.append("")
     rows.append("; ".join(notes) + ".")
     return "\n".join(rows)
 
 
-LEDGER_TERMS = (("task1", "first-order task"), ("task2", "second-order task"), ("task", "task, both orders"),
-                ("decay", "decay"), ("remainder", "curvature remainder"))
+LEDGER_TERMS = (
+    ("task1", "first-order task"),
+    ("task2", "second-order task"),
+    ("task", "task, both orders"),
+    ("decay", "decay"),
+    ("remainder", "curvature remainder"),
+)
 
 
 def table_e1_ledger(d: dict) -> str:
-    rows = ["| E1 variant | term | realized, mean per step | / decay | checkpoint mean: ratio, r | "
-            "last checkpoint: ratio, r |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| E1 variant | term | realized, mean per step | / decay | checkpoint mean: ratio, r | "
+        "last checkpoint: ratio, r |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in d["results"]:
         dec = abs(r["terms"]["decay"]["realized_mean"])
         for t, label in LEDGER_TERMS:
             row = r["terms"][t]
             a, b = row["checkpoint_average"], row["last_checkpoint"]
-            rows.append(f"| {e1_name(r)} | {label} | {row['realized_mean']:.2e} | {row['realized_mean'] / dec:+.2f} | "
-                        f"{fmt(a['ratio_realized_over_estimated'], 2)}, {fmt(a['pearson_r'], 2)} | "
-                        f"{fmt(b['ratio_realized_over_estimated'], 2)}, {fmt(b['pearson_r'], 2)} |")
+            rows.append(
+                f"| {e1_name(r)} | {label} | {row['realized_mean']:.2e} | {row['realized_mean'] / dec:+.2f} | "
+                f"{fmt(a['ratio_realized_over_estimated'], 2)}, {fmt(a['pearson_r'], 2)} | "
+                f"{fmt(b['ratio_realized_over_estimated'], 2)}, {fmt(b['pearson_r'], 2)} |"
+            )
     rows.append("")
-    rows.append("Ratio = realized mean / engine's mean over items; r = per-item Pearson r (realized window mean "
-                "against the engine's estimate). The engine has no remainder term (ratio n/a).")
+    rows.append(
+        "Ratio = realized mean / engine's mean over items; r = per-item Pearson r (realized window mean "
+        "against the engine's estimate). The engine has no remainder term (ratio n/a)."
+    )
     ts = [(r, r["drift_time_structure"]) for r in d["results"] if "drift_time_structure" in r]
     if ts:
         rows.append("")
-        rows.append(f"The realized first-order term in blocks of {ts[0][1]['block_steps']} steps: its spread from "
-                    "block to block over the absolute value of its window mean, its block autocorrelation at lags "
-                    "1 and 5, and the per-item r of the last checkpoint's estimate against the window's realized "
-                    "term: " + "; ".join(
-                        f"{e1_name(r)} {t['median_block_std_over_abs_window_mean']:.1f}, "
-                        f"{_lag(t, '1')} / {_lag(t, '5')}, "
-                        f"r {t['per_item_r_last_checkpoint_drift_vs_window_realized']:+.2f}" for r, t in ts) + ".")
+        rows.append(
+            f"The realized first-order term in blocks of {ts[0][1]['block_steps']} steps: its spread from "
+            "block to block over the absolute value of its window mean, its block autocorrelation at lags "
+            "1 and 5, and the per-item r of the last checkpoint's estimate against the window's realized "
+            "term: "
+            + "; ".join(
+                f"{e1_name(r)} {t['median_block_std_over_abs_window_mean']:.1f}, "
+                f"{_lag(t, '1')} / {_lag(t, '5')}, "
+                f"r {t['per_item_r_last_checkpoint_drift_vs_window_realized']:+.2f}"
+                for r, t in ts
+            )
+            + "."
+        )
     return "\n".join(rows)
 
 
@@ -309,11 +376,15 @@ def table_e1_resists(d: dict) -> str | None:
     if "term_swaps" not in d["results"][0]:
         return None
     names = list(d["results"][0]["term_swaps"])
-    rows = ["| law from the checkpoints' terms (slope / r) | " + " | ".join(e1_name(r) for r in d["results"]) + " |",
-            "|---" * (len(d["results"]) + 1) + "|"]
+    rows = [
+        "| law from the checkpoints' terms (slope / r) | " + " | ".join(e1_name(r) for r in d["results"]) + " |",
+        "|---" * (len(d["results"]) + 1) + "|",
+    ]
     for n in names:
         rows.append(f"| {n} | " + " | ".join(_sr(r["term_swaps"][n]) for r in d["results"]) + " |")
-    rows.append("| closure: median abs(sum of realized terms) / abs(decay) | "
-                + " | ".join(fmt(r["closure"]["median_abs_sum_over_abs_decay"], 3) for r in d["results"]) + " |")
+    rows.append(
+        "| closure: median abs(sum of realized terms) / abs(decay) | "
+        + " | ".join(fmt(r["closure"]["median_abs_sum_over_abs_decay"], 3) for r in d["results"])
+        + " |"
+    )
     return "\n".join(rows)
-

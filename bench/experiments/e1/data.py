@@ -7,6 +7,7 @@ the positive is drawn from another concept with probability ``a_k``
 (ambiguity, spread evenly over ``[0, a_max]``). Ambiguous items receive
 inconsistent updates -- more heat -- and settle at larger norms.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -54,9 +55,21 @@ class E1Config:
 
     @classmethod
     def quick(cls) -> "E1Config":
-        return cls(concepts=16, items_per_concept=4, hidden=64, n_pairs=4000, steps=3000,
-                   probe_every=60, M=8, drift_batches=16, snapshot_batches=16, snapshot_drift_batches=32,
-                   snapshot_curvature_batches=8, snapshot_relaxations=0.25, snapshot_min_steps=100)
+        return cls(
+            concepts=16,
+            items_per_concept=4,
+            hidden=64,
+            n_pairs=4000,
+            steps=3000,
+            probe_every=60,
+            M=8,
+            drift_batches=16,
+            snapshot_batches=16,
+            snapshot_drift_batches=32,
+            snapshot_curvature_batches=8,
+            snapshot_relaxations=0.25,
+            snapshot_min_steps=100,
+        )
 
 
 @dataclass(frozen=True)
@@ -64,10 +77,10 @@ class Variant:
     """One E1 run: the encoder and the optimizer that trains it."""
 
     name: str
-    model: str             # "mlp" (bias-free 2-layer ReLU), "mlp_bias", "table" (free embedding table)
-    optimizer: str         # "sgd" or "adamw" (torch.optim.SGD / AdamW)
+    model: str  # "mlp" (bias-free 2-layer ReLU), "mlp_bias", "table" (free embedding table)
+    optimizer: str  # "sgd" or "adamw" (torch.optim.SGD / AdamW)
     momentum: float = 0.0  # heavy-ball momentum of SGD (torch's, weight decay coupled as in torch)
-    beta1: float = 0.9     # AdamW's beta1
+    beta1: float = 0.9  # AdamW's beta1
     description: str = ""
 
     def lr(self, cfg: E1Config) -> float:
@@ -76,23 +89,26 @@ class Variant:
         return cfg.heavyball_lr if self.momentum else cfg.lr
 
 
-VARIANT_SPECS: dict[str, Variant] = {v.name: v for v in (
-    Variant("mlp", "mlp", "sgd", description="2-layer ReLU MLP, no biases"),
-    Variant("mlp_bias", "mlp_bias", "sgd", description="2-layer ReLU MLP, biases"),
-    Variant("table", "table", "sgd", description="free embedding table"),
-    Variant("mlp_adamw", "mlp", "adamw", beta1=0.9, description="2-layer ReLU MLP, no biases"),
-    Variant("mlp_adamw_b0", "mlp", "adamw", beta1=0.0, description="2-layer ReLU MLP, no biases"),
-    Variant("mlp_heavyball", "mlp", "sgd", momentum=0.9, description="2-layer ReLU MLP, no biases"),
-)}
+VARIANT_SPECS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("mlp", "mlp", "sgd", description="2-layer ReLU MLP, no biases"),
+        Variant("mlp_bias", "mlp_bias", "sgd", description="2-layer ReLU MLP, biases"),
+        Variant("table", "table", "sgd", description="free embedding table"),
+        Variant("mlp_adamw", "mlp", "adamw", beta1=0.9, description="2-layer ReLU MLP, no biases"),
+        Variant("mlp_adamw_b0", "mlp", "adamw", beta1=0.0, description="2-layer ReLU MLP, no biases"),
+        Variant("mlp_heavyball", "mlp", "sgd", momentum=0.9, description="2-layer ReLU MLP, no biases"),
+    )
+}
 VARIANTS = tuple(VARIANT_SPECS)
 
 
 @dataclass
 class SyntheticConcepts:
-    x: torch.Tensor            # [n_items, d_in] item inputs (for the MLP)
-    concept: torch.Tensor      # [n_items] concept of each item
-    ambiguity: torch.Tensor    # [concepts]
-    pairs: np.ndarray          # [n_pairs, 2] item ids (anchor, positive)
+    x: torch.Tensor  # [n_items, d_in] item inputs (for the MLP)
+    concept: torch.Tensor  # [n_items] concept of each item
+    ambiguity: torch.Tensor  # [concepts]
+    pairs: np.ndarray  # [n_pairs, 2] item ids (anchor, positive)
 
 
 def make_concepts(cfg: E1Config) -> SyntheticConcepts:
@@ -147,9 +163,17 @@ def probe_config(variant: Variant, cfg: E1Config, n_items: int, *, batches: int,
     """
     from normfast import ProbeConfig
 
-    kw: dict[str, Any] = dict(params="all", mode="jvp", output="pooled", optimizer=variant.optimizer,
-                              lr=variant.lr(cfg), weight_decay=cfg.weight_decay, batch_size=cfg.batch_size,
-                              chunk_size=n_items, radial_spread=True)
+    kw: dict[str, Any] = dict(
+        params="all",
+        mode="jvp",
+        output="pooled",
+        optimizer=variant.optimizer,
+        lr=variant.lr(cfg),
+        weight_decay=cfg.weight_decay,
+        batch_size=cfg.batch_size,
+        chunk_size=n_items,
+        radial_spread=True,
+    )
     if variant.optimizer == "adamw":
         kw["betas"] = (variant.beta1, 0.999)
     else:

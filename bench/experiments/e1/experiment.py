@@ -1,4 +1,5 @@
 """One E1 run per variant: train, probe the checkpoints, fit the laws, and (``ledger=True``) the ledger."""
+
 from __future__ import annotations
 
 import json
@@ -11,23 +12,38 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.experiments.e1.data import (E1Config, SyntheticConcepts, VARIANT_SPECS, VARIANTS, Variant,
-                                         drift_estimator_name, make_concepts)
-from bench.experiments.e1.laws import (TARGET_R, TARGET_SLOPE, ProbedRun, law_norms, probe_checkpoints,
-                                         realized_law)
+from bench.experiments.e1.data import (
+    VARIANT_SPECS,
+    VARIANTS,
+    E1Config,
+    SyntheticConcepts,
+    Variant,
+    drift_estimator_name,
+    make_concepts,
+)
+from bench.experiments.e1.laws import TARGET_R, TARGET_SLOPE, ProbedRun, law_norms, probe_checkpoints, realized_law
 from bench.experiments.e1.training import TrainingRun, train
 from normfast.data.io import json_ready
 
 
-
 def _target(fit: dict[str, float]) -> dict[str, Any]:
     lo, hi = TARGET_SLOPE
-    return {"slope": [lo, hi], "pearson_r": TARGET_R,
-            "met": bool(lo <= fit["slope"] <= hi and fit["pearson_r"] >= TARGET_R)}
+    return {
+        "slope": [lo, hi],
+        "pearson_r": TARGET_R,
+        "met": bool(lo <= fit["slope"] <= hi and fit["pearson_r"] >= TARGET_R),
+    }
 
 
-def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: bool = False,
-                snapshot: bool = True, progress: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def run_variant(
+    variant: Variant,
+    cfg: E1Config,
+    data: SyntheticConcepts,
+    *,
+    ledger: bool = False,
+    snapshot: bool = True,
+    progress: bool = True,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Train, probe and fit one variant; returns (E1 result, ledger result or None)."""
     from bench.experiments.e1.snapshot import snapshot_predictors
     from normfast.core.stats import loglog_fit
@@ -44,7 +60,7 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
     dense = run.meter
     qcol, ccol = ("Q_w", "Q_curv_w") if adam else ("Q", "Q_curv")
 
-    def corrected(m: dict[str, Any]) -> dict[str, Any]:   # heat plus curvature heat
+    def corrected(m: dict[str, Any]) -> dict[str, Any]:  # heat plus curvature heat
         return dict(m, **{qcol: m[qcol] + m[ccol]})
 
     r_dense = law_norms(variant, corrected(dense), cfg)
@@ -116,8 +132,9 @@ def run_variant(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, led
             "seconds": snap["seconds"],
             "predicted": {k: np.asarray(v).tolist() for k, v in snap["predicted"].items()},
             "norm_continued": np.asarray(snap["norm_continued"]).tolist(),
-            "intervals": {k: [np.asarray(lo).tolist(), np.asarray(hi).tolist()]
-                          for k, (lo, hi) in snap["intervals"].items()},
+            "intervals": {
+                k: [np.asarray(lo).tolist(), np.asarray(hi).tolist()] for k, (lo, hi) in snap["intervals"].items()
+            },
         }
     led = ledger_result(run, probed, cfg, observed) if ledger else None
     return out, led
@@ -129,9 +146,12 @@ def interval_coverage(lo: np.ndarray, hi: np.ndarray, observed: np.ndarray) -> d
     ok = np.isfinite(lo) & np.isfinite(hi)
     inside = (observed[ok] >= lo[ok]) & (observed[ok] <= hi[ok])
     width = np.expm1((np.log(hi[ok]) - np.log(lo[ok])) / 2)
-    return {"coverage": float(inside.mean()) if ok.any() else float("nan"), "rows": int(ok.sum()),
-            "below": float((observed[ok] < lo[ok]).mean()) if ok.any() else float("nan"),
-            "median_halfwidth": float(np.median(width)) if ok.any() else float("nan")}
+    return {
+        "coverage": float(inside.mean()) if ok.any() else float("nan"),
+        "rows": int(ok.sum()),
+        "below": float((observed[ok] < lo[ok]).mean()) if ok.any() else float("nan"),
+        "median_halfwidth": float(np.median(width)) if ok.any() else float("nan"),
+    }
 
 
 def _lag_correlations(series: np.ndarray, lags: tuple[int, ...]) -> dict[str, float]:
@@ -172,15 +192,16 @@ def _solve_per_step(terms: dict[str, np.ndarray], R0: np.ndarray, adam: bool) ->
         t1, t2, dec = terms["task1"][i], terms["task2"][i] + terms["remainder"][i], terms["decay"][i]
 
         def f(x: float) -> float:
-            return t1 * x ** p1 + t2 * x ** p2 + dec * x ** 2
+            return t1 * x**p1 + t2 * x**p2 + dec * x**2
 
         if f(1e-3) > 0 > f(1e3):
             out[i] = brentq(f, 1e-3, 1e3, xtol=1e-12) * R0[i]
     return out
 
 
-def term_swaps(realized: dict[str, np.ndarray], estimated: dict[str, np.ndarray], observed: np.ndarray,
-               adam: bool) -> dict[str, dict[str, float]]:
+def term_swaps(
+    realized: dict[str, np.ndarray], estimated: dict[str, np.ndarray], observed: np.ndarray, adam: bool
+) -> dict[str, dict[str, float]]:
     """Which term resists: the law from the engine's estimated terms, then with one term at a time (or
     a pair) replaced by its realized value, then all realized -- slope and r against the observed norms.
     The terms are per step at the checkpoints' norms; the law rescales them with R."""
@@ -188,10 +209,15 @@ def term_swaps(realized: dict[str, np.ndarray], estimated: dict[str, np.ndarray]
 
     zero = np.zeros_like(observed)
     est = dict(estimated, remainder=zero)
-    swaps = {"engine (no remainder)": {}, "engine + realized remainder": {"remainder"},
-             "realized first-order task": {"task1"}, "realized first-order task + remainder": {"task1", "remainder"},
-             "realized task (both orders) + remainder": {"task1", "task2", "remainder"},
-             "realized decay": {"decay"}, "all realized": {"task1", "task2", "decay", "remainder"}}
+    swaps = {
+        "engine (no remainder)": {},
+        "engine + realized remainder": {"remainder"},
+        "realized first-order task": {"task1"},
+        "realized first-order task + remainder": {"task1", "remainder"},
+        "realized task (both orders) + remainder": {"task1", "task2", "remainder"},
+        "realized decay": {"decay"},
+        "all realized": {"task1", "task2", "decay", "remainder"},
+    }
     out = {}
     for name, real in swaps.items():
         terms = {k: (realized[k] if k in real else est[k]) for k in ("task1", "task2", "decay", "remainder")}
@@ -210,7 +236,7 @@ def ledger_result(run: TrainingRun, probed: ProbedRun, cfg: E1Config, observed: 
     decay = np.abs(real["decay"])
     closure = np.abs(real["total"]) / decay
     telescoped = (run.ledger.r2_last - run.ledger.r2_first).numpy() / run.ledger.steps
-    block_drift = run.ledger.block_means("task1")            # [blocks, items]
+    block_drift = run.ledger.block_means("task1")  # [blocks, items]
     lag_corr = _lag_correlations(block_drift, (1, 5, 25, 100))
     return {
         "variant": variant.name,
@@ -237,11 +263,13 @@ def ledger_result(run: TrainingRun, probed: ProbedRun, cfg: E1Config, observed: 
         "drift_time_structure": {
             "block_steps": cfg.probe_every,
             "blocks": int(block_drift.shape[0]),
-            "median_block_std_over_abs_window_mean": float(np.median(
-                block_drift.std(0) / np.maximum(np.abs(block_drift.mean(0)), 1e-300))),
+            "median_block_std_over_abs_window_mean": float(
+                np.median(block_drift.std(0) / np.maximum(np.abs(block_drift.mean(0)), 1e-300))
+            ),
             "block_autocorrelation_by_lag": lag_corr,
-            "per_item_r_last_checkpoint_drift_vs_window_realized": float(np.corrcoef(
-                probed.est_last["task1"], real["task1"])[0, 1]),
+            "per_item_r_last_checkpoint_drift_vs_window_realized": float(
+                np.corrcoef(probed.est_last["task1"], real["task1"])[0, 1]
+            ),
         },
         "realized": {k: np.asarray(v).tolist() for k, v in real.items()},
         "estimated_checkpoint_average": {k: np.asarray(v).tolist() for k, v in probed.est_average.items()},
@@ -250,8 +278,14 @@ def ledger_result(run: TrainingRun, probed: ProbedRun, cfg: E1Config, observed: 
     }
 
 
-def run(cfg: E1Config, variants: tuple[str, ...] = VARIANTS, out: str | Path | None = None,
-        progress: bool = True, ledger: bool = False, snapshot: bool = True) -> dict[str, Any]:
+def run(
+    cfg: E1Config,
+    variants: tuple[str, ...] = VARIANTS,
+    out: str | Path | None = None,
+    progress: bool = True,
+    ledger: bool = False,
+    snapshot: bool = True,
+) -> dict[str, Any]:
     """Every variant in turn; writes ``equilibrium.json``/``.png`` (and ``ledger.json``/``.png``) to ``out``."""
     from bench.experiments.e1.plots import plot, plot_ledger
     from normfast.engine.runner import library_versions as _library_versions
@@ -262,14 +296,21 @@ def run(cfg: E1Config, variants: tuple[str, ...] = VARIANTS, out: str | Path | N
     cpu0 = _cpu_seconds()
     try:
         data = make_concepts(cfg)
-        pairs = [run_variant(VARIANT_SPECS[v], cfg, data, ledger=ledger, snapshot=snapshot, progress=progress)
-                 for v in variants]
+        pairs = [
+            run_variant(VARIANT_SPECS[v], cfg, data, ledger=ledger, snapshot=snapshot, progress=progress)
+            for v in variants
+        ]
     finally:
         torch.set_num_threads(threads)
     results = [p[0] for p in pairs]
     timing = {"wall_seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(_cpu_seconds() - cpu0, 1)}
-    summary = {"experiment": "E1 controlled equilibrium", "config": asdict(cfg), "results": results,
-               "timing": timing, "versions": _library_versions()}
+    summary = {
+        "experiment": "E1 controlled equilibrium",
+        "config": asdict(cfg),
+        "results": results,
+        "timing": timing,
+        "versions": _library_versions(),
+    }
     if snapshot:
         from bench.experiments.e1.snapshot import SNAPSHOT_PROTOCOL, choose
 
@@ -277,14 +318,20 @@ def run(cfg: E1Config, variants: tuple[str, ...] = VARIANTS, out: str | Path | N
         summary["snapshot_choice"] = choose({r["variant"]: r["snapshot"]["fits"] for r in results})
     ledger_summary = None
     if ledger:
-        ledger_summary = {"experiment": "E1 radial-budget ledger", "config": asdict(cfg),
-                          "results": [p[1] for p in pairs], "timing": timing, "versions": _library_versions()}
+        ledger_summary = {
+            "experiment": "E1 radial-budget ledger",
+            "config": asdict(cfg),
+            "results": [p[1] for p in pairs],
+            "timing": timing,
+            "versions": _library_versions(),
+        }
         summary["ledger"] = ledger_summary
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "equilibrium.json").write_text(json.dumps(json_ready(_without(summary, "ledger")), indent=1,
-                                                         allow_nan=False))
+        (out / "equilibrium.json").write_text(
+            json.dumps(json_ready(_without(summary, "ledger")), indent=1, allow_nan=False)
+        )
         plot(results, out / "equilibrium.png")
         if ledger_summary is not None:
             (out / "ledger.json").write_text(json.dumps(json_ready(ledger_summary), indent=1, allow_nan=False))

@@ -8,6 +8,7 @@
   realized balance closes) and the per-term comparison of the engine's
   estimates with the realized terms (:mod:`bench.experiments.e1.ledger`).
 """
+
 from __future__ import annotations
 
 import time
@@ -23,12 +24,33 @@ from bench.experiments.e1.training import TrainingRun, load_checkpoint
 TARGET_SLOPE = (0.85, 1.15)
 TARGET_R = 0.93
 
-STAT_COLUMNS = ("norm", "D", "Q", "D_w", "Q_w", "kappa", "V2", "V2_w", "m2", "m2_w", "se_D", "se_D_w",
-                "r_eq", "r_eq_heat")
+STAT_COLUMNS = (
+    "norm",
+    "D",
+    "Q",
+    "D_w",
+    "Q_w",
+    "kappa",
+    "V2",
+    "V2_w",
+    "m2",
+    "m2_w",
+    "se_D",
+    "se_D_w",
+    "r_eq",
+    "r_eq_heat",
+)
 
 
-def law_norms(variant: Variant, stats: dict[str, np.ndarray], cfg: E1Config, *, heat_only: bool = False,
-              lr: float | None = None, momentum: float | None = None) -> np.ndarray:
+def law_norms(
+    variant: Variant,
+    stats: dict[str, np.ndarray],
+    cfg: E1Config,
+    *,
+    heat_only: bool = False,
+    lr: float | None = None,
+    momentum: float | None = None,
+) -> np.ndarray:
     """Solve the equilibrium law for per-item statistics (``D``/``Q`` or ``D_w``/``Q_w``, ``kappa``).
 
     ``lr``, ``momentum``: override the variant's (default: the run's own).
@@ -46,21 +68,20 @@ def law_norms(variant: Variant, stats: dict[str, np.ndarray], cfg: E1Config, *, 
 
 @dataclass
 class ProbedRun:
-    average: dict[str, np.ndarray]        # statistics averaged over the checkpoints
-    last: dict[str, np.ndarray]           # the last checkpoint's statistics
-    est_average: dict[str, np.ndarray] | None   # ledger terms, averaged over checkpoints
+    average: dict[str, np.ndarray]  # statistics averaged over the checkpoints
+    last: dict[str, np.ndarray]  # the last checkpoint's statistics
+    est_average: dict[str, np.ndarray] | None  # ledger terms, averaged over checkpoints
     est_last: dict[str, np.ndarray] | None
-    per_checkpoint_drift: np.ndarray      # [checkpoints, items] D (SGD) or D_w (AdamW)
+    per_checkpoint_drift: np.ndarray  # [checkpoints, items] D (SGD) or D_w (AdamW)
     seconds: float
 
 
-def probe_checkpoints(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts, *,
-                      progress: bool = True) -> ProbedRun:
+def probe_checkpoints(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts, *, progress: bool = True) -> ProbedRun:
     """Run the engine at every checkpoint of the window (a different seed per checkpoint)."""
     from bench.experiments.e1.ledger import estimated_terms
+    from normfast import probe
     from normfast.data.pairs import PairSource
     from normfast.engine.directions import InfoNCE
-    from normfast import probe
 
     variant = run.variant
     enc = run.encoder
@@ -77,28 +98,45 @@ def probe_checkpoints(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts, 
     est_last = None
     t0 = time.perf_counter()
     cks = run.checkpoints
-    for ci, ck in enumerate(tqdm(cks, desc=f"E1 {variant.name}: probe", unit="ckpt", disable=not progress,
-                                 leave=False)):
+    for ci, ck in enumerate(
+        tqdm(cks, desc=f"E1 {variant.name}: probe", unit="ckpt", disable=not progress, leave=False)
+    ):
         load_checkpoint(enc, ck)
-        res = probe(enc, items, objective, pairs, replace(pcfg, seed=cfg.seed * 7919 + ci), progress=False,
-                    second_moments=ck.second_moments, model_name=f"E1-{variant.name}")
+        res = probe(
+            enc,
+            items,
+            objective,
+            pairs,
+            replace(pcfg, seed=cfg.seed * 7919 + ci),
+            progress=False,
+            second_moments=ck.second_moments,
+            model_name=f"E1-{variant.name}",
+        )
         cols = {c: res.column(c) for c in STAT_COLUMNS if c in res.table.column_names}
         for c, v in cols.items():
             sums[c] = sums.get(c, 0) + v
         drifts.append(cols[drift_col])
-        est = estimated_terms(variant.optimizer, cols, lr=variant.lr(cfg), weight_decay=cfg.weight_decay,
-                              momentum=variant.momentum)
+        est = estimated_terms(
+            variant.optimizer, cols, lr=variant.lr(cfg), weight_decay=cfg.weight_decay, momentum=variant.momentum
+        )
         for k, v in est.items():
             est_sums[k] = est_sums.get(k, 0) + v
         if ci == len(cks) - 1:
             last, est_last = cols, est
     n = len(cks)
-    return ProbedRun({k: v / n for k, v in sums.items()}, last, {k: v / n for k, v in est_sums.items()},
-                     est_last, np.stack(drifts), time.perf_counter() - t0)
+    return ProbedRun(
+        {k: v / n for k, v in sums.items()},
+        last,
+        {k: v / n for k, v in est_sums.items()},
+        est_last,
+        np.stack(drifts),
+        time.perf_counter() - t0,
+    )
 
 
-def realized_law(variant: Variant, cfg: E1Config, means: dict[str, np.ndarray], *,
-                 with_remainder: bool = True) -> np.ndarray:
+def realized_law(
+    variant: Variant, cfg: E1Config, means: dict[str, np.ndarray], *, with_remainder: bool = True
+) -> np.ndarray:
     """The law solved with coefficients read off the realized window-mean terms
     (:func:`normfast.engine.monitor.realized.realized_law`, at the variant's η, λ and momentum).
 
@@ -108,5 +146,11 @@ def realized_law(variant: Variant, cfg: E1Config, means: dict[str, np.ndarray], 
     """
     from normfast.engine.monitor import realized_law as solve
 
-    return solve(means, adamw=variant.optimizer == "adamw", lr=variant.lr(cfg), weight_decay=cfg.weight_decay,
-                 momentum=variant.momentum, with_remainder=with_remainder)
+    return solve(
+        means,
+        adamw=variant.optimizer == "adamw",
+        lr=variant.lr(cfg),
+        weight_decay=cfg.weight_decay,
+        momentum=variant.momentum,
+        with_remainder=with_remainder,
+    )

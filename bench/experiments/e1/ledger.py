@@ -46,6 +46,7 @@ noise; the rest appears in the first-order term, through the correlation of
 the buffer's past gradients with the present ``z``. The law's estimates are
 long-run figures: for momentum runs compare their sum ("task, both orders").
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -54,8 +55,7 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from normfast.engine.monitor import (TERMS, DecaySplit, StepRule, estimated_terms, parameters_as, step_terms,
-                                      with_sums)
+from normfast.engine.monitor import TERMS, DecaySplit, StepRule, estimated_terms, parameters_as, step_terms, with_sums
 
 __all__ = ["TERMS", "TERM_LABELS", "RealizedLedger", "estimated_terms", "realized_terms", "compare"]
 
@@ -89,8 +89,7 @@ class RealizedLedger:
         self.momentum = variant.momentum if variant.optimizer == "sgd" else 0.0
         self.block = cfg.probe_every
         n = x.shape[0]
-        self.sums = {k: torch.zeros(n, dtype=torch.float64)
-                     for k in (*TERMS, "decay_first_order", "total", "R", "R2")}
+        self.sums = {k: torch.zeros(n, dtype=torch.float64) for k in (*TERMS, "decay_first_order", "total", "R", "R2")}
         self.blocks: list[dict[str, torch.Tensor]] = []
         self._block = {k: torch.zeros(n, dtype=torch.float64) for k in (*TERMS, "R2")}
         self._in_block = 0
@@ -166,8 +165,7 @@ def compare(realized: Mapping[str, np.ndarray], estimates: Mapping[str, Mapping[
     rows = {}
     for term in ("task1", "task2", "task", "decay", "remainder", "total"):
         real = np.asarray(realized[term], dtype=float)
-        row: dict[str, Any] = {"realized_mean": float(np.mean(real)),
-                               "realized_mean_abs": float(np.mean(np.abs(real)))}
+        row: dict[str, Any] = {"realized_mean": float(np.mean(real)), "realized_mean_abs": float(np.mean(np.abs(real)))}
         for name, est in estimates.items():
             e = np.asarray(est[term], dtype=float)
             m = float(np.mean(e))

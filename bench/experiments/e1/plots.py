@@ -1,11 +1,11 @@
 """E1's figures: the fits per variant (equilibrium.png) and the ledger's terms (ledger.png)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 
 
 def _plt():
@@ -34,18 +34,21 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     def ticks(axis: Any) -> tuple[FuncFormatter, FuncFormatter]:
         """Plain-number labels; minor ticks labelled at 2, 3 and 5 x 10^k, or all of them when the axis
         spans less than a factor of 3 (else a narrow range would carry no label at all)."""
+
         def minor(v: float, _: Any) -> str:
             lo, hi = axis.get_view_interval()
             lead = round(v / 10 ** np.floor(np.log10(v)), 6)
             return f"{v:.2g}" if hi / lo < 3 or lead in (2, 3, 5) else ""
+
         return FuncFormatter(lambda v, _: f"{v:.2g}"), FuncFormatter(minor)
 
     for ax, res in zip(axes.flat, results):
         obs = np.asarray(res["observed"])
-        series = (("predicted_full", "tab:blue", "checkpoints, full law", "full_law"),
-                  ("predicted_dense_fresh_batch", "tab:orange", "dense, fresh batch (v3)",
-                   "dense_fresh_batch_corrected_law"),
-                  ("predicted_dense", "tab:red", "dense, own batch", "dense_corrected_law"))
+        series = (
+            ("predicted_full", "tab:blue", "checkpoints, full law", "full_law"),
+            ("predicted_dense_fresh_batch", "tab:orange", "dense, fresh batch (v3)", "dense_fresh_batch_corrected_law"),
+            ("predicted_dense", "tab:red", "dense, own batch", "dense_corrected_law"),
+        )
         shown = [s for s in series if s[0] in res]
         values = [obs]
         for key, color, label, fit in shown:
@@ -59,8 +62,11 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
         head = "dense_corrected_law" if "predicted_dense" in res else "full_law"
         f = res["fits"][head]
-        ax.set_title(f"{res['variant']} ({res['optimizer']})\n{head.replace('_', ' ')}: slope {f['slope']:.2f}, "
-                     f"r {f['pearson_r']:.3f}", fontsize=9)
+        ax.set_title(
+            f"{res['variant']} ({res['optimizer']})\n{head.replace('_', ' ')}: slope {f['slope']:.2f}, "
+            f"r {f['pearson_r']:.3f}",
+            fontsize=9,
+        )
         for axis in (ax.xaxis, ax.yaxis):
             major, minor = ticks(axis)
             axis.set_major_formatter(major)
@@ -99,10 +105,23 @@ def plot_ledger(results: list[dict[str, Any]], path: Path) -> None:
             ax.legend(fontsize=7)
         ax = axes[1][k]
         real_t1 = np.asarray(res["realized"]["task1"])
-        ax.plot(np.asarray(res["estimated_checkpoint_average"]["task1"]), real_t1, ".", ms=3, color="tab:blue",
-                label="checkpoint mean")
-        ax.plot(np.asarray(res["estimated_last_checkpoint"]["task1"]), real_t1, ".", ms=3, color="tab:orange",
-                alpha=0.5, label="last checkpoint")
+        ax.plot(
+            np.asarray(res["estimated_checkpoint_average"]["task1"]),
+            real_t1,
+            ".",
+            ms=3,
+            color="tab:blue",
+            label="checkpoint mean",
+        )
+        ax.plot(
+            np.asarray(res["estimated_last_checkpoint"]["task1"]),
+            real_t1,
+            ".",
+            ms=3,
+            color="tab:orange",
+            alpha=0.5,
+            label="last checkpoint",
+        )
         lim = np.nanmax(np.abs(real_t1)) * 1.2
         ax.plot([-lim, lim], [-lim, lim], "k--", lw=0.8)
         ax.set_xlabel("engine's first-order task term")

@@ -5,6 +5,7 @@ the window's last checkpoint (its parameters and, for AdamW, the optimizer's
 ``v̂``), the objective and the pair source -- never the trajectory before it
 nor the observed norms.
 """
+
 from __future__ import annotations
 
 import time
@@ -59,19 +60,26 @@ continuation's sampling error only, not the law's bias nor the observed norms' o
 coverage below 0.95 measures how much of the error is not sampling error.
 """
 
-CANDIDATES = ("heat_only", "heat_only_curvature", "snapshot_full", "trajectory", "trajectory_curvature",
-              "trajectory_shrunk", "trajectory_shrunk_regression")
+CANDIDATES = (
+    "heat_only",
+    "heat_only_curvature",
+    "snapshot_full",
+    "trajectory",
+    "trajectory_curvature",
+    "trajectory_shrunk",
+    "trajectory_shrunk_regression",
+)
 CHOICE_VARIANTS = ("mlp", "mlp_bias", "table", "mlp_adamw")
 
 
-def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts, *,
-                        progress: bool = True) -> dict[str, Any]:
+def snapshot_predictors(
+    run: TrainingRun, cfg: E1Config, data: SyntheticConcepts, *, progress: bool = True
+) -> dict[str, Any]:
     """Every candidate's predicted stationary norms from the last checkpoint alone."""
-    from normfast.data.pairs import PairSource
-    from normfast.engine.trajectory import curvature_heat
-    from normfast.engine.directions import InfoNCE
     from normfast import probe
-    from normfast.engine.trajectory import relaxation_steps, shrink, snapshot_prediction, task_terms
+    from normfast.data.pairs import PairSource
+    from normfast.engine.directions import InfoNCE
+    from normfast.engine.trajectory import curvature_heat, relaxation_steps, shrink, snapshot_prediction, task_terms
 
     variant = run.variant
     adam = variant.optimizer == "adamw"
@@ -85,13 +93,19 @@ def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts
     load_checkpoint(enc, snap)
     t0 = time.perf_counter()
     seed = cfg.seed * 7919 + 104_729
-    pcfg = replace(probe_config(variant, cfg, n, batches=cfg.snapshot_batches,
-                                drift_batches=cfg.snapshot_drift_batches), seed=seed)
+    pcfg = replace(
+        probe_config(variant, cfg, n, batches=cfg.snapshot_batches, drift_batches=cfg.snapshot_drift_batches), seed=seed
+    )
     res = probe(enc, items, objective, pairs, pcfg, progress=False, second_moments=snap.second_moments)
     at = {c: res.column(c) for c in ("norm", dcol, qcol, "kappa")}
-    curv = curvature_heat(enc, items, objective, pairs, replace(pcfg, batches=cfg.snapshot_curvature_batches,
-                                                                drift_batches=cfg.snapshot_curvature_batches),
-                          second_moments=snap.second_moments)[ccol]
+    curv = curvature_heat(
+        enc,
+        items,
+        objective,
+        pairs,
+        replace(pcfg, batches=cfg.snapshot_curvature_batches, drift_batches=cfg.snapshot_curvature_batches),
+        second_moments=snap.second_moments,
+    )[ccol]
     t_snapshot = time.perf_counter() - t0
     # E1's rule: the engine's relaxation time, no upper cap (the engine's default caps at 20 000)
     steps = max(cfg.snapshot_min_steps, int(round(cfg.snapshot_relaxations * relaxation_steps(pcfg, at["kappa"]))))
@@ -99,8 +113,9 @@ def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts
     tcfg = replace(probe_config(variant, cfg, n, batches=cfg.M, drift_batches=cfg.drift_batches), seed=seed + 1)
     # the chosen candidate is the engine's own predictor (the `r_eq_snapshot` column); the other
     # candidates are read off the same virtual trajectory
-    chosen = snapshot_prediction(enc, items, objective, pairs, tcfg, steps=steps,
-                                 second_moments=snap.second_moments, progress=progress)
+    chosen = snapshot_prediction(
+        enc, items, objective, pairs, tcfg, steps=steps, second_moments=snap.second_moments, progress=progress
+    )
     t_traj = time.perf_counter() - t0
     m = chosen.trajectory.meter
 
@@ -115,7 +130,7 @@ def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts
     t1_blocks = np.stack([task_terms(tcfg, b, m[qcol], m["norm"])[0] for b in blocks])
     t1_mean, _ = task_terms(tcfg, m[dcol], m[qcol], m["norm"])
     shrunk_mean, info_mean = shrink(t1_blocks, np.full(n, t1_mean.mean()))
-    scale = t1_mean / np.where(m[dcol] != 0, m[dcol], 1.0)   # per-step term per unit drift
+    scale = t1_mean / np.where(m[dcol] != 0, m[dcol], 1.0)  # per-step term per unit drift
     predicted = {
         "heat_only": law(at, heat_only=True),
         "heat_only_curvature": law(at, heat_only=True, curvature=curv),
@@ -129,8 +144,10 @@ def snapshot_predictors(run: TrainingRun, cfg: E1Config, data: SyntheticConcepts
         "predicted": {k: np.asarray(v) for k, v in predicted.items()},
         "present_norm": at["norm"],
         "norm_continued": chosen.norm_continued,
-        "intervals": {"trajectory_shrunk_regression": (chosen.r_eq_lo, chosen.r_eq_hi),
-                      "norm_continued": (chosen.norm_continued_lo, chosen.norm_continued_hi)},
+        "intervals": {
+            "trajectory_shrunk_regression": (chosen.r_eq_lo, chosen.r_eq_hi),
+            "norm_continued": (chosen.norm_continued_lo, chosen.norm_continued_hi),
+        },
         "shrinkage": {"toward_mean": info_mean, "toward_regression_on_heat": chosen.info["shrinkage"]},
         "trajectory_steps": steps,
         "seconds": {"snapshot_probe_and_curvature": round(t_snapshot, 1), "trajectory": round(t_traj, 1)},
@@ -151,5 +168,7 @@ def choose(results_by_variant: dict[str, dict[str, dict[str, float]]]) -> dict[s
         log_slope = float(np.mean([abs(np.log(f["slope"])) if f["slope"] > 0 else np.inf for f in fits]))
         score[c] = (met, -log_slope, float(np.mean([f["pearson_r"] for f in fits])))
     best = max(score, key=score.get) if score else None
-    return {"winner": best, "scores": {c: {"targets_met": s[0], "mean_abs_log_slope": -s[1], "mean_r": s[2]}
-                                       for c, s in score.items()}}
+    return {
+        "winner": best,
+        "scores": {c: {"targets_met": s[0], "mean_abs_log_slope": -s[1], "mean_r": s[2]} for c, s in score.items()},
+    }

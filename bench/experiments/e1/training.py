@@ -7,6 +7,7 @@ optimizer's bias-corrected ``v̂``) is kept every ``probe_every`` steps, and,
 with ``ledger=True``, every step's realized change of every item's squared norm
 is split into its terms (:class:`bench.experiments.e1.ledger.RealizedLedger`).
 """
+
 from __future__ import annotations
 
 import time
@@ -32,15 +33,15 @@ class TrainingRun:
     variant: Variant
     encoder: Any
     optimizer: torch.optim.Optimizer
-    observed: np.ndarray                  # [n_items] window-mean norm
+    observed: np.ndarray  # [n_items] window-mean norm
     observed_halves: tuple[np.ndarray, np.ndarray]
     checkpoints: list[Checkpoint]
     losses: list[float]
     train_seconds: float
-    ledger: Any = None                    # RealizedLedger when asked for
-    meter: dict[str, np.ndarray] | None = None   # dense trajectory statistics, own batch (TrajectoryMeter)
+    ledger: Any = None  # RealizedLedger when asked for
+    meter: dict[str, np.ndarray] | None = None  # dense trajectory statistics, own batch (TrajectoryMeter)
     meter_seconds: float = 0.0
-    meter_fresh: dict[str, np.ndarray] | None = None   # the same along a fresh batch (protocol v3's meter)
+    meter_fresh: dict[str, np.ndarray] | None = None  # the same along a fresh batch (protocol v3's meter)
     meter_fresh_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -49,8 +50,16 @@ def window_start(cfg: E1Config) -> int:
     return int(cfg.steps * (1 - cfg.window))
 
 
-def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: bool = False,
-          meter: bool = True, fresh_meter: bool = True, progress: bool = True) -> TrainingRun:
+def train(
+    variant: Variant,
+    cfg: E1Config,
+    data: SyntheticConcepts,
+    *,
+    ledger: bool = False,
+    meter: bool = True,
+    fresh_meter: bool = True,
+    progress: bool = True,
+) -> TrainingRun:
     """Train the variant's encoder for ``cfg.steps`` steps; record the window (see the module docstring).
 
     ``meter``: at every step of the window, feed the update direction of the batch the
@@ -62,8 +71,7 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
     beside it. Neither touches the training's random stream.
     """
     from bench.experiments.e1.ledger import RealizedLedger
-    from normfast.engine.directions import adam_second_moments
-    from normfast.engine.directions import InfoNCE
+    from normfast.engine.directions import InfoNCE, adam_second_moments
 
     enc = build_encoder(variant, cfg, data)
     objective = InfoNCE(temperature=cfg.temperature)
@@ -78,9 +86,12 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
     from normfast.engine.trajectory import TrajectoryMeter
 
     def new_meter() -> TrajectoryMeter:
-        return TrajectoryMeter(enc, list(range(n_items)), probe_config(variant, cfg, n_items, batches=cfg.M,
-                                                                       drift_batches=cfg.drift_batches),
-                               curvature=True)
+        return TrajectoryMeter(
+            enc,
+            list(range(n_items)),
+            probe_config(variant, cfg, n_items, batches=cfg.M, drift_batches=cfg.drift_batches),
+            curvature=True,
+        )
 
     tracker = new_meter() if meter else None
     fresh_tracker = new_meter() if fresh_meter else None
@@ -104,16 +115,17 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
         metered = in_window and (tracker is not None or fresh_tracker is not None)
         sm = adam_second_moments(opt, enc) if metered and variant.optimizer == "adamw" else None
         kappa = (step - start) % 10 == 0
-        if tracker is not None and in_window:   # the step's own batch, at the state before the step
+        if tracker is not None and in_window:  # the step's own batch, at the state before the step
             t1 = time.perf_counter()
             grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in zip(names, params)}
             tracker.add(tracker.direction(grads, sm), kappa=kappa)
             meter_seconds += time.perf_counter() - t1
-        if fresh_tracker is not None and in_window:   # a fresh batch (v3)
+        if fresh_tracker is not None and in_window:  # a fresh batch (v3)
             t1 = time.perf_counter()
             jdx = torch.as_tensor(fresh.integers(0, len(pairs_t), cfg.batch_size))
-            fresh_loss = objective.loss(enc(enc.prepare(pairs_t[jdx, 0].tolist())),
-                                        enc(enc.prepare(pairs_t[jdx, 1].tolist())))
+            fresh_loss = objective.loss(
+                enc(enc.prepare(pairs_t[jdx, 0].tolist())), enc(enc.prepare(pairs_t[jdx, 1].tolist()))
+            )
             grads = dict(zip(names, torch.autograd.grad(fresh_loss, params)))
             fresh_tracker.add(fresh_tracker.direction(grads, sm), kappa=kappa)
             fresh_seconds += time.perf_counter() - t1
@@ -130,16 +142,25 @@ def train(variant: Variant, cfg: E1Config, data: SyntheticConcepts, *, ledger: b
                     observed.append(enc(state_all).norm(dim=-1))
             if k % cfg.probe_every == 0:
                 second = adam_second_moments(opt, enc) if variant.optimizer == "adamw" else None
-                checkpoints.append(Checkpoint(step, {n: p.detach().clone() for n, p in enc.named_parameters()},
-                                              second))
+                checkpoints.append(Checkpoint(step, {n: p.detach().clone() for n, p in enc.named_parameters()}, second))
     train_seconds = time.perf_counter() - t0
     stacked = torch.stack(observed).double()
     half = len(observed) // 2
-    return TrainingRun(variant, enc, opt, stacked.mean(0).numpy(),
-                       (stacked[:half].mean(0).numpy(), stacked[half:].mean(0).numpy()),
-                       checkpoints, losses, train_seconds, realized,
-                       tracker.statistics() if tracker is not None else None, meter_seconds,
-                       fresh_tracker.statistics() if fresh_tracker is not None else None, fresh_seconds)
+    return TrainingRun(
+        variant,
+        enc,
+        opt,
+        stacked.mean(0).numpy(),
+        (stacked[:half].mean(0).numpy(), stacked[half:].mean(0).numpy()),
+        checkpoints,
+        losses,
+        train_seconds,
+        realized,
+        tracker.statistics() if tracker is not None else None,
+        meter_seconds,
+        fresh_tracker.statistics() if fresh_tracker is not None else None,
+        fresh_seconds,
+    )
 
 
 def load_checkpoint(encoder: Any, ck: Checkpoint) -> None:

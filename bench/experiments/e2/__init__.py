@@ -121,6 +121,7 @@ same code at a toy size (used by the tests); its numbers are not a result.
 Layout: :mod:`.settings` (the protocols' settings, :class:`E2Config`),
 :mod:`.protocol` (the run and the pilot), :mod:`.report` (figure and tables).
 """
+
 from __future__ import annotations
 
 import sys
@@ -132,12 +133,32 @@ from bench.common import offline
 from bench.harness import Context, JsonStyle, UsageError, read_json
 
 from .protocol import Setup, build_setup, pilot_candidates, probes_of, run_pilot, run_protocol
-from .report import e2_fits_table, health_line, plot, table_e2
-from .settings import (PILOT_CANDIDATES, PROTOCOL_FULL, PROTOCOLS, RUNS, E2Config, checkpoint_folder, result_stem,
-                       state_path)
+from .render import e2_fits_table, health_line, plot, table_e2
+from .settings import (
+    PILOT_CANDIDATES,
+    PROTOCOL_FULL,
+    PROTOCOLS,
+    RUNS,
+    E2Config,
+    checkpoint_folder,
+    result_stem,
+    state_path,
+)
 
-__all__ = ["Config", "E2Config", "PILOT_CANDIDATES", "PROTOCOL_FULL", "RUNS", "Setup", "build_setup",
-           "pilot_candidates", "probes_of", "run", "run_pilot", "run_protocol"]
+__all__ = [
+    "Config",
+    "E2Config",
+    "PILOT_CANDIDATES",
+    "PROTOCOL_FULL",
+    "RUNS",
+    "Setup",
+    "build_setup",
+    "pilot_candidates",
+    "probes_of",
+    "run",
+    "run_pilot",
+    "run_protocol",
+]
 
 RESULTS = ("e2_real_encoder_A.json", "e2_real_encoder_B.json", "e2_real_encoder.json", "e2_real_encoder_v2.json")
 FIGURES = ("e2_real_encoder_A.png", "e2_real_encoder_B.png", "e2_real_encoder.png", "e2_real_encoder_v2.png")
@@ -148,16 +169,28 @@ JSON = JsonStyle(newline=False)
 
 @dataclass
 class Config:
-    protocol: str = field(default="A", metadata={
-        "choices": PROTOCOLS, "help": "A (everything decayed), B (projection head), v3 (the negative control, "
-                                      "LayerNorm exempt) or the historical v1/v2"})
-    pilot: bool = field(default=False, metadata={
-        "help": "A/B: run the pilot (health only) and store it under 'pilot' in the JSON"})
-    fresh: bool = field(default=False, metadata={
-        "help": "a full run keeps its state in runs/e2/state/ and an interrupted one resumes from it; "
-                "--fresh deletes that state first"})
-    size: str = field(default="full", metadata={"choices": ("full", "quick"),
-                                                 "help": "the protocol's sizes, or E2Config.quick()'s toy sizes"})
+    protocol: str = field(
+        default="A",
+        metadata={
+            "choices": PROTOCOLS,
+            "help": "A (everything decayed), B (projection head), v3 (the negative control, "
+            "LayerNorm exempt) or the historical v1/v2",
+        },
+    )
+    pilot: bool = field(
+        default=False, metadata={"help": "A/B: run the pilot (health only) and store it under 'pilot' in the JSON"}
+    )
+    fresh: bool = field(
+        default=False,
+        metadata={
+            "help": "a full run keeps its state in runs/e2/state/ and an interrupted one resumes from it; "
+            "--fresh deletes that state first"
+        },
+    )
+    size: str = field(
+        default="full",
+        metadata={"choices": ("full", "quick"), "help": "the protocol's sizes, or E2Config.quick()'s toy sizes"},
+    )
     threads: int = field(default=0, metadata={"help": "torch threads (0: torch's own count, every core)"})
     seed: int = 0
 
@@ -189,13 +222,19 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     existing = read_json(ctx.out / result_name(config))
     if config.pilot:
         cfg = _settings(config, None)
-        record = run_pilot(cfg, n_probes=min(200, cfg.n_probes), progress=ctx.progress,
-                           candidates=pilot_candidates(config.protocol, ctx.out))
+        record = run_pilot(
+            cfg,
+            n_probes=min(200, cfg.n_probes),
+            progress=ctx.progress,
+            candidates=pilot_candidates(config.protocol, ctx.out),
+        )
         return {**existing, "pilot": record, "_pilot_only": True}
     record = existing.get("pilot") if config.protocol in ("A", "B") else None
     if config.protocol in ("A", "B") and config.size != "quick" and not (record or {}).get("chosen"):
-        raise UsageError(f"e2: protocol {config.protocol} takes η, λ and steps from its pilot; run --pilot "
-                         f"first (with the same --out)")
+        raise UsageError(
+            f"e2: protocol {config.protocol} takes η, λ and steps from its pilot; run --pilot "
+            f"first (with the same --out)"
+        )
     cfg = _settings(config, (record or {}).get("chosen"))
     resume = None if config.size == "quick" else state_path(cfg)
     if resume is not None and config.fresh:
@@ -217,16 +256,22 @@ def figures(result: dict[str, Any], out: Path) -> list[Path]:
 def tables(result: dict[str, Any]) -> dict[str, str]:
     if result.get("_pilot_only"):
         pilot = result["pilot"]
-        lines = [f"lr={r['lr']} wd={r['weight_decay']} steps={r['steps']}: {health_line(r['health'])} -> "
-                 f"{'PASS' if r['health']['passed'] else 'fail'}" for r in pilot["results"]]
+        lines = [
+            f"lr={r['lr']} wd={r['weight_decay']} steps={r['steps']}: {health_line(r['health'])} -> "
+            f"{'PASS' if r['health']['passed'] else 'fail'}"
+            for r in pilot["results"]
+        ]
         return {"e2 pilot": "\n".join(lines + [f"chosen: {pilot['chosen']}"])}
     lines = [f"health: {health_line(result['health'])}"]
     for name, k in result["kappas"].items():
         rg = result["regime"][name]
-        lines.append(f"{name}: κ median {k['median']:.3f} [{k['min']:.3f}, {k['max']:.3f}]; regime check: "
-                     f"{rg['regime']} ({rg['reason']}), {rg['fractions']}")
-    lines.append(f"target met: {result['target']['met']}; seconds {result['seconds']}; "
-                 f"cpu seconds {result['cpu_seconds']}")
+        lines.append(
+            f"{name}: κ median {k['median']:.3f} [{k['min']:.3f}, {k['max']:.3f}]; regime check: "
+            f"{rg['regime']} ({rg['reason']}), {rg['fractions']}"
+        )
+    lines.append(
+        f"target met: {result['target']['met']}; seconds {result['seconds']}; cpu seconds {result['cpu_seconds']}"
+    )
     return {f"e2 {result['protocol_name']}": e2_fits_table(result), "e2, health and regime": "\n".join(lines)}
 
 

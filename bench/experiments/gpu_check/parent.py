@@ -1,4 +1,5 @@
 """The parent process: build and test commands, the worker processes, the report files."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,27 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Callable
 
-from .common import (CAPS, COMMAND_STAGES, DEFAULT_BUDGET, DRY_TEST_SELECTION, FLOORS, GRACE,
-                     ORDER, REPO, SCHEMA, TEST_FILES, WORKER_MODULE, WORKER_START_LIMIT, WORKER_STAGES,
-                     log, now_iso, read_json, stage_timeout, write_json)
-from .report import markdown, stage_note, summarize
+from .common import (
+    CAPS,
+    COMMAND_STAGES,
+    DEFAULT_BUDGET,
+    DRY_TEST_SELECTION,
+    FLOORS,
+    GRACE,
+    ORDER,
+    REPO,
+    SCHEMA,
+    TEST_FILES,
+    WORKER_MODULE,
+    WORKER_STAGES,
+    WORKER_START_LIMIT,
+    log,
+    now_iso,
+    read_json,
+    stage_timeout,
+    write_json,
+)
+from .markdown import markdown, stage_note, summarize
 
 
 def stage_package(root: Path) -> Path:
@@ -60,15 +78,15 @@ def child_env(site: Path, dry_run: bool, cache: Path) -> dict[str, str]:
     return env
 
 
-def run_command(cmd: list[str], env: dict[str, str], timeout: float, log_path: Path,
-                cwd: Path = REPO) -> dict[str, Any]:
+def run_command(
+    cmd: list[str], env: dict[str, str], timeout: float, log_path: Path, cwd: Path = REPO
+) -> dict[str, Any]:
     """Run a command in its own process group; kill the group at the timeout."""
     t0 = time.time()
     with open(log_path, "w") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         timed_out = False
         try:
             proc.wait(timeout=max(1.0, timeout))
@@ -76,8 +94,13 @@ def run_command(cmd: list[str], env: dict[str, str], timeout: float, log_path: P
             timed_out = True
             kill_group(proc)
     text = log_path.read_text(errors="replace")
-    return {"cmd": cmd, "returncode": proc.returncode, "timed_out": timed_out,
-            "seconds": round(time.time() - t0, 2), "output_tail": text[-3000:]}
+    return {
+        "cmd": cmd,
+        "returncode": proc.returncode,
+        "timed_out": timed_out,
+        "seconds": round(time.time() - t0, 2),
+        "output_tail": text[-3000:],
+    }
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -92,8 +115,7 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def build_stage(args, staged_env: Callable[[], dict[str, str]], timeout: float,
-                out: Path) -> dict[str, Any]:
+def build_stage(args, staged_env: Callable[[], dict[str, str]], timeout: float, out: Path) -> dict[str, Any]:
     if args.dry_run:
         # Byte-compile only: running setup.py would need its build requirements
         # (pybind11), which pip keeps in an isolated build environment.
@@ -103,16 +125,20 @@ def build_stage(args, staged_env: Callable[[], dict[str, str]], timeout: float,
         cmd = [sys.executable, "setup.py", "build_ext", "--inplace"]
         note = "compiled in place"
     run = run_command(cmd, dict(os.environ, PYTHONUNBUFFERED="1"), timeout, out / "build.log")
-    probe_cmd = [sys.executable, "-c",
-                 "import normfast.core._quartic as q, normfast.kernels as k; print(q.__file__)"]
-    check = subprocess.run(probe_cmd, env=staged_env(), cwd=tempfile.gettempdir(),
-                           capture_output=True, text=True, timeout=120)
-    result = {"note": note, "command": " ".join(cmd[1:]), "returncode": run["returncode"],
-              "timed_out": run["timed_out"], "output_tail": run["output_tail"][-1500:],
-              "import_ok": check.returncode == 0,
-              "extension": check.stdout.strip() or check.stderr.strip()[-500:]}
-    status = "timeout" if run["timed_out"] else (
-        "ok" if run["returncode"] == 0 and check.returncode == 0 else "failed")
+    probe_cmd = [sys.executable, "-c", "import normfast.core._quartic as q, normfast.kernels as k; print(q.__file__)"]
+    check = subprocess.run(
+        probe_cmd, env=staged_env(), cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=120
+    )
+    result = {
+        "note": note,
+        "command": " ".join(cmd[1:]),
+        "returncode": run["returncode"],
+        "timed_out": run["timed_out"],
+        "output_tail": run["output_tail"][-1500:],
+        "import_ok": check.returncode == 0,
+        "extension": check.stdout.strip() or check.stderr.strip()[-500:],
+    }
+    status = "timeout" if run["timed_out"] else ("ok" if run["returncode"] == 0 and check.returncode == 0 else "failed")
     return {"status": status, "result": result}
 
 
@@ -131,14 +157,14 @@ def parse_junit(path: Path) -> dict[str, Any] | None:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                 message = (node.get("message") or node.text or "")[:400]
                 break
-        cases.append({"test": name, "outcome": outcome, "seconds": float(case.get("time", 0)),
-                      "message": message})
-    counts = {k: sum(c["outcome"] == k for c in cases)
-              for k in ("passed", "failed", "error", "skipped")}
+        cases.append({"test": name, "outcome": outcome, "seconds": float(case.get("time", 0)), "message": message})
+    counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "error", "skipped")}
     slowest = sorted(cases, key=lambda c: -c["seconds"])[:5]
-    return {"counts": counts,
-            "not_passed": [c for c in cases if c["outcome"] != "passed"][:40],
-            "slowest": [{"test": c["test"], "seconds": c["seconds"]} for c in slowest]}
+    return {
+        "counts": counts,
+        "not_passed": [c for c in cases if c["outcome"] != "passed"][:40],
+        "slowest": [{"test": c["test"], "seconds": c["seconds"]} for c in slowest],
+    }
 
 
 def tests_stage(args, env: dict[str, str], timeout: float, out: Path) -> dict[str, Any]:
@@ -146,8 +172,18 @@ def tests_stage(args, env: dict[str, str], timeout: float, out: Path) -> dict[st
 
     junit = out / "tests-junit.xml"
     # From a neutral folder with absolute paths: the source tree must not be importable.
-    cmd = [sys.executable, "-m", "pytest", *(str(REPO / f) for f in TEST_FILES), "-q", "-rfEs",
-           "-p", "no:cacheprovider", f"--rootdir={REPO}", f"--junitxml={junit}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *(str(REPO / f) for f in TEST_FILES),
+        "-q",
+        "-rfEs",
+        "-p",
+        "no:cacheprovider",
+        f"--rootdir={REPO}",
+        f"--junitxml={junit}",
+    ]
     if args.dry_run:
         cmd += ["-k", DRY_TEST_SELECTION]
     else:
@@ -160,27 +196,35 @@ def tests_stage(args, env: dict[str, str], timeout: float, out: Path) -> dict[st
     run = run_command(cmd, env, timeout, out / "tests.log", cwd=Path(tempfile.gettempdir()))
     parsed = parse_junit(junit)
     shown = [c.replace(str(REPO) + os.sep, "") for c in cmd[1:]]
-    result = {"command": f"TRITON_INTERPRET={env['TRITON_INTERPRET']} python {' '.join(shown)}",
-              "returncode": run["returncode"], "timed_out": run["timed_out"],
-              "junit": parsed, "output_tail": run["output_tail"][-1500:]}
+    result = {
+        "command": f"TRITON_INTERPRET={env['TRITON_INTERPRET']} python {' '.join(shown)}",
+        "returncode": run["returncode"],
+        "timed_out": run["timed_out"],
+        "junit": parsed,
+        "output_tail": run["output_tail"][-1500:],
+    }
     if run["timed_out"]:
         status = "timeout"
     elif parsed is None:
         status = "error"
     else:
         c = parsed["counts"]
-        status = "ok" if run["returncode"] == 0 and c["failed"] == 0 and c["error"] == 0 \
-            and c["passed"] > 0 else "failed"
+        status = (
+            "ok" if run["returncode"] == 0 and c["failed"] == 0 and c["error"] == 0 and c["passed"] > 0 else "failed"
+        )
     return {"status": status, "result": result}
 
 
 def source_info() -> dict[str, Any]:
     info: dict[str, Any] = {"repo": str(REPO)}
     try:
-        info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, text=True,
-                                            capture_output=True, timeout=10).stdout.strip() or None
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, text=True,
-                                capture_output=True, timeout=10)
+        info["git_commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=REPO, text=True, capture_output=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, text=True, capture_output=True, timeout=10)
         info["changed_files"] = len(status.stdout.splitlines()) if status.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         info["git_commit"] = None
@@ -194,11 +238,16 @@ class Report:
         self.path = out / "gpu-check.json"
         self.md_path = out / "gpu-check.md"
         self.data: dict[str, Any] = {
-            "schema": SCHEMA, "dry_run": bool(args.dry_run), "command": args.command,
-            "started": now_iso(), "finished": None, "budget_s": args.budget_s,
-            "elapsed_s": None, "source": source_info(), "selected_stages": selected,
-            "stages": {s: {"status": "skipped", "seconds": 0.0, "reason": "not selected"}
-                       for s in ORDER},
+            "schema": SCHEMA,
+            "dry_run": bool(args.dry_run),
+            "command": args.command,
+            "started": now_iso(),
+            "finished": None,
+            "budget_s": args.budget_s,
+            "elapsed_s": None,
+            "source": source_info(),
+            "selected_stages": selected,
+            "stages": {s: {"status": "skipped", "seconds": 0.0, "reason": "not selected"} for s in ORDER},
         }
 
     def set(self, stage: str, entry: dict[str, Any]) -> None:
@@ -240,11 +289,12 @@ def run_parent(args) -> int:
 
     try:
         for stage in [s for s in selected if s in COMMAND_STAGES]:
-            timeout = stage_timeout(stage, selected, t_start, args.budget_s, caps, floors,
-                                    time.time())
+            timeout = stage_timeout(stage, selected, t_start, args.budget_s, caps, floors, time.time())
             if timeout < floors[stage]:
-                report.set(stage, {"status": "skipped", "seconds": 0.0,
-                                   "reason": f"budget: {max(timeout, 0):.0f} s left for it"})
+                report.set(
+                    stage,
+                    {"status": "skipped", "seconds": 0.0, "reason": f"budget: {max(timeout, 0):.0f} s left for it"},
+                )
                 continue
             log(f"\n=== {stage} (up to {timeout:.0f} s)")
             t0 = time.time()
@@ -254,18 +304,19 @@ def run_parent(args) -> int:
                 else:
                     entry = tests_stage(args, staged_env(), timeout, out)
             except Exception as exc:  # noqa: BLE001 - recorded, the next stage still runs
-                entry = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
-                         "traceback": traceback.format_exc()[-2000:]}
+                entry = {
+                    "status": "error",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()[-2000:],
+                }
             entry["seconds"] = round(time.time() - t0, 2)
             report.set(stage, entry)
             note = stage_note(stage, entry)
-            log(f"=== {stage}: {entry['status']} in {entry['seconds']:.1f} s"
-                + (f" ({note})" if note else ""))
+            log(f"=== {stage}: {entry['status']} in {entry['seconds']:.1f} s" + (f" ({note})" if note else ""))
         worker_stages = [s for s in selected if s in WORKER_STAGES]
         if worker_stages:
             worker_env = dict(staged_env(), TRITON_CACHE_DIR=str(root / "triton-cache"))
-            run_workers(args, worker_stages, selected, t_start, caps, floors, root, worker_env,
-                        report)
+            run_workers(args, worker_stages, selected, t_start, caps, floors, root, worker_env, report)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     report.data["finished"] = now_iso()
@@ -277,15 +328,31 @@ def run_parent(args) -> int:
     return 1 if bad else 0
 
 
-def run_workers(args, pending: list[str], selected: list[str], t_start: float,
-                caps: dict[str, float], floors: dict[str, float], root: Path,
-                env: dict[str, str], report: Report) -> None:
+def run_workers(
+    args,
+    pending: list[str],
+    selected: list[str],
+    t_start: float,
+    caps: dict[str, float],
+    floors: dict[str, float],
+    root: Path,
+    env: dict[str, str],
+    report: Report,
+) -> None:
     results = root / "results"
     results.mkdir(exist_ok=True)
     while pending:
-        plan = {"dry_run": args.dry_run, "tokens": args.tokens, "root": str(root),
-                "stages": ",".join(pending), "selected": ",".join(selected), "t_start": t_start,
-                "budget_s": args.budget_s, "inject": list(args.inject), "stage_cap": list(args.stage_cap)}
+        plan = {
+            "dry_run": args.dry_run,
+            "tokens": args.tokens,
+            "root": str(root),
+            "stages": ",".join(pending),
+            "selected": ",".join(selected),
+            "t_start": t_start,
+            "budget_s": args.budget_s,
+            "inject": list(args.inject),
+            "stage_cap": list(args.stage_cap),
+        }
         cmd = [sys.executable, "-m", WORKER_MODULE, json.dumps(plan)]
         current = results / "current.json"
         if current.exists():
@@ -304,8 +371,7 @@ def run_workers(args, pending: list[str], selected: list[str], t_start: float,
                 continue
             done = read_json(results / f"{cur['stage']}.json")
             if done is None and now > cur["started"] + cur["timeout"] + GRACE:
-                killed = f"timeout: stopped after {now - cur['started']:.0f} s " \
-                         f"(cap {cur['timeout']:.0f} s)"
+                killed = f"timeout: stopped after {now - cur['started']:.0f} s (cap {cur['timeout']:.0f} s)"
                 kill_group(proc)
         cur = read_json(current)
         cur_stage = cur["stage"] if cur else pending[0]
@@ -320,11 +386,8 @@ def run_workers(args, pending: list[str], selected: list[str], t_start: float,
             started = cur["started"] if cur else spawned
             status = "timeout" if killed and killed.startswith("timeout") else "error"
             reason = killed or f"worker exited with code {proc.returncode} during this stage"
-            entry = {"status": status, "seconds": round(time.time() - started, 2),
-                     "error": reason, "result": partial}
+            entry = {"status": status, "seconds": round(time.time() - started, 2), "error": reason, "result": partial}
             report.set(cur_stage, entry)
             log(f"=== {cur_stage}: {status} ({reason})")
             finished.append(cur_stage)
         pending = [s for s in pending if s not in finished]
-
-

@@ -1,4 +1,5 @@
 """Worker stages ``env`` (device, clocks, versions) and ``ceilings`` (copy bandwidth, GEMM rates)."""
+
 from __future__ import annotations
 
 import os
@@ -20,11 +21,16 @@ def env_stage(ctx: StageContext) -> dict[str, Any]:
     from normfast.engine.runner import library_versions
 
     info: dict[str, Any] = {
-        "python": platform.python_version(), "platform": platform.platform(),
-        "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-        "triton": triton.__version__, "device": str(ctx.device),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "device": str(ctx.device),
         "triton_interpret": os.environ.get("TRITON_INTERPRET"),
-        "torch_threads": torch.get_num_threads(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
         "float32_matmul_precision": matmul_precision(),
     }
     info.update({k: v for k, v in library_versions(BASELINE_PACKAGES).items() if k not in info})
@@ -40,10 +46,13 @@ def env_stage(ctx: StageContext) -> dict[str, Any]:
     info["normfast_from"] = str(Path(normfast.__file__).parent)
     if ctx.gpu:
         p = torch.cuda.get_device_properties(0)
-        info["gpu"] = {"name": p.name, "capability": f"{p.major}.{p.minor}",
-                       "multiprocessors": p.multi_processor_count,
-                       "memory_GiB": round(p.total_memory / 2**30, 1),
-                       "L2_MB": round(getattr(p, "L2_cache_size", 0) / 2**20, 1)}
+        info["gpu"] = {
+            "name": p.name,
+            "capability": f"{p.major}.{p.minor}",
+            "multiprocessors": p.multi_processor_count,
+            "memory_GiB": round(p.total_memory / 2**30, 1),
+            "L2_MB": round(getattr(p, "L2_cache_size", 0) / 2**20, 1),
+        }
         try:
             target = triton.runtime.driver.active.get_current_target()
             info["triton_target"] = f"{target.backend}:{target.arch}"
@@ -85,18 +94,20 @@ def ceilings_stage(ctx: StageContext) -> dict[str, Any]:
 
     t = bench(ctx, l2_copies)
     l2_bytes = reps * 2 * n_l2 * 4
-    res["l2_copy"] = {"bytes": l2_bytes, "buffer_MB": n_l2 * 4 / 2**20,
-                      "GBps": l2_bytes / t["p50_ms"] / 1e6, **t}
+    res["l2_copy"] = {"bytes": l2_bytes, "buffer_MB": n_l2 * 4 / 2**20, "GBps": l2_bytes / t["p50_ms"] / 1e6, **t}
     ctx.save()
-    log(f"  L2-resident copy ({2 * n_l2 * 4 / 2**20:.0f} MB, x{reps}): "
-        f"{res['l2_copy']['GBps']:.0f} GB/s")
+    log(f"  L2-resident copy ({2 * n_l2 * 4 / 2**20:.0f} MB, x{reps}): {res['l2_copy']['GBps']:.0f} GB/s")
     src = dst = None
 
     n = 8192 if ctx.gpu else 256
     a32 = torch.randn(n, n, device=ctx.device, generator=gen)
     b32 = torch.randn(n, n, device=ctx.device, generator=gen)
-    for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
-                              ("bf16", torch.bfloat16, False), ("fp16", torch.float16, False)):
+    for name, dtype, tf32 in (
+        ("fp32", torch.float32, False),
+        ("tf32", torch.float32, True),
+        ("bf16", torch.bfloat16, False),
+        ("fp16", torch.float16, False),
+    ):
         if not ctx.gpu and name in ("tf32", "fp16"):
             continue  # the CPU has no TF32 mode, and fp16 GEMM there is not a ceiling
         a, b = a32.to(dtype), b32.to(dtype)
@@ -109,5 +120,3 @@ def ceilings_stage(ctx: StageContext) -> dict[str, Any]:
     if ctx.gpu:
         res["nvidia_smi_after"] = nvidia_smi()
     return res
-
-

@@ -34,6 +34,7 @@ Protocol (fixed before any run):
 
 Writes ``human_judgments.json`` and ``human_judgments.png`` into ``--out``.
 """
+
 from __future__ import annotations
 
 import time
@@ -51,9 +52,11 @@ FIGURES = ("human_judgments.png",)
 TABLES = ("judgments",)
 MODELS = {"all-MiniLM-L6-v2": "minilm", "all-mpnet-base-v2": "mpnet"}
 SETS = ("wordsim353", "simlex999", "lee")
-SET_LABELS = {"wordsim353": "WordSim353 (353 word pairs, Spearman)",
-              "simlex999": "SimLex999 (999 word pairs, Spearman)",
-              "lee": "Lee (1,225 document pairs, Pearson)"}
+SET_LABELS = {
+    "wordsim353": "WordSim353 (353 word pairs, Spearman)",
+    "simlex999": "SimLex999 (999 word pairs, Spearman)",
+    "lee": "Lee (1,225 document pairs, Pearson)",
+}
 
 
 @dataclass
@@ -80,13 +83,13 @@ def encode(encoder: Any, texts: Sequence[str], batch_size: int = 64) -> np.ndarr
     out = []
     with torch.no_grad():
         for lo in range(0, len(texts), batch_size):
-            out.append(encoder.encode(list(texts[lo:lo + batch_size]), output="pooled").double().cpu().numpy())
+            out.append(encoder.encode(list(texts[lo : lo + batch_size]), output="pooled").double().cpu().numpy())
     return np.concatenate(out)
 
 
 def run_model(name: str, spec: str, data: dict[str, Any], resamples: int, seed: int) -> dict[str, Any]:
-    from normfast import load_encoder
     from bench.experiments.judgments.sweep import judgment_sweep, verdict
+    from normfast import load_encoder
 
     encoder = load_encoder(spec).eval()
     out: dict[str, Any] = {"max_length": encoder.max_length}
@@ -108,8 +111,11 @@ def run_model(name: str, spec: str, data: dict[str, Any], resamples: int, seed: 
     for s in SETS:
         out[s]["verdict"] = verdict(out[s])
     norms = np.linalg.norm(np.stack(list(vec.values())), axis=1)
-    out["word_norms"] = {"median": float(np.median(norms)), "p10": float(np.percentile(norms, 10)),
-                         "p90": float(np.percentile(norms, 90))}
+    out["word_norms"] = {
+        "median": float(np.median(norms)),
+        "p10": float(np.percentile(norms, 10)),
+        "p90": float(np.percentile(norms, 90)),
+    }
     return out
 
 
@@ -130,23 +136,32 @@ def figures(summary: dict[str, Any], out: Path) -> list[Path]:
         ax.set_ylabel("Pearson r" if s == "lee" else "Spearman ρ", fontsize=8)
         ax.tick_params(labelsize=7)
     axes[0].legend(fontsize=7)
-    fig.suptitle("Norm-aware similarity vs human judgments (dashed/dotted: the two dev halves; vertical lines: "
-                 "α chosen on each)", fontsize=9)
+    fig.suptitle(
+        "Norm-aware similarity vs human judgments (dashed/dotted: the two dev halves; vertical lines: "
+        "α chosen on each)",
+        fontsize=9,
+    )
     return [save(fig, out / "human_judgments.png")]
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    lines = [f"{'model':<18} {'data':<11} {'fold':>4} {'best α':>7} {'cosine [95% CI]':>24} "
-             f"{'best α [95% CI]':>24} {'gain [95% CI]':>24}"]
+    lines = [
+        f"{'model':<18} {'data':<11} {'fold':>4} {'best α':>7} {'cosine [95% CI]':>24} "
+        f"{'best α [95% CI]':>24} {'gain [95% CI]':>24}"
+    ]
     for m, r in summary["models"].items():
         for s in SETS:
             for k, f in enumerate(r[s]["folds"]):
                 t = f["test"]
-                cells = [f"{t[c]['value']:+.3f} [{t[c]['ci_low']:+.3f},{t[c]['ci_high']:+.3f}]"
-                         for c in ("cosine", "best_alpha", "gain")]
+                cells = [
+                    f"{t[c]['value']:+.3f} [{t[c]['ci_low']:+.3f},{t[c]['ci_high']:+.3f}]"
+                    for c in ("cosine", "best_alpha", "gain")
+                ]
                 lines.append(f"{m:<18} {s:<11} {k:>4} {f['best_alpha']:>+7.2f} " + " ".join(f"{c:>24}" for c in cells))
-            lines.append(f"{'':<18} {s:<11} verdict: {r[s]['verdict']}; norm product alone "
-                         f"{r[s]['all_pairs']['norm_product_only']['value']:+.3f}")
+            lines.append(
+                f"{'':<18} {s:<11} verdict: {r[s]['verdict']}; norm product alone "
+                f"{r[s]['all_pairs']['norm_product_only']['value']:+.3f}"
+            )
     return "\n".join(lines)
 
 
@@ -160,8 +175,12 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     resamples = args.resamples
     try:
-        data = {"wordsim353": gd.wordsim353(), "simlex999": gd.simlex999(), "lee_docs": gd.lee_documents(),
-                "lee_pairs": gd.lee_pairs()}
+        data = {
+            "wordsim353": gd.wordsim353(),
+            "simlex999": gd.simlex999(),
+            "lee_docs": gd.lee_documents(),
+            "lee_pairs": gd.lee_pairs(),
+        }
     except (ModuleNotFoundError, FileNotFoundError) as exc:
         raise missing_extra("judgments", exc) from exc
     t0 = time.perf_counter()
@@ -171,37 +190,56 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
             results[m] = run_model(m, MODELS[m], data, resamples, args.seed)
         except ModuleNotFoundError as exc:
             raise missing_extra("judgments", exc) from exc
-    return {"experiment": "norms against human judgments", "quick": ctx.quick,
-               "protocol": {"embedding": "raw pooled sentence embedding (mean pooling, no Normalize); a word "
-                                         "encoded alone; a Lee document whole, truncated at the model's maximum "
-                                         "length",
-                            "score": "cos(a,b) * (|a||b|)^alpha", "alphas": "-1.00 .. 1.00 step 0.05",
-                            "metric": {"wordsim353": "spearman", "simlex999": "spearman", "lee": "pearson"},
-                            "choice": "alpha chosen on a random half of the pairs (seed), reported on the other "
-                                      "half; then halves swapped; ties to the smallest |alpha|",
-                            "ci": f"paired percentile bootstrap 95%, {resamples} resamples of the test pairs"},
-               "models": results, "seconds": round(time.perf_counter() - t0, 1),
-               "threads": torch.get_num_threads(), "versions": _library_versions()}
+    return {
+        "experiment": "norms against human judgments",
+        "quick": ctx.quick,
+        "protocol": {
+            "embedding": "raw pooled sentence embedding (mean pooling, no Normalize); a word "
+            "encoded alone; a Lee document whole, truncated at the model's maximum "
+            "length",
+            "score": "cos(a,b) * (|a||b|)^alpha",
+            "alphas": "-1.00 .. 1.00 step 0.05",
+            "metric": {"wordsim353": "spearman", "simlex999": "spearman", "lee": "pearson"},
+            "choice": "alpha chosen on a random half of the pairs (seed), reported on the other "
+            "half; then halves swapped; ties to the smallest |alpha|",
+            "ci": f"paired percentile bootstrap 95%, {resamples} resamples of the test pairs",
+        },
+        "models": results,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "threads": torch.get_num_threads(),
+        "versions": _library_versions(),
+    }
 
 
 def tables(summary: dict[str, Any]) -> dict[str, str]:
     return {"judgments": table_judgments(summary), "judgments, every fold": format_table(summary)}
+
+
 def table_judgments(d: dict) -> str:
     names = {"wordsim353": "WordSim353 (ρ)", "simlex999": "SimLex999 (ρ)", "lee": "Lee 50 docs (r)"}
-    rows = ["| model | data | held-out half | α chosen on the other half | cosine [95% CI] | "
-            "cos·(‖a‖‖b‖)^α [95% CI] | gain [95% CI] |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | data | held-out half | α chosen on the other half | cosine [95% CI] | "
+        "cos·(‖a‖‖b‖)^α [95% CI] | gain [95% CI] |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for m, r in d["models"].items():
         for s in ("wordsim353", "simlex999", "lee"):
             for k, f in enumerate(r[s]["folds"]):
                 t = f["test"]
-                rows.append(f"| {m} | {names[s]} | {'BA'[k]} ({f['test_pairs']} pairs) | {f['best_alpha']:+.2f} | "
-                            f"{value_ci(t['cosine'])} | {value_ci(t['best_alpha'])} | {value_ci(t['gain'])} |")
+                rows.append(
+                    f"| {m} | {names[s]} | {'BA'[k]} ({f['test_pairs']} pairs) | {f['best_alpha']:+.2f} | "
+                    f"{value_ci(t['cosine'])} | {value_ci(t['best_alpha'])} | {value_ci(t['gain'])} |"
+                )
     rows.append("")
     verdicts = []
     for m, r in d["models"].items():
-        verdicts.append(f"{m}: " + "; ".join(f"{names[s].split(' (')[0]} {r[s]['verdict']} (norm product alone "
-                                             f"{r[s]['all_pairs']['norm_product_only']['value']:+.3f})"
-                                             for s in ("wordsim353", "simlex999", "lee")))
+        verdicts.append(
+            f"{m}: "
+            + "; ".join(
+                f"{names[s].split(' (')[0]} {r[s]['verdict']} (norm product alone "
+                f"{r[s]['all_pairs']['norm_product_only']['value']:+.3f})"
+                for s in ("wordsim353", "simlex999", "lee")
+            )
+        )
     rows.append(". ".join(verdicts) + ".")
     return "\n".join(rows)
-

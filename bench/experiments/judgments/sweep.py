@@ -17,6 +17,7 @@ with ``h`` for every α of a grid (α = 0 is cosine). Protocol
 The bootstrap treats pairs as independent; where items recur across pairs (the
 Lee documents each appear in 49 pairs) its CIs are optimistic.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -33,13 +34,17 @@ def norm_aware_similarity(a: np.ndarray, b: np.ndarray, alpha: float) -> np.ndar
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.ndim != 2 or a.shape != b.shape:
-        raise ValueError(f"norm_aware_similarity: expected a and b of the same shape [n, d], got "
-                         f"a.shape={a.shape}, b.shape={b.shape}")
+        raise ValueError(
+            f"norm_aware_similarity: expected a and b of the same shape [n, d], got "
+            f"a.shape={a.shape}, b.shape={b.shape}"
+        )
     na = np.linalg.norm(a, axis=1)
     nb = np.linalg.norm(b, axis=1)
     if np.any(na == 0) or np.any(nb == 0) or not (np.isfinite(na).all() and np.isfinite(nb).all()):
-        raise ValueError("norm_aware_similarity: zero-norm or non-finite embeddings "
-                         f"(rows {np.flatnonzero((na == 0) | (nb == 0) | ~np.isfinite(na * nb))[:5].tolist()})")
+        raise ValueError(
+            "norm_aware_similarity: zero-norm or non-finite embeddings "
+            f"(rows {np.flatnonzero((na == 0) | (nb == 0) | ~np.isfinite(na * nb))[:5].tolist()})"
+        )
     cos = (a * b).sum(1) / (na * nb)
     return cos * (na * nb) ** alpha
 
@@ -53,9 +58,16 @@ def _best_alpha(values: np.ndarray, alphas: np.ndarray) -> float:
     return float(alphas[tied[np.argmin(np.abs(alphas[tied]))]])
 
 
-def judgment_sweep(a: np.ndarray, b: np.ndarray, human: Sequence[float], *, method: str = "spearman",
-                   alphas: Sequence[float] = DEFAULT_ALPHAS, seed: int = 0, resamples: int = 1000
-                   ) -> dict[str, Any]:
+def judgment_sweep(
+    a: np.ndarray,
+    b: np.ndarray,
+    human: Sequence[float],
+    *,
+    method: str = "spearman",
+    alphas: Sequence[float] = DEFAULT_ALPHAS,
+    seed: int = 0,
+    resamples: int = 1000,
+) -> dict[str, Any]:
     """The α sweep against human scores, with the split-half choice of α (module docstring).
 
     Args:
@@ -82,25 +94,46 @@ def judgment_sweep(a: np.ndarray, b: np.ndarray, human: Sequence[float], *, meth
     curve = np.array([correlation(s, human, method) for s in sims])
     rng = np.random.default_rng(seed)
     perm = rng.permutation(n)
-    halves = (np.sort(perm[: n // 2]), np.sort(perm[n // 2:]))
+    halves = (np.sort(perm[: n // 2]), np.sort(perm[n // 2 :]))
     folds = []
     for k, (dev, test) in enumerate((halves, halves[::-1])):
         dev_curve = np.array([correlation(s[dev], human[dev], method) for s in sims])
         best = _best_alpha(dev_curve, alphas)
         s_best = sims[int(np.flatnonzero(alphas == best)[0])]
-        boot = paired_bootstrap({"cosine": cos[test], "best": s_best[test]}, human[test], method=method,
-                                baseline="cosine", resamples=resamples, seed=seed * 7919 + k + 1)
-        folds.append({"dev_pairs": int(dev.size), "test_pairs": int(test.size), "best_alpha": best,
-                      "dev_curve": dev_curve.tolist(), "dev_at_best": float(np.nanmax(dev_curve)),
-                      "test": {"cosine": boot["cosine"], "best_alpha": boot["best"],
-                               "gain": boot["best - cosine"]}})
-    whole = paired_bootstrap({"cosine": cos, "norm_product": norm_product}, human, method=method,
-                             resamples=resamples, seed=seed * 7919)
+        boot = paired_bootstrap(
+            {"cosine": cos[test], "best": s_best[test]},
+            human[test],
+            method=method,
+            baseline="cosine",
+            resamples=resamples,
+            seed=seed * 7919 + k + 1,
+        )
+        folds.append(
+            {
+                "dev_pairs": int(dev.size),
+                "test_pairs": int(test.size),
+                "best_alpha": best,
+                "dev_curve": dev_curve.tolist(),
+                "dev_at_best": float(np.nanmax(dev_curve)),
+                "test": {"cosine": boot["cosine"], "best_alpha": boot["best"], "gain": boot["best - cosine"]},
+            }
+        )
+    whole = paired_bootstrap(
+        {"cosine": cos, "norm_product": norm_product}, human, method=method, resamples=resamples, seed=seed * 7919
+    )
     peak = int(np.nanargmax(curve)) if np.isfinite(curve).any() else 0
-    return {"method": method, "pairs": int(n), "alphas": alphas.tolist(), "all_pairs_curve": curve.tolist(),
-            "all_pairs_peak_alpha": float(alphas[peak]), "all_pairs_peak": float(curve[peak]),
-            "all_pairs": {"cosine": whole["cosine"], "norm_product_only": whole["norm_product"]},
-            "folds": folds, "seed": seed, "resamples": resamples}
+    return {
+        "method": method,
+        "pairs": int(n),
+        "alphas": alphas.tolist(),
+        "all_pairs_curve": curve.tolist(),
+        "all_pairs_peak_alpha": float(alphas[peak]),
+        "all_pairs_peak": float(curve[peak]),
+        "all_pairs": {"cosine": whole["cosine"], "norm_product_only": whole["norm_product"]},
+        "folds": folds,
+        "seed": seed,
+        "resamples": resamples,
+    }
 
 
 def verdict(sweep: dict[str, Any]) -> str:
@@ -114,6 +147,8 @@ def verdict(sweep: dict[str, Any]) -> str:
         return "norm-aware is worse than cosine on held-out pairs in both folds"
     if any(above):
         return "mixed: a held-out gain in one fold only"
-    return "no held-out gain over cosine (gain CI includes 0)" if not any(below) else \
-        "no held-out gain (worse than cosine in one fold)"
-
+    return (
+        "no held-out gain over cosine (gain CI includes 0)"
+        if not any(below)
+        else "no held-out gain (worse than cosine in one fold)"
+    )

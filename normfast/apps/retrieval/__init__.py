@@ -29,11 +29,36 @@ Modules: :mod:`.scoring` (the score, exact top-k search, FAISS export), :mod:`.s
 :mod:`.command` (``normfast retrieval``). BEIR collections are read by
 :mod:`normfast.data.beir`; texts are embedded by :func:`normfast.encoders.text.encode_texts`.
 """
+
 from normfast.apps.retrieval.plot import plot_sweep
-from normfast.apps.retrieval.scoring import (CONTROLS, DEFAULT_ALPHAS, METRICS, UNLABELLED, export_faiss,
-                                             invalid_rows, load_faiss, rescale_by_length, rescale_documents, scores,
-                                             search)
+from normfast.apps.retrieval.scoring import (
+    CONTROLS,
+    DEFAULT_ALPHAS,
+    METRICS,
+    UNLABELLED,
+    export_faiss,
+    invalid_rows,
+    load_faiss,
+    rescale_by_length,
+    rescale_documents,
+    scores,
+    search,
+)
 from normfast.apps.retrieval.sweep import SweepResult, alpha_sweep
 
-__all__ = ["CONTROLS", "DEFAULT_ALPHAS", "METRICS", "UNLABELLED", "SweepResult", "alpha_sweep", "export_faiss",
-           "invalid_rows", "load_faiss", "plot_sweep", "rescale_by_length", "rescale_documents", "scores", "search"]
+__all__ = [
+    "CONTROLS",
+    "DEFAULT_ALPHAS",
+    "METRICS",
+    "UNLABELLED",
+    "SweepResult",
+    "alpha_sweep",
+    "export_faiss",
+    "invalid_rows",
+    "load_faiss",
+    "plot_sweep",
+    "rescale_by_length",
+    "rescale_documents",
+    "scores",
+    "search",
+]

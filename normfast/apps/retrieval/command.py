@@ -1,4 +1,5 @@
 """``normfast retrieval``: the command-line driver over :func:`~normfast.apps.retrieval.sweep.alpha_sweep`."""
+
 from __future__ import annotations
 
 import argparse
@@ -63,40 +64,55 @@ def parse_alphas(spec: str) -> list[float]:
             raise ValueError
         return values
     except ValueError:
-        raise ValueError(f"--alphas: expected START:STOP:STEP (STOP >= START, STEP > 0) or a "
-                         f"comma-separated list of numbers, got {spec!r}") from None
+        raise ValueError(
+            f"--alphas: expected START:STOP:STEP (STOP >= START, STEP > 0) or a "
+            f"comma-separated list of numbers, got {spec!r}"
+        ) from None
 
 
 def retrieval_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("data")
-    src.add_argument("--beir", required=True, metavar="DIR",
-                     help="BEIR collection (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)")
+    src.add_argument(
+        "--beir", required=True, metavar="DIR", help="BEIR collection (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)"
+    )
     src.add_argument("--split", default="test", help="qrels split to evaluate (default: test)")
     emb = src.add_mutually_exclusive_group(required=True)
-    emb.add_argument("--vectors", metavar="FILE.npz",
-                     help="precomputed raw embeddings: query_ids, queries, doc_ids, docs"
-                          "[, doc_lengths]")
+    emb.add_argument(
+        "--vectors",
+        metavar="FILE.npz",
+        help="precomputed raw embeddings: query_ids, queries, doc_ids, docs[, doc_lengths]",
+    )
     emb.add_argument("--model", metavar="SPEC", help="encoder to embed queries and documents with")
     src.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
-    src.add_argument("--length-unit", choices=("words", "chars"), default="words",
-                     help="length for the control when the .npz has no doc_lengths "
-                          "(default: words)")
+    src.add_argument(
+        "--length-unit",
+        choices=("words", "chars"),
+        default="words",
+        help="length for the control when the .npz has no doc_lengths (default: words)",
+    )
     sw = parser.add_argument_group("sweep")
-    sw.add_argument("--alphas", default="-1:1:0.1", metavar="GRID",
-                    help="START:STOP:STEP or a comma list; write --alphas=-1:1:0.1 when it starts "
-                         "with a minus sign (default: -1:1:0.1; 0 and 1 are always added)")
-    sw.add_argument("--k", type=int, default=100,
-                    help="documents retrieved per query (default: 100)")
-    sw.add_argument("--strata-key", metavar="KEY",
-                    help="queries.jsonl metadata key whose value labels each query's stratum")
-    sw.add_argument("--select-on", choices=("all", "dev"), default="all",
-                    help="choose the best alpha on all queries or on a dev half (default: all)")
+    sw.add_argument(
+        "--alphas",
+        default="-1:1:0.1",
+        metavar="GRID",
+        help="START:STOP:STEP or a comma list; write --alphas=-1:1:0.1 when it starts "
+        "with a minus sign (default: -1:1:0.1; 0 and 1 are always added)",
+    )
+    sw.add_argument("--k", type=int, default=100, help="documents retrieved per query (default: 100)")
+    sw.add_argument(
+        "--strata-key", metavar="KEY", help="queries.jsonl metadata key whose value labels each query's stratum"
+    )
+    sw.add_argument(
+        "--select-on",
+        choices=("all", "dev"),
+        default="all",
+        help="choose the best alpha on all queries or on a dev half (default: all)",
+    )
     sw.add_argument("--dev-fraction", type=float, default=0.5, help="dev share for --select-on dev")
     sw.add_argument("--seed", type=int, default=0, help="seed of the dev/test split (default: 0)")
     out = parser.add_argument_group("output")
     out.add_argument("--out", metavar="DIR", help="write retrieval.json and ndcg_vs_alpha.png here")
-    out.add_argument("--faiss", metavar="PATH",
-                     help="also export an IndexFlatIP for --alpha to PATH")
+    out.add_argument("--faiss", metavar="PATH", help="also export an IndexFlatIP for --alpha to PATH")
     out.add_argument("--alpha", type=float, help="alpha of the exported index (with --faiss)")
     out.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -110,8 +126,9 @@ def _load_vectors(path: str) -> dict[str, np.ndarray]:
     need = ("query_ids", "queries", "doc_ids", "docs")
     missing = [n for n in need if n not in arrays]
     if missing:
-        raise ValueError(f"--vectors: {p} lacks array(s) {', '.join(missing)} "
-                         f"(has {', '.join(sorted(arrays)) or 'none'})")
+        raise ValueError(
+            f"--vectors: {p} lacks array(s) {', '.join(missing)} (has {', '.join(sorted(arrays)) or 'none'})"
+        )
     return arrays
 
 
@@ -153,17 +170,24 @@ def _retrieval(args: argparse.Namespace) -> int:
     beir = Path(args.beir)
     inputs = [args.vectors, *(beir.rglob("*") if beir.is_dir() else [])]
     out_dir = Path(args.out) if args.out else None
-    check_outputs(inputs=inputs, folders={"--out": out_dir},
-                  files={"--faiss": args.faiss, "the ids beside --faiss": args.faiss and f"{args.faiss}.ids.json",
-                         "--out's retrieval.json": out_dir and out_dir / "retrieval.json",
-                         "--out's figure": out_dir and out_dir / "ndcg_vs_alpha.png"})
+    check_outputs(
+        inputs=inputs,
+        folders={"--out": out_dir},
+        files={
+            "--faiss": args.faiss,
+            "the ids beside --faiss": args.faiss and f"{args.faiss}.ids.json",
+            "--out's retrieval.json": out_dir and out_dir / "retrieval.json",
+            "--out's figure": out_dir and out_dir / "ndcg_vs_alpha.png",
+        },
+    )
     data = load_beir(args.beir, split=args.split)
     strata = None
     if args.strata_key:
         strata = data.strata(args.strata_key)
         if not strata:
-            raise ValueError(f"--strata-key: no query in {args.beir}/queries.jsonl has metadata "
-                             f"key {args.strata_key!r}")
+            raise ValueError(
+                f"--strata-key: no query in {args.beir}/queries.jsonl has metadata key {args.strata_key!r}"
+            )
 
     doc_lengths = None
     if args.vectors:
@@ -176,22 +200,31 @@ def _retrieval(args: argparse.Namespace) -> int:
     else:
         q_ids = [q for q in data.queries if q in data.qrels]
         d_ids = list(data.corpus)
-        Q = _encode(args.model, [data.queries[q] for q in q_ids], args.batch_size, "queries",
-                    progress)
-        D = _encode(args.model, [data.doc_text(d) for d in d_ids], args.batch_size, "documents",
-                    progress)
+        Q = _encode(args.model, [data.queries[q] for q in q_ids], args.batch_size, "queries", progress)
+        D = _encode(args.model, [data.doc_text(d) for d in d_ids], args.batch_size, "documents", progress)
     if doc_lengths is None:
         missing = [d for d in d_ids if d not in data.corpus]
         if missing:
-            raise ValueError(f"--vectors: {len(missing)} doc_ids are not in the corpus (e.g. "
-                             f"{missing[0]!r}) and the .npz has no doc_lengths")
-        doc_lengths = np.array([_text_length(data.doc_text(d), args.length_unit) for d in d_ids],
-                               dtype=np.float64)
+            raise ValueError(
+                f"--vectors: {len(missing)} doc_ids are not in the corpus (e.g. "
+                f"{missing[0]!r}) and the .npz has no doc_lengths"
+            )
+        doc_lengths = np.array([_text_length(data.doc_text(d), args.length_unit) for d in d_ids], dtype=np.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the same facts are in result.notes, printed below
-        result = alpha_sweep((q_ids, Q), (d_ids, D), data.qrels, alphas, k=args.k, strata=strata,
-                             lengths=doc_lengths, select_on=args.select_on,
-                             dev_fraction=args.dev_fraction, seed=args.seed, progress=progress)
+        result = alpha_sweep(
+            (q_ids, Q),
+            (d_ids, D),
+            data.qrels,
+            alphas,
+            k=args.k,
+            strata=strata,
+            lengths=doc_lengths,
+            select_on=args.select_on,
+            dev_fraction=args.dev_fraction,
+            seed=args.seed,
+            progress=progress,
+        )
     print(result.table())
     for note in result.notes:
         print(f"note: {note}")

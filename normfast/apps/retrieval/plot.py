@@ -1,4 +1,5 @@
 """The figure of an alpha sweep: a metric against alpha, overall and per stratum."""
+
 from __future__ import annotations
 
 import os
@@ -29,20 +30,31 @@ def plot_sweep(result: Any, path: str | os.PathLike, metric: str = "ndcg@10") ->
         color = "black" if stratum is None else colors[(gi - 1) % len(colors)]
         width = 2.2 if stratum is None else 1.2
         n = result.count("eval", stratum)
-        ax.plot(x, result.curve("norm", metric, "eval", stratum), color=color, lw=width,
-                marker="o", ms=3, label=f"{name} (n={n}) cos*|d|^a")
+        ax.plot(
+            x,
+            result.curve("norm", metric, "eval", stratum),
+            color=color,
+            lw=width,
+            marker="o",
+            ms=3,
+            label=f"{name} (n={n}) cos*|d|^a",
+        )
         if "length" in result.per_query:
-            ax.plot(x, result.curve("length", metric, "eval", stratum), color=color, lw=width,
-                    ls="--", label=f"{name} length control cos*len^a")
+            ax.plot(
+                x,
+                result.curve("length", metric, "eval", stratum),
+                color=color,
+                lw=width,
+                ls="--",
+                label=f"{name} length control cos*len^a",
+            )
     best = result.alphas[result.best_index("norm")]
     ax.axvline(best, color="grey", lw=0.8, ls=":")
     ax.axvline(0.0, color="grey", lw=0.5)
     ax.set_xlabel("alpha (exponent of the document norm, or of the length for dashed lines)")
     ax.set_ylabel(metric.upper() if metric != "mrr" else "MRR")
-    split, chosen = (("test split", "dev split") if result.select_on == "dev"
-                     else ("all queries", "all queries"))
-    ax.set_title(f"{metric} vs alpha ({split}); dotted: best alpha {best:+.2f} "
-                 f"(chosen on {chosen})", fontsize=10)
+    split, chosen = ("test split", "dev split") if result.select_on == "dev" else ("all queries", "all queries")
+    ax.set_title(f"{metric} vs alpha ({split}); dotted: best alpha {best:+.2f} (chosen on {chosen})", fontsize=10)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     out = Path(path)

@@ -1,4 +1,5 @@
 """The norm-discounted score, exact top-k search and FAISS export (see :mod:`normfast.apps.retrieval`)."""
+
 from __future__ import annotations
 
 import json
@@ -27,6 +28,7 @@ SCORE_MEMORY_MB = 256  # budget for one chunk of the query x document score matr
 # ---------------------------------------------------------------------------
 # The score
 # ---------------------------------------------------------------------------
+
 
 def invalid_rows(x: Any) -> dict[int, str]:
     """Rows of a ``[n, d]`` embedding matrix that have no direction: ``{row: reason}``.
@@ -83,7 +85,8 @@ def _rescale(fn: str, D: Any, factor_fn, invalid: str) -> torch.Tensor:
     if bad and invalid == "raise":
         raise ValueError(
             f"{fn}: D has {len(bad)} row(s) without a direction ({describe_invalid(bad)}); "
-            "fix or remove them, or pass invalid='nan' to get NaN rows (see invalid_rows())")
+            "fix or remove them, or pass invalid='nan' to get NaN rows (see invalid_rows())"
+        )
     norms = torch.linalg.vector_norm(t.double(), dim=1)
     return scale_rows(t, factor_fn(norms), list(bad))
 
@@ -116,7 +119,7 @@ def rescale_by_length(D: Any, lengths: Any, beta: float, *, invalid: str = "rais
     b = finite_float(fn, "beta", beta)
     t = _float_matrix(fn, "D", D)
     lens = lengths_vector(fn, lengths, t.shape[0])
-    return _rescale(fn, t, lambda n: lens ** b / n, invalid)
+    return _rescale(fn, t, lambda n: lens**b / n, invalid)
 
 
 def lengths_vector(fn: str, lengths: Any, n: int) -> torch.Tensor:
@@ -124,14 +127,14 @@ def lengths_vector(fn: str, lengths: Any, n: int) -> torch.Tensor:
         lengths = np.asarray(lengths)
     lens = as_tensor(fn, "lengths", lengths)
     if lens.dim() != 1 or lens.shape[0] != n:
-        raise ValueError(f"{fn}: expected lengths to be 1-D with one entry per document ({n}), "
-                         f"got {describe('lengths', lens)}")
+        raise ValueError(
+            f"{fn}: expected lengths to be 1-D with one entry per document ({n}), got {describe('lengths', lens)}"
+        )
     lens = lens.double()
     bad = torch.nonzero(~torch.isfinite(lens) | (lens <= 0)).flatten().tolist()
     if bad:
         shown = ", ".join(f"row {i}: {lens[i].item()!r}" for i in bad[:5])
-        raise ValueError(f"{fn}: expected positive finite lengths, got {len(bad)} invalid "
-                         f"({shown})")
+        raise ValueError(f"{fn}: expected positive finite lengths, got {len(bad)} invalid ({shown})")
     return lens
 
 
@@ -147,12 +150,13 @@ def scores(Q: Any, D: Any, alpha: float) -> torch.Tensor:
     q = _float_matrix(fn, "Q", Q).double()
     d = _float_matrix(fn, "D", D).double()
     if q.shape[1] != d.shape[1]:
-        raise ValueError(f"{fn}: expected Q and D with the same dimension, got "
-                         f"{describe('Q', q)} and {describe('D', d)}")
+        raise ValueError(
+            f"{fn}: expected Q and D with the same dimension, got {describe('Q', q)} and {describe('D', d)}"
+        )
     qn = torch.linalg.vector_norm(q, dim=1, keepdim=True)
     dn = torch.linalg.vector_norm(d, dim=1, keepdim=True)
     cos = (q @ d.T) / (qn * dn.T)
-    return cos * dn.T ** a
+    return cos * dn.T**a
 
 
 def finite_float(fn: str, name: str, value: Any) -> float:
@@ -169,8 +173,8 @@ def finite_float(fn: str, name: str, value: Any) -> float:
 # Exact top-k search
 # ---------------------------------------------------------------------------
 
-def search(queries: Any, docs: Any, k: int, *, memory_mb: float = SCORE_MEMORY_MB
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+
+def search(queries: Any, docs: Any, k: int, *, memory_mb: float = SCORE_MEMORY_MB) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-``k`` by inner product, ties broken by document row (lower row first).
 
     Queries are processed in chunks so that one chunk of the score matrix stays
@@ -185,8 +189,10 @@ def search(queries: Any, docs: Any, k: int, *, memory_mb: float = SCORE_MEMORY_M
     q = _float_matrix(fn, "queries", queries)
     d = _float_matrix(fn, "docs", docs)
     if q.shape[1] != d.shape[1]:
-        raise ValueError(f"{fn}: expected queries and docs with the same dimension, got "
-                         f"{describe('queries', q)} and {describe('docs', d)}")
+        raise ValueError(
+            f"{fn}: expected queries and docs with the same dimension, got "
+            f"{describe('queries', q)} and {describe('docs', d)}"
+        )
     if d.shape[0] == 0:
         raise ValueError(f"{fn}: expected at least one document, got {describe('docs', d)}")
     dtype = torch.promote_types(q.dtype, d.dtype)
@@ -199,10 +205,10 @@ def search(queries: Any, docs: Any, k: int, *, memory_mb: float = SCORE_MEMORY_M
     out_idx = torch.empty(n_q, kk, dtype=torch.long)
     out_val = torch.empty(n_q, kk, dtype=dtype)
     for start in range(0, n_q, chunk):
-        s = q[start:start + chunk] @ d.T
+        s = q[start : start + chunk] @ d.T
         idx = _topk_stable(s, kk)
-        out_idx[start:start + chunk] = idx
-        out_val[start:start + chunk] = torch.gather(s, 1, idx)
+        out_idx[start : start + chunk] = idx
+        out_val[start : start + chunk] = torch.gather(s, 1, idx)
     return out_idx, out_val
 
 
@@ -232,28 +238,28 @@ def _topk_stable(s: torch.Tensor, k: int) -> torch.Tensor:
 # Alpha sweep
 # ---------------------------------------------------------------------------
 
+
 def embedding_table(fn: str, name: str, x: Any) -> tuple[list[str], torch.Tensor]:
     """``(ids, matrix)`` from a ``{id: vector}`` mapping or an ``(ids, matrix)`` pair."""
     if isinstance(x, Mapping):
         ids = [str(i) for i in x]
         if not ids:
-            raise ValueError(f"{fn}: expected {name} to hold at least one vector, "
-                             "got an empty mapping")
-        mat = torch.stack([torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v
-                           for v in x.values()])
+            raise ValueError(f"{fn}: expected {name} to hold at least one vector, got an empty mapping")
+        mat = torch.stack(
+            [torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for v in x.values()]
+        )
     elif isinstance(x, (tuple, list)) and len(x) == 2:
         ids = [str(i) for i in x[0]]
         mat = as_tensor(fn, f"{name}[1]", x[1])
     else:
-        raise TypeError(f"{fn}: expected {name} to be a {{id: vector}} mapping or an (ids, matrix) "
-                        f"pair, got {type(x).__name__}")
+        raise TypeError(
+            f"{fn}: expected {name} to be a {{id: vector}} mapping or an (ids, matrix) pair, got {type(x).__name__}"
+        )
     mat = _float_matrix(fn, name, mat)
     if mat.shape[0] != len(ids):
-        raise ValueError(f"{fn}: expected one id per row of {name}, got {len(ids)} ids and "
-                         f"{describe(name, mat)}")
+        raise ValueError(f"{fn}: expected one id per row of {name}, got {len(ids)} ids and {describe(name, mat)}")
     if mat.shape[0] == 0:
-        raise ValueError(f"{fn}: expected {name} to hold at least one vector, "
-                         f"got {describe(name, mat)}")
+        raise ValueError(f"{fn}: expected {name} to hold at least one vector, got {describe(name, mat)}")
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))
@@ -263,18 +269,19 @@ def embedding_table(fn: str, name: str, x: Any) -> tuple[list[str], torch.Tensor
 
 def check_qrels(fn: str, qrels: Any) -> dict[str, dict[str, int]]:
     if not isinstance(qrels, Mapping):
-        raise TypeError(f"{fn}: expected qrels to be a {{query_id: {{doc_id: relevance}}}} "
-                        f"mapping, got {type(qrels).__name__}")
+        raise TypeError(
+            f"{fn}: expected qrels to be a {{query_id: {{doc_id: relevance}}}} mapping, got {type(qrels).__name__}"
+        )
     out: dict[str, dict[str, int]] = {}
     for qid, judged in qrels.items():
         if not isinstance(judged, Mapping):
-            raise TypeError(f"{fn}: expected qrels[{qid!r}] to be a {{doc_id: relevance}} mapping, "
-                            f"got {type(judged).__name__}")
+            raise TypeError(
+                f"{fn}: expected qrels[{qid!r}] to be a {{doc_id: relevance}} mapping, got {type(judged).__name__}"
+            )
         row = {}
         for did, rel in judged.items():
             if isinstance(rel, bool) or not isinstance(rel, (int, np.integer)):
-                raise TypeError(f"{fn}: expected integer relevance, "
-                                f"got qrels[{qid!r}][{did!r}]={rel!r}")
+                raise TypeError(f"{fn}: expected integer relevance, got qrels[{qid!r}][{did!r}]={rel!r}")
             row[str(did)] = int(rel)
         out[str(qid)] = row
     return out
@@ -284,8 +291,10 @@ def check_qrels(fn: str, qrels: Any) -> dict[str, dict[str, int]]:
 # FAISS export
 # ---------------------------------------------------------------------------
 
-def export_faiss(docs: Any, alpha: float, path: str | os.PathLike | None = None, *,
-                 doc_ids: Sequence[str] | None = None):
+
+def export_faiss(
+    docs: Any, alpha: float, path: str | os.PathLike | None = None, *, doc_ids: Sequence[str] | None = None
+):
     """A ``faiss.IndexFlatIP`` holding the rescaled documents ``D_hat * ||D||**alpha``.
 
     Searching it with unit-normalized queries ranks by ``cos * ||d||**alpha``.
@@ -303,8 +312,7 @@ def export_faiss(docs: Any, alpha: float, path: str | os.PathLike | None = None,
         mat = _float_matrix(fn, "docs", docs)
         ids = [str(i) for i in (doc_ids if doc_ids is not None else range(mat.shape[0]))]
         if len(ids) != mat.shape[0]:
-            raise ValueError(f"{fn}: expected one doc id per row, got {len(ids)} ids and "
-                             f"{describe('docs', mat)}")
+            raise ValueError(f"{fn}: expected one doc id per row, got {len(ids)} ids and {describe('docs', mat)}")
     a = finite_float(fn, "alpha", alpha)
     scaled = rescale_documents(mat, a).detach().to("cpu", torch.float32).contiguous().numpy()
     index = faiss.IndexFlatIP(scaled.shape[1])
@@ -329,8 +337,5 @@ def load_faiss(path: str | os.PathLike):
     meta = json.loads(idmap.read_text())
     index = faiss.read_index(str(p))
     if index.ntotal != len(meta["ids"]):
-        raise ValueError(f"load_faiss: {p} holds {index.ntotal} vectors but {idmap} lists "
-                         f"{len(meta['ids'])} ids")
+        raise ValueError(f"load_faiss: {p} holds {index.ntotal} vectors but {idmap} lists {len(meta['ids'])} ids")
     return index, meta["ids"], float(meta["alpha"])
-
-

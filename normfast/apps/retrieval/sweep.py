@@ -1,5 +1,6 @@
 """The alpha sweep: retrieval quality of ``cos(q, d) * ||d||**alpha`` over a grid, with the
 length-only control, and its :class:`SweepResult` (curves, best alpha, baselines, JSON, table)."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,23 @@ import numpy as np
 import torch
 
 from normfast.apps.retrieval.plot import plot_sweep
-from normfast.apps.retrieval.scoring import (SCORE_MEMORY_MB, TREC_MEASURES, TREC_REQUEST, CONTROLS,
-                                             DEFAULT_ALPHAS, METRICS, UNLABELLED, check_qrels, describe_invalid,
-                                             embedding_table, finite_float, lengths_vector, scale_rows,
-                                             invalid_rows, search)
+from normfast.apps.retrieval.scoring import (
+    CONTROLS,
+    DEFAULT_ALPHAS,
+    METRICS,
+    SCORE_MEMORY_MB,
+    TREC_MEASURES,
+    TREC_REQUEST,
+    UNLABELLED,
+    check_qrels,
+    describe_invalid,
+    embedding_table,
+    finite_float,
+    invalid_rows,
+    lengths_vector,
+    scale_rows,
+    search,
+)
 from normfast.core.checks import check_positive_int, describe
 
 
@@ -62,8 +76,7 @@ class SweepResult:
         elif subset == "eval":
             return self._mask("test" if self.select_on == "dev" else "all", stratum)
         else:
-            raise ValueError("SweepResult: subset must be all|dev|test|select|eval, "
-                             f"got {subset!r}")
+            raise ValueError(f"SweepResult: subset must be all|dev|test|select|eval, got {subset!r}")
         if stratum is not None:
             if self.strata is None:
                 raise ValueError("SweepResult: this sweep has no strata")
@@ -76,12 +89,12 @@ class SweepResult:
     def count(self, subset: str = "eval", stratum: str | None = None) -> int:
         return int(self._mask(subset, stratum).sum())
 
-    def curve(self, control: str = "norm", metric: str = "ndcg@10", subset: str = "eval",
-              stratum: str | None = None) -> np.ndarray:
+    def curve(
+        self, control: str = "norm", metric: str = "ndcg@10", subset: str = "eval", stratum: str | None = None
+    ) -> np.ndarray:
         """Mean of ``metric`` over the chosen queries, one value per alpha (NaN if none)."""
         if control not in self.per_query:
-            raise ValueError(f"SweepResult: control must be one of {self.controls}, "
-                             f"got {control!r}")
+            raise ValueError(f"SweepResult: control must be one of {self.controls}, got {control!r}")
         if metric not in METRICS:
             raise ValueError(f"SweepResult: metric must be one of {METRICS}, got {metric!r}")
         m = self._mask(subset, stratum)
@@ -100,8 +113,7 @@ class SweepResult:
         cosine), then to the smaller alpha.
         """
         ndcg = np.round(self.curve(control, "ndcg@10", "select"), 12)
-        order = sorted(range(len(self.alphas)),
-                       key=lambda i: (-ndcg[i], abs(self.alphas[i]), self.alphas[i]))
+        order = sorted(range(len(self.alphas)), key=lambda i: (-ndcg[i], abs(self.alphas[i]), self.alphas[i]))
         return order[0]
 
     def summary(self, control: str = "norm") -> dict[str, Any]:
@@ -113,8 +125,7 @@ class SweepResult:
                 return None
             return float(100.0 * (new - base) / base)
 
-        out: dict[str, Any] = {"alpha": self.alphas[b], "selected_on": self.select_on,
-                               "n_queries": self.count("eval")}
+        out: dict[str, Any] = {"alpha": self.alphas[b], "selected_on": self.select_on, "n_queries": self.count("eval")}
         for metric in METRICS:
             cur = self.curve(control, metric, "eval")
             out[metric] = float(cur[b])
@@ -123,9 +134,12 @@ class SweepResult:
         per = {}
         for s in self.stratum_names():
             cur = self.curve(control, "ndcg@10", "eval", s)
-            per[s] = {"n_queries": self.count("eval", s), "ndcg@10": float(cur[b]),
-                      "cosine_ndcg@10": float(cur[c]),
-                      "gain_pct": gain(float(cur[b]), float(cur[c]))}
+            per[s] = {
+                "n_queries": self.count("eval", s),
+                "ndcg@10": float(cur[b]),
+                "cosine_ndcg@10": float(cur[c]),
+                "gain_pct": gain(float(cur[b]), float(cur[c])),
+            }
         if per:
             out["per_stratum"] = per
         return out
@@ -142,8 +156,7 @@ class SweepResult:
         """JSON-ready summary: curves (overall and per stratum), best alpha, gains, baselines."""
         curves: dict[str, Any] = {}
         for control in self.controls:
-            entry: dict[str, Any] = {
-                "all": {m: _jsonable(self.curve(control, m, "eval")) for m in METRICS}}
+            entry: dict[str, Any] = {"all": {m: _jsonable(self.curve(control, m, "eval")) for m in METRICS}}
             for s in self.stratum_names():
                 entry[s] = {m: _jsonable(self.curve(control, m, "eval", s)) for m in METRICS}
             curves[control] = entry
@@ -185,24 +198,31 @@ class SweepResult:
             lines.append(row)
         split = "dev split" if self.select_on == "dev" else "all queries"
         lines.append("")
-        lines.append(f"queries: {self.count('eval')} evaluated, documents: {self.n_docs}; "
-                     f"alpha chosen on {split}; strata columns show NDCG@10")
+        lines.append(
+            f"queries: {self.count('eval')} evaluated, documents: {self.n_docs}; "
+            f"alpha chosen on {split}; strata columns show NDCG@10"
+        )
         for control in self.controls:
             s = self.summary(control)
             label = "norm   cos*|d|^alpha" if control == "norm" else "length cos*len^beta "
             g = "n/a" if s["gain_pct"] is None else f"{s['gain_pct']:+.2f}%"
-            lines.append(f"best {label}: {s['alpha']:+.2f}  NDCG@10 {s['ndcg@10']:.4f} vs cosine "
-                         f"{s['cosine_ndcg@10']:.4f} ({g})")
+            lines.append(
+                f"best {label}: {s['alpha']:+.2f}  NDCG@10 {s['ndcg@10']:.4f} vs cosine {s['cosine_ndcg@10']:.4f} ({g})"
+            )
             for name, ps in s.get("per_stratum", {}).items():
                 pg = "n/a" if ps["gain_pct"] is None else f"{ps['gain_pct']:+.2f}%"
-                lines.append(f"    {name:<14} n={ps['n_queries']:<6} {ps['ndcg@10']:.4f} vs "
-                             f"{ps['cosine_ndcg@10']:.4f} ({pg})")
+                lines.append(
+                    f"    {name:<14} n={ps['n_queries']:<6} {ps['ndcg@10']:.4f} vs {ps['cosine_ndcg@10']:.4f} ({pg})"
+                )
         base = self.baselines()
-        lines.append(f"baselines: cosine NDCG@10 {base['cosine']['ndcg@10']:.4f}, "
-                     f"dot NDCG@10 {base['dot']['ndcg@10']:.4f}")
+        lines.append(
+            f"baselines: cosine NDCG@10 {base['cosine']['ndcg@10']:.4f}, dot NDCG@10 {base['dot']['ndcg@10']:.4f}"
+        )
         if self.invalid_docs or self.invalid_queries:
-            lines.append(f"excluded without a direction: {len(self.invalid_docs)} documents, "
-                         f"{len(self.invalid_queries)} queries (listed in the JSON)")
+            lines.append(
+                f"excluded without a direction: {len(self.invalid_docs)} documents, "
+                f"{len(self.invalid_queries)} queries (listed in the JSON)"
+            )
         return "\n".join(lines)
 
     def save(self, out_dir: str | os.PathLike) -> tuple[Path, Path]:
@@ -230,11 +250,21 @@ def _split_dev(query_ids: Sequence[str], fraction: float, seed: int) -> np.ndarr
     return dev
 
 
-def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
-                alphas: Iterable[float] = DEFAULT_ALPHAS, *, k: int = 100,
-                strata: Mapping[str, str] | None = None, lengths: Any = None,
-                select_on: str = "all", dev_fraction: float = 0.5, seed: int = 0,
-                memory_mb: float = SCORE_MEMORY_MB, progress: bool = False) -> SweepResult:
+def alpha_sweep(
+    queries: Any,
+    docs: Any,
+    qrels: Mapping[str, Mapping[str, int]],
+    alphas: Iterable[float] = DEFAULT_ALPHAS,
+    *,
+    k: int = 100,
+    strata: Mapping[str, str] | None = None,
+    lengths: Any = None,
+    select_on: str = "all",
+    dev_fraction: float = 0.5,
+    seed: int = 0,
+    memory_mb: float = SCORE_MEMORY_MB,
+    progress: bool = False,
+) -> SweepResult:
     """Retrieval quality of ``cos(q, d) * ||d||**alpha`` over a grid of alphas.
 
     Args:
@@ -273,8 +303,10 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
     q_ids, Q = embedding_table(fn, "queries", queries)
     d_ids, D = embedding_table(fn, "docs", docs)
     if Q.shape[1] != D.shape[1]:
-        raise ValueError(f"{fn}: expected queries and docs with the same dimension, got "
-                         f"{describe('queries', Q)} and {describe('docs', D)}")
+        raise ValueError(
+            f"{fn}: expected queries and docs with the same dimension, got "
+            f"{describe('queries', Q)} and {describe('docs', D)}"
+        )
     qrels = check_qrels(fn, qrels)
     notes: list[str] = []
     if k < 100:
@@ -285,8 +317,7 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
         if isinstance(lengths, Mapping):
             missing = [d for d in d_ids if d not in lengths]
             if missing:
-                raise ValueError(f"{fn}: lengths has no entry for {len(missing)} document(s), "
-                                 f"e.g. {missing[0]!r}")
+                raise ValueError(f"{fn}: lengths has no entry for {len(missing)} document(s), e.g. {missing[0]!r}")
             lengths = [lengths[d] for d in d_ids]
         lens = lengths_vector(fn, lengths, len(d_ids))
 
@@ -299,9 +330,11 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
     bad_docs = invalid_rows(D)
     invalid_docs = {d_ids[i]: why for i, why in bad_docs.items()}
     if bad_docs:
-        warnings.warn(f"{fn}: {len(bad_docs)} document(s) without a direction are never retrieved "
-                      f"({describe_invalid(invalid_docs)}); see SweepResult.invalid_docs",
-                      stacklevel=2)
+        warnings.warn(
+            f"{fn}: {len(bad_docs)} document(s) without a direction are never retrieved "
+            f"({describe_invalid(invalid_docs)}); see SweepResult.invalid_docs",
+            stacklevel=2,
+        )
     bad_q = invalid_rows(Q)
     invalid_queries = {q_ids[i]: why for i, why in bad_q.items()}
 
@@ -309,20 +342,19 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
     q_row = {q: i for i, q in enumerate(q_ids)}
     judged = {q: r for q, r in qrels.items() if any(v > 0 for v in r.values())}
     if len(judged) < len(qrels):
-        notes.append(f"{len(qrels) - len(judged)} qrels queries without a relevant document "
-                     "skipped")
+        notes.append(f"{len(qrels) - len(judged)} qrels queries without a relevant document skipped")
     no_vec = [q for q in judged if q not in q_row]
     if no_vec:
-        notes.append(f"{len(no_vec)} qrels queries without an embedding skipped "
-                     f"(e.g. {no_vec[0]!r})")
+        notes.append(f"{len(no_vec)} qrels queries without an embedding skipped (e.g. {no_vec[0]!r})")
         warnings.warn(f"{fn}: {notes[-1]}", stacklevel=2)
     eval_ids = sorted(q for q in judged if q in q_row and q not in invalid_queries)
     if invalid_queries:
-        notes.append(f"{len(invalid_queries)} queries without a direction skipped "
-                     "(invalid_queries)")
+        notes.append(f"{len(invalid_queries)} queries without a direction skipped (invalid_queries)")
     if not eval_ids:
-        raise ValueError(f"{fn}: no query can be evaluated: qrels and queries share no valid id "
-                         f"(qrels has {len(qrels)} queries, queries has {len(q_ids)})")
+        raise ValueError(
+            f"{fn}: no query can be evaluated: qrels and queries share no valid id "
+            f"(qrels has {len(qrels)} queries, queries has {len(q_ids)})"
+        )
     doc_set = set(d_ids)
     unknown = sum(1 for q in eval_ids for d, v in judged[q].items() if v > 0 and d not in doc_set)
     if unknown:
@@ -331,17 +363,16 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
     labels = None
     if strata is not None:
         if not isinstance(strata, Mapping):  # checked here, before the expensive part
-            raise TypeError(f"{fn}: expected strata to be a {{query_id: label}} mapping, "
-                            f"got {type(strata).__name__}")
+            raise TypeError(f"{fn}: expected strata to be a {{query_id: label}} mapping, got {type(strata).__name__}")
         labels = [str(strata[q]) if q in strata else UNLABELLED for q in eval_ids]
         n_unl = labels.count(UNLABELLED)
         if n_unl:
             notes.append(f"{n_unl} evaluated queries have no stratum label ({UNLABELLED!r})")
-    dev = (_split_dev(eval_ids, frac, seed) if select_on == "dev"
-           else np.zeros(len(eval_ids), dtype=bool))
+    dev = _split_dev(eval_ids, frac, seed) if select_on == "dev" else np.zeros(len(eval_ids), dtype=bool)
     if select_on == "dev" and (dev.all() or not dev.any()):
-        raise ValueError(f"{fn}: dev_fraction={dev_fraction} leaves an empty dev or test split "
-                         f"with {len(eval_ids)} queries")
+        raise ValueError(
+            f"{fn}: dev_fraction={dev_fraction} leaves an empty dev or test split with {len(eval_ids)} queries"
+        )
     rows = torch.tensor([q_row[q] for q in eval_ids], dtype=torch.long)
     Qn = Q[rows]
     Qn = Qn / torch.linalg.vector_norm(Qn, dim=1, keepdim=True)
@@ -359,8 +390,7 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
         run = {}
         for qi, q in enumerate(eval_ids):
             # strictly decreasing rank scores: trec_eval re-sorts by score
-            run[q] = {d_ids[j]: float(depth - r)
-                      for r, (j, ok) in enumerate(zip(idx_l[qi], fin_l[qi])) if ok}
+            run[q] = {d_ids[j]: float(depth - r) for r, (j, ok) in enumerate(zip(idx_l[qi], fin_l[qi])) if ok}
         res = evaluator.evaluate(run)
         out = np.zeros((len(eval_ids), len(METRICS)))
         for qi, q in enumerate(eval_ids):
@@ -374,12 +404,13 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
     bad_rows = list(bad_docs)
     controls = {"norm": lambda a: scale_rows(D, norms ** (a - 1.0), bad_rows)}
     if lens is not None:
-        controls["length"] = lambda b: scale_rows(D, lens ** b / norms, bad_rows)
+        controls["length"] = lambda b: scale_rows(D, lens**b / norms, bad_rows)
     per_query = {c: np.zeros((len(grid), len(eval_ids), len(METRICS))) for c in controls}
     jobs = [(c, i) for c in controls for i in range(len(grid))]
     bar = None
     if progress:
         from tqdm.auto import tqdm
+
         bar = tqdm(total=len(jobs), desc="alpha sweep", unit="alpha")
     cosine = None
     for c, i in jobs:
@@ -395,6 +426,16 @@ def alpha_sweep(queries: Any, docs: Any, qrels: Mapping[str, Mapping[str, int]],
     if bar is not None:
         bar.close()
 
-    return SweepResult(alphas=grid, k=k, query_ids=eval_ids, per_query=per_query, strata=labels,
-                       select_on=select_on, dev=dev, n_docs=len(d_ids), invalid_docs=invalid_docs,
-                       invalid_queries=invalid_queries, notes=notes)
+    return SweepResult(
+        alphas=grid,
+        k=k,
+        query_ids=eval_ids,
+        per_query=per_query,
+        strata=labels,
+        select_on=select_on,
+        dev=dev,
+        n_docs=len(d_ids),
+        invalid_docs=invalid_docs,
+        invalid_queries=invalid_queries,
+        notes=notes,
+    )

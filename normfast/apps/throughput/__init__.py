@@ -45,23 +45,84 @@ Results go to ``OUT/throughput.json`` (and ``OUT/jvp_minilm.json``) with figures
 ``OUT/throughput_*.png``. With ``--only`` an existing ``throughput.json`` of the same
 kind (quick or full) keeps its other sections.
 """
-from .command import throughput_arguments, throughput_description, throughput_main, format_summary
-from .head import (HeadProblem, Phases, apply_per_batch, head_directions_backpack, head_directions_backward,
-                   head_directions_opacus, head_directions_torch_func, head_flop_counts, head_normfast,
-                   info_nce_rows, make_head_problem, run_head)
+
+from .command import format_summary, throughput_arguments, throughput_description, throughput_main
+from .head import (
+    HeadProblem,
+    Phases,
+    apply_per_batch,
+    head_directions_backpack,
+    head_directions_backward,
+    head_directions_opacus,
+    head_directions_torch_func,
+    head_flop_counts,
+    head_normfast,
+    info_nce_rows,
+    make_head_problem,
+    run_head,
+)
 from .jvp import mlp_encoder, run_jacrev, run_minilm
-from .measure import (accuracy_check, count_flops, cpu_model, environment, machine_name,
-                      peak_rss_mb, percentiles, rel_diff, throughput, time_rounds)
+from .measure import (
+    accuracy_check,
+    count_flops,
+    cpu_model,
+    environment,
+    machine_name,
+    peak_rss_mb,
+    percentiles,
+    rel_diff,
+    throughput,
+    time_rounds,
+)
 from .scaling import run_scaling, scaling_child, token_model
-from .settings import (BASELINE_PACKAGES, SECTIONS, HeadSettings, JacrevSettings, MiniLMSettings, ScalingSettings,
-                       Settings)
+from .settings import (
+    BASELINE_PACKAGES,
+    SECTIONS,
+    HeadSettings,
+    JacrevSettings,
+    MiniLMSettings,
+    ScalingSettings,
+    Settings,
+)
 
 __all__ = [
-    "throughput_arguments", "throughput_description", "throughput_main", "format_summary", "HeadProblem", "Phases",
-    "apply_per_batch", "head_directions_backpack", "head_directions_backward", "head_directions_opacus",
-    "head_directions_torch_func", "head_flop_counts", "head_normfast", "info_nce_rows", "make_head_problem",
-    "run_head", "mlp_encoder", "run_jacrev", "run_minilm", "accuracy_check", "count_flops", "cpu_model",
-    "environment", "machine_name", "peak_rss_mb", "percentiles", "rel_diff", "throughput",
-    "time_rounds", "run_scaling", "scaling_child", "token_model", "BASELINE_PACKAGES", "SECTIONS", "HeadSettings", "JacrevSettings",
-    "MiniLMSettings", "ScalingSettings", "Settings",
+    "throughput_arguments",
+    "throughput_description",
+    "throughput_main",
+    "format_summary",
+    "HeadProblem",
+    "Phases",
+    "apply_per_batch",
+    "head_directions_backpack",
+    "head_directions_backward",
+    "head_directions_opacus",
+    "head_directions_torch_func",
+    "head_flop_counts",
+    "head_normfast",
+    "info_nce_rows",
+    "make_head_problem",
+    "run_head",
+    "mlp_encoder",
+    "run_jacrev",
+    "run_minilm",
+    "accuracy_check",
+    "count_flops",
+    "cpu_model",
+    "environment",
+    "machine_name",
+    "peak_rss_mb",
+    "percentiles",
+    "rel_diff",
+    "throughput",
+    "time_rounds",
+    "run_scaling",
+    "scaling_child",
+    "token_model",
+    "BASELINE_PACKAGES",
+    "SECTIONS",
+    "HeadSettings",
+    "JacrevSettings",
+    "MiniLMSettings",
+    "ScalingSettings",
+    "Settings",
 ]

@@ -1,4 +1,5 @@
 """``normfast throughput``: the command that runs the sections and writes the report."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,15 +10,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-
 if TYPE_CHECKING:
     pass
 from .figures import plot_head, plot_jvp, plot_scaling
 from .head import run_head
 from .jvp import run_jacrev, run_minilm
-from .measure import threads, environment
+from .measure import environment, threads
 from .scaling import run_scaling
-from .settings import SECTIONS, SECTION_GROUPS, Settings
+from .settings import SECTION_GROUPS, SECTIONS, Settings
 
 # ============================================================================
 # CLI
@@ -46,13 +46,22 @@ examples:
 
 def throughput_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes (seconds; used by the tests)")
-    p.add_argument("--only", default=None, metavar="NAME[,NAME]",
-                   help=f"sections to run: {', '.join(SECTIONS)} (or jvp); default all")
-    p.add_argument("--out", default="runs/throughput",
-                   help="output folder (default runs/throughput, git-ignored; the committed results: --out bench/results/throughput)")
+    p.add_argument(
+        "--only",
+        default=None,
+        metavar="NAME[,NAME]",
+        help=f"sections to run: {', '.join(SECTIONS)} (or jvp); default all",
+    )
+    p.add_argument(
+        "--out",
+        default="runs/throughput",
+        help="output folder (default runs/throughput, git-ignored; the committed results: "
+        "--out bench/results/throughput)",
+    )
     p.add_argument("--repeats", type=int, default=None, help="timing rounds per section (default 3; quick 1-2)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads (0: torch's default); the jacrev section always uses 1")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0: torch's default); the jacrev section always uses 1"
+    )
     p.add_argument("--head-n", type=int, default=None, help="probes of the head section (default 100000)")
     p.add_argument("--no-progress", action="store_true")
 
@@ -64,8 +73,7 @@ def _parse_only(fn: str, only: str | None) -> list[str]:
     for name in (x.strip() for x in only.split(",") if x.strip()):
         for sec in SECTION_GROUPS.get(name, (name,)):
             if sec not in SECTIONS:
-                raise ValueError(f"{fn}: expected --only names from {', '.join(SECTIONS)} (or jvp), "
-                                 f"got {name!r}")
+                raise ValueError(f"{fn}: expected --only names from {', '.join(SECTIONS)} (or jvp), got {name!r}")
             if sec not in chosen:
                 chosen.append(sec)
     if not chosen:
@@ -82,8 +90,10 @@ def _all_ratios(report: dict) -> dict[str, float]:
 
 
 def format_summary(report: dict) -> str:
-    lines = [f"normfast throughput ({'quick' if report.get('quick') else 'full'}), "
-             f"{report['environment']['device']}, {report['environment']['threads']} threads"]
+    lines = [
+        f"normfast throughput ({'quick' if report.get('quick') else 'full'}), "
+        f"{report['environment']['device']}, {report['environment']['threads']} threads"
+    ]
     for name in SECTIONS:
         sec = report.get(name)
         if sec is None:
@@ -100,18 +110,24 @@ def format_summary(report: dict) -> str:
             lines.append(f"  check {c['check']}: {c['max_rel_diff']:.1e} (tol {c['tolerance']:.0e}) {mark}")
         if name == "minilm":
             t = sec["throughput"]
-            lines.append(f"  engine {t['engine_tokens_per_s']['p50']:.0f} tokens/s, transmission alone "
-                         f"{t['transmission_tokens_per_s']['p50']:.0f} tokens/s (M={t['M']}, "
-                         f"{t['token_rows']} token rows)")
+            lines.append(
+                f"  engine {t['engine_tokens_per_s']['p50']:.0f} tokens/s, transmission alone "
+                f"{t['transmission_tokens_per_s']['p50']:.0f} tokens/s (M={t['M']}, "
+                f"{t['token_rows']} token rows)"
+            )
         if name == "scaling":
             for r in sec["runs"]:
                 stream = r.get("streaming_peak_rss_mb")
-                lines.append(f"  N={r['tokens']:>9}: {r['seconds']:8.2f} s, {r['tokens_per_s']:9.0f} tokens/s, "
-                             f"peak RSS {r['peak_rss_mb']:.0f} MB (after set-up {r['rss_after_setup_mb']:.0f}, "
-                             f"chunk loop {stream if stream is None else round(stream)})")
+                lines.append(
+                    f"  N={r['tokens']:>9}: {r['seconds']:8.2f} s, {r['tokens_per_s']:9.0f} tokens/s, "
+                    f"peak RSS {r['peak_rss_mb']:.0f} MB (after set-up {r['rss_after_setup_mb']:.0f}, "
+                    f"chunk loop {stream if stream is None else round(stream)})"
+                )
             fit = sec["linear_fit"]
-            lines.append(f"  fit: {fit['fixed_seconds']:.2f} s fixed + N / {fit['tokens_per_s_marginal']:.0f} "
-                         f"tokens/s; log-log slope over the top decade {sec['loglog_slope_top_decade']:.2f}")
+            lines.append(
+                f"  fit: {fit['fixed_seconds']:.2f} s fixed + N / {fit['tokens_per_s_marginal']:.0f} "
+                f"tokens/s; log-log slope over the top decade {sec['loglog_slope_top_decade']:.2f}"
+            )
     return "\n".join(lines)
 
 
@@ -154,10 +170,12 @@ def _bench(args: argparse.Namespace, sections: list[str], settings: Settings) ->
                 report = {k: v for k, v in previous.items() if k in SECTIONS}
         except (OSError, ValueError):
             report = {}
-    runners = {"head": lambda: run_head(settings.head, progress),
-               "jacrev": lambda: run_jacrev(settings.jacrev, progress),
-               "minilm": lambda: run_minilm(settings.minilm, progress),
-               "scaling": lambda: run_scaling(settings.scaling, progress)}
+    runners = {
+        "head": lambda: run_head(settings.head, progress),
+        "jacrev": lambda: run_jacrev(settings.jacrev, progress),
+        "minilm": lambda: run_minilm(settings.minilm, progress),
+        "scaling": lambda: run_scaling(settings.scaling, progress),
+    }
     started = time.time()
     for name in sections:
         print(f"{fn}: section {name} ...", flush=True)
@@ -189,8 +207,16 @@ def _bench(args: argparse.Namespace, sections: list[str], settings: Settings) ->
     return 0
 
 
-def _write_report(path: Path, args: argparse.Namespace, sections: list[str], started: float,
-                  report: dict[str, Any], figures: list[Path], *, complete: bool) -> dict[str, Any]:
+def _write_report(
+    path: Path,
+    args: argparse.Namespace,
+    sections: list[str],
+    started: float,
+    report: dict[str, Any],
+    figures: list[Path],
+    *,
+    complete: bool,
+) -> dict[str, Any]:
     checks = _all_checks(report)
     flags = (["--quick"] if args.quick else []) + ([f"--only {args.only}"] if args.only else [])
     full = {
@@ -206,7 +232,7 @@ def _write_report(path: Path, args: argparse.Namespace, sections: list[str], sta
         "all_checks_passed": all(c["passed"] for c in checks),
         "figures": [p.name for p in figures],
         "note": "ratios are p50 over p50 of methods timed in the same run on the same data, after the "
-                "accuracy checks listed; absolute seconds describe this machine only",
+        "accuracy checks listed; absolute seconds describe this machine only",
         **{name: report[name] for name in SECTIONS if name in report},
     }
     tmp = path.with_name(path.name + ".tmp")

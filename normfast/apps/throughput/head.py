@@ -1,4 +1,5 @@
 """Section "head": head mode against per-sample-gradient pipelines (torch.func, BackPACK, Opacus)."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -13,17 +14,15 @@ import torch.nn.functional as F
 
 if TYPE_CHECKING:
     pass
-from .measure import threads, accuracy_check, environment, percentiles, rel_diff, throughput, time_rounds
-from .settings import HEAD_KEYS, HeadSettings, TAU
+from .floor import HEAD_FORMS, gemm_floor
+from .measure import accuracy_check, environment, percentiles, rel_diff, threads, throughput, time_rounds
+from .settings import HEAD_KEYS, TAU, HeadSettings
 
 __all__ = [
-    "HEAD_FORMS",
     "HEAD_METHODS",
     "HeadProblem",
     "Phases",
     "apply_per_batch",
-    "form_gemms",
-    "gemm_floor",
     "head_directions_backpack",
     "head_directions_backward",
     "head_directions_opacus",
@@ -43,17 +42,17 @@ __all__ = [
 class HeadProblem(NamedTuple):
     """A linear head, probe activations, embeddings and M virtual batches of pairs."""
 
-    W: torch.Tensor          # [d_out, d_in]
-    b: torch.Tensor          # [d_out]
-    A: torch.Tensor          # [N, d_in] probe activations
-    Z: torch.Tensor          # [N, d_out] probe embeddings, Z = A Wᵀ + b
-    anchors: torch.Tensor    # [M, pairs, d_in]
+    W: torch.Tensor  # [d_out, d_in]
+    b: torch.Tensor  # [d_out]
+    A: torch.Tensor  # [N, d_in] probe activations
+    Z: torch.Tensor  # [N, d_out] probe embeddings, Z = A Wᵀ + b
+    anchors: torch.Tensor  # [M, pairs, d_in]
     positives: torch.Tensor  # [M, pairs, d_in]
 
 
 def make_head_problem(n: int, d_in: int, d_out: int, m: int, pairs: int, seed: int = 0) -> HeadProblem:
     g = torch.Generator().manual_seed(seed)
-    W = torch.randn(d_out, d_in, generator=g) / d_in ** 0.5
+    W = torch.randn(d_out, d_in, generator=g) / d_in**0.5
     b = 0.1 * torch.randn(d_out, generator=g)
     A = torch.randn(n, d_in, generator=g)
     Z = torch.addmm(b, A, W.T)
@@ -77,8 +76,9 @@ def _info_nce_module(head: torch.nn.Module, x_a: torch.Tensor, x_p: torch.Tensor
     return F.cross_entropy(z[:pairs] @ z[pairs:].T / TAU, torch.arange(pairs))
 
 
-def head_directions_backward(W: torch.Tensor, b: torch.Tensor, anchors: torch.Tensor,
-                             positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def head_directions_backward(
+    W: torch.Tensor, b: torch.Tensor, anchors: torch.Tensor, positives: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``G_B, g_B`` from one ordinary backward of the mean batch loss per batch."""
     Wp, bp = W.clone().requires_grad_(True), b.clone().requires_grad_(True)
     G, g = [], []
@@ -89,8 +89,9 @@ def head_directions_backward(W: torch.Tensor, b: torch.Tensor, anchors: torch.Te
     return torch.stack(G), torch.stack(g)
 
 
-def head_directions_torch_func(W: torch.Tensor, b: torch.Tensor, anchors: torch.Tensor,
-                               positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def head_directions_torch_func(
+    W: torch.Tensor, b: torch.Tensor, anchors: torch.Tensor, positives: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``G_B, g_B`` as sums of per-sample (per loss row) gradients, ``vmap(grad)``."""
     pairs = anchors.shape[1]
 
@@ -98,8 +99,7 @@ def head_directions_torch_func(W: torch.Tensor, b: torch.Tensor, anchors: torch.
         # pick is a one-hot row selector: the loss term of one anchor row
         return (info_nce_rows(Wr, br, x_a, x_p) * pick).sum() / pairs
 
-    per_row = torch.func.vmap(torch.func.grad(row_loss, argnums=(0, 1)),
-                              in_dims=(None, None, None, None, 0))
+    per_row = torch.func.vmap(torch.func.grad(row_loss, argnums=(0, 1)), in_dims=(None, None, None, None, 0))
     G, g = [], []
     rows = torch.eye(pairs)
     for x_a, x_p in zip(anchors, positives):
@@ -117,8 +117,9 @@ def _linear_head(W: torch.Tensor, b: torch.Tensor) -> torch.nn.Linear:
     return head
 
 
-def head_directions_backpack(W: torch.Tensor, b: torch.Tensor, anchors: torch.Tensor,
-                             positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def head_directions_backpack(
+    W: torch.Tensor, b: torch.Tensor, anchors: torch.Tensor, positives: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``G_B, g_B`` as sums of BackPACK's per-sample gradients (``BatchGrad``, one per input row)."""
     from backpack import backpack, extend
     from backpack.extensions import BatchGrad
@@ -138,8 +139,9 @@ def head_directions_backpack(W: torch.Tensor, b: torch.Tensor, anchors: torch.Te
     return torch.stack(G), torch.stack(g)
 
 
-def head_directions_opacus(W: torch.Tensor, b: torch.Tensor, anchors: torch.Tensor,
-                           positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def head_directions_opacus(
+    W: torch.Tensor, b: torch.Tensor, anchors: torch.Tensor, positives: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``G_B, g_B`` as sums of Opacus's per-sample gradients (``GradSampleModule``, one per input row).
 
     ``loss_reduction="sum"`` keeps Opacus from rescaling: the per-sample
@@ -232,10 +234,13 @@ def _per_sample_pipeline(directions: Callable) -> Callable[[HeadProblem, Phases]
 #: method -> (run(problem, phases), its direction function, module to import, pip package)
 HEAD_METHODS: dict[str, tuple[Callable, Callable, str | None, str | None]] = {
     "normfast": (head_normfast, head_directions_backward, None, None),
-    "torch.func": (_per_sample_pipeline(head_directions_torch_func), head_directions_torch_func,
-                   None, None),
-    "backpack": (_per_sample_pipeline(head_directions_backpack), head_directions_backpack,
-                 "backpack", "backpack-for-pytorch"),
+    "torch.func": (_per_sample_pipeline(head_directions_torch_func), head_directions_torch_func, None, None),
+    "backpack": (
+        _per_sample_pipeline(head_directions_backpack),
+        head_directions_backpack,
+        "backpack",
+        "backpack-for-pytorch",
+    ),
     "opacus": (_per_sample_pipeline(head_directions_opacus), head_directions_opacus, "opacus", "opacus"),
 }
 
@@ -253,11 +258,17 @@ def head_flop_counts(n: int, d_in: int, d_out: int, m: int, pairs: int) -> dict[
     head = d_in * d_out
     backward = m * 4 * (2 * pairs) * head
     per_row = m * pairs * 4 * (2 * pairs) * head
-    apply = 2 * n * m * (d_in + 1) * d_out          # A G_Bᵀ + g_B for every batch
+    apply = 2 * n * m * (d_in + 1) * d_out  # A G_Bᵀ + g_B for every batch
     forms = head_flops(n, d_in, d_out, m, bias=True)
-    return {"normfast": backward + forms["grouped"], "normfast S": backward + forms["S"],
-            "normfast per-batch": backward + forms["per_batch"], "naive": backward + apply,
-            "torch.func": per_row + apply, "backpack": backward + apply, "opacus": backward + apply}
+    return {
+        "normfast": backward + forms["grouped"],
+        "normfast S": backward + forms["S"],
+        "normfast per-batch": backward + forms["per_batch"],
+        "naive": backward + apply,
+        "torch.func": per_row + apply,
+        "backpack": backward + apply,
+        "opacus": backward + apply,
+    }
 
 
 def _head_sub(problem: HeadProblem, n: int) -> HeadProblem:
@@ -311,22 +322,34 @@ def run_head(s: HeadSettings, progress: bool = True) -> dict[str, Any]:
         if name == "normfast":  # its error bars against a float64 brute force of the grouped estimators
             grouped = _grouped_reference(sub, G_ref, g_ref)
             errors["normfast error bars"] = stat_errors(fn(sub, Phases()), grouped, ["se_D", "se_V2", "se_Q"])
-            checks.append(accuracy_check("head/normfast/error_bars", max(errors["normfast error bars"].values()),
-                                         s.tolerance, f"float64 brute force of the grouped estimators, first "
-                                         f"{n_check} probes"))
-        checks.append(accuracy_check(f"head/{name}", max(errors[name].values()), s.tolerance,
-                                     f"float64 brute force from the fp32 G_B, first {n_check} probes"))
+            checks.append(
+                accuracy_check(
+                    "head/normfast/error_bars",
+                    max(errors["normfast error bars"].values()),
+                    s.tolerance,
+                    f"float64 brute force of the grouped estimators, first {n_check} probes",
+                )
+            )
+        checks.append(
+            accuracy_check(
+                f"head/{name}",
+                max(errors[name].values()),
+                s.tolerance,
+                f"float64 brute force from the fp32 G_B, first {n_check} probes",
+            )
+        )
         if name != "normfast":
             G, g = directions(*problem[:2], *problem[4:])
             diff = max(rel_diff(G, G_ref), rel_diff(g, g_ref))
-            checks.append(accuracy_check(f"head/{name}/G_B", diff, s.g_tolerance,
-                                         "G_B, g_B of one plain backward per batch"))
+            checks.append(
+                accuracy_check(f"head/{name}/G_B", diff, s.g_tolerance, "G_B, g_B of one plain backward per batch")
+            )
     failed = {c["check"].split("/")[1] for c in checks if not c["passed"]}
 
     timed = {name: fn for name, (fn, _) in methods.items() if name not in failed}
     if "normfast" in timed:  # the other forms, and every form's GEMM floor (timed from G_B on)
         for label, form in (("normfast S", "S"), ("normfast per-batch", "per_batch")):
-            timed[label] = (lambda problem, ph, kw=HEAD_FORMS[form]: head_normfast(problem, ph, **kw))
+            timed[label] = lambda problem, ph, kw=HEAD_FORMS[form]: head_normfast(problem, ph, **kw)
     phases: dict[str, list[dict[str, float]]] = {name: [] for name in timed}
     outputs: dict[str, dict] = {}
 
@@ -335,36 +358,52 @@ def run_head(s: HeadSettings, progress: bool = True) -> dict[str, Any]:
             ph = Phases()
             outputs[name] = timed[name](problem, ph)
             phases[name].append(ph.seconds)
+
         return go
 
     floors = {f"floor {form}": gemm_floor(problem.A, form, s.dim, s.m) for form in HEAD_FORMS}
     fast = {name: s.fast_runs for name in ("normfast", "normfast S", *floors)}
-    times = time_rounds({**{name: runner(name) for name in timed}, **floors}, s.repeats, fast,
-                        desc="head", progress=progress)
+    times = time_rounds(
+        {**{name: runner(name) for name in timed}, **floors}, s.repeats, fast, desc="head", progress=progress
+    )
     floor_times = {name: times.pop(name) for name in floors}
     seconds = {}
     for name, ts in times.items():
         seconds[name] = percentiles(ts)
-        seconds[name]["phases_median"] = {k: float(np.median([p[k] for p in phases[name]]))
-                                          for k in phases[name][0]}
-    agreement = {name: stat_errors(outputs[name], outputs["normfast"], list(HEAD_KEYS))
-                 for name in outputs if name != "normfast" and "normfast" in outputs}
+        seconds[name]["phases_median"] = {k: float(np.median([p[k] for p in phases[name]])) for k in phases[name][0]}
+    agreement = {
+        name: stat_errors(outputs[name], outputs["normfast"], list(HEAD_KEYS))
+        for name in outputs
+        if name != "normfast" and "normfast" in outputs
+    }
     flops = {k: v for k, v in head_flop_counts(s.n, s.dim, s.dim, s.m, s.pairs).items() if k in timed}
     base = seconds.get("normfast", {}).get("p50")
-    ratios = {f"normfast_vs_{name}": seconds[name]["p50"] / base
-              for name in seconds if not name.startswith("normfast") and base}
+    ratios = {
+        f"normfast_vs_{name}": seconds[name]["p50"] / base
+        for name in seconds
+        if not name.startswith("normfast") and base
+    }
     # every normfast form: its statistics time (from G_B on) against the time of the GEMMs it needs
     stat_p50 = {name: seconds[name]["phases_median"]["statistics"] for name in seconds if name.startswith("normfast")}
-    vs_floor = {name: stat_p50[name] / float(np.median(floor_times[f"floor {form}"]))
-                for name, form in (("normfast", "grouped"), ("normfast S", "S"), ("normfast per-batch", "per_batch"))
-                if name in stat_p50}
+    vs_floor = {
+        name: stat_p50[name] / float(np.median(floor_times[f"floor {form}"]))
+        for name, form in (("normfast", "grouped"), ("normfast S", "S"), ("normfast per-batch", "per_batch"))
+        if name in stat_p50
+    }
     return {
         "what": "heat/drift statistics (D, m2, V2, Q) of a linear head over N probes from M virtual "
-                "InfoNCE batches; normfast = backward per batch + head_stats with its defaults (the grouped "
-                "form, with error bars), and its bare S and per-batch forms as separate rows; each baseline = "
-                "per-sample gradients summed to G_B, then t = -(G_B a + g_B) materialized per batch",
-        "config": {**asdict(s), "d_in": s.dim, "d_out": s.dim, "dtype": "float32", "bias": True,
-                   "form": "grouped (default)", "direction_threads": Phases.direction_threads},
+        "InfoNCE batches; normfast = backward per batch + head_stats with its defaults (the grouped "
+        "form, with error bars), and its bare S and per-batch forms as separate rows; each baseline = "
+        "per-sample gradients summed to G_B, then t = -(G_B a + g_B) materialized per batch",
+        "config": {
+            **asdict(s),
+            "d_in": s.dim,
+            "d_out": s.dim,
+            "dtype": "float32",
+            "bias": True,
+            "form": "grouped (default)",
+            "direction_threads": Phases.direction_threads,
+        },
         "environment": environment(),
         "skipped": skipped,
         "accuracy": checks,
@@ -377,74 +416,11 @@ def run_head(s: HeadSettings, progress: bool = True) -> dict[str, Any]:
         "statistics_vs_gemm_floor": vs_floor,
         "gemm_floor_seconds": {name: percentiles(ts) for name, ts in floor_times.items()},
         "flops": flops,
-        "flop_ratios": {f"normfast_vs_{k}": v / flops["normfast"] for k, v in flops.items()
-                        if k != "normfast" and "normfast" in flops},
+        "flop_ratios": {
+            f"normfast_vs_{k}": v / flops["normfast"]
+            for k, v in flops.items()
+            if k != "normfast" and "normfast" in flops
+        },
         "gflop_per_s": {k: flops[k] / seconds[k]["p50"] / 1e9 for k in flops},
         "see_also": "python -m bench run head_stats (plain-backward per-batch baseline, 10^6-probe memory)",
     }
-
-
-# ============================================================================
-# The head-mode forms against the naive per-batch loop and their GEMM floors
-# ============================================================================
-
-#: form -> the keyword arguments of head_stats that select it (the first is the default)
-HEAD_FORMS = {"grouped": {}, "S": {"uncertainty": False, "form": "S"}, "per_batch": {"radial_spread": True}}
-
-
-def form_gemms(form: str, n: int, d_in: int, d_out: int, m: int, *, bias: bool = True,
-               groups: int | None = None) -> dict[str, Any]:
-    """The GEMM shapes a head-mode form needs: its preparation and its per-probe products.
-
-    ``prep``: ``(rows, da)`` Gram matrices ``XᵀX`` formed from the directions
-    (``S_c``, or one per group); ``k1``: direction matrices, one ``[a | 1]·G̃_kᵀ``
-    (``d_in × d_out``) each; ``k2``: quadratic forms, multiplied on their
-    folded lower triangles in the column blocks of
-    :func:`normfast.engine.transmission.head.products.stack_plan` (``quad_gemms``: ``(rows
-    of the factor, columns)`` per block, all K2 side by side).
-    """
-    from normfast.engine.transmission.head.products import stack_plan
-    from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS, effective_groups
-
-    da = d_in + int(bias)
-    k = effective_groups(groups or DEFAULT_GROUPS, m)
-    if form == "grouped":
-        sizes = [len(range(g, m, k)) for g in range(k)]
-        prep, k1, k2 = [(s * d_out, da) for s in sizes], k + 1, k + 1
-    elif form == "S":
-        prep, k1, k2 = [(m * d_out, da)], 1, 1
-    elif form == "per_batch":
-        prep, k1, k2 = [], m + 1, 0
-    else:
-        raise ValueError(f"form_gemms: unknown form {form!r}")
-    plan = stack_plan(d_in, d_out, k1, k2)
-    quad = [(d_in - c0, k2 * (c1 - c0)) for c0, c1 in plan["blocks"]]
-    return {"prep": prep, "k1": k1, "k2": k2, "quad_gemms": quad, "rows": plan["rows"],
-            "macs_per_probe": k1 * da * d_out + sum(r * c for r, c in quad)}
-
-
-def gemm_floor(A: torch.Tensor, form: str, d_out: int, m: int, *, bias: bool = True,
-               groups: int | None = None) -> Callable[[], None]:
-    """A callable that runs only the GEMMs of ``form`` (same shapes, same row chunks, fp32): its floor."""
-    n, d_in = A.shape
-    spec = form_gemms(form, n, d_in, d_out, m, bias=bias, groups=groups)
-    g = torch.Generator().manual_seed(0)
-    preps = [torch.randn(rows, da, generator=g) for rows, da in spec["prep"]]
-    W, b = torch.randn(spec["k1"], d_in, d_out, generator=g), torch.randn(spec["k1"], d_out, generator=g)
-    tri = [torch.randn(r, c, generator=g) for r, c in spec["quad_gemms"]]
-    step = min(n, spec["rows"])
-    v = torch.empty(step, d_out)
-    p = torch.empty(step, max((c for _, c in spec["quad_gemms"]), default=0))
-
-    def run() -> None:
-        for x in preps:
-            x.T @ x
-        for r0 in range(0, n, step):
-            a = A[r0:r0 + step]
-            c = a.shape[0]
-            for k in range(spec["k1"]):
-                torch.addmm(b[k], a, W[k], out=v[:c])
-            for f in tri:
-                torch.mm(a[:, d_in - f.shape[0]:], f, out=p[:c, :f.shape[1]])
-
-    return run

@@ -1,4 +1,5 @@
 """Measurement helpers shared by the sections: timing rounds, percentiles, accuracy checks, FLOPs."""
+
 from __future__ import annotations
 
 import math
@@ -43,16 +44,20 @@ def machine_name() -> str:
 def environment() -> dict[str, Any]:
     """Device, library versions and thread count of this process, for every JSON."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"device": machine_name(), "cpu": cpu_model(), "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(), "versions": library_versions(BASELINE_PACKAGES),
-            "load_average": list(load) if load else None}
+    return {
+        "device": machine_name(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "versions": library_versions(BASELINE_PACKAGES),
+        "load_average": list(load) if load else None,
+    }
 
 
 def percentiles(times: Sequence[float]) -> dict[str, Any]:
     """p20/p50/p80 of repeated timings (seconds), plus every run."""
     q = np.percentile(np.asarray(times, dtype=float), [20, 50, 80])
-    return {"p20": float(q[0]), "p50": float(q[1]), "p80": float(q[2]),
-            "runs": [float(t) for t in times]}
+    return {"p20": float(q[0]), "p50": float(q[1]), "p80": float(q[2]), "runs": [float(t) for t in times]}
 
 
 def throughput(times: Sequence[float], items: int) -> dict[str, float]:
@@ -79,8 +84,13 @@ def peak_rss_mb() -> float:
 def accuracy_check(name: str, max_rel_diff: float, tolerance: float, against: str) -> dict[str, Any]:
     """One accuracy record; NaN or inf never passes."""
     value = float(max_rel_diff)
-    return {"check": name, "max_rel_diff": value, "tolerance": float(tolerance),
-            "passed": bool(math.isfinite(value) and value <= tolerance), "against": against}
+    return {
+        "check": name,
+        "max_rel_diff": value,
+        "tolerance": float(tolerance),
+        "passed": bool(math.isfinite(value) and value <= tolerance),
+        "against": against,
+    }
 
 
 def rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -90,9 +100,14 @@ def rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max()) / scale if scale > 0 else float((got - want).abs().max())
 
 
-def time_rounds(methods: dict[str, Callable[[], Any]], repeats: int,
-                runs_per_round: dict[str, int] | None = None, *, desc: str = "timing",
-                progress: bool = True) -> dict[str, list[float]]:
+def time_rounds(
+    methods: dict[str, Callable[[], Any]],
+    repeats: int,
+    runs_per_round: dict[str, int] | None = None,
+    *,
+    desc: str = "timing",
+    progress: bool = True,
+) -> dict[str, list[float]]:
     """Wall time of each method, interleaved: every round runs every method."""
     runs_per_round = runs_per_round or {}
     total = repeats * sum(runs_per_round.get(name, 1) for name in methods)

@@ -1,5 +1,6 @@
 """How close a fast path must come to the references: the tolerances by dtype and the
 scale-relative errors they are compared with."""
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,7 @@ def allowed_error(dtype: torch.dtype, plain_error: float | None = None) -> float
     if tol["factor"] is None:
         return float(tol["rtol"])
     if plain_error is None:
-        raise ValueError(f"allowed_error: {dtype} needs the plain-torch error of the same "
-                         f"computation")
+        raise ValueError(f"allowed_error: {dtype} needs the plain-torch error of the same computation")
     return float(tol["factor"]) * float(plain_error) + float(tol["atol"])
 
 
@@ -45,9 +45,12 @@ def head_stack_errors(got, want: dict, A, Z, G, S, *, has_bias: bool = False) ->
     if has_bias:
         A = torch.cat([A, torch.ones(A.shape[0], 1, dtype=A.dtype)], 1)
     v_abs = torch.einsum("kjd,nd->nkj", G.abs(), A.abs())
-    scale = {"zdot": torch.einsum("nj,nkj->nk", Z.abs(), v_abs), "sq": v_abs.square().sum(-1),
-             "quad": torch.einsum("nd,kde,ne->nk", A.abs(), S.abs(), A.abs()),
-             "norm": torch.linalg.vector_norm(Z, dim=1)}
+    scale = {
+        "zdot": torch.einsum("nj,nkj->nk", Z.abs(), v_abs),
+        "sq": v_abs.square().sum(-1),
+        "quad": torch.einsum("nd,kde,ne->nk", A.abs(), S.abs(), A.abs()),
+        "norm": torch.linalg.vector_norm(Z, dim=1),
+    }
     errors = {}
     for key in keys:
         g = torch.as_tensor(got[key]).detach().cpu().to(torch.float64)

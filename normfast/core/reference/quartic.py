@@ -5,6 +5,7 @@ An independent check of normfast.core._quartic: companion-matrix eigenvalues
 Same contract: rows (a, b, c, d, e), largest positive real root (NaN where
 none) and the number of distinct positive roots.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -98,8 +99,7 @@ def solve_quartic_reference(coeffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     """
     c = np.asarray(coeffs, dtype=np.float64)
     if c.ndim != 2 or c.shape[1] != 5:
-        raise ValueError("solve_quartic_reference: expected coeffs of shape [N, 5], "
-                         f"got coeffs.shape={c.shape}")
+        raise ValueError(f"solve_quartic_reference: expected coeffs of shape [N, 5], got coeffs.shape={c.shape}")
     n = len(c)
     roots = np.full(n, np.nan)
     count = np.zeros(n, np.int8)

@@ -5,8 +5,22 @@
 * :mod:`.relative_heat` -- the heat split into a run-level common level and each row's relative
   heat, with the ranking's error bar.
 """
-from normfast.engine.diagnostics.regime import REGIMES, REGIME_INPUTS, RegimeThresholds, THRESHOLDS, classify_rows, run_regime, headline
-from normfast.engine.diagnostics.relative_heat import heat_reference, relative_heat, with_relative_heat, ranking_resolution
+
+from normfast.engine.diagnostics.regime import (
+    REGIME_INPUTS,
+    REGIMES,
+    THRESHOLDS,
+    RegimeThresholds,
+    classify_rows,
+    headline,
+    run_regime,
+)
+from normfast.engine.diagnostics.relative_heat import (
+    heat_reference,
+    ranking_resolution,
+    relative_heat,
+    with_relative_heat,
+)
 
 __all__ = [
     "REGIMES",

@@ -65,6 +65,7 @@ trained with the probe's settings until its norms were stationary. ``r_eq`` is
 where each norm would settle under the probe's settings; present norms of a
 model trained otherwise (every pretrained model) are not expected to match it.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,33 +80,46 @@ REGIMES = (LAW, HEAT, NOT_APPLICABLE)
 #: reason code -> (regime, plain words for a row or a run whose rows mostly have it)
 REGIME_REASONS: dict[str, tuple[str, str]] = {
     "invalid": (NOT_APPLICABLE, "the row has no valid statistics (see the reason column)"),
-    "no_update": (NOT_APPLICABLE,
-                  "nothing moves these items: drift and heat are exactly zero in every virtual batch (a zero "
-                  "loss, e.g. SupCon with no two items of a batch sharing a label), so there is no equilibrium "
-                  "to predict"),
-    "no_decay": (NOT_APPLICABLE,
-                 "the weight decay is 0: nothing pulls the norm back, so the law has no "
-                 "equilibrium here; heat V2 and drift D are still meaningful"),
-    "kappa_nonpositive": (NOT_APPLICABLE,
-                          "weight decay does not pull this embedding inwards (kappa <= 0): the law "
-                          "has no equilibrium here; heat V2 is still meaningful"),
-    "undecayed_sets_scale": (NOT_APPLICABLE,
-                             "the decayed parameters you probed do not set this embedding's scale "
-                             "(the probed parameters exempt from decay, e.g. LayerNorm gains, carry "
-                             "most of the radial grip): the law has no equilibrium here; heat V2 is "
-                             "still meaningful"),
-    "kappa_small": (NOT_APPLICABLE,
-                    "the decayed parameters barely move this embedding's scale (kappa < 0.25; "
-                    "typically a normalization sits between them and the output): the law has no "
-                    "equilibrium here; heat V2 is still meaningful"),
-    "drift_small": (HEAT,
-                    "the drift is small against the heat: R_eq is within ~15% of the heat-only "
-                    "R_eq, and the heat sets it"),
+    "no_update": (
+        NOT_APPLICABLE,
+        "nothing moves these items: drift and heat are exactly zero in every virtual batch (a zero "
+        "loss, e.g. SupCon with no two items of a batch sharing a label), so there is no equilibrium "
+        "to predict",
+    ),
+    "no_decay": (
+        NOT_APPLICABLE,
+        "the weight decay is 0: nothing pulls the norm back, so the law has no "
+        "equilibrium here; heat V2 and drift D are still meaningful",
+    ),
+    "kappa_nonpositive": (
+        NOT_APPLICABLE,
+        "weight decay does not pull this embedding inwards (kappa <= 0): the law "
+        "has no equilibrium here; heat V2 is still meaningful",
+    ),
+    "undecayed_sets_scale": (
+        NOT_APPLICABLE,
+        "the decayed parameters you probed do not set this embedding's scale "
+        "(the probed parameters exempt from decay, e.g. LayerNorm gains, carry "
+        "most of the radial grip): the law has no equilibrium here; heat V2 is "
+        "still meaningful",
+    ),
+    "kappa_small": (
+        NOT_APPLICABLE,
+        "the decayed parameters barely move this embedding's scale (kappa < 0.25; "
+        "typically a normalization sits between them and the output): the law has no "
+        "equilibrium here; heat V2 is still meaningful",
+    ),
+    "drift_small": (
+        HEAT,
+        "the drift is small against the heat: R_eq is within ~15% of the heat-only R_eq, and the heat sets it",
+    ),
     "drift_resolved": (LAW, "decay, heat and drift all shape R_eq, and the drift's sign is resolved"),
-    "drift_unresolved": (LAW,
-                         "decay, heat and drift all shape R_eq, but the drift's sign is not resolved "
-                         "(|D| < 2 se_D): R_eq is uncertain; more virtual batches for the drift "
-                         "resolve it"),
+    "drift_unresolved": (
+        LAW,
+        "decay, heat and drift all shape R_eq, but the drift's sign is not resolved "
+        "(|D| < 2 se_D): R_eq is uncertain; more virtual batches for the drift "
+        "resolve it",
+    ),
 }
 
 #: per-row columns added to every probe table
@@ -133,8 +147,7 @@ def _f64(x: Any, n: int) -> np.ndarray:
     return np.asarray(x, dtype=np.float64).reshape(-1)
 
 
-def drift_to_heat(D: Any, Q: Any, kappa: Any, *, lr: float, weight_decay: float,
-                  momentum: float = 0.0) -> np.ndarray:
+def drift_to_heat(D: Any, Q: Any, kappa: Any, *, lr: float, weight_decay: float, momentum: float = 0.0) -> np.ndarray:
     """``|D| / sqrt(2 λ κ η Q)`` row-wise (η with the heavy-ball heuristic ``η/(1−β)``).
 
     NaN where ``κ ≤ 0``, ``Q ≤ 0`` or ``λ = 0`` (no heat scale to compare with).
@@ -147,8 +160,14 @@ def drift_to_heat(D: Any, Q: Any, kappa: Any, *, lr: float, weight_decay: float,
     return out
 
 
-def classify_rows(columns: Mapping[str, Any], *, lr: float, weight_decay: float, momentum: float = 0.0,
-                  thresholds: RegimeThresholds = THRESHOLDS) -> dict[str, np.ndarray]:
+def classify_rows(
+    columns: Mapping[str, Any],
+    *,
+    lr: float,
+    weight_decay: float,
+    momentum: float = 0.0,
+    thresholds: RegimeThresholds = THRESHOLDS,
+) -> dict[str, np.ndarray]:
     """The regime of every row from a probe table's columns.
 
     ``columns`` holds ``valid``, ``kappa``, ``kappa_exempt`` (0 when no probed
@@ -167,16 +186,21 @@ def classify_rows(columns: Mapping[str, Any], *, lr: float, weight_decay: float,
             continue
         D = _f64(columns[f"D{sfx}"], n)
         still &= (D == 0) & (_f64(columns[f"Q{sfx}"], n) == 0)
-        ratios.append(drift_to_heat(D, _f64(columns[f"Q{sfx}"], n), kappa, lr=lr,
-                                    weight_decay=weight_decay,
-                                    momentum=momentum if sfx == "" else 0.0))
+        ratios.append(
+            drift_to_heat(
+                D,
+                _f64(columns[f"Q{sfx}"], n),
+                kappa,
+                lr=lr,
+                weight_decay=weight_decay,
+                momentum=momentum if sfx == "" else 0.0,
+            )
+        )
         se = _f64(columns.get(f"se_D{sfx}"), n)
         with np.errstate(invalid="ignore"):  # a branch whose drift is small needs no sign
-            resolved.append((np.abs(D) > thresholds.drift_sigmas * se)
-                            | (ratios[-1] < thresholds.heat_dominated_below))
+            resolved.append((np.abs(D) > thresholds.drift_sigmas * se) | (ratios[-1] < thresholds.heat_dominated_below))
     if not ratios:
-        raise ValueError("classify_rows: expected drift columns 'D' and/or 'D_w', got "
-                         f"{sorted(columns)}")
+        raise ValueError(f"classify_rows: expected drift columns 'D' and/or 'D_w', got {sorted(columns)}")
     ratio = np.fmax.reduce(ratios) if len(ratios) > 1 else ratios[0]
     drift_resolved = np.logical_and.reduce(resolved) if len(resolved) > 1 else resolved[0]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -237,8 +261,11 @@ class RegimeTally:
 
     def add(self, table: Any) -> None:
         """Count a ``pyarrow.Table`` (or a mapping of columns) holding the regime columns."""
-        col = (lambda k: np.asarray(table[k])) if isinstance(table, Mapping) else \
-            (lambda k: table.column(k).to_numpy(zero_copy_only=False))
+        col = (
+            (lambda k: np.asarray(table[k]))
+            if isinstance(table, Mapping)
+            else (lambda k: table.column(k).to_numpy(zero_copy_only=False))
+        )
         reason = col("regime_reason")
         valid = col("valid").astype(bool)
         kappa = col("kappa").astype(np.float64)
@@ -277,17 +304,20 @@ class RegimeTally:
             regime, reason = NOT_APPLICABLE, "invalid"
         else:
             regime = max(REGIMES, key=lambda r: (self.regimes[r], -REGIMES.index(r)))
-            in_class = {c: n for c, n in self.reasons.items() if n and REGIME_REASONS[c][0] == regime
-                        and c != "invalid"}
+            in_class = {
+                c: n for c, n in self.reasons.items() if n and REGIME_REASONS[c][0] == regime and c != "invalid"
+            }
             reason = max(in_class, key=in_class.get)
         quant = {}
         for name in self._QUANTITIES:
             v = np.concatenate(self._values[name]) if self._values[name] else np.zeros(0)
             v = v[np.isfinite(v)]
-            quant[name] = ({"p10": math.nan, "median": math.nan, "p90": math.nan} if v.size == 0 else
-                           dict(zip(("p10", "median", "p90"),
-                                    (float(x) for x in np.percentile(v, [10, 50, 90])))))
-        per_valid = (lambda k: k / self.valid if self.valid else math.nan)  # noqa: E731
+            quant[name] = (
+                {"p10": math.nan, "median": math.nan, "p90": math.nan}
+                if v.size == 0
+                else dict(zip(("p10", "median", "p90"), (float(x) for x in np.percentile(v, [10, 50, 90]))))
+            )
+        per_valid = lambda k: k / self.valid if self.valid else math.nan  # noqa: E731
         return {
             "regime": regime,
             "reason": reason,
@@ -297,9 +327,11 @@ class RegimeTally:
             "rows": self.rows,
             "valid_rows": self.valid,
             "kappa": {**quant["kappa"], "nonpositive_fraction": per_valid(self.nonpositive_kappa)},
-            "decayed_share": {**quant["decayed_share"],
-                              "below_threshold_fraction": per_valid(self.undecayed),
-                              "measured": self.has_exempt},
+            "decayed_share": {
+                **quant["decayed_share"],
+                "below_threshold_fraction": per_valid(self.undecayed),
+                "measured": self.has_exempt,
+            },
             "drift_to_heat": quant["drift_to_heat"],
             "drift_resolved_fraction": per_valid(self.resolved),
             "thresholds": asdict(THRESHOLDS),
@@ -334,22 +366,27 @@ def headline(regime: Mapping[str, Any]) -> list[str]:
     name = regime["regime"]
     others = ", ".join(f"{r} {share_text(fr[r])}" for r in REGIMES if r != name and fr[r] == fr[r])
     share = fr.get(name, math.nan)
-    lines = [f"regime: {name.upper()} for {share_text(share)} of rows ({others})" if share == share
-             else f"regime: {name.upper()} (no valid rows)"]
+    lines = [
+        f"regime: {name.upper()} for {share_text(share)} of rows ({others})"
+        if share == share
+        else f"regime: {name.upper()} (no valid rows)"
+    ]
     lines.append(f"  {regime['explanation']}.")
     if name == NOT_APPLICABLE:
-        lines.append("  R_eq, and any fit of norms against it, are not predictions of the law for "
-                     "these rows.")
+        lines.append("  R_eq, and any fit of norms against it, are not predictions of the law for these rows.")
     return lines
 
 
 def fit_context(regime: Mapping[str, Any] | None, meta: Mapping[str, Any]) -> str:
     """What a slope/r of present norms against R_eq means for this run (one or two lines)."""
-    settings = (f"{meta.get('optimizer')} lr={meta.get('lr')} wd={meta.get('weight_decay')}"
-                if meta else "the probe's settings")
-    text = (f"  R_eq is where each norm would settle if the probed parameters were trained with "
-            f"{settings} until stationary; present norms match it only in a model trained that "
-            f"way, so for any other model the fit below is a comparison, not a test of the law.")
+    settings = (
+        f"{meta.get('optimizer')} lr={meta.get('lr')} wd={meta.get('weight_decay')}" if meta else "the probe's settings"
+    )
+    text = (
+        f"  R_eq is where each norm would settle if the probed parameters were trained with "
+        f"{settings} until stationary; present norms match it only in a model trained that "
+        f"way, so for any other model the fit below is a comparison, not a test of the law."
+    )
     if regime is not None and regime.get("regime") == NOT_APPLICABLE:
         text += " Here the law does not apply to most rows: the fit tests nothing."
     return text

@@ -29,6 +29,7 @@ The reference needs every row, so it is computed once all chunks are written
 columns are added when the chunks are joined into the output
 (:func:`with_relative_heat`).
 """
+
 from __future__ import annotations
 
 import math
@@ -92,13 +93,20 @@ def heat_reference(tables: Iterable[pa.Table]) -> dict[str, Any]:
         column = column or heat_name(t.column_names)
         n = t.num_rows
         lh = _log(t.column(column).to_numpy(zero_copy_only=False))
-        used = reference_rows(t.column("valid").to_numpy(zero_copy_only=False),
-                              t.column("is_special").to_numpy(zero_copy_only=False), lh)
+        used = reference_rows(
+            t.column("valid").to_numpy(zero_copy_only=False), t.column("is_special").to_numpy(zero_copy_only=False), lh
+        )
         logs.append(lh[used])
         loo = _loo_matrix(t.column("heat_loo") if "heat_loo" in t.column_names else None, n)
         loos.append(None if loo is None else _log(loo[used]))
-    out: dict[str, Any] = {"column": column or "V2", "rows": 0, "log_level": math.nan, "level": math.nan,
-                           "se_log_level": math.nan, "loo_log_levels": []}
+    out: dict[str, Any] = {
+        "column": column or "V2",
+        "rows": 0,
+        "log_level": math.nan,
+        "level": math.nan,
+        "se_log_level": math.nan,
+        "loo_log_levels": [],
+    }
     every = np.concatenate(logs) if logs else np.zeros(0)
     out["rows"] = int(every.size)
     if every.size == 0:
@@ -109,15 +117,17 @@ def heat_reference(tables: Iterable[pa.Table]) -> dict[str, Any]:
         loo = np.concatenate(loos)
         if loo.size and loo.shape[1] >= 2:
             with np.errstate(all="ignore"):
-                ref_g = np.array([np.nanmedian(loo[:, g]) if np.isfinite(loo[:, g]).any() else np.nan
-                                  for g in range(loo.shape[1])])
+                ref_g = np.array(
+                    [np.nanmedian(loo[:, g]) if np.isfinite(loo[:, g]).any() else np.nan for g in range(loo.shape[1])]
+                )
             out["loo_log_levels"] = [float(v) for v in ref_g]
             out["se_log_level"] = float(jackknife_se(ref_g))
     return out
 
 
-def relative_heat(heat: np.ndarray, heat_loo: np.ndarray | None, reference: Mapping[str, Any]
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def relative_heat(
+    heat: np.ndarray, heat_loo: np.ndarray | None, reference: Mapping[str, Any]
+) -> tuple[np.ndarray, np.ndarray]:
     """``heat_rel`` and ``se_heat_rel`` of rows with heats ``heat`` ``[N]`` and leave-one-group-out
     heats ``heat_loo`` ``[N, K]`` (None: no error bars) against ``reference`` (:func:`heat_reference`)."""
     rel = _log(heat) - float(reference["log_level"])
@@ -148,8 +158,7 @@ def with_relative_heat(table: pa.Table, reference: Mapping[str, Any]) -> pa.Tabl
 RESOLUTION_RANK = 0.2
 
 
-def ranking_resolution(se_heat_rel: np.ndarray, reference: Mapping[str, Any], groups: int | None
-                       ) -> dict[str, Any]:
+def ranking_resolution(se_heat_rel: np.ndarray, reference: Mapping[str, Any], groups: int | None) -> dict[str, Any]:
     """The summary's figures: the share of rows whose relative heat has a 95% half-width within
     ±``RESOLUTION_RANK`` (log units), and the common level's 95% half-width as a percentage."""
     from normfast.engine.estimators.uncertainty import t_quantile
@@ -191,21 +200,21 @@ def with_replicates(batch: pa.RecordBatch, levels: Sequence[float]) -> pa.Record
     flat = np.asarray(pc.list_flatten(loo).to_numpy(zero_copy_only=False), dtype=float)
     lengths = pc.list_value_length(loo).to_numpy(zero_copy_only=False)
     if flat.size != n * k or (n and not np.all(lengths == k)):
-        raise ValueError(f"aggregate: expected heat_loo to hold K={k} values per row (the run's "
-                         f"heat_reference.loo_log_levels), got lengths {sorted(set(lengths.tolist()))}")
+        raise ValueError(
+            f"aggregate: expected heat_loo to hold K={k} values per row (the run's "
+            f"heat_reference.loo_log_levels), got lengths {sorted(set(lengths.tolist()))}"
+        )
     with np.errstate(invalid="ignore", divide="ignore"):
         values = np.where(flat > 0, np.log(np.where(flat > 0, flat, 1.0)), np.nan).reshape(n, k)
     values = values - np.asarray(levels)[None, :]
     arrays = list(batch.columns) + [pa.array(values[:, g]) for g in range(k)]
-    return pa.RecordBatch.from_arrays(arrays, names=list(batch.schema.names) + [replicate_name(g)
-                                                                                for g in range(k)])
+    return pa.RecordBatch.from_arrays(arrays, names=list(batch.schema.names) + [replicate_name(g) for g in range(k)])
 
 
 def batch_error_bar(table: pa.Table, k: int) -> pa.Table:
     """``heat_rel_se_batches`` (the jackknife over the K replicates of each type's mean) in place of the
     replicate columns, right after the other ``heat_rel`` columns."""
-    means = np.stack([table.column(f"{replicate_name(g)}_mean").to_numpy(zero_copy_only=False)
-                      for g in range(k)], 1)
+    means = np.stack([table.column(f"{replicate_name(g)}_mean").to_numpy(zero_copy_only=False) for g in range(k)], 1)
     se = jackknife_se(means)
     table = table.drop_columns([replicate_name(g) + s for g in range(k) for s in ("_mean", "_std", "_se", "_n")])
     at = table.column_names.index("heat_rel_n") + 1

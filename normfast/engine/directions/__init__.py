@@ -7,9 +7,28 @@
 * :mod:`.gradients` -- the probed parameters, the batch gradients, AdamW's second moments, and the
   M heat directions plus the drift's group means (:class:`Directions`).
 """
-from normfast.engine.directions.objectives import Objective, InfoNCE, CLIPLoss, SupCon, SimCSE, get_objective, objective_settings, check_scale_invariance
+
+from normfast.engine.directions.gradients import (
+    Directions,
+    DriftMeans,
+    adam_second_moments,
+    batch_loss,
+    compute_directions,
+    estimate_second_moments,
+    iter_gradients,
+    resolve_parameters,
+)
+from normfast.engine.directions.objectives import (
+    CLIPLoss,
+    InfoNCE,
+    Objective,
+    SimCSE,
+    SupCon,
+    check_scale_invariance,
+    get_objective,
+    objective_settings,
+)
 from normfast.engine.directions.presets import PRESETS, OptimizerPreset
-from normfast.engine.directions.gradients import Directions, DriftMeans, resolve_parameters, adam_second_moments, batch_loss, iter_gradients, estimate_second_moments, compute_directions
 
 __all__ = [
     "CLIPLoss",

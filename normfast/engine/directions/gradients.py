@@ -23,6 +23,7 @@ linear in ``ĝ_B`` for a fixed ``v̂``, hence ``p̄_g = mean_g(ĝ)/(sqrt(v̂)+ep
 ``v̂`` (when not given) is the mean of ``ĝ²`` over all ``M_D`` batches, and the
 same ``v̂`` maps the heat's directions.
 """
+
 from __future__ import annotations
 
 import re
@@ -52,8 +53,10 @@ def resolve_parameters(encoder: Encoder, selector: str | Sequence[str] = "all") 
     fn = "resolve_parameters"
     trainable = [n for n, p in encoder.named_parameters() if p.requires_grad]
     if not trainable:
-        raise ValueError(f"{fn}: the model {type(encoder).__name__} has no trainable parameters "
-                         f"(all requires_grad=False); nothing can be probed")
+        raise ValueError(
+            f"{fn}: the model {type(encoder).__name__} has no trainable parameters "
+            f"(all requires_grad=False); nothing can be probed"
+        )
     if isinstance(selector, str):
         if selector == "all":
             return trainable
@@ -61,9 +64,10 @@ def resolve_parameters(encoder: Encoder, selector: str | Sequence[str] = "all") 
             head = encoder.head()
             if head is None:
                 hint = encoder.head_hint() if hasattr(encoder, "head_hint") else ""
-                raise ValueError(f"{fn}: params='head' but {type(encoder).__name__} does not end in a linear "
-                                 f"head (e.g. no projection / Dense layer); use a regex or 'all'"
-                                 + (f". {hint}" if hint else ""))
+                raise ValueError(
+                    f"{fn}: params='head' but {type(encoder).__name__} does not end in a linear "
+                    f"head (e.g. no projection / Dense layer); use a regex or 'all'" + (f". {hint}" if hint else "")
+                )
             return list(head.parameter_names)
         try:
             pattern = re.compile(selector)
@@ -92,7 +96,7 @@ def adam_second_moments(optimizer: torch.optim.Optimizer, model: torch.nn.Module
             if "exp_avg_sq" not in st or id(p) not in names:
                 continue
             step = float(st["step"])
-            out[names[id(p)]] = st["exp_avg_sq"].detach() / (1 - beta2 ** step)
+            out[names[id(p)]] = st["exp_avg_sq"].detach() / (1 - beta2**step)
     return out
 
 
@@ -109,8 +113,15 @@ def _embed(encoder: Encoder, items: Sequence[Any], cut: int, *, grad: bool) -> t
         return encoder(front, cut, output="pooled")
 
 
-def batch_loss(encoder: Encoder, objective: Any, pairs: Any, indices: np.ndarray, *, cut: int = 0,
-               pair_encoder: Encoder | None = None) -> torch.Tensor:
+def batch_loss(
+    encoder: Encoder,
+    objective: Any,
+    pairs: Any,
+    indices: np.ndarray,
+    *,
+    cut: int = 0,
+    pair_encoder: Encoder | None = None,
+) -> torch.Tensor:
     """Objective value on one virtual batch, differentiable w.r.t. the encoder's tail."""
     kind = objective.needs
     if kind == "pairs":
@@ -174,13 +185,13 @@ class Directions:
     """
 
     names: list[str]
-    branch_of: dict[str, str]          # parameter name -> "u" | "w"
+    branch_of: dict[str, str]  # parameter name -> "u" | "w"
     directions: list[dict[str, torch.Tensor]]
-    decayed: dict[str, torch.Tensor]   # θ_decayed (the κ tangent); absent names are not decayed
+    decayed: dict[str, torch.Tensor]  # θ_decayed (the κ tangent); absent names are not decayed
     losses: list[float]
     drift: DriftMeans | None = None
     second_moments: dict[str, torch.Tensor] | None = field(default=None, repr=False)
-    first_batch: int = 0               # global index of directions[0] (it sets the batch's group)
+    first_batch: int = 0  # global index of directions[0] (it sets the batch's group)
 
     @property
     def M(self) -> int:
@@ -205,10 +216,20 @@ class Directions:
         return sum(t.numel() * t.element_size() for d in self.directions for t in d.values())
 
 
-def iter_gradients(encoder: Encoder, objective: Any, pairs: Any, names: Sequence[str],
-                   batches: Sequence[np.ndarray], *, cut: int = 0, pair_encoder: Encoder | None = None,
-                   seed: int = 0, batch_offset: int = 0, progress: bool = True,
-                   check_invariance: bool = True):
+def iter_gradients(
+    encoder: Encoder,
+    objective: Any,
+    pairs: Any,
+    names: Sequence[str],
+    batches: Sequence[np.ndarray],
+    *,
+    cut: int = 0,
+    pair_encoder: Encoder | None = None,
+    seed: int = 0,
+    batch_offset: int = 0,
+    progress: bool = True,
+    check_invariance: bool = True,
+):
     """Yield ``(b, {name: ĝ_B}, loss)`` for each virtual batch, one backward pass each.
 
     Only the probed parameters require grad during the passes (flags restored
@@ -238,8 +259,11 @@ def iter_gradients(encoder: Encoder, objective: Any, pairs: Any, names: Sequence
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"compute_directions: the objective is {loss.item()} on virtual batch {gb}")
             g = torch.autograd.grad(loss, params, allow_unused=True)
-            yield gb, {n: (gi.detach() if gi is not None else torch.zeros_like(p))
-                       for n, gi, p in zip(names, g, params)}, float(loss.detach())
+            yield (
+                gb,
+                {n: (gi.detach() if gi is not None else torch.zeros_like(p)) for n, gi, p in zip(names, g, params)},
+                float(loss.detach()),
+            )
     finally:
         for n, p in encoder.named_parameters():
             p.requires_grad_(saved_flags[n])
@@ -248,8 +272,9 @@ def iter_gradients(encoder: Encoder, objective: Any, pairs: Any, names: Sequence
             pair_encoder.train(pair_training)
 
 
-def estimate_second_moments(encoder: Encoder, objective: Any, pairs: Any, names: Sequence[str],
-                            batches: Sequence[np.ndarray], **kwargs: Any) -> dict[str, torch.Tensor]:
+def estimate_second_moments(
+    encoder: Encoder, objective: Any, pairs: Any, names: Sequence[str], batches: Sequence[np.ndarray], **kwargs: Any
+) -> dict[str, torch.Tensor]:
     """AdamW's ``v̂`` as the mean of ``ĝ_B²`` over the virtual batches, streaming (one gradient in memory)."""
     total: dict[str, torch.Tensor] = {}
     for _, g, _ in iter_gradients(encoder, objective, pairs, names, batches, **kwargs):
@@ -258,13 +283,25 @@ def estimate_second_moments(encoder: Encoder, objective: Any, pairs: Any, names:
     return {n: t / len(batches) for n, t in total.items()}
 
 
-def compute_directions(encoder: Encoder, objective: Any, pairs: Any, names: Sequence[str],
-                       presets: Mapping[str, OptimizerPreset], batches: Sequence[np.ndarray], *,
-                       cut: int = 0, pair_encoder: Encoder | None = None, no_decay: str | None = None,
-                       seed: int = 0, batch_offset: int = 0, progress: bool = True,
-                       check_invariance: bool = True,
-                       second_moments: Mapping[str, torch.Tensor] | None = None,
-                       keep: int | None = None, drift_groups: int = 0) -> Directions:
+def compute_directions(
+    encoder: Encoder,
+    objective: Any,
+    pairs: Any,
+    names: Sequence[str],
+    presets: Mapping[str, OptimizerPreset],
+    batches: Sequence[np.ndarray],
+    *,
+    cut: int = 0,
+    pair_encoder: Encoder | None = None,
+    no_decay: str | None = None,
+    seed: int = 0,
+    batch_offset: int = 0,
+    progress: bool = True,
+    check_invariance: bool = True,
+    second_moments: Mapping[str, torch.Tensor] | None = None,
+    keep: int | None = None,
+    drift_groups: int = 0,
+) -> Directions:
     """Gradients of the objective on each virtual batch, mapped to update directions.
 
     ``presets`` maps each probed name to its optimizer preset (one preset for
@@ -283,19 +320,37 @@ def compute_directions(encoder: Encoder, objective: Any, pairs: Any, names: Sequ
     if drift_groups:
         counts = group_counts(len(batches), drift_groups, batch_offset)
         if min(counts) == 0:
-            raise ValueError(f"compute_directions: expected at least one batch per drift group, got "
-                             f"{len(batches)} batches for drift_groups={drift_groups}")
+            raise ValueError(
+                f"compute_directions: expected at least one batch per drift group, got "
+                f"{len(batches)} batches for drift_groups={drift_groups}"
+            )
     adam = [n for n in names if presets[n].name == "adamw"]
-    need_v = [n for n in adam if not ((presets[n].second_moments is not None and n in presets[n].second_moments)
-                                      or (second_moments is not None and n in second_moments))]
+    need_v = [
+        n
+        for n in adam
+        if not (
+            (presets[n].second_moments is not None and n in presets[n].second_moments)
+            or (second_moments is not None and n in second_moments)
+        )
+    ]
     grads: list[dict[str, torch.Tensor]] = []
     losses: list[float] = []
     sums: list[dict[str, torch.Tensor]] = [dict() for _ in range(drift_groups)]
     square_sum: dict[str, torch.Tensor] = {}
     touched: set[str] = set()
-    for gb, g, loss in iter_gradients(encoder, objective, pairs, names, batches, cut=cut,
-                                      pair_encoder=pair_encoder, seed=seed, batch_offset=batch_offset,
-                                      progress=progress, check_invariance=check_invariance):
+    for gb, g, loss in iter_gradients(
+        encoder,
+        objective,
+        pairs,
+        names,
+        batches,
+        cut=cut,
+        pair_encoder=pair_encoder,
+        seed=seed,
+        batch_offset=batch_offset,
+        progress=progress,
+        check_invariance=check_invariance,
+    ):
         b = gb - batch_offset
         if b < keep:
             grads.append(g)
@@ -315,8 +370,11 @@ def compute_directions(encoder: Encoder, objective: Any, pairs: Any, names: Sequ
 
     unused = [n for n in names if n not in touched]
     if unused:
-        warnings.warn(f"compute_directions: parameters {unused[:5]} receive no gradient from the objective; "
-                      f"their displacement is zero", stacklevel=2)
+        warnings.warn(
+            f"compute_directions: parameters {unused[:5]} receive no gradient from the objective; "
+            f"their displacement is zero",
+            stacklevel=2,
+        )
 
     estimated: dict[str, torch.Tensor] = {}
     for n in adam:
@@ -341,17 +399,19 @@ def compute_directions(encoder: Encoder, objective: Any, pairs: Any, names: Sequ
         drift = DriftMeans(sums, counts)
 
     decay_re = re.compile(no_decay) if no_decay else None
-    decayed = {n: encoder.get_parameter(n).detach().clone() for n in names
-               if not (decay_re and decay_re.search(n))}
+    decayed = {n: encoder.get_parameter(n).detach().clone() for n in names if not (decay_re and decay_re.search(n))}
     if not decayed:
-        raise ValueError(f"compute_directions: no_decay={no_decay!r} excludes every probed parameter from weight "
-                         f"decay; the equilibrium law needs decay (kappa would be 0)")
+        raise ValueError(
+            f"compute_directions: no_decay={no_decay!r} excludes every probed parameter from weight "
+            f"decay; the equilibrium law needs decay (kappa would be 0)"
+        )
     branch_of = {n: presets[n].branch for n in names}
     return Directions(list(names), branch_of, grads, decayed, losses, drift, estimated or None, batch_offset)
 
 
-def _warn_if_not_scale_invariant(encoder: Encoder, objective: Any, pairs: Any, indices: np.ndarray, cut: int,
-                                 pair_encoder: Encoder | None) -> None:
+def _warn_if_not_scale_invariant(
+    encoder: Encoder, objective: Any, pairs: Any, indices: np.ndarray, cut: int, pair_encoder: Encoder | None
+) -> None:
     from normfast.engine.directions.objectives import check_scale_invariance
 
     with torch.no_grad():

@@ -18,6 +18,7 @@ An objective declares what a virtual batch must hold (``needs``):
     items only; the engine encodes them twice with dropout active
     (``uses_dropout``) and passes the two views as ``za, zb`` (SimCSE).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,9 @@ from normfast.core.checks import check_finite_scalar, describe
 NEEDS = ("pairs", "labels", "items")
 
 
-def _check_embeddings(fn: str, za: Any, zb: Any = None, labels: Any = None, *,
-                      need_zb: bool = False, need_labels: bool = False) -> torch.Tensor | None:
+def _check_embeddings(
+    fn: str, za: Any, zb: Any = None, labels: Any = None, *, need_zb: bool = False, need_labels: bool = False
+) -> torch.Tensor | None:
     """Validate a loss call; returns ``labels`` as a 1-D integer tensor on ``za``'s device."""
     if not isinstance(za, torch.Tensor):
         raise TypeError(f"{fn}: expected za to be a torch.Tensor, got {type(za).__name__}")
@@ -42,27 +44,26 @@ def _check_embeddings(fn: str, za: Any, zb: Any = None, labels: Any = None, *,
     if not za.is_floating_point():
         raise TypeError(f"{fn}: expected za to have a floating dtype, got {describe('za', za)}")
     if za.shape[0] < 2:
-        raise ValueError(f"{fn}: expected a batch of at least 2 rows (in-batch negatives), "
-                         f"got {describe('za', za)}")
+        raise ValueError(f"{fn}: expected a batch of at least 2 rows (in-batch negatives), got {describe('za', za)}")
     if need_zb and zb is None:
         raise ValueError(f"{fn}: expected zb (the second side of each pair), got None")
     if zb is not None:
         if not isinstance(zb, torch.Tensor):
             raise TypeError(f"{fn}: expected zb to be a torch.Tensor, got {type(zb).__name__}")
         if zb.shape != za.shape:
-            raise ValueError(f"{fn}: expected zb to match za.shape={tuple(za.shape)}, "
-                             f"got {describe('zb', zb)}")
+            raise ValueError(f"{fn}: expected zb to match za.shape={tuple(za.shape)}, got {describe('zb', zb)}")
         if zb.device != za.device:
-            raise ValueError(f"{fn}: expected za and zb on one device, got za on {za.device}, "
-                             f"zb on {zb.device}")
+            raise ValueError(f"{fn}: expected za and zb on one device, got za on {za.device}, zb on {zb.device}")
     if labels is None:
         if need_labels:
             raise ValueError(f"{fn}: expected labels (one class per row of za), got None")
         return None
     labels = torch.as_tensor(labels, device=za.device)
     if labels.dim() != 1 or labels.shape[0] != za.shape[0]:
-        raise ValueError(f"{fn}: expected labels to be 1-D with {za.shape[0]} entries "
-                         f"(one per row of za), got {describe('labels', labels)}")
+        raise ValueError(
+            f"{fn}: expected labels to be 1-D with {za.shape[0]} entries "
+            f"(one per row of za), got {describe('labels', labels)}"
+        )
     if labels.is_floating_point() or labels.is_complex():
         raise TypeError(f"{fn}: expected integer class labels, got {describe('labels', labels)}")
     return labels
@@ -88,13 +89,15 @@ class Objective:
     uses_dropout: bool = False
     temperature: float = 1.0
 
-    def loss(self, za: torch.Tensor, zb: torch.Tensor | None = None,
-             labels: torch.Tensor | None = None) -> torch.Tensor:
+    def loss(
+        self, za: torch.Tensor, zb: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Scalar loss of one virtual batch."""
         raise NotImplementedError
 
-    def __call__(self, za: torch.Tensor, zb: torch.Tensor | None = None,
-                 labels: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, za: torch.Tensor, zb: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return self.loss(za, zb, labels)
 
     def settings(self) -> dict[str, Any]:
@@ -109,8 +112,7 @@ def _temperature(fn: str, value: Any) -> float:
     return check_finite_scalar(fn, "temperature", value, minimum=0.0, strictly=True)
 
 
-def _info_nce(za: torch.Tensor, zb: torch.Tensor, temperature: float,
-              symmetric: bool) -> torch.Tensor:
+def _info_nce(za: torch.Tensor, zb: torch.Tensor, temperature: float, symmetric: bool) -> torch.Tensor:
     a = F.normalize(za, dim=-1)
     b = F.normalize(zb, dim=-1)
     logits = a @ b.T / temperature
@@ -208,8 +210,11 @@ class SupCon(Objective):
         n_pos = positives.sum(dim=1)
         has_pos = n_pos > 0
         if not bool(has_pos.any()):
-            warnings.warn("SupCon: no anchor in this batch has a positive (every label appears "
-                          "once); the loss is zero", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "SupCon: no anchor in this batch has a positive (every label appears once); the loss is zero",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return (z * 0.0).sum()
         pos_log_prob = torch.where(positives, log_prob, torch.zeros_like(log_prob)).sum(dim=1)
         per_anchor = -pos_log_prob[has_pos] / n_pos[has_pos].to(z.dtype)
@@ -235,12 +240,7 @@ class SimCSE(Objective):
         return _info_nce(za, zb, self.temperature, symmetric=False)
 
 
-_REGISTRY: dict[str, type[Objective]] = {
-    "infonce": InfoNCE,
-    "clip": CLIPLoss,
-    "supcon": SupCon,
-    "simcse": SimCSE,
-}
+_REGISTRY: dict[str, type[Objective]] = {"infonce": InfoNCE, "clip": CLIPLoss, "supcon": SupCon, "simcse": SimCSE}
 
 
 def get_objective(name: str | Objective, **kwargs: Any) -> Objective:
@@ -251,16 +251,13 @@ def get_objective(name: str | Objective, **kwargs: Any) -> Objective:
     """
     if isinstance(name, Objective):
         if kwargs:
-            raise ValueError("get_objective: got an Objective instance and constructor "
-                             f"arguments {sorted(kwargs)}")
+            raise ValueError(f"get_objective: got an Objective instance and constructor arguments {sorted(kwargs)}")
         return name
     if not isinstance(name, str):
-        raise TypeError("get_objective: expected a name or an Objective, "
-                        f"got {type(name).__name__}")
+        raise TypeError(f"get_objective: expected a name or an Objective, got {type(name).__name__}")
     key = name.lower().replace("-", "").replace("_", "")
     if key not in _REGISTRY:
-        raise ValueError(f"get_objective: unknown objective {name!r}; "
-                         f"expected one of {sorted(_REGISTRY)}")
+        raise ValueError(f"get_objective: unknown objective {name!r}; expected one of {sorted(_REGISTRY)}")
     return _REGISTRY[key](**kwargs)
 
 
@@ -272,9 +269,16 @@ def objective_settings(objective: Any) -> dict[str, Any]:
     return {} if t is None else {"temperature": t}
 
 
-def check_scale_invariance(objective: Objective | Callable[..., torch.Tensor], za: torch.Tensor,
-                           zb: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                           rtol: float = 1e-4, *, trials: int = 2, seed: int = 0) -> bool:
+def check_scale_invariance(
+    objective: Objective | Callable[..., torch.Tensor],
+    za: torch.Tensor,
+    zb: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    rtol: float = 1e-4,
+    *,
+    trials: int = 2,
+    seed: int = 0,
+) -> bool:
     """Whether ``objective`` is unchanged when each embedding row is rescaled by a positive factor.
 
     Rows of ``za`` (and ``zb``) are multiplied by independent factors drawn
@@ -287,12 +291,12 @@ def check_scale_invariance(objective: Objective | Callable[..., torch.Tensor], z
     fn = "check_scale_invariance"
     loss_fn = objective.loss if isinstance(objective, Objective) else objective
     if not callable(loss_fn):
-        raise TypeError(f"{fn}: expected an Objective or a callable loss(za, zb, labels), "
-                        f"got {type(objective).__name__}")
+        raise TypeError(
+            f"{fn}: expected an Objective or a callable loss(za, zb, labels), got {type(objective).__name__}"
+        )
     label_tensor = _check_embeddings(fn, za, zb, labels)
     rtol = check_finite_scalar(fn, "rtol", rtol, minimum=0.0, strictly=True)
-    name = (getattr(objective, "name", None) or getattr(objective, "__name__", None)
-            or type(objective).__name__)
+    name = getattr(objective, "name", None) or getattr(objective, "__name__", None) or type(objective).__name__
     gen = torch.Generator().manual_seed(int(seed))
 
     def factors(n: int, like: torch.Tensor) -> torch.Tensor:
@@ -312,8 +316,11 @@ def check_scale_invariance(objective: Objective | Callable[..., torch.Tensor], z
             tolerance = rtol * abs(base_value) + 1e-6 * rtol
             invariant = math.isfinite(value) and abs(value - base_value) <= tolerance
     if not invariant:
-        warnings.warn(f"objective {name!r} is not scale-invariant: rescaling embedding rows "
-                      "changes the loss. The equilibrium-norm law assumes a loss that depends "
-                      "only on directions (normalize embeddings before the similarity).",
-                      UserWarning, stacklevel=2)
+        warnings.warn(
+            f"objective {name!r} is not scale-invariant: rescaling embedding rows "
+            "changes the loss. The equilibrium-norm law assumes a loss that depends "
+            "only on directions (normalize embeddings before the similarity).",
+            UserWarning,
+            stacklevel=2,
+        )
     return invariant

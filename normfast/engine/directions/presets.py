@@ -7,6 +7,7 @@
 :class:`~normfast.engine.config.ProbeConfig` names the presets;
 :mod:`normfast.engine.directions.gradients` applies them.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,12 +39,16 @@ class OptimizerPreset:
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"OptimizerPreset: expected lr > 0, got {self.lr!r}")
         if not (self.weight_decay > 0 and math.isfinite(self.weight_decay)):
-            raise ValueError(f"OptimizerPreset: expected weight_decay > 0 (the law needs decay), got {self.weight_decay!r}")
+            raise ValueError(
+                f"OptimizerPreset: expected weight_decay > 0 (the law needs decay), got {self.weight_decay!r}"
+            )
         if not 0 <= self.momentum < 1:
             raise ValueError(f"OptimizerPreset: expected 0 <= momentum < 1, got {self.momentum!r}")
         if self.name == "adamw" and self.momentum:
-            raise ValueError("OptimizerPreset: momentum applies to sgd; AdamW's beta1 leaves the long-run noise "
-                             "unchanged and is not a parameter of the law")
+            raise ValueError(
+                "OptimizerPreset: momentum applies to sgd; AdamW's beta1 leaves the long-run noise "
+                "unchanged and is not a parameter of the law"
+            )
 
     @property
     def branch(self) -> str:

@@ -9,11 +9,21 @@
 The closed form of a linear head computes the same dict without displacements
 (:mod:`normfast.engine.transmission.head`).
 """
-from normfast.engine.estimators.statkeys import REASONS, STAT_KEYS, UNCERTAINTY_KEYS, stat_names
+
 from normfast.engine.estimators.accumulator import ProbeAccumulator
-from normfast.engine.estimators.grouped import GroupedAccumulator
 from normfast.engine.estimators.drift import drift_from_groups
-from normfast.engine.estimators.uncertainty import CONFIDENCE, DEFAULT_GROUPS, effective_groups, group_counts, interval, jackknife_se, t_quantile, equilibrium_intervals
+from normfast.engine.estimators.grouped import GroupedAccumulator
+from normfast.engine.estimators.statkeys import REASONS, STAT_KEYS, UNCERTAINTY_KEYS, stat_names
+from normfast.engine.estimators.uncertainty import (
+    CONFIDENCE,
+    DEFAULT_GROUPS,
+    effective_groups,
+    equilibrium_intervals,
+    group_counts,
+    interval,
+    jackknife_se,
+    t_quantile,
+)
 
 __all__ = [
     "CONFIDENCE",

@@ -28,6 +28,7 @@ with suffix ``{s}`` = ``_u`` and/or ``_w``. To combine accumulators from
 several ranks, gather their state dicts and :meth:`merge` them; the state is
 not a sum, so a plain all-reduce(sum) would not be exact.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -73,22 +74,32 @@ class ProbeAccumulator:
     code in ``reason`` (see :data:`normfast.engine.estimators.statkeys.REASONS`).
     """
 
-    def __init__(self, n_probes: int, dim: int, *, branch: str = "u", device: Any = "cpu",
-                 dtype: torch.dtype = torch.float32, backend: str = "auto") -> None:
+    def __init__(
+        self,
+        n_probes: int,
+        dim: int,
+        *,
+        branch: str = "u",
+        device: Any = "cpu",
+        dtype: torch.dtype = torch.float32,
+        backend: str = "auto",
+    ) -> None:
         fn = "ProbeAccumulator"
         n_probes = check_positive_int(fn, "n_probes", n_probes)
         dim = check_positive_int(fn, "dim", dim)
         check_choice(fn, "branch", branch, BRANCHES)
         if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"{fn}: expected dtype torch.float32 or torch.float64, "
-                            f"got dtype={dtype}")
+            raise TypeError(f"{fn}: expected dtype torch.float32 or torch.float64, got dtype={dtype}")
         check_choice(fn, "backend", backend, BACKENDS)
         device = torch.device(device)
         if backend == "triton":
             from normfast.kernels import MAX_FUSED_DIM
+
             if dtype != torch.float32 or dim > MAX_FUSED_DIM:
-                raise ValueError(f"{fn}: backend='triton' needs dtype=torch.float32 and dim <= "
-                                 f"{MAX_FUSED_DIM}, got dtype={dtype}, dim={dim}")
+                raise ValueError(
+                    f"{fn}: backend='triton' needs dtype=torch.float32 and dim <= "
+                    f"{MAX_FUSED_DIM}, got dtype={dtype}, dim={dim}"
+                )
         self.n_probes, self.dim, self.branch = n_probes, dim, branch
         self.dtype, self.device, self.backend = dtype, device, backend
         nb = 2 if branch == "uw" else 1
@@ -106,8 +117,10 @@ class ProbeAccumulator:
         return self._n
 
     def __repr__(self) -> str:
-        return (f"ProbeAccumulator(n_probes={self.n_probes}, dim={self.dim}, "
-                f"branch={self.branch!r}, M={self._n}, device={self.device}, dtype={self.dtype})")
+        return (
+            f"ProbeAccumulator(n_probes={self.n_probes}, dim={self.dim}, "
+            f"branch={self.branch!r}, M={self._n}, device={self.device}, dtype={self.dtype})"
+        )
 
     def _use_triton(self) -> bool:
         if self.backend == "triton":
@@ -115,6 +128,7 @@ class ProbeAccumulator:
         if self.backend == "torch" or self.device.type != "cuda" or self.dtype != torch.float32:
             return False
         from normfast.kernels import MAX_FUSED_DIM
+
         return self.dim <= MAX_FUSED_DIM
 
     # ---------------------------------------------------------------- update
@@ -134,11 +148,12 @@ class ProbeAccumulator:
         if t_w is not None:
             t_w = as_tensor(fn, "t_w", t_w)
         if self.branch == "uw" and t_w is None:
-            raise ValueError(f"{fn}: expected t_w (the w-branch displacements) for branch='uw', "
-                             f"got t_w=None")
+            raise ValueError(f"{fn}: expected t_w (the w-branch displacements) for branch='uw', got t_w=None")
         if self.branch != "uw" and t_w is not None:
-            raise ValueError(f"{fn}: expected t_w=None for branch={self.branch!r} (t_w is only "
-                             f"used by branch='uw'), got {describe('t_w', t_w)}")
+            raise ValueError(
+                f"{fn}: expected t_w=None for branch={self.branch!r} (t_w is only "
+                f"used by branch='uw'), got {describe('t_w', t_w)}"
+            )
         check_float(fn, "t", t)
         check_float(fn, "z", z)
         check_ndim(fn, "t", t, (2, 3), f"[N, d] or [K, N, d] with N={self.n_probes}, d={self.dim}")
@@ -147,13 +162,11 @@ class ProbeAccumulator:
         if tuple(z.shape) != expected:
             raise ValueError(f"{fn}: expected z of shape (N, d)={expected}, got {describe('z', z)}")
         if tuple(t.shape[-2:]) != expected:
-            raise ValueError(f"{fn}: expected t of shape [K, N, d] with (N, d)={expected}, "
-                             f"got {describe('t', t)}")
+            raise ValueError(f"{fn}: expected t of shape [K, N, d] with (N, d)={expected}, got {describe('t', t)}")
         if t_w is not None:
             check_float(fn, "t_w", t_w)
             if t_w.shape != t.shape:
-                raise ValueError(f"{fn}: expected t_w.shape == t.shape={tuple(t.shape)}, "
-                                 f"got {describe('t_w', t_w)}")
+                raise ValueError(f"{fn}: expected t_w.shape == t.shape={tuple(t.shape)}, got {describe('t_w', t_w)}")
         check_same_device(fn, accumulator=self._mean, t=t, z=z, t_w=t_w)
         if t.dim() == 2:
             t = t.unsqueeze(0)
@@ -172,9 +185,18 @@ class ProbeAccumulator:
         def kernel_dtype(x):
             return x if x is None or x.dtype in KERNEL_INPUT_DTYPES else x.float()
 
-        accumulate(kernel_dtype(t), kernel_dtype(z), self._mean, self._moments, self._counts,
-                   self._reason, self._n, branch=self.branch, t_w=kernel_dtype(t_w),
-                   cross=self._cross)
+        accumulate(
+            kernel_dtype(t),
+            kernel_dtype(z),
+            self._mean,
+            self._moments,
+            self._counts,
+            self._reason,
+            self._n,
+            branch=self.branch,
+            t_w=kernel_dtype(t_w),
+            cross=self._cross,
+        )
         self._n += t.shape[0]
 
     def _update_torch(self, t: torch.Tensor, z: torch.Tensor, t_w: torch.Tensor | None) -> None:
@@ -185,12 +207,13 @@ class ProbeAccumulator:
         norm = torch.linalg.vector_norm(z, dim=1)
         zhat = z / norm[:, None]
         for k0 in range(0, t.shape[0], step):
-            chunk = t[k0:k0 + step].to(self.dtype)
-            chunk_w = None if t_w is None else t_w[k0:k0 + step].to(self.dtype)
+            chunk = t[k0 : k0 + step].to(self.dtype)
+            chunk_w = None if t_w is None else t_w[k0 : k0 + step].to(self.dtype)
             self._update_torch_chunk(chunk, norm, zhat, chunk_w)
 
-    def _update_torch_chunk(self, t: torch.Tensor, norm: torch.Tensor, zhat: torch.Tensor,
-                            t_w: torch.Tensor | None) -> None:
+    def _update_torch_chunk(
+        self, t: torch.Tensor, norm: torch.Tensor, zhat: torch.Tensor, t_w: torch.Tensor | None
+    ) -> None:
         # Same math as the fused kernel, arranged for few passes over t: the
         # deviations are formed once, with the branch scaling folded in and
         # their sign flipped (s - x) so that one fused op makes them; squared
@@ -214,7 +237,7 @@ class ProbeAccumulator:
                 shift = src[0] * scale[:, None] if first else mean
                 neg_dev = torch.addcmul(shift, src, scale[None, :, None], value=-1)
                 radial = torch.einsum("knd,nd->kn", src, zhat) * scale
-            neg_s1 = neg_dev.sum(0)                                  # -S1
+            neg_s1 = neg_dev.sum(0)  # -S1
             s2 = torch.linalg.vector_norm(neg_dev, dim=2).square().sum(0)
             del neg_dev
             s1_sq = torch.linalg.vector_norm(neg_s1, dim=1).square()
@@ -258,8 +281,9 @@ class ProbeAccumulator:
         mine = (self.n_probes, self.dim, self.branch, self.dtype, self.device)
         theirs = (other.n_probes, other.dim, other.branch, other.dtype, other.device)
         if mine != theirs:
-            raise ValueError(f"{fn}: expected an accumulator with (n_probes, dim, branch, dtype, "
-                             f"device)={mine}, got {theirs}")
+            raise ValueError(
+                f"{fn}: expected an accumulator with (n_probes, dim, branch, dtype, device)={mine}, got {theirs}"
+            )
         if other._n == 0:
             return self
         if self._n == 0:
@@ -293,8 +317,7 @@ class ProbeAccumulator:
         ``M``. Invalid rows are NaN. Raises ``ValueError`` when ``M < 2``.
         """
         if self._n < 2:
-            raise ValueError(f"ProbeAccumulator.finalize: expected at least 2 directions "
-                             f"(M >= 2), got M={self._n}")
+            raise ValueError(f"ProbeAccumulator.finalize: expected at least 2 directions (M >= 2), got M={self._n}")
         m = self._n
         out: dict[str, Any] = {}
         valid = self._reason == 0
@@ -339,10 +362,7 @@ class ProbeAccumulator:
 
     def _expected_state(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         n, d = self.n_probes, self.dim
-        spec: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
-            "n": ((), torch.int64),
-            "reason": ((n,), torch.int8),
-        }
+        spec: dict[str, tuple[tuple[int, ...], torch.dtype]] = {"n": ((), torch.int64), "reason": ((n,), torch.int8)}
         for suffix in branch_suffixes(self.branch):
             spec["mean" + suffix] = ((n, d), self.dtype)
             for name in ("M2", "rmean", "rM2"):
@@ -360,16 +380,17 @@ class ProbeAccumulator:
         missing = sorted(set(spec) - set(state))
         unexpected = sorted(set(state) - set(spec))
         if missing or unexpected:
-            raise ValueError(f"{fn}: expected keys {sorted(spec)} for branch={self.branch!r}, "
-                             f"missing {missing}, unexpected {unexpected}")
+            raise ValueError(
+                f"{fn}: expected keys {sorted(spec)} for branch={self.branch!r}, "
+                f"missing {missing}, unexpected {unexpected}"
+            )
         tensors = {}
         for name, (shape, dtype) in spec.items():
             x = torch.as_tensor(as_tensor(fn, name, state[name]))
             if tuple(x.shape) != shape:
                 raise ValueError(f"{fn}: expected {name} of shape {shape}, got {describe(name, x)}")
             if x.dtype.is_floating_point != dtype.is_floating_point:
-                raise TypeError(f"{fn}: expected {name} with dtype {dtype}, "
-                                f"got {describe(name, x)}")
+                raise TypeError(f"{fn}: expected {name} with dtype {dtype}, got {describe(name, x)}")
             tensors[name] = x
         n = int(tensors["n"])
         if n < 0:

@@ -1,5 +1,6 @@
 """Drift statistics from K group-mean displacements (:func:`drift_from_groups`): the drift from
 the mean update direction over its own M_D batches, with its error bars."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -35,8 +36,9 @@ def drift_from_groups(T: Any, Z: Any, counts: Any = None, *, branch: str = "u") 
     Z = float_tensor(fn, "Z", Z, 2, "2-D [N, d]")
     k = T.shape[0]
     if tuple(T.shape[1:]) != tuple(Z.shape):
-        raise ValueError(f"{fn}: expected T of shape [K, N, d] with (N, d)={tuple(Z.shape)} from Z, "
-                         f"got {describe('T', T)}")
+        raise ValueError(
+            f"{fn}: expected T of shape [K, N, d] with (N, d)={tuple(Z.shape)} from Z, got {describe('T', T)}"
+        )
     if k < 2:
         raise ValueError(f"{fn}: expected at least 2 groups (K >= 2) in T [K, N, d], got {describe('T', T)}")
     check_same_device(fn, T=T, Z=Z)
@@ -54,7 +56,7 @@ def drift_from_groups(T: Any, Z: Any, counts: Any = None, *, branch: str = "u") 
     drift = (mean_t * zhat).sum(1) * scale
     se, agree = group_spread(drift, group, w)
     m2 = scale.square() * mean_t.square().sum(1)
-    loo_t = leave_one_out_means(T, w)                                       # [K, N, d]
+    loo_t = leave_one_out_means(T, w)  # [K, N, d]
     loo_d = torch.einsum("knd,nd->nk", loo_t, zhat) * scale[:, None]
     loo_m2 = torch.linalg.vector_norm(loo_t, dim=2).square().T * scale.square()[:, None]
     bad = ~torch.isfinite(T).all(2).all(0)
@@ -67,6 +69,8 @@ def drift_from_groups(T: Any, Z: Any, counts: Any = None, *, branch: str = "u") 
     out["valid"] = ok
     out["reason"] = code
     out["M"] = int(round(float(w.sum()))) if counts is not None else k
-    out["loo"] = {"D" + sfx: torch.where(ok[:, None], loo_d, float("nan")),
-                  "m2" + sfx: torch.where(ok[:, None], loo_m2, float("nan"))}
+    out["loo"] = {
+        "D" + sfx: torch.where(ok[:, None], loo_d, float("nan")),
+        "m2" + sfx: torch.where(ok[:, None], loo_m2, float("nan")),
+    }
     return out

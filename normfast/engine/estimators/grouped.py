@@ -1,4 +1,5 @@
 """Per-probe statistics with error bars from K batch groups (:class:`GroupedAccumulator`)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,11 +30,22 @@ class GroupedAccumulator:
     the same numbers in closed form. Memory: K times one accumulator.
     """
 
-    def __init__(self, n_probes: int, dim: int, *, groups: int = DEFAULT_GROUPS, branch: str = "u",
-                 device: Any = "cpu", dtype: torch.dtype = torch.float32, backend: str = "auto") -> None:
+    def __init__(
+        self,
+        n_probes: int,
+        dim: int,
+        *,
+        groups: int = DEFAULT_GROUPS,
+        branch: str = "u",
+        device: Any = "cpu",
+        dtype: torch.dtype = torch.float32,
+        backend: str = "auto",
+    ) -> None:
         groups = check_groups("GroupedAccumulator", groups)
-        self.groups = [ProbeAccumulator(n_probes, dim, branch=branch, device=device, dtype=dtype, backend=backend)
-                       for _ in range(groups)]
+        self.groups = [
+            ProbeAccumulator(n_probes, dim, branch=branch, device=device, dtype=dtype, backend=backend)
+            for _ in range(groups)
+        ]
         self.K = groups
         self.n_probes, self.dim, self.branch = n_probes, dim, branch
         self.dtype, self.device = dtype, self.groups[0].device
@@ -47,8 +59,10 @@ class GroupedAccumulator:
         return [g.M for g in self.groups]
 
     def __repr__(self) -> str:
-        return (f"GroupedAccumulator(n_probes={self.n_probes}, dim={self.dim}, branch={self.branch!r}, "
-                f"K={self.K}, M={self.M}, counts={self.counts})")
+        return (
+            f"GroupedAccumulator(n_probes={self.n_probes}, dim={self.dim}, branch={self.branch!r}, "
+            f"K={self.K}, M={self.M}, counts={self.counts})"
+        )
 
     def update(self, t: Any, z: Any, *, t_w: Any = None, first_batch: int = 0) -> "GroupedAccumulator":
         """Add directions ``first_batch, first_batch + 1, ...``: ``t`` ``[N, d]`` or ``[k, N, d]`` (see
@@ -67,23 +81,27 @@ class GroupedAccumulator:
             if len(pick) == 0:
                 continue
             pick = pick.to(t.device)
-            self.groups[g].update(t.index_select(0, pick), z,
-                                  t_w=None if t_w is None else t_w.index_select(0, pick))
+            self.groups[g].update(t.index_select(0, pick), z, t_w=None if t_w is None else t_w.index_select(0, pick))
         return self
 
     def merge(self, other: "GroupedAccumulator") -> "GroupedAccumulator":
         """Combine group by group with an accumulator of DIFFERENT directions for the SAME probes."""
         if not isinstance(other, GroupedAccumulator) or other.K != self.K:
-            raise ValueError(f"GroupedAccumulator.merge: expected a GroupedAccumulator with K={self.K}, got "
-                             f"{other!r}")
+            raise ValueError(f"GroupedAccumulator.merge: expected a GroupedAccumulator with K={self.K}, got {other!r}")
         for mine, theirs in zip(self.groups, other.groups):
             mine.merge(theirs)
         return self
 
     def _merged(self, skip: int | None = None) -> ProbeAccumulator:
         first = self.groups[0]
-        out = ProbeAccumulator(first.n_probes, first.dim, branch=first.branch, device=first.device,
-                               dtype=first.dtype, backend=first.backend)
+        out = ProbeAccumulator(
+            first.n_probes,
+            first.dim,
+            branch=first.branch,
+            device=first.device,
+            dtype=first.dtype,
+            backend=first.backend,
+        )
         for g, acc in enumerate(self.groups):
             if g != skip:
                 out.merge(acc)
@@ -94,8 +112,9 @@ class GroupedAccumulator:
         fn = "GroupedAccumulator.finalize"
         empty = [g for g, n in enumerate(self.counts) if n == 0]
         if empty:
-            raise ValueError(f"{fn}: expected at least one direction in each of the K={self.K} groups, got "
-                             f"counts={self.counts}")
+            raise ValueError(
+                f"{fn}: expected at least one direction in each of the K={self.K} groups, got counts={self.counts}"
+            )
         out = self._merged().finalize()
         valid = out["valid"]
         nan = torch.tensor(float("nan"), dtype=self.dtype, device=self.device)
@@ -107,8 +126,11 @@ class GroupedAccumulator:
             if left >= 2:
                 part = self._merged(skip=g).finalize()
             else:
-                part = {k: torch.full((self.n_probes,), float("nan"), dtype=self.dtype, device=self.device)
-                        for k in out if isinstance(out[k], torch.Tensor) and out[k].is_floating_point()}
+                part = {
+                    k: torch.full((self.n_probes,), float("nan"), dtype=self.dtype, device=self.device)
+                    for k in out
+                    if isinstance(out[k], torch.Tensor) and out[k].is_floating_point()
+                }
             for key in ("D", "m2", "V2", "Q"):
                 for sfx in suffixes:
                     loo_parts.setdefault(key + sfx, []).append(part[key + sfx])
@@ -116,7 +138,7 @@ class GroupedAccumulator:
                 loo_parts.setdefault("C_uw", []).append(part["C_uw"])
         loo = {k: torch.where(valid[:, None], torch.stack(v, 1), nan) for k, v in loo_parts.items()}
         for b, sfx in enumerate(suffixes):
-            group_drift = torch.stack([acc._moments[b, 1] for acc in self.groups], 1)   # D_g
+            group_drift = torch.stack([acc._moments[b, 1] for acc in self.groups], 1)  # D_g
             se, agree = group_spread(out["D" + sfx], group_drift, counts)
             out["se_D" + sfx] = torch.where(valid, se, nan)
             out["sign_stability" + sfx] = torch.where(valid, agree, nan)

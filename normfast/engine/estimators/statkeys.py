@@ -2,6 +2,7 @@
 failure codes, and the branch and backend choices (:class:`~normfast.engine.estimators.accumulator.ProbeAccumulator`,
 :class:`~normfast.engine.estimators.grouped.GroupedAccumulator`, :func:`~normfast.engine.transmission.head.head_stats`,
 :func:`~normfast.engine.estimators.drift.drift_from_groups`)."""
+
 from __future__ import annotations
 
 import torch

@@ -29,6 +29,7 @@ quantile of K−1 degrees of freedom (12.7 at K = 2, 3.18 at K = 4, 2.36 at
 K = 8), never the normal 1.96. Whether the nominal coverage holds is an
 empirical question answered by ``python -m bench run calibration``.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -97,7 +98,7 @@ def jackknife_se(loo: Any) -> Any:
     loo = np.asarray(loo, dtype=float)
     k = loo.shape[-1]
     dev = loo - loo.mean(-1, keepdims=True)
-    return np.sqrt((dev ** 2).sum(-1) * ((k - 1) / k))
+    return np.sqrt((dev**2).sum(-1) * ((k - 1) / k))
 
 
 def leave_one_out_means(group_means: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -119,8 +120,14 @@ def interval(value: Any, se: Any, dof: int, lower: float | None = None) -> tuple
     return lo, hi
 
 
-def equilibrium_intervals(loo: dict[str, np.ndarray], kappa: np.ndarray, law: dict[str, Any],
-                          r_eq: np.ndarray, r_heat: np.ndarray, branches: tuple[str, ...]) -> dict[str, np.ndarray]:
+def equilibrium_intervals(
+    loo: dict[str, np.ndarray],
+    kappa: np.ndarray,
+    law: dict[str, Any],
+    r_eq: np.ndarray,
+    r_heat: np.ndarray,
+    branches: tuple[str, ...],
+) -> dict[str, np.ndarray]:
     """Jackknife 95% intervals of ``r_eq`` and ``r_eq_heat`` from leave-one-group-out statistics.
 
     ``loo`` holds ``[N, K]`` arrays ``D``, ``Q`` (and ``D_w``, ``Q_w``, ``C_uw``

@@ -3,8 +3,9 @@
 * :mod:`.recorder` -- :class:`TrainingMonitor`, hooked around ``optimizer.step()``;
 * :mod:`.realized` -- the realized terms of one step (first- and second-order task, decay,
   remainder), shared with E1's ledger;
-* :mod:`.parts` -- the optimizer it is given (unwrapped, its settings, its law), eval mode and
-  the virtual probe at a recorded state;
+* :mod:`.parts` -- its settings checked, the optimizer it is given (unwrapped, its settings, its
+  law), eval mode, the virtual probe at a recorded state, the clock;
+* :mod:`.state` -- its fingerprint and resume state;
 * :mod:`.schema` -- the monitor folder's contract (columns, metadata, versions);
 * :mod:`.analysis` -- what a monitor folder says: the law's window-averaged prediction per item;
 * :mod:`.report` -- ``normfast report FOLDER`` on a monitor folder: text, figure and files;
@@ -13,14 +14,27 @@
 
 The two adapters import their trainer libraries: they are loaded on first use.
 """
-from normfast.engine.monitor.recorder import TrainingMonitor
-from normfast.engine.monitor.realized import TERMS, StepRule, DecaySplit, parameters_as, step_rules, step_terms, realized_law, estimated_terms, with_sums
+
 from normfast.engine.monitor.analysis import analyze, is_monitor, load_monitor
+from normfast.engine.monitor.realized import (
+    TERMS,
+    DecaySplit,
+    StepRule,
+    estimated_terms,
+    parameters_as,
+    realized_law,
+    step_rules,
+    step_terms,
+    with_sums,
+)
+from normfast.engine.monitor.recorder import TrainingMonitor
 from normfast.engine.monitor.report import FIGURE_FILE, REPORT_FILE, monitor_report
 
 #: the trainer adapters, imported on first use (each imports its trainer library)
-_ADAPTERS = {"MonitorCallback": "normfast.engine.monitor.callbacks",
-             "LightningMonitor": "normfast.engine.monitor.lightning"}
+_ADAPTERS = {
+    "MonitorCallback": "normfast.engine.monitor.callbacks",
+    "LightningMonitor": "normfast.engine.monitor.lightning",
+}
 
 
 def __getattr__(name: str):
@@ -29,6 +43,7 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(_ADAPTERS[name]), name)
     raise AttributeError(f"module 'normfast.engine.monitor' has no attribute {name!r}")
+
 
 __all__ = [
     "FIGURE_FILE",

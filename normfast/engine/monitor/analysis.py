@@ -21,6 +21,7 @@ The window is checked for stationarity: the median over items of ``|⟨ΔR²⟩|
 (0 when the norms have stopped moving on average) and the relative change of the mean norm
 between the window's halves.
 """
+
 from __future__ import annotations
 
 import json
@@ -110,7 +111,9 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     n_items = int(meta.get("n_items") or len(np.unique(table["item"].to_numpy())))
     S = len(steps)
     if table.num_rows != S * n_items:
-        raise ValueError(f"analyze: {path}: {table.num_rows} rows for {S} steps x {n_items} items; the folder is damaged")
+        raise ValueError(
+            f"analyze: {path}: {table.num_rows} rows for {S} steps x {n_items} items; the folder is damaged"
+        )
     if S < 2:
         raise ValueError(f"analyze: {path}: {S} recorded step; the report needs at least 2")
     w = max(2, int(math.ceil(window * S)))
@@ -119,7 +122,7 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     norms = _matrix(table, "norm", S, n_items)
     win = slice(first, S)
     observed = norms[win].mean(0)
-    halves = (norms[first:first + w // 2].mean(0), norms[first + w // 2:].mean(0))
+    halves = (norms[first : first + w // 2].mean(0), norms[first + w // 2 :].mean(0))
     law = meta.get("law") or "sgd"
     lr = float(np.mean(_matrix(table, "lr", S, n_items)[win, 0]))
     lr_all = _matrix(table, "lr", S, n_items)[win, 0]
@@ -129,18 +132,39 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     ids = table["id"].to_pylist()[:n_items]
     notes: list[str] = []
     if lr_all.max() > 1.05 * lr_all.min():
-        notes.append(f"the learning rate changes over the window ({lr_all.min():.3g} to {lr_all.max():.3g}): the "
-                     f"law assumes a constant one and is solved at its mean")
+        notes.append(
+            f"the learning rate changes over the window ({lr_all.min():.3g} to {lr_all.max():.3g}): the "
+            f"law assumes a constant one and is solved at its mean"
+        )
     items: dict[str, Any] = {"item": list(range(n_items)), "id": ids, "observed": observed}
     out: dict[str, Any] = {
-        "folder": str(path), "finished": finished, "law": law, "optimizer": meta.get("optimizer"), "lr": lr,
-        "weight_decay": wd, "momentum": momentum, "beta1": beta1 if law == "adamw" else None,
-        "n_items": n_items, "every": meta.get("every"), "recorded_steps": S,
-        "window": {"fraction": window, "recorded_steps": w, "first_step": int(steps[first]),
-                   "last_step": int(steps[-1])},
-        "stationarity": {"norm_halves_median_rel_change": float(np.median(
-            np.abs(halves[1] - halves[0]) / np.maximum(observed, 1e-300)))},
-        "fits": {}, "dominant": None, "virtual": int(meta.get("virtual") or 0), "timing": summary, "notes": notes,
+        "folder": str(path),
+        "finished": finished,
+        "law": law,
+        "optimizer": meta.get("optimizer"),
+        "lr": lr,
+        "weight_decay": wd,
+        "momentum": momentum,
+        "beta1": beta1 if law == "adamw" else None,
+        "n_items": n_items,
+        "every": meta.get("every"),
+        "recorded_steps": S,
+        "window": {
+            "fraction": window,
+            "recorded_steps": w,
+            "first_step": int(steps[first]),
+            "last_step": int(steps[-1]),
+        },
+        "stationarity": {
+            "norm_halves_median_rel_change": float(
+                np.median(np.abs(halves[1] - halves[0]) / np.maximum(observed, 1e-300))
+            )
+        },
+        "fits": {},
+        "dominant": None,
+        "virtual": int(meta.get("virtual") or 0),
+        "timing": summary,
+        "notes": notes,
     }
     has_terms = "task1" in names
     realized_split = None
@@ -153,8 +177,9 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
         out["stationarity"]["balance_median"] = float(np.median(np.abs(means["delta_r2"]) / np.maximum(decay, 1e-300)))
         if wd > 0:
             for key, rem in (("r_eq_realized", True), ("r_eq_realized_no_remainder", False)):
-                items[key] = realized_law(means, adamw=law == "adamw", lr=lr, weight_decay=wd, momentum=momentum,
-                                          with_remainder=rem)
+                items[key] = realized_law(
+                    means, adamw=law == "adamw", lr=lr, weight_decay=wd, momentum=momentum, with_remainder=rem
+                )
             out["fits"]["realized_law"] = _fit(items["r_eq_realized"], observed)
             out["fits"]["realized_law_no_remainder"] = _fit(items["r_eq_realized_no_remainder"], observed)
         else:
@@ -171,8 +196,15 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
             full = equilibrium_norm(v["D"], v["Q"], v["kappa"], lr=lr, weight_decay=wd, momentum=momentum)
             heat = equilibrium_norm(zero, v["Q"], v["kappa"], lr=lr, weight_decay=wd, momentum=momentum)
             stats = {"norm": observed, "kappa": v["kappa"], "D": v["D"], "Q": v["Q"]}
-        items.update({"r_eq_virtual": full, "r_eq_virtual_heat": heat, "virtual_D": v["D"], "virtual_Q": v["Q"],
-                      "virtual_kappa": v["kappa"]})
+        items.update(
+            {
+                "r_eq_virtual": full,
+                "r_eq_virtual_heat": heat,
+                "virtual_D": v["D"],
+                "virtual_Q": v["Q"],
+                "virtual_kappa": v["kappa"],
+            }
+        )
         last = _matrix(table, "virtual_r_eq", S, n_items)[-1]
         out["fits"]["virtual_law"] = _fit(full, observed)
         out["fits"]["virtual_heat_only"] = _fit(heat, observed)
@@ -186,8 +218,10 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     elif realized_split is not None:
         split, source = realized_split, "the realized terms"
         if beta1 > 0:
-            notes.append("with momentum the realized first-order term carries most of the heat (E1's ledger): "
-                         "the heat/drift split below understates the heat; run with virtual=M for the law's split")
+            notes.append(
+                "with momentum the realized first-order term carries most of the heat (E1's ledger): "
+                "the heat/drift split below understates the heat; run with virtual=M for the law's split"
+            )
     else:
         split, source = None, None
     if split is not None:

@@ -9,6 +9,7 @@ Works with ``transformers.Trainer`` and every trainer built on it (sentence-tran
 resumed run writes the same monitor folder as an uninterrupted one. Only the main process
 records (``state.is_world_process_zero``).
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,7 @@ def probe_items(source: Any, n_probes: int, column: str | None = None) -> list[A
         names = list(source)
     if names is not None:
         if column is None:
-            first = source[: 1] if hasattr(source, "column_names") else {k: v[:1] for k, v in source.items()}
+            first = source[:1] if hasattr(source, "column_names") else {k: v[:1] for k, v in source.items()}
             column = next((c for c in names if first[c] and isinstance(first[c][0], str)), None)
             if column is None:
                 raise ValueError(f"{fn}: the probe dataset has no column of strings ({names}); pass column=")
@@ -70,8 +71,9 @@ class MonitorCallback(TrainerCallback):
     The monitor is built when training starts (:attr:`monitor`) and closed when it ends.
     """
 
-    def __init__(self, probes: Any, *, n_probes: int = 64, column: str | None = None, encoder: Any = None,
-                 **monitor: Any):
+    def __init__(
+        self, probes: Any, *, n_probes: int = 64, column: str | None = None, encoder: Any = None, **monitor: Any
+    ):
         if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < 1:
             raise ValueError(f"MonitorCallback: expected n_probes to be an int >= 1, got {n_probes!r}")
         self.items: Sequence[Any] = probe_items(probes, n_probes, column)
@@ -96,12 +98,13 @@ class MonitorCallback(TrainerCallback):
         if state.global_step > 0:  # resumed from a checkpoint: continue its monitor
             path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", STATE_FILE)
             if not os.path.isfile(path):
-                raise FileNotFoundError(f"MonitorCallback: the trainer resumed at step {state.global_step} but "
-                                        f"{path} is missing (the checkpoint was written without the monitor)")
+                raise FileNotFoundError(
+                    f"MonitorCallback: the trainer resumed at step {state.global_step} but "
+                    f"{path} is missing (the checkpoint was written without the monitor)"
+                )
             self.monitor.load_state_dict(load_plain(path, "MonitorCallback: the monitor's state file"))
 
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
-                              **kwargs: Any) -> None:
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
         if self.monitor is not None:
             self.monitor.before_step(optimizer, step=state.global_step)
 

@@ -6,6 +6,7 @@ The monitor's ``before_step`` runs in ``on_before_optimizer_step`` (after the ba
 update), its ``after_step`` in ``on_train_batch_end`` (after the update), with ``trainer.global_step``
 as the step; its state goes into Lightning's checkpoints through the callback's ``state_dict``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -37,8 +38,9 @@ class LightningMonitor(_Callback if AVAILABLE else object):  # type: ignore[misc
 
     def __init__(self, probes: Sequence[Any], *, encoder: Any = None, **monitor: Any):
         if not AVAILABLE:
-            raise ModuleNotFoundError("LightningMonitor needs Lightning: pip install 'normfast[lightning]' "
-                                      "(or lightning / pytorch-lightning)")
+            raise ModuleNotFoundError(
+                "LightningMonitor needs Lightning: pip install 'normfast[lightning]' (or lightning / pytorch-lightning)"
+            )
         super().__init__()
         self.items = list(probes)
         self.encoder = encoder
@@ -51,8 +53,9 @@ class LightningMonitor(_Callback if AVAILABLE else object):  # type: ignore[misc
         if self.monitor is None and stage == "fit" and trainer.is_global_zero:
             from normfast.engine.monitor.recorder import TrainingMonitor
 
-            self.monitor = TrainingMonitor(self.encoder if self.encoder is not None else pl_module, self.items,
-                                           **self.settings)
+            self.monitor = TrainingMonitor(
+                self.encoder if self.encoder is not None else pl_module, self.items, **self.settings
+            )
             if self._saved is not None:
                 self.monitor.load_state_dict(self._saved)
                 self._saved = None

@@ -1,8 +1,10 @@
-"""The training monitor's pieces that are not the recording itself: the optimizer it is given (unwrapped,
-its settings, the law it follows), eval mode, and the virtual probe at a recorded state
-(:mod:`normfast.engine.monitor.recorder`)."""
+"""What the recorder (:mod:`normfast.engine.monitor.recorder`) is given and reports, apart from the
+recording itself: its settings checked, the model as an encoder, the optimizer (unwrapped, its
+settings, the law it follows), eval mode, the virtual probe at a recorded state, and the clock."""
+
 from __future__ import annotations
 
+import math
 import re
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
@@ -24,8 +26,9 @@ def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
             break
         optimizer = inner
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"TrainingMonitor: expected a torch.optim.Optimizer (or a wrapper of one), "
-                        f"got {type(optimizer).__name__}")
+        raise TypeError(
+            f"TrainingMonitor: expected a torch.optim.Optimizer (or a wrapper of one), got {type(optimizer).__name__}"
+        )
     return optimizer
 
 
@@ -52,7 +55,9 @@ def law_of(optimizer: torch.optim.Optimizer) -> str:
     return "adamw" if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) else "sgd"
 
 
-def law_settings(optimizer: torch.optim.Optimizer, rules: Mapping[str, StepRule], names: Sequence[str]) -> dict[str, Any]:
+def law_settings(
+    optimizer: torch.optim.Optimizer, rules: Mapping[str, StepRule], names: Sequence[str]
+) -> dict[str, Any]:
     """η (of the first monitored parameter), λ (the largest of the decayed ones) and β of the law."""
     first = rules[names[0]]
     decays = [r.weight_decay for r in rules.values() if r.weight_decay]
@@ -60,40 +65,60 @@ def law_settings(optimizer: torch.optim.Optimizer, rules: Mapping[str, StepRule]
     return {"lr": first.lr, "weight_decay": max(decays) if decays else 0.0, "momentum": first.momentum if sgd else 0.0}
 
 
-def optimizer_info(optimizer: torch.optim.Optimizer, ids: Mapping[int, str], names: Sequence[str],
-                   rules: Mapping[str, StepRule]) -> dict[str, Any]:
+def optimizer_info(
+    optimizer: torch.optim.Optimizer, ids: Mapping[int, str], names: Sequence[str], rules: Mapping[str, StepRule]
+) -> dict[str, Any]:
     """The optimizer's class, law and settings, with every parameter group's settings (JSON-ready)."""
     groups = []
     for group in optimizer.param_groups:
         count = sum(1 for p in group["params"] if id(p) in ids)
-        keep = {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()
-                if k != "params" and isinstance(v, (int, float, bool, str, tuple, type(None)))}
+        keep = {
+            k: (list(v) if isinstance(v, tuple) else v)
+            for k, v in group.items()
+            if k != "params" and isinstance(v, (int, float, bool, str, tuple, type(None)))
+        }
         groups.append({**keep, "monitored_tensors": count})
-    return {"optimizer": type(optimizer).__name__, "law": law_of(optimizer),
-            **law_settings(optimizer, rules, names), "param_groups": groups}
+    return {
+        "optimizer": type(optimizer).__name__,
+        "law": law_of(optimizer),
+        **law_settings(optimizer, rules, names),
+        "param_groups": groups,
+    }
 
 
-def virtual_probe(monitor: Any, optimizer: torch.optim.Optimizer, rules: Mapping[str, StepRule],
-                  step: int) -> dict[str, np.ndarray]:
+def virtual_probe(
+    monitor: Any, optimizer: torch.optim.Optimizer, rules: Mapping[str, StepRule], step: int, names: Sequence[str]
+) -> dict[str, np.ndarray]:
     """The engine's probe at the present state: ``monitor.virtual`` virtual batches (seed
     ``virtual_seed + step``), the drift per batch, no error bars, the optimizer's settings (for AdamW
-    its real ``v̂``); the columns ``virtual_*`` of the monitor's rows."""
+    its real ``v̂``); the columns ``virtual_*`` of the monitor's rows. ``names``: the monitored
+    parameters."""
     from normfast.engine.config import ProbeConfig
     from normfast.engine.directions.gradients import adam_second_moments
     from normfast.engine.probe import probe
 
-    names = monitor._names
     law = law_of(optimizer)
     settings = law_settings(optimizer, rules, names)
     exempt = [n for n, r in rules.items() if not r.weight_decay]
     no_decay = ("^(" + "|".join(re.escape(n) for n in exempt) + ")$") if exempt and len(exempt) < len(rules) else None
-    kw: dict[str, Any] = dict(params=list(names), output="pooled", optimizer=law, lr=settings["lr"],
-                              weight_decay=settings["weight_decay"], batches=monitor.virtual, drift_batches=None,
-                              uncertainty=False, batch_size=monitor.virtual_batch_size,
-                              seed=monitor.virtual_seed + step, chunk_size=len(monitor.probes), no_decay=no_decay)
+    kw: dict[str, Any] = dict(
+        params=list(names),
+        output="pooled",
+        optimizer=law,
+        lr=settings["lr"],
+        weight_decay=settings["weight_decay"],
+        batches=monitor.virtual,
+        drift_batches=None,
+        uncertainty=False,
+        batch_size=monitor.virtual_batch_size,
+        seed=monitor.virtual_seed + step,
+        chunk_size=len(monitor.probes),
+        no_decay=no_decay,
+    )
     second = None
     if law == "adamw":
-        group = next(g for g in optimizer.param_groups if any(id(p) in monitor._param_names for p in g["params"]))
+        monitored = {id(p) for n, p in monitor.encoder.named_parameters() if n in set(names)}
+        group = next(g for g in optimizer.param_groups if any(id(p) in monitored for p in g["params"]))
         kw.update(betas=tuple(group.get("betas", (0.9, 0.999))), eps=float(group.get("eps", 1e-8)))
         second = adam_second_moments(optimizer, monitor.encoder) or None
         if second is not None and not set(names) <= set(second):
@@ -101,9 +126,103 @@ def virtual_probe(monitor: Any, optimizer: torch.optim.Optimizer, rules: Mapping
     else:
         kw["momentum"] = settings["momentum"]
     with eval_mode(monitor.encoder):
-        res = probe(monitor.encoder, monitor.probes, monitor.objective, monitor.pairs, ProbeConfig(**kw),
-                    progress=False, second_moments=second, ids=monitor.ids, model_name=monitor.model_name,
-                    distributed=False)
+        res = probe(
+            monitor.encoder,
+            monitor.probes,
+            monitor.objective,
+            monitor.pairs,
+            ProbeConfig(**kw),
+            progress=False,
+            second_moments=second,
+            ids=monitor.ids,
+            model_name=monitor.model_name,
+            distributed=False,
+        )
     d, q = ("D_w", "Q_w") if law == "adamw" else ("D", "Q")
-    return {"virtual_D": res.column(d), "virtual_Q": res.column(q), "virtual_kappa": res.column("kappa"),
-            "virtual_r_eq": res.column("r_eq"), "virtual_r_eq_heat": res.column("r_eq_heat")}
+    return {
+        "virtual_D": res.column(d),
+        "virtual_Q": res.column(q),
+        "virtual_kappa": res.column("kappa"),
+        "virtual_r_eq": res.column("r_eq"),
+        "virtual_r_eq_heat": res.column("r_eq_heat"),
+    }
+
+
+def check_settings(
+    *,
+    every: Any,
+    flush_every: Any,
+    virtual_batch_size: Any,
+    virtual: Any,
+    objective: Any,
+    dtype: Any,
+    probes: Any,
+    ids: Any,
+) -> tuple[list[Any], list[str] | None]:
+    """The monitor's arguments checked before anything is set up: the probe items as a list and the
+    ids as strings (``ValueError``/``TypeError`` naming the argument)."""
+    fn = "TrainingMonitor"
+    for name, value, low in (
+        ("every", every, 1),
+        ("flush_every", flush_every, 1),
+        ("virtual_batch_size", virtual_batch_size, 2),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{fn}: expected {name} to be an int >= {low}, got {value!r}")
+    if isinstance(virtual, bool) or not isinstance(virtual, int) or virtual < 0 or virtual == 1:
+        raise ValueError(f"{fn}: expected virtual to be 0 (off) or an int >= 2 (virtual batches), got {virtual!r}")
+    if virtual and objective is None:
+        raise ValueError(f"{fn}: virtual={virtual} needs the virtual batches' objective= (and pairs=)")
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"{fn}: expected dtype torch.float64 or torch.float32, got {dtype!r}")
+    if isinstance(probes, (str, bytes)) or not hasattr(probes, "__len__"):
+        raise TypeError(f"{fn}: expected probes to be a sequence of items, got {type(probes).__name__}")
+    probes = list(probes)
+    if not probes:
+        raise ValueError(f"{fn}: expected at least one probe item, got none")
+    if ids is not None:
+        ids = [str(i) for i in ids]
+        if len(ids) != len(probes):
+            raise ValueError(f"{fn}: expected one id per probe item ({len(probes)}), got len(ids)={len(ids)}")
+    return probes, ids
+
+
+def as_encoder(model: Any) -> Any:
+    """The encoder the monitor probes: a normfast ``Encoder`` as is, else the model through
+    :func:`~normfast.encoders.load_encoder` (sharing its parameters)."""
+
+    from normfast.encoders import Encoder, load_encoder
+
+    if isinstance(model, Encoder):
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"TrainingMonitor: expected the model being trained (an nn.Module) or a normfast "
+            f"Encoder sharing its parameters, got {type(model).__name__}"
+        )
+    return load_encoder(model, device=device_of(model))
+
+
+def clock_summary(timing: Mapping[str, float], *, steps: int, recorded: int) -> dict[str, Any]:
+    """The monitor's time against the training's: what ``summary.json`` holds."""
+    t = timing
+    train = t["train_seconds"]
+
+    def frac(x: float) -> float:
+        return x / train if train > 0 else math.nan
+
+    return {
+        "steps": steps,
+        "recorded_steps": recorded,
+        "train_seconds": train,
+        "terms_seconds": t["terms_seconds"],
+        "virtual_seconds": t["virtual_seconds"],
+        "overhead_terms": frac(t["terms_seconds"]),
+        "overhead_virtual": frac(t["virtual_seconds"]),
+        "overhead": frac(t["terms_seconds"] + t["virtual_seconds"]),
+        "seconds_per_recorded_step": {
+            "terms": t["terms_seconds"] / recorded if recorded else math.nan,
+            "virtual": t["virtual_seconds"] / recorded if recorded else math.nan,
+        },
+        "seconds_per_train_step": train / t["timed_steps"] if t["timed_steps"] else math.nan,
+    }

@@ -33,6 +33,7 @@ realized window means (the check that the realized balance closes), and
 :func:`estimated_terms` gives the law's estimate of each term from probe
 statistics, in the same per-step units.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -89,19 +90,28 @@ def step_rules(optimizer: torch.optim.Optimizer, names: Mapping[int, str]) -> di
         wd = float(group.get("weight_decay", 0.0) or 0.0)
         lr = float(group["lr"])
         if kind == "sgd":
-            rule = StepRule(lr, wd, float(group.get("momentum", 0.0) or 0.0), float(group.get("dampening", 0.0) or 0.0),
-                            bool(group.get("nesterov", False)))
+            rule = StepRule(
+                lr,
+                wd,
+                float(group.get("momentum", 0.0) or 0.0),
+                float(group.get("dampening", 0.0) or 0.0),
+                bool(group.get("nesterov", False)),
+            )
         elif kind in ("adam", "adamw"):
             decoupled = kind == "adamw" or bool(group.get("decoupled_weight_decay", False))
             if wd and not decoupled:
-                raise TypeError(f"step_rules: torch.optim.Adam with weight_decay={wd} (parameter group {gi}) adds L2 "
-                                "to the gradient before the preconditioner, so its decay cannot be separated from "
-                                "the task step; use torch.optim.AdamW (decoupled decay) or weight_decay=0")
+                raise TypeError(
+                    f"step_rules: torch.optim.Adam with weight_decay={wd} (parameter group {gi}) adds L2 "
+                    "to the gradient before the preconditioner, so its decay cannot be separated from "
+                    "the task step; use torch.optim.AdamW (decoupled decay) or weight_decay=0"
+                )
             rule = StepRule(lr, wd, decoupled=True)
         elif wd:
-            raise TypeError(f"step_rules: {type(optimizer).__name__} with weight_decay={wd} (parameter group {gi}): "
-                            "the decay part of its step is known for torch.optim.SGD (plain, heavy-ball, Nesterov), "
-                            "AdamW and Adam(decoupled_weight_decay=True), and for any optimizer without weight decay")
+            raise TypeError(
+                f"step_rules: {type(optimizer).__name__} with weight_decay={wd} (parameter group {gi}): "
+                "the decay part of its step is known for torch.optim.SGD (plain, heavy-ball, Nesterov), "
+                "AdamW and Adam(decoupled_weight_decay=True), and for any optimizer without weight decay"
+            )
         else:
             rule = StepRule(lr)
         for p in group["params"]:
@@ -159,15 +169,20 @@ class DecaySplit:
         self.buffers = {n: b.to(device) if device is not None else b.clone() for n, b in state.items()}
 
 
-def parameters_as(named: Iterable[tuple[str, torch.Tensor]], names: Iterable[str] | None = None,
-                  dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+def parameters_as(
+    named: Iterable[tuple[str, torch.Tensor]], names: Iterable[str] | None = None, dtype: torch.dtype = torch.float64
+) -> dict[str, torch.Tensor]:
     """Copies of the named parameters in ``dtype`` (all of them, or those in ``names``)."""
     keep = None if names is None else set(names)
     return {n: p.detach().to(dtype, copy=True) for n, p in named if keep is None or n in keep}
 
 
-def step_terms(f: Callable[[dict[str, torch.Tensor]], torch.Tensor], theta: Mapping[str, torch.Tensor],
-               new: Mapping[str, torch.Tensor], d_decay: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def step_terms(
+    f: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+    theta: Mapping[str, torch.Tensor],
+    new: Mapping[str, torch.Tensor],
+    d_decay: Mapping[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
     """The realized terms of one step, per item (``[n_items]`` each): :data:`TERMS`, plus
     ``decay_first_order`` (``2 z·J Δθ_d``), ``r2`` (``R²`` before) and ``r2_new`` (``R'²``).
 
@@ -196,8 +211,15 @@ def step_terms(f: Callable[[dict[str, torch.Tensor]], torch.Tensor], theta: Mapp
 # ----------------------------------------------------------------------------
 # the law from realized terms, and the law's estimate of each term
 # ----------------------------------------------------------------------------
-def realized_law(means: Mapping[str, np.ndarray], *, adamw: bool, lr: float, weight_decay: float,
-                 momentum: float = 0.0, with_remainder: bool = True) -> np.ndarray:
+def realized_law(
+    means: Mapping[str, np.ndarray],
+    *,
+    adamw: bool,
+    lr: float,
+    weight_decay: float,
+    momentum: float = 0.0,
+    with_remainder: bool = True,
+) -> np.ndarray:
     """The law solved with coefficients read off realized window-mean terms, per item.
 
     Each realized term is turned into the statistic the law expects at the items'
@@ -218,14 +240,23 @@ def realized_law(means: Mapping[str, np.ndarray], *, adamw: bool, lr: float, wei
     # the statistics are in long-run units already: the law gets eta' and no momentum
     if adamw:
         R = means["R"]
-        return equilibrium_norm(None, None, kappa, D_w=means["task1"] / (2 * eta * R), Q_w=heat / eta ** 2,
-                                lr=eta, weight_decay=lam)
-    return equilibrium_norm(means["task1"] / (2 * eta), heat * r2 / eta ** 2, kappa, momentum=0.0, lr=eta,
-                            weight_decay=lam)
+        return equilibrium_norm(
+            None, None, kappa, D_w=means["task1"] / (2 * eta * R), Q_w=heat / eta**2, lr=eta, weight_decay=lam
+        )
+    return equilibrium_norm(
+        means["task1"] / (2 * eta), heat * r2 / eta**2, kappa, momentum=0.0, lr=eta, weight_decay=lam
+    )
 
 
-def estimated_terms(optimizer: str, stats: Mapping[str, np.ndarray], *, lr: float, weight_decay: float,
-                    momentum: float = 0.0, curvature: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def estimated_terms(
+    optimizer: str,
+    stats: Mapping[str, np.ndarray],
+    *,
+    lr: float,
+    weight_decay: float,
+    momentum: float = 0.0,
+    curvature: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """The law's per-step terms at one probe, per item, in the units of :func:`step_terms`::
 
                            SGD (β: long-run)             AdamW
@@ -244,12 +275,18 @@ def estimated_terms(optimizer: str, stats: Mapping[str, np.ndarray], *, lr: floa
     kap = np.asarray(stats["kappa"], dtype=float)
     eta, lam = lr, weight_decay
     if optimizer == "adamw":
-        out = {"task1": 2 * eta * R * stats["D_w"], "task2": eta ** 2 * np.asarray(stats["Q_w"]),
-               "decay": -2 * eta * lam * kap * R ** 2}
+        out = {
+            "task1": 2 * eta * R * stats["D_w"],
+            "task2": eta**2 * np.asarray(stats["Q_w"]),
+            "decay": -2 * eta * lam * kap * R**2,
+        }
     else:
         s = 1.0 / (1.0 - momentum)
-        out = {"task1": 2 * eta * s * np.asarray(stats["D"]), "task2": (eta * s) ** 2 * stats["Q"] / R ** 2,
-               "decay": -2 * eta * lam * s * kap * R ** 2}
+        out = {
+            "task1": 2 * eta * s * np.asarray(stats["D"]),
+            "task2": (eta * s) ** 2 * stats["Q"] / R**2,
+            "decay": -2 * eta * lam * s * kap * R**2,
+        }
     out["remainder"] = np.zeros_like(R) if curvature is None else np.asarray(curvature, dtype=float)
     return with_sums(out)
 

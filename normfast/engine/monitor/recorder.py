@@ -20,10 +20,10 @@ with weight decay also needs a float64 copy of its parameters at every step (the
 shadow decay buffer). Everything runs in eval mode (no dropout) under
 ``torch.no_grad``; the training's random streams are not touched.
 """
+
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 import warnings
@@ -34,15 +34,19 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from normfast.engine.monitor.schema import (COLUMNS, MONITOR_FILE, MONITOR_FORMAT, MONITOR_VERSION,
-                                          SUMMARY_FILE)
-from normfast.engine.monitor.parts import device_of, eval_mode, optimizer_info, unwrap_optimizer, virtual_probe
+from normfast.engine.monitor.parts import (
+    as_encoder,
+    check_settings,
+    clock_summary,
+    device_of,
+    eval_mode,
+    optimizer_info,
+    unwrap_optimizer,
+    virtual_probe,
+)
 from normfast.engine.monitor.realized import DecaySplit, StepRule, parameters_as, step_rules, step_terms
-
-_TERM_COLUMNS = ("task1", "task2", "decay", "remainder", "delta_r2")
-_VIRTUAL_COLUMNS = ("virtual_D", "virtual_Q", "virtual_kappa", "virtual_r_eq", "virtual_r_eq_heat")
-_TYPES = {"int64": pa.int64(), "string": pa.string(), "double": pa.float64()}
-_STATE_VERSION = 1
+from normfast.engine.monitor.schema import MONITOR_FILE, MONITOR_FORMAT, SUMMARY_FILE, row_schema, rows_table
+from normfast.engine.monitor.state import STATE_VERSION, check_state, monitor_spec, pack_rows, unpack_rows
 
 
 class TrainingMonitor:
@@ -87,35 +91,40 @@ class TrainingMonitor:
     ``ValueError``/``TypeError`` naming the argument.
     """
 
-    def __init__(self, model: Any, probes: Sequence[Any], *, every: int = 10,
-                 out: str | os.PathLike | None = "runs/train_monitor", terms: bool = True, virtual: int = 0,
-                 objective: Any = None, pairs: Any = None, virtual_batch_size: int = 32, virtual_seed: int = 0,
-                 optimizer: Any = None, ids: Sequence[str] | None = None, flush_every: int = 16,
-                 dtype: torch.dtype = torch.float64, model_name: str | None = None, overwrite: bool = False):
-        fn = "TrainingMonitor"
-        for name, value, low in (("every", every, 1), ("flush_every", flush_every, 1),
-                                 ("virtual_batch_size", virtual_batch_size, 2)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{fn}: expected {name} to be an int >= {low}, got {value!r}")
-        if isinstance(virtual, bool) or not isinstance(virtual, int) or virtual < 0 or virtual == 1:
-            raise ValueError(f"{fn}: expected virtual to be 0 (off) or an int >= 2 (virtual batches), got {virtual!r}")
-        if virtual and objective is None:
-            raise ValueError(f"{fn}: virtual={virtual} needs the virtual batches' objective= (and pairs=)")
-        if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"{fn}: expected dtype torch.float64 or torch.float32, got {dtype!r}")
-        if isinstance(probes, (str, bytes)) or not hasattr(probes, "__len__"):
-            raise TypeError(f"{fn}: expected probes to be a sequence of items, got {type(probes).__name__}")
-        probes = list(probes)
-        if not probes:
-            raise ValueError(f"{fn}: expected at least one probe item, got none")
-        if ids is not None:
-            ids = [str(i) for i in ids]
-            if len(ids) != len(probes):
-                raise ValueError(f"{fn}: expected one id per probe item ({len(probes)}), got len(ids)={len(ids)}")
+    def __init__(
+        self,
+        model: Any,
+        probes: Sequence[Any],
+        *,
+        every: int = 10,
+        out: str | os.PathLike | None = "runs/train_monitor",
+        terms: bool = True,
+        virtual: int = 0,
+        objective: Any = None,
+        pairs: Any = None,
+        virtual_batch_size: int = 32,
+        virtual_seed: int = 0,
+        optimizer: Any = None,
+        ids: Sequence[str] | None = None,
+        flush_every: int = 16,
+        dtype: torch.dtype = torch.float64,
+        model_name: str | None = None,
+        overwrite: bool = False,
+    ):
+        probes, ids = check_settings(
+            every=every,
+            flush_every=flush_every,
+            virtual_batch_size=virtual_batch_size,
+            virtual=virtual,
+            objective=objective,
+            dtype=dtype,
+            probes=probes,
+            ids=ids,
+        )
         self.out = None if out is None else Path(out)
         if self.out is not None and self.out.exists() and not self.out.is_dir():
-            raise ValueError(f"{fn}: out={str(self.out)!r} is a file; expected a folder for the monitor")
-        self.encoder = self._as_encoder(model)
+            raise ValueError(f"TrainingMonitor: out={str(self.out)!r} is a file; expected a folder for the monitor")
+        self.encoder = as_encoder(model)
         self.probes = probes
         self.ids = ids if ids is not None else [str(i) for i in range(len(probes))]
         self.every, self.terms, self.virtual = every, bool(terms), virtual
@@ -124,62 +133,48 @@ class TrainingMonitor:
         self.flush_every, self.dtype, self.overwrite = flush_every, dtype, overwrite
         self.model_name = model_name or str(getattr(self.encoder, "name", "") or type(model).__name__)
         self._optimizer = None if optimizer is None else unwrap_optimizer(optimizer)
-        self._spec = self._make_spec()
+        self._spec = monitor_spec(
+            self.model_name,
+            probes,
+            self.ids,
+            every=every,
+            terms=self.terms,
+            virtual=virtual,
+            objective=objective,
+            virtual_batch_size=virtual_batch_size,
+            virtual_seed=self.virtual_seed,
+            flush_every=flush_every,
+            dtype=dtype,
+        )
 
-        self.next_step = 0           # the step the next before_step() refers to (without step=)
-        self.recorded = 0            # recorded steps so far
+        self.next_step = 0  # the step the next before_step() refers to (without step=)
+        self.recorded = 0  # recorded steps so far
         self.steps_seen = 0
-        self.chunks = 0              # blocks written
+        self.chunks = 0  # blocks written
         self._pending: list[dict[str, Any]] = []
         self._memory: list[pa.Table] = []
         self._decay = DecaySplit()
         self._decay_mode: str | None = None
-        self._info: dict[str, Any] | None = None   # optimizer settings at the first recorded step
+        self._info: dict[str, Any] | None = None  # optimizer settings at the first recorded step
         self._first_step: int | None = None
         self._last_step: int | None = None
         self._timing = {"train_seconds": 0.0, "terms_seconds": 0.0, "virtual_seconds": 0.0, "timed_steps": 0}
         self._monitor_since_last = 0.0
         self._t_last: float | None = None
-        self._names: list[str] | None = None      # monitored parameters (set up at the first step)
+        self._names: list[str] | None = None  # monitored parameters (set up at the first step)
         self._current: tuple[int, dict | None, dict, dict | None] | None = None
         self._writer: Any = None
         self._closed = False
 
     # -- set-up -------------------------------------------------------------------
-    @staticmethod
-    def _as_encoder(model: Any) -> Any:
-        from normfast.encoders import Encoder, load_encoder
-
-        if isinstance(model, Encoder):
-            return model
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"TrainingMonitor: expected the model being trained (an nn.Module) or a normfast "
-                            f"Encoder sharing its parameters, got {type(model).__name__}")
-        return load_encoder(model, device=device_of(model))
-
-    def _make_spec(self) -> dict[str, Any]:
-        from normfast.engine.runner.provenance import hash_items
-
-        virtual_settings = None
-        if self.virtual:
-            from normfast.engine.directions.objectives import objective_settings
-
-            virtual_settings = {"objective": getattr(self.objective, "name", str(self.objective)),
-                                "objective_settings": objective_settings(self.objective),
-                                "batch_size": self.virtual_batch_size, "seed": self.virtual_seed,
-                                "drift": "per batch over the M batches (averaged over the window's states)"}
-        return {"format": MONITOR_FORMAT, "monitor_version": MONITOR_VERSION, "model": self.model_name,
-                "n_items": len(self.probes), "probes_fingerprint": hash_items([*self.probes, *self.ids]),
-                "every": self.every, "terms": self.terms, "virtual": self.virtual,
-                "virtual_settings": virtual_settings, "flush_every": self.flush_every,
-                "dtype": str(self.dtype).replace("torch.", "")}
-
     def _bind(self, optimizer: Any) -> torch.optim.Optimizer:
         if optimizer is not None:
             self._optimizer = unwrap_optimizer(optimizer)
         if self._optimizer is None:
-            raise ValueError("TrainingMonitor: no optimizer: pass it to before_step(optimizer) or to "
-                             "TrainingMonitor(..., optimizer=...)")
+            raise ValueError(
+                "TrainingMonitor: no optimizer: pass it to before_step(optimizer) or to "
+                "TrainingMonitor(..., optimizer=...)"
+            )
         return self._optimizer
 
     def _setup(self, optimizer: torch.optim.Optimizer) -> None:
@@ -188,29 +183,38 @@ class TrainingMonitor:
         in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"] if p.requires_grad}
         names = [n for n, p in enc.named_parameters() if id(p) in in_optimizer]
         if not names:
-            raise ValueError(f"TrainingMonitor: the optimizer updates none of the parameters of the monitored "
-                             f"{type(enc).__name__} (does the encoder share the trained model's parameters?)")
+            raise ValueError(
+                f"TrainingMonitor: the optimizer updates none of the parameters of the monitored "
+                f"{type(enc).__name__} (does the encoder share the trained model's parameters?)"
+            )
         stage = enc.stage_of_parameters()
         self._names = names
         chosen = set(names)
         self._param_names = {i: n for i, n in by_id.items() if n in chosen}
         self._cut = min(stage[n] for n in names)
-        self._frozen = {n: p.detach().to(self.dtype) for n, p in enc.named_parameters()
-                        if n not in chosen and stage[n] >= self._cut}
+        self._frozen = {
+            n: p.detach().to(self.dtype) for n, p in enc.named_parameters() if n not in chosen and stage[n] >= self._cut
+        }
         self._frozen.update({n: b.detach().to(self.dtype) for n, b in enc.named_buffers() if b.is_floating_point()})
         with eval_mode(enc), torch.no_grad():
             state = enc.prepare(self.probes)
             front = enc(state, 0, self._cut) if self._cut > 0 else state
-        self._front = {k: (v.to(self.dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
-                       for k, v in front.items()}
+        self._front = {
+            k: (v.to(self.dtype) if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in front.items()
+        }
         if self.out is not None and self._writer is None:
             self._open_writer(resume=False)
 
     def _f(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
         from torch.func import functional_call
 
-        return functional_call(self.encoder, {**self._frozen, **params}, (self._front,),
-                               {"start": self._cut, "output": "pooled"}, strict=False)
+        return functional_call(
+            self.encoder,
+            {**self._frozen, **params},
+            (self._front,),
+            {"start": self._cut, "output": "pooled"},
+            strict=False,
+        )
 
     def _params(self) -> dict[str, torch.Tensor]:
         named = dict(self.encoder.named_parameters())
@@ -220,8 +224,9 @@ class TrainingMonitor:
         from normfast.data.runwriter import ChunkedParquetWriter
 
         self.out.mkdir(parents=True, exist_ok=True)
-        self._writer = ChunkedParquetWriter(self.out / MONITOR_FILE, self._spec, resume=resume,
-                                            overwrite=self.overwrite)
+        self._writer = ChunkedParquetWriter(
+            self.out / MONITOR_FILE, self._spec, resume=resume, overwrite=self.overwrite
+        )
 
     # -- the steps ------------------------------------------------------------------
     def before_step(self, optimizer: Any = None, *, step: int | None = None) -> None:
@@ -245,7 +250,7 @@ class TrainingMonitor:
         virtual = None
         if record and self.virtual:
             t1 = time.perf_counter()
-            virtual = virtual_probe(self, opt, rules, s)
+            virtual = virtual_probe(self, opt, rules, s, self._names)
             self._timing["virtual_seconds"] += time.perf_counter() - t1
             t0 += time.perf_counter() - t1  # the virtual probe's time is counted apart
         self._current = (s, theta if record else None, rules, virtual)
@@ -255,10 +260,13 @@ class TrainingMonitor:
         named = dict(self.encoder.named_parameters())
         started = [n for n in buffered if opt.state.get(named[n], {}).get("momentum_buffer") is not None]
         if started:
-            warnings.warn("TrainingMonitor: the optimizer's momentum buffers already exist (the monitor joined a "
-                          "running heavy-ball SGD with weight decay): the decay part of its steps starts from an "
-                          "estimate whose error decays as momentum^t (metadata decay_buffer='warm-started')",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                "TrainingMonitor: the optimizer's momentum buffers already exist (the monitor joined a "
+                "running heavy-ball SGD with weight decay): the decay part of its steps starts from an "
+                "estimate whose error decays as momentum^t (metadata decay_buffer='warm-started')",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             self._decay.warm_start(theta, {n: buffered[n] for n in started})
             return "warm-started"
         return "exact"
@@ -308,9 +316,13 @@ class TrainingMonitor:
                 cols = {}
                 r2 = self._f(theta).square().sum(-1)
         first = rules[self._names[0]]
-        row: dict[str, Any] = {"step": np.full(n, s, dtype=np.int64), "item": np.arange(n, dtype=np.int64),
-                               "id": list(self.ids), "lr": np.full(n, first.lr, dtype=np.float64),
-                               "norm": r2.sqrt().double().cpu().numpy()}
+        row: dict[str, Any] = {
+            "step": np.full(n, s, dtype=np.int64),
+            "item": np.arange(n, dtype=np.int64),
+            "id": list(self.ids),
+            "lr": np.full(n, first.lr, dtype=np.float64),
+            "norm": r2.sqrt().double().cpu().numpy(),
+        }
         row.update({k: v.double().cpu().numpy() for k, v in cols.items()})
         if virtual is not None:
             row.update(virtual)
@@ -326,18 +338,10 @@ class TrainingMonitor:
 
     # -- output -------------------------------------------------------------------------
     def _schema(self) -> pa.Schema:
-        present = {"step", "item", "id", "lr", "norm"}
-        if self.terms:
-            present.update(_TERM_COLUMNS)
-        if self.virtual:
-            present.update(_VIRTUAL_COLUMNS)
-        return pa.schema([pa.field(c.name, _TYPES[c.type]) for c in COLUMNS if c.name in present])
+        return row_schema(terms=self.terms, virtual=self.virtual)
 
     def _rows_table(self, rows: list[dict[str, Any]]) -> pa.Table:
-        schema = self._schema()
-        arrays = [pa.array([i for r in rows for i in r["id"]], type=pa.string()) if f.name == "id" else
-                  pa.array(np.concatenate([np.asarray(r[f.name]) for r in rows]), type=f.type) for f in schema]
-        return pa.Table.from_arrays(arrays, schema=schema)
+        return rows_table(rows, self._schema())
 
     def _flush(self) -> None:
         if not self._pending:
@@ -356,30 +360,28 @@ class TrainingMonitor:
         from normfast.engine.runner.provenance import library_versions
 
         info = self._info or {}
-        return {**self._spec, "optimizer": info.get("optimizer"), "law": info.get("law"), "lr": info.get("lr"),
-                "weight_decay": info.get("weight_decay"), "momentum": info.get("momentum"),
-                "param_groups": info.get("param_groups"), "decay_buffer": self._decay_mode,
-                "n_trained_parameters": len(self._names or ()), "trained_parameters": list(self._names or ())[:50],
-                "cut_stage": getattr(self, "_cut", None), "first_step": self._first_step,
-                "last_step": self._last_step, "recorded_steps": self.recorded,
-                "spec_fingerprint": fingerprint(self._spec), "versions": library_versions()}
+        return {
+            **self._spec,
+            "optimizer": info.get("optimizer"),
+            "law": info.get("law"),
+            "lr": info.get("lr"),
+            "weight_decay": info.get("weight_decay"),
+            "momentum": info.get("momentum"),
+            "param_groups": info.get("param_groups"),
+            "decay_buffer": self._decay_mode,
+            "n_trained_parameters": len(self._names or ()),
+            "trained_parameters": list(self._names or ())[:50],
+            "cut_stage": getattr(self, "_cut", None),
+            "first_step": self._first_step,
+            "last_step": self._last_step,
+            "recorded_steps": self.recorded,
+            "spec_fingerprint": fingerprint(self._spec),
+            "versions": library_versions(),
+        }
 
     def summary(self) -> dict[str, Any]:
         """The run's clock: the monitor's time against the training's (``summary.json``)."""
-        t = self._timing
-        train = t["train_seconds"]
-
-        def frac(x: float) -> float:
-            return x / train if train > 0 else math.nan
-
-        return {"steps": self.steps_seen, "recorded_steps": self.recorded, "train_seconds": train,
-                "terms_seconds": t["terms_seconds"], "virtual_seconds": t["virtual_seconds"],
-                "overhead_terms": frac(t["terms_seconds"]), "overhead_virtual": frac(t["virtual_seconds"]),
-                "overhead": frac(t["terms_seconds"] + t["virtual_seconds"]),
-                "seconds_per_recorded_step": {
-                    "terms": t["terms_seconds"] / self.recorded if self.recorded else math.nan,
-                    "virtual": t["virtual_seconds"] / self.recorded if self.recorded else math.nan},
-                "seconds_per_train_step": train / t["timed_steps"] if t["timed_steps"] else math.nan}
+        return clock_summary(self._timing, steps=self.steps_seen, recorded=self.recorded)
 
     def table(self) -> pa.Table:
         """Every row recorded so far (from memory, or the blocks written and the pending ones; after
@@ -409,8 +411,9 @@ class TrainingMonitor:
             return None
         if self._writer is None:
             if not self.recorded:
-                warnings.warn("TrainingMonitor.close: no step was recorded; nothing written", RuntimeWarning,
-                              stacklevel=2)
+                warnings.warn(
+                    "TrainingMonitor.close: no step was recorded; nothing written", RuntimeWarning, stacklevel=2
+                )
                 return None
             self._open_writer(resume=False)
         path = self._writer.finalize(self.chunks, self.metadata())
@@ -446,13 +449,22 @@ class TrainingMonitor:
 
         if self._current is not None:
             raise RuntimeError("TrainingMonitor.state_dict: called between before_step() and after_step()")
-        pending = [{k: (list(v) if k == "id" else torch.from_numpy(np.asarray(v).copy())) for k, v in r.items()}
-                    for r in self._pending]
-        return {"format": MONITOR_FORMAT, "state_version": _STATE_VERSION, "spec_fingerprint": fingerprint(self._spec),
-                "next_step": self.next_step, "steps_seen": self.steps_seen, "recorded": self.recorded,
-                "chunks": self.chunks, "pending": pending, "decay_buffers": self._decay.state_dict(),
-                "decay_buffer": self._decay_mode, "info": json.dumps(self._info),
-                "first_step": self._first_step, "last_step": self._last_step, "timing": dict(self._timing)}
+        return {
+            "format": MONITOR_FORMAT,
+            "state_version": STATE_VERSION,
+            "spec_fingerprint": fingerprint(self._spec),
+            "next_step": self.next_step,
+            "steps_seen": self.steps_seen,
+            "recorded": self.recorded,
+            "chunks": self.chunks,
+            "pending": pack_rows(self._pending),
+            "decay_buffers": self._decay.state_dict(),
+            "decay_buffer": self._decay_mode,
+            "info": json.dumps(self._info),
+            "first_step": self._first_step,
+            "last_step": self._last_step,
+            "timing": dict(self._timing),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue a monitor from a checkpoint's :meth:`state_dict` (call before the first step of the
@@ -460,17 +472,12 @@ class TrainingMonitor:
         from normfast.data.io import fingerprint
 
         fn = "TrainingMonitor.load_state_dict"
-        if state.get("format") != MONITOR_FORMAT or state.get("state_version") != _STATE_VERSION:
-            raise ValueError(f"{fn}: not a monitor state (format={state.get('format')!r}, "
-                             f"state_version={state.get('state_version')!r})")
-        if state["spec_fingerprint"] != fingerprint(self._spec):
-            raise ValueError(f"{fn}: the checkpoint's monitor was made with other settings or probes "
-                             f"(fingerprint {state['spec_fingerprint']} != {fingerprint(self._spec)})")
+        check_state(fn, state, fingerprint(self._spec))
         if self._names is not None:
             raise RuntimeError(f"{fn}: call it before the first step of the resumed run")
         self.next_step, self.steps_seen = int(state["next_step"]), int(state["steps_seen"])
         self.recorded, self.chunks = int(state["recorded"]), int(state["chunks"])
-        self._pending = [{k: (list(v) if k == "id" else v.numpy()) for k, v in r.items()} for r in state["pending"]]
+        self._pending = unpack_rows(state["pending"])
         self._decay.load_state_dict(state["decay_buffers"], device_of(self.encoder))
         self._decay_mode = state["decay_buffer"]
         self._info = json.loads(state["info"])
@@ -481,5 +488,7 @@ class TrainingMonitor:
             missing = sorted(set(range(self.chunks)) - self._writer.done())
             if missing:
                 self.release()
-                raise ValueError(f"{fn}: {self.out} lacks blocks {missing[:5]} written before the checkpoint; "
-                                 f"the folder does not belong to this checkpoint")
+                raise ValueError(
+                    f"{fn}: {self.out} lacks blocks {missing[:5]} written before the checkpoint; "
+                    f"the folder does not belong to this checkpoint"
+                )

@@ -1,5 +1,6 @@
 """``normfast report FOLDER`` for a monitor folder: the text, ``report.json``, ``report_items.csv`` and
 ``monitor_norms.png`` (what the numbers are: :mod:`normfast.engine.monitor.analysis`)."""
+
 from __future__ import annotations
 
 import csv
@@ -32,12 +33,14 @@ def _pct(x: Any) -> str:
 def format_report(result: dict[str, Any], *, top: int = 8) -> str:
     """The report as text (what ``normfast report FOLDER`` prints)."""
     r, w = result, result["window"]
-    lines = [f"monitor folder {r['folder']}" + ("" if r["finished"] else " (unfinished: its finished blocks)"),
-             f"  {r['optimizer']} ({r['law']} law), lr {r['lr']:.3g}, weight decay {r['weight_decay']:.3g}"
-             + (f", momentum {r['momentum']:g}" if r["momentum"] else "")
-             + (f", beta1 {r['beta1']:g}" if r.get("beta1") else "")
-             + f"; {r['n_items']} items, {r['recorded_steps']} recorded steps (every {r['every']})",
-             f"  window: the last {w['recorded_steps']} recorded steps (steps {w['first_step']}-{w['last_step']})"]
+    lines = [
+        f"monitor folder {r['folder']}" + ("" if r["finished"] else " (unfinished: its finished blocks)"),
+        f"  {r['optimizer']} ({r['law']} law), lr {r['lr']:.3g}, weight decay {r['weight_decay']:.3g}"
+        + (f", momentum {r['momentum']:g}" if r["momentum"] else "")
+        + (f", beta1 {r['beta1']:g}" if r.get("beta1") else "")
+        + f"; {r['n_items']} items, {r['recorded_steps']} recorded steps (every {r['every']})",
+        f"  window: the last {w['recorded_steps']} recorded steps (steps {w['first_step']}-{w['last_step']})",
+    ]
     st = r["stationarity"]
     line = f"  stationarity: mean norm moved {_pct(st['norm_halves_median_rel_change'])} between the window's halves"
     if "balance_median" in st:
@@ -48,17 +51,21 @@ def format_report(result: dict[str, Any], *, top: int = 8) -> str:
         lines.append("| prediction of the window-mean norm | slope | r | items without one |")
         lines.append("|---|---|---|---|")
         for key, fit in r["fits"].items():
-            lines.append(f"| {_FIT_LABELS.get(key, key).strip()} | {fit['slope']:.3f} | {fit['pearson_r']:.3f} | "
-                         f"{fit['n_no_prediction']} |")
+            lines.append(
+                f"| {_FIT_LABELS.get(key, key).strip()} | {fit['slope']:.3f} | {fit['pearson_r']:.3f} | "
+                f"{fit['n_no_prediction']} |"
+            )
     if r["dominant"]:
         d = r["dominant"]
         lines.append("")
         lines.append(f"held up by heat: {d['heat']} items; by drift: {d['drift']} items (from {d['from']})")
     t = r.get("timing")
     if t:
-        lines.append(f"monitor overhead: realized terms {_pct(t.get('overhead_terms'))} of the training time, "
-                     f"virtual probes {_pct(t.get('overhead_virtual'))} ({t.get('steps')} steps, "
-                     f"{t.get('recorded_steps')} recorded)")
+        lines.append(
+            f"monitor overhead: realized terms {_pct(t.get('overhead_terms'))} of the training time, "
+            f"virtual probes {_pct(t.get('overhead_virtual'))} ({t.get('steps')} steps, "
+            f"{t.get('recorded_steps')} recorded)"
+        )
     items = r["items"]
     if top > 0 and "r_eq_realized" in items:
         order = np.argsort(items["observed"])
@@ -69,7 +76,9 @@ def format_report(result: dict[str, Any], *, top: int = 8) -> str:
         cols += [("task1", "task1"), ("task2", "task2"), ("decay", "decay"), ("remainder", "remainder")]
         lines.append("")
         lines.append(f"the {top} largest and smallest window-mean norms (terms: window means per step)")
-        lines.append("| id | " + " | ".join(label for _, label in cols) + (" | held by |" if "dominant" in items else " |"))
+        lines.append(
+            "| id | " + " | ".join(label for _, label in cols) + (" | held by |" if "dominant" in items else " |")
+        )
         lines.append("|---" * (len(cols) + 1 + ("dominant" in items)) + "|")
         for i in pick:
             cells = [f"{items[k][i]:.4g}" for k, _ in cols]
@@ -107,21 +116,33 @@ def plot(result: dict[str, Any], path: str | Path, *, lines: int = 6) -> Path:
             ax.hlines(virtual[i], w["first_step"], w["last_step"], colors=color, linestyles=":", lw=1.5)
     ax.set_xlabel("training step")
     ax.set_ylabel("embedding norm R")
-    what = "dashed: law from the realized terms" + (", dotted: from the virtual estimates" if virtual is not None else "")
+    what = "dashed: law from the realized terms" + (
+        ", dotted: from the virtual estimates" if virtual is not None else ""
+    )
     ax.set_title(f"norms over training; grey: the window\n{what}", fontsize=9)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
 
     ax = axes[1]
-    series = [(realized, "realized terms", "o", "tab:blue", "realized_law"),
-              (virtual, "virtual estimates", "s", "tab:orange", "virtual_law")]
+    series = [
+        (realized, "realized terms", "o", "tab:blue", "realized_law"),
+        (virtual, "virtual estimates", "s", "tab:orange", "virtual_law"),
+    ]
     lo, hi = [], []
     for pred, label, marker, color, key in series:
         if pred is None:
             continue
         ok = np.isfinite(pred) & (pred > 0)
         fit = result["fits"].get(key, {})
-        ax.loglog(pred[ok], observed[ok], marker, ms=3.5, alpha=0.6, color=color, mfc=color if marker == "o" else "none",
-                  label=f"{label}: slope {fit.get('slope', math.nan):.2f}, r {fit.get('pearson_r', math.nan):.2f}")
+        ax.loglog(
+            pred[ok],
+            observed[ok],
+            marker,
+            ms=3.5,
+            alpha=0.6,
+            color=color,
+            mfc=color if marker == "o" else "none",
+            label=f"{label}: slope {fit.get('slope', math.nan):.2f}, r {fit.get('pearson_r', math.nan):.2f}",
+        )
         if ok.any():
             lo.append(min(pred[ok].min(), observed[ok].min()))
             hi.append(max(pred[ok].max(), observed[ok].max()))
@@ -161,8 +182,9 @@ def write_items(result: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def monitor_report(folder: str | Path, *, out: str | Path | None = None, window: float = 0.5, top: int = 8,
-                   plots: bool = True) -> tuple[str, list[Path]]:
+def monitor_report(
+    folder: str | Path, *, out: str | Path | None = None, window: float = 0.5, top: int = 8, plots: bool = True
+) -> tuple[str, list[Path]]:
     """Analyze a monitor folder and write ``report.json``, ``report_items.csv`` and (``plots``)
     ``monitor_norms.png`` into ``out`` (default: the folder). Returns ``(text, written paths)``."""
     folder = Path(folder)

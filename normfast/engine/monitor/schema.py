@@ -22,12 +22,16 @@ a metadata key: change the registry, bump :data:`MONITOR_VERSION`, and add the n
 version with its :func:`monitor_fingerprint` to :data:`RELEASED` and one line to
 :data:`CHANGES` (``python -m normfast.engine.monitor.schema --fingerprint``).
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import sys
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 from normfast.data.schema import Column, MetadataKey, column_rows, key_rows, registry_problems, unregistered_keys
 
@@ -46,27 +50,51 @@ _VIRTUAL = "`virtual=M` (M ≥ 2)"
 
 #: every column of ``monitor.parquet``, in the order the monitor writes them
 COLUMNS: tuple[Column, ...] = (
-    Column("step", "int64", "always", "the optimizer step (0-based): the row's norm is the state before it, its "
-                                      "terms are what it did"),
+    Column(
+        "step",
+        "int64",
+        "always",
+        "the optimizer step (0-based): the row's norm is the state before it, its terms are what it did",
+    ),
     Column("item", "int64", "always", "index of the probe item (0-based, in the order given)"),
     Column("id", "string", "always", "the item's id (from `ids=`; else the item index)"),
-    Column("lr", "double", "always", "η of the step: the learning rate of the first parameter group that trains "
-                                     "a monitored parameter"),
+    Column(
+        "lr",
+        "double",
+        "always",
+        "η of the step: the learning rate of the first parameter group that trains a monitored parameter",
+    ),
     Column("norm", "double", "always", "R = ‖z‖ before the step"),
-    Column("task1", "double", _TERMS, "first-order task term 2 z·J Δθ_t of the step (Δθ_t: the step without "
-                                      "its weight-decay part)"),
+    Column(
+        "task1",
+        "double",
+        _TERMS,
+        "first-order task term 2 z·J Δθ_t of the step (Δθ_t: the step without its weight-decay part)",
+    ),
     Column("task2", "double", _TERMS, "second-order task term ‖J Δθ_t‖²"),
-    Column("decay", "double", _TERMS, "decay term 2 z·J Δθ_d + ‖J Δθ_d‖² + 2 J Δθ_t·J Δθ_d (Δθ_d: the step's "
-                                      "weight-decay part, as the optimizer applied it)"),
-    Column("remainder", "double", _TERMS, "curvature remainder ‖z'‖² − ‖z + J Δθ‖²: what the linearization "
-                                          "misses"),
+    Column(
+        "decay",
+        "double",
+        _TERMS,
+        "decay term 2 z·J Δθ_d + ‖J Δθ_d‖² + 2 J Δθ_t·J Δθ_d (Δθ_d: the step's "
+        "weight-decay part, as the optimizer applied it)",
+    ),
+    Column("remainder", "double", _TERMS, "curvature remainder ‖z'‖² − ‖z + J Δθ‖²: what the linearization misses"),
     Column("delta_r2", "double", _TERMS, "R'² − R², the realized change (the sum of the four terms)"),
-    Column("virtual_D", "double", _VIRTUAL, "the engine's drift at the state from M virtual batches (D; AdamW: "
-                                            "D_w; metadata `law`)"),
+    Column(
+        "virtual_D",
+        "double",
+        _VIRTUAL,
+        "the engine's drift at the state from M virtual batches (D; AdamW: D_w; metadata `law`)",
+    ),
     Column("virtual_Q", "double", _VIRTUAL, "the engine's second moment (Q; AdamW: Q_w)"),
     Column("virtual_kappa", "double", _VIRTUAL, "the engine's radial damping κ at the state"),
-    Column("virtual_r_eq", "double", _VIRTUAL, "the law solved at this state alone (a snapshot: the report "
-                                               "averages D, Q, κ over the window instead)"),
+    Column(
+        "virtual_r_eq",
+        "double",
+        _VIRTUAL,
+        "the law solved at this state alone (a snapshot: the report averages D, Q, κ over the window instead)",
+    ),
     Column("virtual_r_eq_heat", "double", _VIRTUAL, "the same with the drift set to zero"),
 )
 
@@ -84,20 +112,28 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("flush_every", "recorded steps per streamed block (the unit of resume)"),
     MetadataKey("dtype", "the precision of the jvps (`float64` by default)"),
     MetadataKey("optimizer", "the optimizer's class name"),
-    MetadataKey("law", "`sgd` or `adamw`: how the law scales the terms with R (the report's law, the virtual "
-                       "columns' branch)"),
+    MetadataKey(
+        "law", "`sgd` or `adamw`: how the law scales the terms with R (the report's law, the virtual columns' branch)"
+    ),
     MetadataKey("lr", "η at the first recorded step (per step: the `lr` column)"),
     MetadataKey("weight_decay", "λ of the decayed parameters (the largest, when groups differ)"),
     MetadataKey("momentum", "heavy-ball β of SGD (0 otherwise); the law uses η/(1−β)"),
-    MetadataKey("param_groups", "each parameter group's settings at the first recorded step, with the number of "
-                                "monitored tensors in it"),
-    MetadataKey("decay_buffer", "heavy-ball with weight decay only: `exact` (the shadow buffer saw every step from "
-                                "the optimizer's first) or `warm-started` (the monitor joined later; its error "
-                                "decays as β^t); null otherwise"),
+    MetadataKey(
+        "param_groups",
+        "each parameter group's settings at the first recorded step, with the number of monitored tensors in it",
+    ),
+    MetadataKey(
+        "decay_buffer",
+        "heavy-ball with weight decay only: `exact` (the shadow buffer saw every step from "
+        "the optimizer's first) or `warm-started` (the monitor joined later; its error "
+        "decays as β^t); null otherwise",
+    ),
     MetadataKey("n_trained_parameters", "number of monitored parameter tensors (those the optimizer updates)"),
     MetadataKey("trained_parameters", "their names (the first 50)"),
-    MetadataKey("cut_stage", "the first encoder stage that owns a trained parameter (the stages before it are "
-                             "frozen and run once)"),
+    MetadataKey(
+        "cut_stage",
+        "the first encoder stage that owns a trained parameter (the stages before it are frozen and run once)",
+    ),
     MetadataKey("first_step", "the first recorded step"),
     MetadataKey("last_step", "the last recorded step"),
     MetadataKey("recorded_steps", "the number of recorded steps"),
@@ -109,12 +145,14 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
 SUMMARY_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("steps", "optimizer steps seen"),
     MetadataKey("recorded_steps", "steps recorded"),
-    MetadataKey("train_seconds", "wall time of the training steps, the monitor's own time taken out (measured "
-                                 "between consecutive `after_step` calls)"),
+    MetadataKey(
+        "train_seconds",
+        "wall time of the training steps, the monitor's own time taken out (measured "
+        "between consecutive `after_step` calls)",
+    ),
     MetadataKey("terms_seconds", "the monitor's time for norms and realized terms"),
     MetadataKey("virtual_seconds", "the monitor's time for the virtual probes"),
-    MetadataKey("overhead_terms", "terms_seconds / train_seconds: the realized terms' cost as a fraction of "
-                                  "training"),
+    MetadataKey("overhead_terms", "terms_seconds / train_seconds: the realized terms' cost as a fraction of training"),
     MetadataKey("overhead_virtual", "virtual_seconds / train_seconds"),
     MetadataKey("overhead", "the two together"),
     MetadataKey("seconds_per_recorded_step", "the monitor's mean time per recorded step (terms, virtual)"),
@@ -129,8 +167,9 @@ COLUMN_NAMES = tuple(c.name for c in COLUMNS)
 
 def monitor_fingerprint() -> str:
     """Hash of the column names and types (in order) and of the metadata key names."""
-    blob = json.dumps({"columns": [[c.name, c.type] for c in COLUMNS],
-                       "metadata": [k.name for k in METADATA_KEYS]}).encode()
+    blob = json.dumps(
+        {"columns": [[c.name, c.type] for c in COLUMNS], "metadata": [k.name for k in METADATA_KEYS]}
+    ).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -146,11 +185,19 @@ def check_metadata(metadata: dict[str, Any]) -> list[str]:
 
 def render_markdown() -> str:
     """The monitor folder's tables (columns, metadata keys, summary keys), as the docs show them."""
-    lines = [f"Monitor format version {MONITOR_VERSION} (`normfast.engine.monitor.schema.MONITOR_VERSION`).", "",
-             f"`{MONITOR_FILE}`: one row per probe item per recorded step.", "",
-             *column_rows(COLUMNS), "", *key_rows(METADATA_KEYS), "",
-             f"`{SUMMARY_FILE}`: the run's clock, written when the monitor is closed.", "",
-             *key_rows(SUMMARY_KEYS, header="key")]
+    lines = [
+        f"Monitor format version {MONITOR_VERSION} (`normfast.engine.monitor.schema.MONITOR_VERSION`).",
+        "",
+        f"`{MONITOR_FILE}`: one row per probe item per recorded step.",
+        "",
+        *column_rows(COLUMNS),
+        "",
+        *key_rows(METADATA_KEYS),
+        "",
+        f"`{SUMMARY_FILE}`: the run's clock, written when the monitor is closed.",
+        "",
+        *key_rows(SUMMARY_KEYS, header="key"),
+    ]
     return "\n".join(lines)
 
 
@@ -165,3 +212,30 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+#: the row columns of the realized terms and of the virtual probe (present when recorded)
+TERM_COLUMNS = ("task1", "task2", "decay", "remainder", "delta_r2")
+VIRTUAL_COLUMNS = ("virtual_D", "virtual_Q", "virtual_kappa", "virtual_r_eq", "virtual_r_eq_heat")
+_TYPES = {"int64": pa.int64(), "string": pa.string(), "double": pa.float64()}
+
+
+def row_schema(*, terms: bool, virtual: bool) -> pa.Schema:
+    """The columns of ``monitor.parquet`` for a monitor that records ``terms`` and/or ``virtual``."""
+    present = {"step", "item", "id", "lr", "norm"}
+    if terms:
+        present.update(TERM_COLUMNS)
+    if virtual:
+        present.update(VIRTUAL_COLUMNS)
+    return pa.schema([pa.field(c.name, _TYPES[c.type]) for c in COLUMNS if c.name in present])
+
+
+def rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Recorded rows (one dict of per-item arrays per step) as one table of ``schema``."""
+    arrays = [
+        pa.array([i for r in rows for i in r["id"]], type=pa.string())
+        if f.name == "id"
+        else pa.array(np.concatenate([np.asarray(r[f.name]) for r in rows]), type=f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)

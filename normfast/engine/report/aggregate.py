@@ -44,9 +44,9 @@ Engine
     is one batch plus a few numbers per type, whatever the size of the run; a run split
     over several files (a sharded run's manifest) is read part by part.
 """
+
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -68,8 +68,10 @@ def _files(run: Any) -> tuple[list[Path], dict[str, Any]]:
     if hasattr(run, "files") and hasattr(run, "metadata"):
         files = run.files
         if files is None:
-            raise ValueError("aggregate: expected a run written to Parquet (probe(..., out=...)) or its path; "
-                             "got an in-memory ProbeResult")
+            raise ValueError(
+                "aggregate: expected a run written to Parquet (probe(..., out=...)) or its path; "
+                "got an in-memory ProbeResult"
+            )
         return files, dict(run.metadata)
     if isinstance(run, (str, os.PathLike)):
         path = Path(run)
@@ -203,9 +205,12 @@ def _word_occurrences(t: pa.Table, quantities: Sequence[str], casefold: bool) ->
     g = t.group_by(["item", "word_id"], use_threads=False).aggregate(aggs)
     pieces = g.column("_one_sum")
     occ_valid = pc.equal(g.column("_valid_min"), 1)
-    cols = {"word": pc.utf8_lower(g.column("word_min")) if casefold else g.column("word_min"),
-            "pieces": pc.cast(pieces, pa.float64()), "_one": pa.array(np.ones(g.num_rows, np.int64)),
-            "_valid": pc.cast(occ_valid, pa.int64())}
+    cols = {
+        "word": pc.utf8_lower(g.column("word_min")) if casefold else g.column("word_min"),
+        "pieces": pc.cast(pieces, pa.float64()),
+        "_one": pa.array(np.ones(g.num_rows, np.int64)),
+        "_valid": pc.cast(occ_valid, pa.int64()),
+    }
     for q in quantities:
         complete = pc.and_(occ_valid, pc.equal(g.column(f"{q}_count"), pieces))
         cols[q] = _null_where(g.column(f"{q}_mean"), pc.invert(complete))
@@ -216,12 +221,14 @@ def _word_part(occ: pa.Table, quantities: Sequence[str]) -> pa.Table:
     occ = occ.append_column("label", occ.column("word"))
     aggs = [("_one", "sum"), ("_valid", "sum"), ("pieces", "sum"), ("label", "min")] + _moments(quantities)
     g = occ.group_by(["word"], use_threads=False).aggregate(aggs)
-    return _rename(g, quantities, {"_one_sum": "occurrences", "_valid_sum": "count", "pieces_sum": "pieces",
-                                   "label_min": "label"})
+    return _rename(
+        g, quantities, {"_one_sum": "occurrences", "_valid_sum": "count", "pieces_sum": "pieces", "label_min": "label"}
+    )
 
 
-def _batches_with_whole_words(files: Sequence[Path], columns: Sequence[str], batch_size: int
-                              ) -> Iterable[pa.RecordBatch]:
+def _batches_with_whole_words(
+    files: Sequence[Path], columns: Sequence[str], batch_size: int
+) -> Iterable[pa.RecordBatch]:
     """Batches in item order in which no word occurrence is split: the rows of a batch's last
     (item, word_id) are held back and prepended to the next batch."""
     from normfast.data.io import iter_batches
@@ -244,8 +251,16 @@ def _batches_with_whole_words(files: Sequence[Path], columns: Sequence[str], bat
         yield held
 
 
-def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Sequence[str] = QUANTITIES,
-              casefold: bool = False, batch_size: int = 1 << 18, progress: bool = False) -> pa.Table:
+def aggregate(
+    run: Any,
+    by: str = "token",
+    *,
+    min_count: int = 1,
+    quantities: Sequence[str] = QUANTITIES,
+    casefold: bool = False,
+    batch_size: int = 1 << 18,
+    progress: bool = False,
+) -> pa.Table:
     """Per-type statistics of a token-level run (see the module docstring).
 
     Args:
@@ -269,10 +284,14 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
 
     from tqdm.auto import tqdm
 
-    from normfast.engine.diagnostics.relative_heat import batch_error_bar, heat_replicates, replicate_name, with_replicates
-
     from normfast.data.io import count_rows, iter_batches
     from normfast.data.schema import METADATA_KEY
+    from normfast.engine.diagnostics.relative_heat import (
+        batch_error_bar,
+        heat_replicates,
+        replicate_name,
+        with_replicates,
+    )
 
     fn = "aggregate"
     if by not in BY:
@@ -295,15 +314,19 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
     need = {"item", "position", "token_id", "token", "valid", *quantities}
     if by == "word":
         if not {"word_id", "word"} <= names:
-            raise ValueError(f"{fn}: by='word' needs the word_id and word columns of a corpus run "
-                             f"(normfast probe MODEL --corpus FILE); this run has none -- use by='token'")
+            raise ValueError(
+                f"{fn}: by='word' needs the word_id and word columns of a corpus run "
+                f"(normfast probe MODEL --corpus FILE); this run has none -- use by='token'"
+            )
         need |= {"word_id", "word"}
     elif casefold:
         raise ValueError(f"{fn}: casefold applies to by='word' only")
     need |= {c for c in ("is_special", "primary") if c in names}
     if metadata.get("output") == "pooled":
-        raise ValueError(f"{fn}: the run has pooled rows (one per input); per-type aggregation needs a "
-                         f"token-level run (--tokens or --corpus)")
+        raise ValueError(
+            f"{fn}: the run has pooled rows (one per input); per-type aggregation needs a "
+            f"token-level run (--tokens or --corpus)"
+        )
     replicates = heat_replicates(metadata) if "heat_rel" in quantities and "heat_loo" in names else []
     if replicates:
         need.add("heat_loo")
@@ -313,8 +336,11 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
     total = count_rows(files)
     merged = _Merged(quantities, ["occurrences", "count"] + (["pieces"] if by == "word" else []))
     key = "token_id" if by == "token" else "word"
-    batches = (_batches_with_whole_words(files, columns, batch_size) if by == "word"
-               else iter_batches(files, columns=columns, batch_size=batch_size))
+    batches = (
+        _batches_with_whole_words(files, columns, batch_size)
+        if by == "word"
+        else iter_batches(files, columns=columns, batch_size=batch_size)
+    )
     bar = tqdm(total=total, desc=f"aggregating by {by}", unit="row", unit_scale=True, disable=not progress)
     rows_read = 0
     for batch in batches:
@@ -325,22 +351,44 @@ def aggregate(run: Any, by: str = "token", *, min_count: int = 1, quantities: Se
         t = _prepared(batch, quantities)
         if t is None:
             continue
-        part = _token_part(t, quantities) if by == "token" else _word_part(
-            _word_occurrences(t, quantities, casefold), quantities)
+        part = (
+            _token_part(t, quantities)
+            if by == "token"
+            else _word_part(_word_occurrences(t, quantities, casefold), quantities)
+        )
         merged.add(part, key, "label")
     bar.close()
     if rows_read != total:
         raise RuntimeError(f"{fn}: read {rows_read} rows of {total}")
-    table = _finish(merged, by, key, min_count, quantities,
-                    {METADATA_KEY: json.dumps({"run": metadata, "aggregation": {
-                        "by": by, "min_count": min_count, "casefold": casefold, "quantities": public,
-                        "rows": total, "files": [str(f) for f in files]}}, default=str).encode()})
+    table = _finish(
+        merged,
+        by,
+        key,
+        min_count,
+        quantities,
+        {
+            METADATA_KEY: json.dumps(
+                {
+                    "run": metadata,
+                    "aggregation": {
+                        "by": by,
+                        "min_count": min_count,
+                        "casefold": casefold,
+                        "quantities": public,
+                        "rows": total,
+                        "files": [str(f) for f in files],
+                    },
+                },
+                default=str,
+            ).encode()
+        },
+    )
     return batch_error_bar(table, len(replicates)) if replicates else table
 
 
-
-def _finish(merged: _Merged, by: str, key: str, min_count: int, quantities: Sequence[str],
-            schema_metadata: dict) -> pa.Table:
+def _finish(
+    merged: _Merged, by: str, key: str, min_count: int, quantities: Sequence[str], schema_metadata: dict
+) -> pa.Table:
     if merged.keys is None:
         n_types = 0
         keys = pa.array([], pa.int64() if by == "token" else pa.string())
@@ -351,8 +399,7 @@ def _finish(merged: _Merged, by: str, key: str, min_count: int, quantities: Sequ
     occ = merged.sums["occurrences"] if n_types else np.zeros(0)
     keep = np.flatnonzero(count >= min_count)
     label = np.asarray(merged.labels, dtype=object)
-    order = keep[np.lexsort((label[keep].astype(str) if n_types else np.zeros(0), -count[keep]))] \
-        if keep.size else keep
+    order = keep[np.lexsort((label[keep].astype(str) if n_types else np.zeros(0), -count[keep]))] if keep.size else keep
     cols: dict[str, Any] = {}
     if by == "token":
         cols["token_id"] = keys.take(pa.array(order, pa.int64())) if n_types else keys
@@ -372,64 +419,6 @@ def _finish(merged: _Merged, by: str, key: str, min_count: int, quantities: Sequ
         cols[f"{q}_mean"], cols[f"{q}_std"], cols[f"{q}_se"] = mean, std, se
         cols[f"{q}_n"] = n.astype(np.int64)
     return pa.table(cols).replace_schema_metadata(schema_metadata)
-
-
-# ---------------------------------------------------------------------------
-# figure
-
-
-def plot_type_heat(table: pa.Table, path: str | os.PathLike, *, quantity: str = "V2", min_count: int = 2,
-                   title: str | None = None, ax: Any = None) -> Path | None:
-    """Type heat (mean ``quantity`` per type ± one standard error) against corpus frequency.
-
-    One point per type with at least ``min_count`` valid occurrences (error bars need two),
-    log-log axes, plus the median of the type means per frequency bin (powers of two).
-    With ``ax`` draws into it and returns None; otherwise writes ``path``.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    count = table.column("count").to_numpy().astype(float)
-    mean = table.column(f"{quantity}_mean").to_numpy(zero_copy_only=False).astype(float)
-    se = table.column(f"{quantity}_se").to_numpy(zero_copy_only=False).astype(float)
-    ok = (count >= min_count) & np.isfinite(mean) & (mean > 0)
-    own = ax is None
-    if own:
-        fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    lo = np.clip(mean[ok] - se[ok], mean[ok] * 1e-3, None)
-    err = np.vstack([mean[ok] - lo, np.nan_to_num(se[ok])])
-    ax.errorbar(count[ok], mean[ok], yerr=err, fmt="o", ms=2, lw=0.5, alpha=0.35, color="tab:blue",
-                ecolor="tab:blue", label=f"type mean ± SE ({int(ok.sum())} types, count ≥ {min_count})")
-    if ok.any():
-        edges = 2.0 ** np.arange(math.floor(math.log2(count[ok].min())), math.ceil(math.log2(count[ok].max())) + 2)
-        centers, medians = [], []
-        for a, b in zip(edges[:-1], edges[1:]):
-            m = ok & (count >= a) & (count < b)
-            if m.sum() >= 3:
-                centers.append(math.sqrt(a * b))
-                medians.append(float(np.median(mean[m])))
-        ax.plot(centers, medians, "-", color="black", lw=1.5, label="median per frequency bin")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    from matplotlib.ticker import LogFormatter, NullFormatter
-
-    ax.xaxis.set_major_formatter(LogFormatter(base=10, labelOnlyBase=True))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("corpus frequency (valid occurrences)")
-    ax.set_ylabel(f"mean {quantity} per type")
-    if title:
-        ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
-    if not own:
-        return None
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def write_table(table: pa.Table, path: str | os.PathLike) -> Path:

@@ -1,15 +1,15 @@
-"""Summaries and plots of a probe run (``ProbeResult.summary()``, ``format_summary()``, ``plots()``)."""
+"""Summaries of a probe run (``ProbeResult.summary()``, ``format_summary()``); its figures: :mod:`.figures`."""
+
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from normfast.core.stats import loglog_fit, quantiles, spearman
+from normfast.engine.diagnostics.regime import NOT_APPLICABLE, classify_rows, fit_context, headline, run_regime
 from normfast.engine.diagnostics.relative_heat import RESOLUTION_RANK, ranking_resolution
-from normfast.engine.diagnostics.regime import NOT_APPLICABLE, classify_rows, describe_short, fit_context, headline, run_regime
 
 #: special-token texts, for runs written before the ``is_special`` column existed
 SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>", "<start_of_text>", "<end_of_text>"}
@@ -41,13 +41,15 @@ def result_regime(result) -> dict[str, Any] | None:
     if "kappa" not in names or not ({"D", "D_w"} & set(names)):
         return None
     meta = result.metadata
-    cols = {k: result.column(k) for k in ("valid", "kappa", "D", "se_D", "Q", "D_w", "se_D_w", "Q_w")
-            if k in names}
+    cols = {k: result.column(k) for k in ("valid", "kappa", "D", "se_D", "Q", "D_w", "se_D_w", "Q_w") if k in names}
     n = len(cols["valid"])
     cols["kappa_exempt"] = result.column("kappa_exempt") if "kappa_exempt" in names else np.zeros(n)
-    rows = classify_rows(cols, lr=float(meta.get("lr") or 0.0),
-                         weight_decay=float(meta.get("weight_decay") or 0.0),
-                         momentum=float(meta.get("momentum") or 0.0))
+    rows = classify_rows(
+        cols,
+        lr=float(meta.get("lr") or 0.0),
+        weight_decay=float(meta.get("weight_decay") or 0.0),
+        momentum=float(meta.get("momentum") or 0.0),
+    )
     out = run_regime([{**cols, **rows}])
     if "kappa_exempt" not in names:
         out["exempt_check"] = "not available (run written before the regime check)"
@@ -59,7 +61,7 @@ def used_rows(result) -> np.ndarray:
     return result.column("valid").astype(bool) & ~_is_special(result)
 
 
-def _applicable_rows(result) -> np.ndarray:
+def applicable_rows(result) -> np.ndarray:
     """Used rows whose regime lets the law predict (law applicable or heat-dominated)."""
     used = used_rows(result)
     if "regime" not in result.column_names:
@@ -81,9 +83,13 @@ def summarize(result) -> dict[str, Any]:
         reasons[r] = reasons.get(r, 0) + 1
     heat, drift = result.heat_column, result.drift_column
     norm = result.column("norm")
-    out: dict[str, Any] = {"rows": len(result), "valid": int(result.column("valid").astype(bool).sum()),
-                           "special_rows": int(special.sum()), "reasons": reasons,
-                           "truncated_inputs": _truncated_inputs(result)}
+    out: dict[str, Any] = {
+        "rows": len(result),
+        "valid": int(result.column("valid").astype(bool).sum()),
+        "special_rows": int(special.sum()),
+        "reasons": reasons,
+        "truncated_inputs": _truncated_inputs(result),
+    }
     for col in ("norm", drift, heat, "kappa", "r_eq", "r_eq_heat"):
         out[col] = quantiles(result.column(col)[valid])
     D = result.column(drift)[valid]
@@ -107,7 +113,7 @@ def summarize(result) -> dict[str, Any]:
     out["kappa_nonpositive_rows"] = int(nonpos.sum())
     out["kappa_nonpositive_no_root_rows"] = int((nonpos & ~np.isfinite(r_eq)).sum())
     out["kappa_nonpositive_fraction"] = float(nonpos.sum() / n_described) if n_described else math.nan
-    fit = _applicable_rows(result)
+    fit = applicable_rows(result)
     out["fit_rows"] = int(fit.sum())
     out["norm_vs_r_eq"] = loglog_fit(r_eq[fit], norm[fit])
     out["norm_vs_r_eq_heat"] = loglog_fit(result.column("r_eq_heat")[fit], norm[fit])
@@ -155,8 +161,12 @@ def _resolution(result, valid: np.ndarray, heat: str) -> dict[str, Any]:
 
     names = result.column_names
     se_name = "se_" + heat
-    out: dict[str, Any] = {"heat_resolved_fraction": math.nan, "r_eq_resolved_fraction": math.nan,
-                           "heat_rse_median": math.nan, "error_bar_dof": None}
+    out: dict[str, Any] = {
+        "heat_resolved_fraction": math.nan,
+        "r_eq_resolved_fraction": math.nan,
+        "heat_rse_median": math.nan,
+        "error_bar_dof": None,
+    }
     k = result.metadata.get("groups")
     if se_name not in names or not k or not valid.any():
         return out
@@ -208,14 +218,15 @@ def token_ranking(result, column: str | None = None) -> list[tuple[str, float, i
     tok, val, txt = tok[ok], val[ok], txt[ok]
     if tok.size == 0:
         return []
-    keys, first, inverse, counts = np.unique(tok.astype(str), return_index=True, return_inverse=True,
-                                             return_counts=True)
+    keys, first, inverse, counts = np.unique(
+        tok.astype(str), return_index=True, return_inverse=True, return_counts=True
+    )
     means = np.bincount(inverse.reshape(-1), weights=val, minlength=len(keys)) / counts
     order = np.lexsort((keys, -means))  # hottest first; ties by token text, so the order is stable
     return [(str(keys[i]), float(means[i]), int(counts[i]), str(txt[first[i]])) for i in order]
 
 
-def _token_label(token: str, count: int, example: str) -> str:
+def token_label(token: str, count: int, example: str) -> str:
     if count > 1:
         return f"{token} ×{count}"
     return token + (f" ({example})" if example and example != token else "")
@@ -223,10 +234,12 @@ def _token_label(token: str, count: int, example: str) -> str:
 
 def run_line(meta: dict[str, Any]) -> str:
     """The first line of a summary: model, objective, preset, M (M_D, K), mode and output."""
-    return (f"normfast probe: {meta.get('model')} | objective {_objective_label(meta)} | {meta.get('optimizer')} "
-            f"lr={meta.get('lr')} wd={meta.get('weight_decay')} | M={meta.get('M')} x {meta.get('batch_size')} "
-            + (f"(drift: M_D={meta['M_D']}, K={meta.get('groups')}) " if meta.get("M_D") else "")
-            + f"| mode {meta.get('mode')} | {meta.get('output')}")
+    return (
+        f"normfast probe: {meta.get('model')} | objective {_objective_label(meta)} | {meta.get('optimizer')} "
+        f"lr={meta.get('lr')} wd={meta.get('weight_decay')} | M={meta.get('M')} x {meta.get('batch_size')} "
+        + (f"(drift: M_D={meta['M_D']}, K={meta.get('groups')}) " if meta.get("M_D") else "")
+        + f"| mode {meta.get('mode')} | {meta.get('output')}"
+    )
 
 
 def format_summary(result, top: int = 8) -> str:
@@ -243,13 +256,16 @@ def format_summary(result, top: int = 8) -> str:
         lines.append(f"encoder: {meta['encoder_note']}")
     lines.append(
         f"rows: {s['rows']} ({s['valid']} with valid statistics"
-        + "".join(f"; {k}: {v}" for k, v in s["reasons"].items() if k != "ok") + ")"
-        + (f"; {s['special_rows']} special-token rows ([CLS], [SEP], ...) left out below"
-           if s["special_rows"] else ""))
+        + "".join(f"; {k}: {v}" for k, v in s["reasons"].items() if k != "ok")
+        + ")"
+        + (f"; {s['special_rows']} special-token rows ([CLS], [SEP], ...) left out below" if s["special_rows"] else "")
+    )
     if s["truncated_inputs"]:
         n = s["truncated_inputs"]
-        lines.append(f"{n} input{'s' if n != 1 else ''} truncated to the model's maximum length of "
-                     f"{meta.get('max_length')} tokens (column n_truncated: the tokens cut per input)")
+        lines.append(
+            f"{n} input{'s' if n != 1 else ''} truncated to the model's maximum length of "
+            f"{meta.get('max_length')} tokens (column n_truncated: the tokens cut per input)"
+        )
     lines += ["", f"{'quantity':<12}{'p10':>12}{'median':>12}{'p90':>12}"]
     for col in ("norm", drift, heat, "kappa", "r_eq", "r_eq_heat"):
         q = s[col]
@@ -258,45 +274,61 @@ def format_summary(result, top: int = 8) -> str:
     lines += [""]
     if s["error_bar_dof"] is not None:
         adaptive = meta.get("adaptive")
-        chosen = (f"; M = {adaptive['M']} chosen for a {adaptive['target_quantile']:.0%} quantile of se(V2)/V2 "
-                  f"of {adaptive['quantile_rse']:.3f} (target {adaptive['target_rse']})") if adaptive else ""
+        chosen = (
+            (
+                f"; M = {adaptive['M']} chosen for a {adaptive['target_quantile']:.0%} quantile of se(V2)/V2 "
+                f"of {adaptive['quantile_rse']:.3f} (target {adaptive['target_rse']})"
+            )
+            if adaptive
+            else ""
+        )
         lines.append(
             f"{heat} resolved to ±{RESOLUTION_HEAT:.0%} (95% interval): {s['heat_resolved_fraction']:.0%} of rows; "
             f"R_eq to ±{RESOLUTION_REQ:.0%}: {s['r_eq_resolved_fraction']:.0%}; median se({heat})/{heat} "
             f"{s['heat_rse_median']:.3f} (K = {s['error_bar_dof'] + 1} batch groups, t with "
-            f"{s['error_bar_dof']} dof){chosen}")
+            f"{s['error_bar_dof']} dof){chosen}"
+        )
         if np.isfinite(s["rank_resolved_fraction"]):
             lines.append(
                 f"heat ranking resolved to ±{RESOLUTION_RANK:.0%} for {s['rank_resolved_fraction']:.0%} of rows "
                 f"(relative heat: log {heat} minus the run's median); common level ±{s['level_half_width']:.0%} "
-                f"(95%; shared by every row, it moves R_eq as {heat}^(1/4) where the heat dominates)")
+                f"(95%; shared by every row, it moves R_eq as {heat}^(1/4) where the heat dominates)"
+            )
     lines += [
         f"drift |D| > 2 se: {s['drift_significant_fraction']:.1%} of rows; mean sign stability "
-        f"{s['sign_stability_mean']:.3f}; bistable rows {s['bistable_fraction']:.1%}",
+        f"{s['sign_stability_mean']:.3f}; bistable rows {s['bistable_fraction']:.1%}"
     ]
     n_bad, n_nan = s["kappa_nonpositive_rows"], s["kappa_nonpositive_no_root_rows"]
     if n_bad:
         parts = [f"R_eq is NaN for {n_nan}"] if n_nan else []
         if n_bad - n_nan:
             parts.append(f"an unstable root for {n_bad - n_nan}")
-        lines.append(f"kappa <= 0 for {n_bad} of {s['kappa_rows']} rows ({s['kappa_nonpositive_fraction']:.1%}): "
-                     f"no stable equilibrium there ({', '.join(parts)})")
+        lines.append(
+            f"kappa <= 0 for {n_bad} of {s['kappa_rows']} rows ({s['kappa_nonpositive_fraction']:.1%}): "
+            f"no stable equilibrium there ({', '.join(parts)})"
+        )
     lines += [
         fit_context(regime if regime and "regime" in regime else None, meta),
-        (f"observed norm vs R_eq (log-log, the {s['fit_rows']} rows where the law applies): slope "
-         f"{f['slope']:.3f}, Pearson r {f['pearson_r']:.3f}  |  heat-only R_eq: slope {fh['slope']:.3f}, "
-         f"r {fh['pearson_r']:.3f}") if s["fit_rows"] >= 3 else
-        f"observed norm vs R_eq: no fit (the law applies to {s['fit_rows']} rows)",
+        (
+            f"observed norm vs R_eq (log-log, the {s['fit_rows']} rows where the law applies): slope "
+            f"{f['slope']:.3f}, Pearson r {f['pearson_r']:.3f}  |  heat-only R_eq: slope {fh['slope']:.3f}, "
+            f"r {fh['pearson_r']:.3f}"
+        )
+        if s["fit_rows"] >= 3
+        else f"observed norm vs R_eq: no fit (the law applies to {s['fit_rows']} rows)",
         f"Spearman(norm, {heat}) = {s['spearman_norm_heat']:.3f}",
     ]
     if "norm_vs_r_eq_snapshot" in s:
         lines += _snapshot_lines(s, meta.get("snapshot") or {})
     if "token" in result.column_names and result.column("position").max() >= 0:
         ranking = token_ranking(result, heat)
-        hottest = [_token_label(t, n, x) for t, _, n, x in ranking[:top]]
-        coldest = [_token_label(t, n, x) for t, _, n, x in ranking[::-1][:top]]
-        lines += ["", f"hottest tokens (mean {heat}; ×n: rows averaged): " + ", ".join(hottest),
-                  f"coldest tokens (mean {heat}): " + ", ".join(coldest)]
+        hottest = [token_label(t, n, x) for t, _, n, x in ranking[:top]]
+        coldest = [token_label(t, n, x) for t, _, n, x in ranking[::-1][:top]]
+        lines += [
+            "",
+            f"hottest tokens (mean {heat}; ×n: rows averaged): " + ", ".join(hottest),
+            f"coldest tokens (mean {heat}): " + ", ".join(coldest),
+        ]
     return "\n".join(lines)
 
 
@@ -308,148 +340,48 @@ def _snapshot_lines(s: dict[str, Any], info: dict[str, Any]) -> list[str]:
     span = f"{info.get('steps', '?')} virtual steps"
     if covered is not None and math.isfinite(covered):
         span += f", {covered:.2g} relaxation times"
-    lines = ["", f"single-snapshot predictor r_eq_snapshot ({span}): median {q['median']:.4g} "
-                 f"(p10 {q['p10']:.4g}, p90 {q['p90']:.4g}) -- the norm each item keeps on average under "
-                 f"continued training like the virtual one, not a reading of its present norm"]
+    lines = [
+        "",
+        f"single-snapshot predictor r_eq_snapshot ({span}): median {q['median']:.4g} "
+        f"(p10 {q['p10']:.4g}, p90 {q['p90']:.4g}) -- the norm each item keeps on average under "
+        f"continued training like the virtual one, not a reading of its present norm",
+    ]
     if math.isfinite(s.get("r_eq_snapshot_halfwidth", math.nan)):
-        lines.append(f"  95% interval from the continuation's {info.get('interval_segments', '?')} segments: median "
-                     f"±{100 * s['r_eq_snapshot_halfwidth']:.2g}% (the continuation's sampling error, not the "
-                     f"law's; norm_continued ±{100 * s.get('norm_continued_halfwidth', math.nan):.2g}%)")
+        lines.append(
+            f"  95% interval from the continuation's {info.get('interval_segments', '?')} segments: median "
+            f"±{100 * s['r_eq_snapshot_halfwidth']:.2g}% (the continuation's sampling error, not the "
+            f"law's; norm_continued ±{100 * s.get('norm_continued_halfwidth', math.nan):.2g}%)"
+        )
     if asked is not None and covered is not None and math.isfinite(covered) and covered < asked:
-        lines.append(f"  the trajectory covered fewer relaxation times than asked ({covered:.2g} < {asked:g}; "
-                     f"capped at snapshot_max_steps): outside the validated scope, treat it as indicative")
+        lines.append(
+            f"  the trajectory covered fewer relaxation times than asked ({covered:.2g} < {asked:g}; "
+            f"capped at snapshot_max_steps): outside the validated scope, treat it as indicative"
+        )
     if info.get("rows_no_root"):
-        lines.append(f"  no prediction for {info['rows_no_root']} rows (heat + curvature heat < 0 for "
-                     f"{info.get('rows_heat_negative', 0)}, κ <= 0 for {info.get('rows_kappa_nonpositive', 0)}): "
-                     f"r_eq_snapshot is NaN there")
+        lines.append(
+            f"  no prediction for {info['rows_no_root']} rows (heat + curvature heat < 0 for "
+            f"{info.get('rows_heat_negative', 0)}, κ <= 0 for {info.get('rows_kappa_nonpositive', 0)}): "
+            f"r_eq_snapshot is NaN there"
+        )
     if math.isfinite(f.get("slope", math.nan)):
-        lines.append(f"  present norm vs r_eq_snapshot (log-log): slope {f['slope']:.3f}, Pearson r "
-                     f"{f['pearson_r']:.3f} (near 1 when the snapshot already sits at its stationary norms)")
+        lines.append(
+            f"  present norm vs r_eq_snapshot (log-log): slope {f['slope']:.3f}, Pearson r "
+            f"{f['pearson_r']:.3f} (near 1 when the snapshot already sits at its stationary norms)"
+        )
     if "norm_continued" in s:
         c, g = s["norm_continued"], s["r_eq_snapshot_vs_norm_continued"]
-        fit = (f"; r_eq_snapshot vs it (log-log): slope {g['slope']:.3f}, r {g['pearson_r']:.3f}"
-               if math.isfinite(g.get("slope", math.nan)) else "")
-        lines.append(f"  norm_continued (the continuation's own mean norm, the plain baseline): median "
-                     f"{c['median']:.4g}{fit}. The law predicts no better than simulating; what it adds is the "
-                     f"decomposition of each norm into heat, drift and decay (r_eq_heat, D_snapshot, "
-                     f"Q_snapshot)")
+        fit = (
+            f"; r_eq_snapshot vs it (log-log): slope {g['slope']:.3f}, r {g['pearson_r']:.3f}"
+            if math.isfinite(g.get("slope", math.nan))
+            else ""
+        )
+        lines.append(
+            f"  norm_continued (the continuation's own mean norm, the plain baseline): median "
+            f"{c['median']:.4g}{fit}. The law predicts no better than simulating; what it adds is the "
+            f"decomposition of each norm into heat, drift and decay (r_eq_heat, D_snapshot, "
+            f"Q_snapshot)"
+        )
     return lines
-
-
-def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
-    """Write the standard figures; returns their paths.
-
-    * ``{prefix}_norm_vs_req.png``: observed norm against R_eq (full and heat-only law), log-log,
-      with the 95% intervals of R_eq as error bars;
-    * ``{prefix}_heat.png``: the heat V² of every row (sorted) with its 95% interval (a histogram
-      when the run has no error bars), and the distribution of D;
-    * ``{prefix}_tokens.png`` (token runs): the hottest and coldest tokens.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    heat, drift = result.heat_column, result.drift_column
-    valid = used_rows(result)
-    norm = result.column("norm")[valid]
-    paths = []
-
-    regime = result_regime(result)
-    applies = _applicable_rows(result)[valid]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-    names = result.column_names
-    for ax, col, label in ((axes[0], "r_eq", "full law"), (axes[1], "r_eq_heat", "heat-only law (D = 0)")):
-        x = result.column(col)[valid]
-        ok = np.isfinite(x) & (x > 0) & (norm > 0)
-        ax.loglog(x[ok & applies], norm[ok & applies], ".", ms=3, alpha=0.5, label="law applies")
-        if np.any(ok & ~applies):
-            ax.loglog(x[ok & ~applies], norm[ok & ~applies], ".", ms=3, alpha=0.4, color="0.6",
-                      label="law not applicable (no prediction)")
-        if f"{col}_lo" in names:
-            lo, hi = result.column(f"{col}_lo")[valid], result.column(f"{col}_hi")[valid]
-            bar = ok & applies & np.isfinite(lo) & np.isfinite(hi)
-            idx = np.nonzero(bar)[0]
-            idx = idx[:: max(1, len(idx) // 300)]  # at most ~300 bars stay readable
-            if len(idx):
-                ax.errorbar(x[idx], norm[idx], xerr=[x[idx] - np.maximum(lo[idx], x[idx] * 1e-3),
-                                                     hi[idx] - x[idx]],
-                            fmt="none", ecolor="tab:gray", elinewidth=0.5, alpha=0.5,
-                            label="95% interval (jackknife over batch groups)")
-        fit = loglog_fit(x[applies], norm[applies])
-        if np.isfinite(fit["slope"]):
-            xs = np.geomspace(x[ok].min(), x[ok].max(), 50)
-            ax.loglog(xs, np.exp(fit["intercept"]) * xs ** fit["slope"], "k-", lw=1,
-                      label=f"slope {fit['slope']:.2f}, r {fit['pearson_r']:.2f}")
-            ax.legend(loc="upper left", fontsize=8)
-        ax.set_xlabel(f"predicted R_eq ({label})")
-        ax.set_ylabel("observed norm")
-    fig.suptitle(f"{result.metadata.get('model')}: observed norm vs equilibrium prediction\n"
-                 f"{describe_short(regime)}; R_eq = where norms settle if trained at the probe's "
-                 f"settings", fontsize=9)
-    fig.tight_layout()
-    p = outdir / f"{prefix}_norm_vs_req.png"
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    paths.append(p)
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    h_all = result.column(heat)[valid]
-    se_col = f"se_{heat}"
-    se_all = result.column(se_col)[valid] if se_col in names else np.full(len(h_all), np.nan)
-    good = np.isfinite(h_all) & (h_all > 0)
-    if np.isfinite(se_all[good]).any():
-        # heat against its rank, with its 95% interval: which differences between rows are real
-        from normfast.engine.estimators.uncertainty import t_quantile
-
-        order = np.argsort(h_all[good])
-        hs, ses = h_all[good][order], se_all[good][order]
-        half = t_quantile(int(result.metadata.get("groups") or 2) - 1) * ses
-        pick = np.arange(0, len(hs), max(1, len(hs) // 400))
-        axes[0].errorbar(pick, hs[pick], yerr=[np.minimum(half[pick], hs[pick] * 0.999), half[pick]],
-                         fmt=".", ms=2, color="tab:red", ecolor="tab:gray", elinewidth=0.4)
-        axes[0].set_yscale("log")
-        axes[0].set_xlabel("probe items, by heat")
-        axes[0].set_ylabel(f"{heat} with 95% interval")
-    else:
-        h = h_all[good]
-        if h.size:
-            axes[0].hist(np.log10(h), bins=60, color="tab:red", alpha=0.8)
-        axes[0].set_xlabel(f"log10 {heat} (stochastic heat)")
-        axes[0].set_ylabel("probe items")
-    d = result.column(drift)[valid]
-    d = d[np.isfinite(d)]
-    if d.size:
-        axes[1].hist(d, bins=60, color="tab:blue", alpha=0.8)
-    axes[1].axvline(0, color="k", lw=0.8)
-    axes[1].set_xlabel(f"{drift} (radial drift)")
-    fig.tight_layout()
-    p = outdir / f"{prefix}_heat.png"
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    paths.append(p)
-
-    if "token" in result.column_names and result.column("position").max() >= 0:
-        ranking = token_ranking(result, heat)
-        k = min(15, len(ranking) // 2)
-        if k > 0:
-            pick = ranking[::-1][:k] + ranking[:k][::-1]  # bottom to top: coldest ..., then ... hottest
-            fig, ax = plt.subplots(figsize=(7, 0.25 * len(pick) + 1))
-            colors = ["tab:blue"] * k + ["tab:red"] * k
-            ax.barh(range(len(pick)), [v for _, v, _, _ in pick], color=colors)
-            ax.set_yticks(range(len(pick)))
-            ax.set_yticklabels([_token_label(t, n, "") for t, _, n, _ in pick], fontsize=7)
-            ax.set_xscale("log")
-            ax.set_xlabel(f"mean {heat} per distinct token")
-            ax.set_title("coldest (blue) and hottest (red) tokens; special tokens left out", fontsize=9)
-            fig.tight_layout()
-            p = outdir / f"{prefix}_tokens.png"
-            fig.savefig(p, dpi=120)
-            plt.close(fig)
-            paths.append(p)
-    return paths
 
 
 # ----------------------------------------------------------------------------

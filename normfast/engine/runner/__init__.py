@@ -10,13 +10,14 @@ sharding and provenance.
 * :mod:`.distributed` -- sharding the items over ``torch.distributed`` ranks;
 * :mod:`.provenance` -- content hashes of the inputs and the model, library versions, the device.
 """
-from normfast.engine.runner.state import ProbeRun
-from normfast.engine.runner.chunks import run_chunks
+
 from normfast.engine.runner.adaptive import adaptive_plan
-from normfast.engine.runner.rows import finish_table
-from normfast.engine.runner.files import open_output, finish_sharded
+from normfast.engine.runner.chunks import run_chunks
 from normfast.engine.runner.distributed import Shard, current_shard, init_from_env
-from normfast.engine.runner.provenance import hash_items, hash_model, library_versions, device_name
+from normfast.engine.runner.files import finish_sharded, open_output
+from normfast.engine.runner.provenance import device_name, hash_items, hash_model, library_versions
+from normfast.engine.runner.rows import finish_table
+from normfast.engine.runner.state import ProbeRun
 
 __all__ = [
     "ProbeRun",

@@ -14,6 +14,7 @@ is computed twice; otherwise the run streams them again in groups
 (directions-outer). Sharded: rank 0 decides and every rank receives M and the
 directions. The rounds (M, quantile) go into the run's metadata.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,8 @@ import numpy as np
 import torch
 
 from normfast.engine.directions.gradients import Directions
-from normfast.engine.transmission.head.stats import head_stats
 from normfast.engine.runner.state import ProbeRun
+from normfast.engine.transmission.head.dispatch import head_stats
 from normfast.engine.transmission.head.inputs import head_inputs, prepared_head
 from normfast.engine.transmission.jvp import Tail
 
@@ -58,8 +59,9 @@ def _concat(parts: Sequence[Directions]) -> Directions:
     first = parts[0]
     dirs = [d for p in parts for d in p.directions]
     losses = [x for p in parts for x in p.losses]
-    return Directions(first.names, first.branch_of, dirs, first.decayed, losses, first.drift,
-                      first.second_moments, first.first_batch)
+    return Directions(
+        first.names, first.branch_of, dirs, first.decayed, losses, first.drift, first.second_moments, first.first_batch
+    )
 
 
 class _HeadPilot:
@@ -142,8 +144,9 @@ def adaptive_plan(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
             except Exception as exc:  # noqa: BLE001 - re-raised on every rank
                 failure = exc
         shard.raise_if_root_failed(failure)
-        header = shard.broadcast_object(None if plan is None else
-                                        (plan.M, plan.rounds, plan.directions is not None, plan.drift is not None))
+        header = shard.broadcast_object(
+            None if plan is None else (plan.M, plan.rounds, plan.directions is not None, plan.drift is not None)
+        )
         M, rounds, has_dirs, has_drift = header
         dirs = shard.share_directions(plan.directions if plan else None, run.device) if has_dirs else None
         if has_drift and dirs is None:
@@ -153,8 +156,14 @@ def adaptive_plan(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
         plan = AdaptivePlan(M, dirs, drift, rounds)
     run.M = plan.M
     final = plan.rounds[-1]
-    run.adaptive = {"target_rse": cfg.target_rse, "target_quantile": cfg.target_quantile,
-                    "max_batches": cfg.max_batches, "M": plan.M, "quantile_rse": final["quantile_rse"],
-                    "reached": bool(final["quantile_rse"] <= cfg.target_rse), "rounds": plan.rounds,
-                    "pilot_items": len(pilot_items)}
+    run.adaptive = {
+        "target_rse": cfg.target_rse,
+        "target_quantile": cfg.target_quantile,
+        "max_batches": cfg.max_batches,
+        "M": plan.M,
+        "quantile_rse": final["quantile_rse"],
+        "reached": bool(final["quantile_rse"] <= cfg.target_rse),
+        "rounds": plan.rounds,
+        "pilot_items": len(pilot_items),
+    }
     return plan

@@ -1,6 +1,7 @@
 """The chunk loop of a probe run: probe items in chunks, head mode (closed form) or jvp mode
 (directions in passes; directions-outer when they do not fit the memory budget), each chunk
 finished into its table (:mod:`normfast.engine.runner.rows`) and handed on as soon as it is done."""
+
 from __future__ import annotations
 
 import warnings
@@ -9,24 +10,29 @@ from typing import Any, Callable, Mapping, Sequence
 import pyarrow as pa
 import torch
 
-from normfast.engine.runner.adaptive import adaptive_plan
 from normfast.engine.directions.gradients import Directions
-from normfast.engine.transmission.head.stats import head_stats
-from normfast.engine.runner.rows import finish_table, row_metadata
+from normfast.engine.estimators.uncertainty import jackknife_se
+from normfast.engine.runner.adaptive import adaptive_plan
 from normfast.engine.runner.files import restore_outer_state, save_outer_state
+from normfast.engine.runner.rows import finish_table, row_metadata
 from normfast.engine.runner.state import ProbeRun
+from normfast.engine.transmission.head.dispatch import head_stats
 from normfast.engine.transmission.head.inputs import head_inputs, head_kappa, head_kappa_exempt, prepared_head
 from normfast.engine.transmission.jvp import Tail, kappa_from_jvp
-from normfast.engine.estimators.uncertainty import jackknife_se
 
 
 def chunk_items(probes: Sequence[Any], c: int, size: int) -> Sequence[Any]:
-    items = probes[c * size:(c + 1) * size]
+    items = probes[c * size : (c + 1) * size]
     return items if isinstance(items, (list, torch.Tensor)) else list(items)
 
 
-def run_chunks(run: ProbeRun, probes: Sequence[Any], ids: Sequence[str] | None, todo: list[int],
-                emit: Callable[[int, pa.Table], None]) -> None:
+def run_chunks(
+    run: ProbeRun,
+    probes: Sequence[Any],
+    ids: Sequence[str] | None,
+    todo: list[int],
+    emit: Callable[[int, pa.Table], None],
+) -> None:
     """Probe the chunks ``todo`` and hand each finished table to ``emit``.
 
     Sharded runs call this on every rank (directions are a collective), each with its own ``todo``.
@@ -67,10 +73,13 @@ def run_chunks(run: ProbeRun, probes: Sequence[Any], ids: Sequence[str] | None, 
             return
         # directions-outer: the directions do not fit in the budget together
         per_batch = run.direction_bytes()
-        warnings.warn(f"probe: {run.M} directions of {per_batch / 2**20:.0f} MB each exceed the memory "
-                      f"budget; computing them in groups of {group} (directions-outer loop order: the "
-                      f"per-probe state of every chunk is kept in memory across the groups, and output is "
-                      f"written at the end)", stacklevel=3)
+        warnings.warn(
+            f"probe: {run.M} directions of {per_batch / 2**20:.0f} MB each exceed the memory "
+            f"budget; computing them in groups of {group} (directions-outer loop order: the "
+            f"per-probe state of every chunk is kept in memory across the groups, and output is "
+            f"written at the end)",
+            stacklevel=3,
+        )
         groups = [list(range(lo, min(lo + group, run.M))) for lo in range(0, run.M, group)]
         drift = None
         if cfg.drift_from_mean:
@@ -82,8 +91,9 @@ def run_chunks(run: ProbeRun, probes: Sequence[Any], ids: Sequence[str] | None, 
         encoder.train(was_training)
 
 
-def _jvp_chunk(run: ProbeRun, items: Sequence[Any], c: int, ids: Sequence[str] | None,
-               dir_groups: Sequence[Directions]) -> pa.Table:
+def _jvp_chunk(
+    run: ProbeRun, items: Sequence[Any], c: int, ids: Sequence[str] | None, dir_groups: Sequence[Directions]
+) -> pa.Table:
     state, front, rows = run.front(items)
     tail = Tail(run.encoder, run.names, run.cut, run.output)
     z = tail.primal(front, rows)
@@ -130,8 +140,9 @@ def _with_drift(run: ProbeRun, stats: dict[str, Any], drift: Mapping[str, torch.
     return out
 
 
-def _jvp_kappa(run: ProbeRun, tail: Tail, front: dict, rows, z: torch.Tensor,
-               dirs: Directions) -> tuple[torch.Tensor, torch.Tensor]:
+def _jvp_kappa(
+    run: ProbeRun, tail: Tail, front: dict, rows, z: torch.Tensor, dirs: Directions
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(κ, kappa_exempt)``: jvps along the decayed and along the exempt probed parameters.
 
     Both tangents go through one pass when some probed parameter is exempt from decay.
@@ -140,15 +151,20 @@ def _jvp_kappa(run: ProbeRun, tail: Tail, front: dict, rows, z: torch.Tensor,
     zero = lambda n: torch.zeros_like(run.encoder.get_parameter(n))  # noqa: E731
     tangents = [{n: dirs.decayed[n] if n in dirs.decayed else zero(n) for n in run.names}]
     if exempt:
-        tangents.append({n: run.encoder.get_parameter(n).detach() if n in exempt else zero(n)
-                         for n in run.names})
+        tangents.append({n: run.encoder.get_parameter(n).detach() if n in exempt else zero(n) for n in run.names})
     j = tail.jvp(front, {n: torch.stack([t[n] for t in tangents]) for n in run.names}, rows)
     kappa = kappa_from_jvp(z, j[0])
     return kappa, (kappa_from_jvp(z, j[1]) if exempt else torch.zeros_like(kappa))
 
 
-def _jvp_directions_outer(run: ProbeRun, probes: Sequence[Any], ids: Sequence[str] | None, todo: list[int],
-                          groups: list[list[int]], drift_dirs: Directions | None):
+def _jvp_directions_outer(
+    run: ProbeRun,
+    probes: Sequence[Any],
+    ids: Sequence[str] | None,
+    todo: list[int],
+    groups: list[list[int]],
+    drift_dirs: Directions | None,
+):
     cfg = run.config
     tail = Tail(run.encoder, run.names, run.cut, run.output)
     accs, kept, ahead, first = restore_outer_state(run, todo)  # resumed: the groups already done
@@ -171,8 +187,12 @@ def _jvp_directions_outer(run: ProbeRun, probes: Sequence[Any], ids: Sequence[st
                     drift = None
                     if drift_dirs is not None:
                         drift = _moved(run.jvp_drift(tail, front, rows, z, drift_dirs), "cpu")
-                    kept[c] = (row_metadata(run, state, items, c, ids, rows), z.cpu(),
-                               tuple(k.cpu() for k in kappa), drift)
+                    kept[c] = (
+                        row_metadata(run, state, items, c, ids, rows),
+                        z.cpu(),
+                        tuple(k.cpu() for k in kappa),
+                        drift,
+                    )
                 run.jvp_update(accs[c], tail, front, rows, z, dirs)
                 bar.advance(c, z.shape[0])
         except Exception as exc:  # noqa: BLE001 - sharded: the ranks agree before the next broadcast
@@ -189,12 +209,20 @@ def _jvp_directions_outer(run: ProbeRun, probes: Sequence[Any], ids: Sequence[st
         yield c, finish_table(run, meta, z, _with_drift(run, stats, drift), *kappa)
 
 
-def _head_chunk(run: ProbeRun, items: Sequence[Any], c: int, ids: Sequence[str] | None, G: torch.Tensor,
-                g: torch.Tensor | None, dirs: Directions) -> pa.Table:
+def _head_chunk(
+    run: ProbeRun,
+    items: Sequence[Any],
+    c: int,
+    ids: Sequence[str] | None,
+    G: torch.Tensor,
+    g: torch.Tensor | None,
+    dirs: Directions,
+) -> pa.Table:
     state, front, rows = run.front(items)
     a, z = head_inputs(run.encoder, front, run.cut, rows)
-    stats = head_stats(a, z, G, g, branch=run.branch, uncertainty=run.config.uncertainty,
-                       radial_spread=run.config.radial_spread)
+    stats = head_stats(
+        a, z, G, g, branch=run.branch, uncertainty=run.config.uncertainty, radial_spread=run.config.radial_spread
+    )
     kappa = head_kappa(run.encoder, a, z, dirs.decayed)
     kappa_exempt = head_kappa_exempt(run.encoder, a, z, dirs.decayed, run.names)
     meta = row_metadata(run, state, items, c, ids, rows)

@@ -55,6 +55,7 @@ Chan's merge), for frontends that drive :class:`~normfast.ops.ProbeAccumulator`
 themselves. Also unsupported: process groups other than the default one, and
 hosts that do not share the output filesystem.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -69,9 +70,21 @@ from normfast.engine.directions.gradients import Directions, DriftMeans
 
 # Exception types rebuilt under their own name on the ranks that did not raise,
 # so that every rank fails the same way (the CLI reports these as user errors).
-_PORTABLE_ERRORS = ("ValueError", "TypeError", "FileExistsError", "FileNotFoundError", "RuntimeError",
-                    "FloatingPointError", "KeyError", "IndexError", "MemoryError", "NotImplementedError",
-                    "PermissionError", "IsADirectoryError", "OSError")
+_PORTABLE_ERRORS = (
+    "ValueError",
+    "TypeError",
+    "FileExistsError",
+    "FileNotFoundError",
+    "RuntimeError",
+    "FloatingPointError",
+    "KeyError",
+    "IndexError",
+    "MemoryError",
+    "NotImplementedError",
+    "PermissionError",
+    "IsADirectoryError",
+    "OSError",
+)
 
 
 @dataclass(frozen=True)
@@ -136,9 +149,11 @@ class Shard:
         """Collective: raise on every rank unless all ranks hold the same ``value``."""
         values = self.all_gather_object(value)
         if len(set(values)) > 1:
-            raise ValueError(f"probe: the ranks were called with different {what} (fingerprints by rank: "
-                             f"{values}); every rank must pass the same model, probes, objective, pairs "
-                             f"and config")
+            raise ValueError(
+                f"probe: the ranks were called with different {what} (fingerprints by rank: "
+                f"{values}); every rank must pass the same model, probes, objective, pairs "
+                f"and config"
+            )
 
     # -- directions ------------------------------------------------------------
     def share_directions(self, dirs: Directions | None, device: torch.device) -> Directions:
@@ -153,11 +168,16 @@ class Shard:
         header = None
         if self.is_root:
             first = dirs.directions[0] if dirs.directions else (dirs.drift.means[0] if dirs.drift else {})
-            header = {"names": list(dirs.names), "branch_of": dict(dirs.branch_of), "losses": list(dirs.losses),
-                      "M": dirs.M, "drift_counts": None if dirs.drift is None else list(dirs.drift.counts),
-                      "first_batch": dirs.first_batch,
-                      "layout": [(n, tuple(first[n].shape), str(first[n].dtype)) for n in dirs.names],
-                      "decayed": [(n, tuple(t.shape), str(t.dtype)) for n, t in dirs.decayed.items()]}
+            header = {
+                "names": list(dirs.names),
+                "branch_of": dict(dirs.branch_of),
+                "losses": list(dirs.losses),
+                "M": dirs.M,
+                "drift_counts": None if dirs.drift is None else list(dirs.drift.counts),
+                "first_batch": dirs.first_batch,
+                "layout": [(n, tuple(first[n].shape), str(first[n].dtype)) for n in dirs.names],
+                "decayed": [(n, tuple(t.shape), str(t.dtype)) for n, t in dirs.decayed.items()],
+            }
         header = self.broadcast_object(header)
         directions = []
         for b in range(header["M"]):
@@ -165,17 +185,27 @@ class Shard:
             directions.append(self._broadcast_tensors(sent, header["layout"], device))
         drift = None
         if header["drift_counts"] is not None:
-            means = [self._broadcast_tensors(dirs.drift.means[g] if self.is_root else None, header["layout"], device)
-                     for g in range(len(header["drift_counts"]))]
+            means = [
+                self._broadcast_tensors(dirs.drift.means[g] if self.is_root else None, header["layout"], device)
+                for g in range(len(header["drift_counts"]))
+            ]
             drift = DriftMeans(means, list(header["drift_counts"]))
         decayed = self._broadcast_tensors(dirs.decayed if self.is_root else None, header["decayed"], device)
         if self.is_root:
             return dirs
-        return Directions(header["names"], header["branch_of"], directions, decayed, header["losses"], drift,
-                          first_batch=header["first_batch"])
+        return Directions(
+            header["names"],
+            header["branch_of"],
+            directions,
+            decayed,
+            header["losses"],
+            drift,
+            first_batch=header["first_batch"],
+        )
 
-    def _broadcast_tensors(self, tensors: dict[str, torch.Tensor] | None, layout: Sequence[tuple],
-                           device: torch.device) -> dict[str, torch.Tensor]:
+    def _broadcast_tensors(
+        self, tensors: dict[str, torch.Tensor] | None, layout: Sequence[tuple], device: torch.device
+    ) -> dict[str, torch.Tensor]:
         comm = self.comm_device
         out: dict[str, torch.Tensor] = {}
         by_dtype: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
@@ -207,8 +237,14 @@ def _numel(shape: Sequence[int]) -> int:
 def _describe(exc: BaseException) -> tuple[str, str]:
     """``(name, message)``: the name of the exception's nearest built-in class that every rank can rebuild
     (a full disk or a locked run folder arrives as an ``OSError``, which the CLI reports in one line)."""
-    portable = next((c.__name__ for c in type(exc).__mro__ if c.__name__ in _PORTABLE_ERRORS
-                     and getattr(builtins, c.__name__, None) is c), type(exc).__name__)
+    portable = next(
+        (
+            c.__name__
+            for c in type(exc).__mro__
+            if c.__name__ in _PORTABLE_ERRORS and getattr(builtins, c.__name__, None) is c
+        ),
+        type(exc).__name__,
+    )
     return portable, str(exc)
 
 
@@ -287,11 +323,13 @@ def merge_across_ranks(acc: Any) -> Any:
         bucket = [torch.empty_like(local) for _ in range(shard.world_size)]
         dist.all_gather(bucket, local)
         gathered[name] = [t.to(acc.device).reshape(value.shape) for t in bucket]
-    merged = ProbeAccumulator(acc.n_probes, acc.dim, branch=acc.branch, device=acc.device, dtype=acc.dtype,
-                              backend=acc.backend)
+    merged = ProbeAccumulator(
+        acc.n_probes, acc.dim, branch=acc.branch, device=acc.device, dtype=acc.dtype, backend=acc.backend
+    )
     for r in range(shard.world_size):
-        other = ProbeAccumulator(acc.n_probes, acc.dim, branch=acc.branch, device=acc.device, dtype=acc.dtype,
-                                 backend=acc.backend)
+        other = ProbeAccumulator(
+            acc.n_probes, acc.dim, branch=acc.branch, device=acc.device, dtype=acc.dtype, backend=acc.backend
+        )
         other.load_state_dict({name: values[r] for name, values in gathered.items()})
         merged.merge(other)
     return acc.load_state_dict(merged.state_dict())

@@ -1,5 +1,6 @@
 """A probe run's output files: opening, resuming and finishing (single process and sharded), and the
 saved state of the directions-outer loop order (resumed after a kill, a group at most lost)."""
+
 from __future__ import annotations
 
 import json
@@ -9,18 +10,19 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
-from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
-from normfast.engine.result import ProbeResult
-from normfast.engine.runner.distributed import Shard, part_blocks
 from normfast.data.manifest import manifest_path, part_path, write_manifest
 from normfast.data.runwriter import ChunkedParquetWriter
 from normfast.data.schema import METADATA_KEY
 from normfast.data.torchfiles import load_plain, save_plain
+from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
+from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
+from normfast.engine.result import ProbeResult
+from normfast.engine.runner.distributed import Shard, part_blocks
 
 
-def open_output(out: Path, spec: Mapping[str, Any], key: str, shard: Shard | None, resume: bool,
-                 overwrite: bool) -> tuple[ProbeResult | None, ChunkedParquetWriter | None, set[int]]:
+def open_output(
+    out: Path, spec: Mapping[str, Any], key: str, shard: Shard | None, resume: bool, overwrite: bool
+) -> tuple[ProbeResult | None, ChunkedParquetWriter | None, set[int]]:
     """Open (or create) the run's work folder; a finished run is returned instead when resuming.
 
     Sharded: rank 0 checks and creates, then shares the outcome and the finished chunks.
@@ -57,8 +59,9 @@ def _existing_output(out: Path) -> Path | None:
     return None
 
 
-def _finished_run(out: Path, key: str, resume: bool, overwrite: bool,
-                  spec: Mapping[str, Any] | None = None) -> ProbeResult | None:
+def _finished_run(
+    out: Path, key: str, resume: bool, overwrite: bool, spec: Mapping[str, Any] | None = None
+) -> ProbeResult | None:
     """With ``resume``: the finished run at ``out`` if it was made with the same arguments."""
     existing = _existing_output(out)
     if not resume or existing is None or out.with_name(out.name + ".parts").exists():
@@ -72,14 +75,24 @@ def _finished_run(out: Path, key: str, resume: bool, overwrite: bool,
 
         old = {k: v for k, v in result.metadata.items() if spec is not None and k in spec}
         changed = describe_spec_change(old, spec or {})
-        raise ValueError(f"cannot resume: {existing} holds a finished run made with different arguments; "
-                         f"changed: {changed}. Pass overwrite=True (CLI: --overwrite) to replace it")
+        raise ValueError(
+            f"cannot resume: {existing} holds a finished run made with different arguments; "
+            f"changed: {changed}. Pass overwrite=True (CLI: --overwrite) to replace it"
+        )
     return None
 
 
-def finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path | None, key: str,
-                    metadata: dict[str, Any], n_chunks: int, tables: dict[int, pa.Table],
-                    failure: BaseException | None, seconds: float) -> ProbeResult:
+def finish_sharded(
+    shard: Shard,
+    writer: ChunkedParquetWriter | None,
+    out: Path | None,
+    key: str,
+    metadata: dict[str, Any],
+    n_chunks: int,
+    tables: dict[int, pa.Table],
+    failure: BaseException | None,
+    seconds: float,
+) -> ProbeResult:
     """After the chunk loop of a sharded run: exchange outcomes, then assemble the result."""
     if writer is None:
         # in memory: every rank gets every rank's rows
@@ -116,8 +129,11 @@ def finish_sharded(shard: Shard, writer: ChunkedParquetWriter | None, out: Path 
     except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
         failure = exc
     written = shard.exchange(failure, rows)
-    parts = [{"path": str(part_path(out, r, shard.world_size)), "rows": written[r], "chunks": [b.start, b.stop]}
-             for r, b in enumerate(part_blocks(n_chunks, shard.world_size)) if len(b)]
+    parts = [
+        {"path": str(part_path(out, r, shard.world_size)), "rows": written[r], "chunks": [b.start, b.stop]}
+        for r, b in enumerate(part_blocks(n_chunks, shard.world_size))
+        if len(b)
+    ]
     failure = None
     if shard.is_root:
         try:
@@ -145,7 +161,7 @@ def restore_outer_state(run: Any, todo: Sequence[int]) -> tuple[dict[int, Any], 
     accs: dict[int, Any] = {}
     kept: dict[int, tuple] = {}
     ahead: dict[int, int] = {}
-    for c in (todo if writer is not None else ()):
+    for c in todo if writer is not None else ():
         path = _outer_file(writer, c)
         if not path.exists():
             continue
@@ -157,8 +173,11 @@ def restore_outer_state(run: Any, todo: Sequence[int]) -> tuple[dict[int, Any], 
             for part, state in zip(getattr(acc, "groups", [acc]), states):
                 part.load_state_dict({k: v.to(run.device) for k, v in state.items()})
         except Exception as exc:  # noqa: BLE001 - a damaged state file: that chunk starts over
-            warnings.warn(f"resume: {path} cannot be used ({type(exc).__name__}: {exc}); its chunk starts over",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"resume: {path} cannot be used ({type(exc).__name__}: {exc}); its chunk starts over",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             continue
         accs[c], ahead[c] = acc, int(saved["groups_done"])
         kept[c] = (meta, z, tuple(kappa), drift)
@@ -168,8 +187,9 @@ def restore_outer_state(run: Any, todo: Sequence[int]) -> tuple[dict[int, Any], 
     return accs, kept, ahead, first
 
 
-def save_outer_state(run: Any, groups_done: int, todo: Sequence[int], accs: Mapping[int, Any],
-                     kept: Mapping[int, tuple]) -> None:
+def save_outer_state(
+    run: Any, groups_done: int, todo: Sequence[int], accs: Mapping[int, Any], kept: Mapping[int, tuple]
+) -> None:
     """After a direction group: every chunk's accumulators and kept state into the work folder (atomic
     per chunk), so that a kill loses at most the group in progress."""
     writer = run.writer
@@ -177,7 +197,9 @@ def save_outer_state(run: Any, groups_done: int, todo: Sequence[int], accs: Mapp
         return
     for c in todo:
         acc = accs[c]
-        state = {"groups_done": groups_done,
-                 "accumulator": [part.state_dict() for part in getattr(acc, "groups", [acc])],
-                 "kept": list(kept[c])}
+        state = {
+            "groups_done": groups_done,
+            "accumulator": [part.state_dict() for part in getattr(acc, "groups", [acc])],
+            "kept": list(kept[c]),
+        }
         save_plain(state, _outer_file(writer, c), writer.parts)

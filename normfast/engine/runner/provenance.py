@@ -4,6 +4,7 @@
 run whose inputs changed, naming them); ``library_versions`` and ``device_name``
 go into the metadata of every run and every experiment's JSON.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,7 +23,7 @@ def iter_items(items: Sequence[Any]):
         yield from items
         return
     for lo in range(0, len(items), 4096):  # on-demand sequences: by slices, as the engine reads them
-        yield from items[lo:lo + 4096]
+        yield from items[lo : lo + 4096]
 
 
 def _hash_feed(h: Any, it: Any) -> None:
@@ -68,8 +69,13 @@ def library_versions(extra: Sequence[str] = ()) -> dict[str, str]:
     (those not installed are left out)."""
     import importlib.metadata as md
 
-    out = {"normfast": __version__, "torch": torch.__version__, "numpy": np.__version__,
-           "pyarrow": pa.__version__, "python": platform.python_version()}
+    out = {
+        "normfast": __version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "pyarrow": pa.__version__,
+        "python": platform.python_version(),
+    }
     for pkg in ("transformers", "open_clip_torch", "triton", *extra):
         try:
             out[pkg] = md.version(pkg)

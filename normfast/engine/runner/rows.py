@@ -1,5 +1,6 @@
 """A chunk's output table: the row metadata (items, tokens, the items' own columns), the statistics,
 the law solved row by row with its intervals, the validity codes and the regime of every row."""
+
 from __future__ import annotations
 
 import warnings
@@ -11,23 +12,30 @@ import torch
 
 from normfast.core.equilibrium import equilibrium_norm
 from normfast.engine.diagnostics.regime import classify_rows
-from normfast.engine.runner.state import ProbeRun
 from normfast.engine.estimators.statkeys import REASONS
 from normfast.engine.estimators.uncertainty import equilibrium_intervals
+from normfast.engine.runner.state import ProbeRun
 
 
-def row_metadata(run: ProbeRun, state: dict, items: Sequence[Any], c: int, ids: Sequence[str] | None,
-                  rows: torch.Tensor | None) -> dict[str, Any]:
+def row_metadata(
+    run: ProbeRun, state: dict, items: Sequence[Any], c: int, ids: Sequence[str] | None, rows: torch.Tensor | None
+) -> dict[str, Any]:
     size = run.config.chunk_size
     item_index = np.arange(c * size, c * size + len(items), dtype=np.int64)
     item_ids = [ids[i] for i in item_index] if ids is not None else [str(i) for i in item_index]
     texts = [it if isinstance(it, str) else str(getattr(it, "text", "")) for it in items]
     cut = truncation(run, state, item_index)
     if rows is None:
-        return {"item": item_index, "id": item_ids, "text": texts,
-                "position": np.full(len(items), -1, np.int32),
-                "token_id": np.full(len(items), -1, np.int64), "token": [""] * len(items),
-                "is_special": np.zeros(len(items), bool), "n_truncated": cut}
+        return {
+            "item": item_index,
+            "id": item_ids,
+            "text": texts,
+            "position": np.full(len(items), -1, np.int32),
+            "token_id": np.full(len(items), -1, np.int64),
+            "token": [""] * len(items),
+            "is_special": np.zeros(len(items), bool),
+            "n_truncated": cut,
+        }
     mask = rows.cpu().numpy()
     b_idx, t_idx = np.nonzero(mask)
     info = run.encoder.token_info(state)
@@ -40,9 +48,16 @@ def row_metadata(run: ProbeRun, state: dict, items: Sequence[Any], c: int, ids: 
     else:
         tok_ids = np.full(len(b_idx), -1, np.int64)
         tokens = [""] * len(b_idx)
-    meta = {"item": item_index[b_idx], "id": [item_ids[b] for b in b_idx], "text": [texts[b] for b in b_idx],
-            "position": t_idx.astype(np.int32), "token_id": tok_ids, "token": tokens, "is_special": special,
-            "n_truncated": cut[b_idx]}
+    meta = {
+        "item": item_index[b_idx],
+        "id": [item_ids[b] for b in b_idx],
+        "text": [texts[b] for b in b_idx],
+        "position": t_idx.astype(np.int32),
+        "token_id": tok_ids,
+        "token": tokens,
+        "is_special": special,
+        "n_truncated": cut[b_idx],
+    }
     meta.update(item_token_columns(items, b_idx, t_idx))
     return meta
 
@@ -57,11 +72,14 @@ def truncation(run: ProbeRun, state: dict, item_index: np.ndarray) -> np.ndarray
     if cut.any() and not run.truncation_warned:
         run.truncation_warned = True
         first = int(np.argmax(cut > 0))
-        warnings.warn(f"probe: item {int(item_index[first])} is longer than the model's maximum length of "
-                      f"{run.encoder.max_length} tokens and was truncated ({int(cut[first])} tokens cut); every "
-                      f"truncated input is counted in the column n_truncated and in the summary (warned once per "
-                      f"run; split long texts, or probe documents with --corpus, which windows them)", UserWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"probe: item {int(item_index[first])} is longer than the model's maximum length of "
+            f"{run.encoder.max_length} tokens and was truncated ({int(cut[first])} tokens cut); every "
+            f"truncated input is counted in the column n_truncated and in the summary (warned once per "
+            f"run; split long texts, or probe documents with --corpus, which windows them)",
+            UserWarning,
+            stacklevel=2,
+        )
     return cut
 
 
@@ -82,8 +100,14 @@ def item_token_columns(items: Sequence[Any], b_idx: np.ndarray, t_idx: np.ndarra
     return out
 
 
-def finish_table(run: ProbeRun, meta: dict[str, Any], z: torch.Tensor, stats: Mapping[str, torch.Tensor],
-                  kappa: torch.Tensor, kappa_exempt: torch.Tensor) -> pa.Table:
+def finish_table(
+    run: ProbeRun,
+    meta: dict[str, Any],
+    z: torch.Tensor,
+    stats: Mapping[str, torch.Tensor],
+    kappa: torch.Tensor,
+    kappa_exempt: torch.Tensor,
+) -> pa.Table:
     cfg = run.config
     to_np = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
     norm = to_np(z.double().norm(dim=-1))
@@ -98,13 +122,16 @@ def finish_table(run: ProbeRun, meta: dict[str, Any], z: torch.Tensor, stats: Ma
     for k in stat_names:
         cols[k] = to_np(stats[k]) if k in stats else np.full(len(norm), np.nan)
     heat = "V2" if "u" in run.branches else "V2_w"
-    if "loo" in stats and heat in stats["loo"]:  # for the relative heat's jackknife (normfast.engine.diagnostics.relative_heat)
+    if (
+        "loo" in stats and heat in stats["loo"]
+    ):  # for the relative heat's jackknife (normfast.engine.diagnostics.relative_heat)
         loo_heat = to_np(stats["loo"][heat])
         n_rows, k = loo_heat.shape
         offsets = pa.array(np.arange(0, n_rows * k + 1, k, dtype=np.int32))
         # the item field named as Parquet names it, so the table in memory and the file agree
-        cols["heat_loo"] = pa.ListArray.from_arrays(offsets, pa.array(loo_heat.reshape(-1), pa.float64()),
-                                                    type=pa.list_(pa.field("element", pa.float64())))
+        cols["heat_loo"] = pa.ListArray.from_arrays(
+            offsets, pa.array(loo_heat.reshape(-1), pa.float64()), type=pa.list_(pa.field("element", pa.float64()))
+        )
     kap = to_np(kappa)
     cols["kappa"] = kap
     law = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)

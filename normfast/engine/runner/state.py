@@ -1,6 +1,7 @@
 """The state of one probe run (:class:`ProbeRun`), shared by its chunks: what is probed, how
 (mode, presets, branches), the virtual batches and their update directions, the accumulators,
 and the progress bar over the chunks."""
+
 from __future__ import annotations
 
 import time
@@ -11,12 +12,17 @@ import torch
 from tqdm.auto import tqdm
 
 from normfast.encoders import Encoder
-from normfast.engine.estimators.accumulator import ProbeAccumulator
 from normfast.engine.config import ProbeConfig
-from normfast.engine.directions.gradients import Directions, compute_directions, estimate_second_moments, resolve_parameters
-from normfast.engine.runner.distributed import Shard
+from normfast.engine.directions.gradients import (
+    Directions,
+    compute_directions,
+    estimate_second_moments,
+    resolve_parameters,
+)
+from normfast.engine.estimators.accumulator import ProbeAccumulator
 from normfast.engine.estimators.drift import drift_from_groups
 from normfast.engine.estimators.grouped import GroupedAccumulator
+from normfast.engine.runner.distributed import Shard
 from normfast.engine.transmission.jvp import Tail
 
 
@@ -25,10 +31,18 @@ class ProbeRun:
     the mode, the virtual batches, the directions (computed once, shared across ranks) and the
     accumulators."""
 
-    def __init__(self, encoder: Encoder, objective: Any, pairs: Any, config: ProbeConfig,
-                 pair_encoder: Encoder | None, progress: bool,
-                 second_moments: Mapping[str, torch.Tensor] | None = None, shard: Shard | None = None,
-                 n_items: int = 0):
+    def __init__(
+        self,
+        encoder: Encoder,
+        objective: Any,
+        pairs: Any,
+        config: ProbeConfig,
+        pair_encoder: Encoder | None,
+        progress: bool,
+        second_moments: Mapping[str, torch.Tensor] | None = None,
+        shard: Shard | None = None,
+        n_items: int = 0,
+    ):
         self.shard = shard
         self.n_items = n_items
         self.encoder = encoder
@@ -47,10 +61,11 @@ class ProbeRun:
         self.mode = self._choose_mode()
         self.output = config.output
         if self.output == "tokens" and not encoder.has_tokens:
-            raise ValueError(f"probe: output='tokens' needs a sequence model; {type(encoder).__name__} has no "
-                             f"token positions")
+            raise ValueError(
+                f"probe: output='tokens' needs a sequence model; {type(encoder).__name__} has no token positions"
+            )
         rng = np.random.default_rng(config.seed)
-        from normfast.data.pairs import check_batch_indices, virtual_batches  # looked up per run: patchable
+        from normfast.data.batches import check_batch_indices, virtual_batches  # looked up per run: patchable
 
         batch_seed = int(rng.integers(2**31))
         if config.batch_indices is None:
@@ -58,11 +73,13 @@ class ProbeRun:
             # generator, so the same as without it) are the heat's
             self.batches = virtual_batches(len(pairs), config.total_batches, config.batch_size, batch_seed)
         else:  # explicit batches replace the draw, in the same layout (checked against the source here)
-            self.batches = [np.asarray(b, dtype=np.int64) for b in check_batch_indices(
-                "probe", "config.batch_indices", config.batch_indices, n=len(pairs))]
+            self.batches = [
+                np.asarray(b, dtype=np.int64)
+                for b in check_batch_indices("probe", "config.batch_indices", config.batch_indices, n=len(pairs))
+            ]
         self.acc_dtype = torch.float64 if self.device.type == "cpu" else torch.float32
         self.groups = config.effective_groups  # K: heat batch b (and drift batch b) in group b mod K
-        self.M = config.batches                # the heat's M (adaptive M may raise it)
+        self.M = config.batches  # the heat's M (adaptive M may raise it)
         self.adaptive: dict[str, Any] | None = None
         self._second_moments: dict[str, torch.Tensor] | None = None
         self.snapshot = None  # the single-snapshot predictor (config.snapshot), for every item at once
@@ -72,13 +89,19 @@ class ProbeRun:
     def _choose_mode(self) -> str:
         mode = self.config.mode
         head = self.encoder.head()
-        head_ok = head is not None and set(self.names) <= set(head.parameter_names) \
-            and head.weight_name in self.names and self.branch != "uw"
+        head_ok = (
+            head is not None
+            and set(self.names) <= set(head.parameter_names)
+            and head.weight_name in self.names
+            and self.branch != "uw"
+        )
         if mode == "head" and not head_ok:
             hint = self.encoder.head_hint() if head is None and hasattr(self.encoder, "head_hint") else ""
-            raise ValueError("probe: mode='head' needs the probed parameters to be exactly the final linear "
-                             "head's weight (and bias) with one optimizer preset; use mode='jvp' or params='head'"
-                             + (f". {type(self.encoder).__name__} has no head: {hint}" if hint else ""))
+            raise ValueError(
+                "probe: mode='head' needs the probed parameters to be exactly the final linear "
+                "head's weight (and bias) with one optimizer preset; use mode='jvp' or params='head'"
+                + (f". {type(self.encoder).__name__} has no head: {hint}" if hint else "")
+            )
         if mode == "auto":
             return "head" if head_ok else "jvp"
         return mode
@@ -124,31 +147,58 @@ class ProbeRun:
 
     def compute_directions(self, batch_ids: Sequence[int], with_drift: bool) -> Directions:
         cfg = self.config
-        common = dict(cut=self.cut, pair_encoder=self.pair_encoder, no_decay=cfg.no_decay, seed=cfg.seed,
-                      progress=self.progress)
+        common = dict(
+            cut=self.cut, pair_encoder=self.pair_encoder, no_decay=cfg.no_decay, seed=cfg.seed, progress=self.progress
+        )
         if with_drift:
             # one pass over all M_D batches: the first len(batch_ids) kept, all summed per group;
             # AdamW's v̂ (when not given) is the mean of ĝ² over all of them
-            dirs = compute_directions(self.encoder, self.objective, self.pairs, self.names, self.presets,
-                                      self.batches, keep=len(batch_ids), drift_groups=self.groups,
-                                      check_invariance=True, **common)
+            dirs = compute_directions(
+                self.encoder,
+                self.objective,
+                self.pairs,
+                self.names,
+                self.presets,
+                self.batches,
+                keep=len(batch_ids),
+                drift_groups=self.groups,
+                check_invariance=True,
+                **common,
+            )
             if dirs.second_moments:
                 self._second_moments = dirs.second_moments
             return dirs
         second = None
         if len(batch_ids) < len(self.batches) and "w" in self.branches:
             if self._second_moments is None:  # AdamW's v̂ must come from all batches
-                adam = [n for n in self.names if self.presets[n].name == "adamw"
-                        and self.presets[n].second_moments is None]
+                adam = [
+                    n for n in self.names if self.presets[n].name == "adamw" and self.presets[n].second_moments is None
+                ]
                 self._second_moments = estimate_second_moments(
-                    self.encoder, self.objective, self.pairs, adam, self.batches, cut=self.cut,
-                    pair_encoder=self.pair_encoder, seed=cfg.seed, progress=self.progress,
-                    check_invariance=False)
+                    self.encoder,
+                    self.objective,
+                    self.pairs,
+                    adam,
+                    self.batches,
+                    cut=self.cut,
+                    pair_encoder=self.pair_encoder,
+                    seed=cfg.seed,
+                    progress=self.progress,
+                    check_invariance=False,
+                )
             second = self._second_moments
-        return compute_directions(self.encoder, self.objective, self.pairs, self.names, self.presets,
-                                  [self.batches[b] for b in batch_ids], batch_offset=batch_ids[0],
-                                  check_invariance=batch_ids[0] == 0 and not cfg.drift_from_mean,
-                                  second_moments=second, **common)
+        return compute_directions(
+            self.encoder,
+            self.objective,
+            self.pairs,
+            self.names,
+            self.presets,
+            [self.batches[b] for b in batch_ids],
+            batch_offset=batch_ids[0],
+            check_invariance=batch_ids[0] == 0 and not cfg.drift_from_mean,
+            second_moments=second,
+            **common,
+        )
 
     # -- one chunk -----------------------------------------------------------------
     def front(self, items: Sequence[Any]) -> tuple[dict, dict, torch.Tensor | None]:
@@ -195,8 +245,10 @@ class ProbeRun:
         out: dict[str, Any] = {}
         for b in self.branches:
             tangents = drift.stacked(dirs.names, dirs.branch_of, b)
-            parts = [tail.jvp(front, {n: t[lo:lo + step] for n, t in tangents.items()}, rows)
-                     for lo in range(0, drift.K, step)]
+            parts = [
+                tail.jvp(front, {n: t[lo : lo + step] for n, t in tangents.items()}, rows)
+                for lo in range(0, drift.K, step)
+            ]
             stats = drift_from_groups(-torch.cat(parts), z, drift.counts, branch=b)
             reason = stats.pop("reason")
             for key in ("valid", "M"):
@@ -229,8 +281,15 @@ class ChunkBar:
         total = sum(run.chunk_len(c) for c in todo)
         if run.shard is not None:
             desc = f"{desc}, rank 0 of {run.shard.world_size}"
-        self.bar = tqdm(total=total, desc=desc, unit="item", unit_scale=True, disable=not run.progress,
-                        smoothing=0.05, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=total,
+            desc=desc,
+            unit="item",
+            unit_scale=True,
+            disable=not run.progress,
+            smoothing=0.05,
+            dynamic_ncols=True,
+        )
         self.rows = 0
         self.t0 = time.perf_counter()
 

@@ -5,9 +5,16 @@
 * :mod:`.snapshot` -- the single-snapshot predictor ``r_eq_snapshot`` built on such a continuation;
 * :mod:`.curvature` -- the curvature heat that the law's linearization of a step misses.
 """
-from normfast.engine.trajectory.virtual import Trajectory, TrajectoryMeter, virtual_trajectory, start_adam
-from normfast.engine.trajectory.snapshot import SnapshotPrediction, relaxation_steps, shrink, snapshot_prediction, task_terms
+
 from normfast.engine.trajectory.curvature import curvature_heat
+from normfast.engine.trajectory.snapshot import (
+    SnapshotPrediction,
+    relaxation_steps,
+    shrink,
+    snapshot_prediction,
+    task_terms,
+)
+from normfast.engine.trajectory.virtual import Trajectory, TrajectoryMeter, start_adam, virtual_trajectory
 
 __all__ = [
     "shrink",

@@ -26,6 +26,7 @@ Adding it as heat assumes it scales with ``R`` like the heat does; measured
 at the state the law is solved near (a trajectory average), the scaling does
 not matter (DESIGN §1, "Diagnosing a law that misses").
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
@@ -37,9 +38,16 @@ from torch.func import functional_call, jvp
 from normfast.engine.config import ProbeConfig
 
 
-def curvature_heat(encoder: Any, probes: Sequence[Any], objective: Any, pairs: Any, config: ProbeConfig, *,
-                   second_moments: Mapping[str, torch.Tensor] | None = None,
-                   dtype: torch.dtype = torch.float64) -> dict[str, np.ndarray]:
+def curvature_heat(
+    encoder: Any,
+    probes: Sequence[Any],
+    objective: Any,
+    pairs: Any,
+    config: ProbeConfig,
+    *,
+    second_moments: Mapping[str, torch.Tensor] | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> dict[str, np.ndarray]:
     """Per probe row: the remainder ``c`` of a virtual step (see the module docstring) and the law's
     ``Q_curv`` (SGD) or ``Q_curv_w`` (AdamW); pooled output, jvp over the probed parameters.
 
@@ -48,18 +56,19 @@ def curvature_heat(encoder: Any, probes: Sequence[Any], objective: Any, pairs: A
     ``dtype`` (float64 by default; the model's own parameters are not changed).
     Returns ``{"c": [n], "norm": [n], "Q_curv" or "Q_curv_w": [n]}``.
     """
-    from normfast.data.pairs import virtual_batches
-    from normfast.engine.directions.gradients import compute_directions, resolve_parameters
-    from normfast.engine.directions.presets import OptimizerPreset
-    from normfast.engine.directions.objectives import get_objective
+    from normfast.data.batches import virtual_batches
     from normfast.data.pairs import as_pair_source as _as_pair_source
     from normfast.encoders import forward_ad_safe
+    from normfast.engine.directions.gradients import compute_directions, resolve_parameters
+    from normfast.engine.directions.objectives import get_objective
+    from normfast.engine.directions.presets import OptimizerPreset
 
     fn = "curvature_heat"
     config.validate()
     if not isinstance(config.optimizer, str):
-        raise ValueError(f"{fn}: expected one optimizer preset for all probed parameters, "
-                         f"got optimizer={config.optimizer!r}")
+        raise ValueError(
+            f"{fn}: expected one optimizer preset for all probed parameters, got optimizer={config.optimizer!r}"
+        )
     if config.output != "pooled":
         raise ValueError(f"{fn}: expected config.output='pooled', got {config.output!r}")
     if isinstance(objective, str):
@@ -71,16 +80,33 @@ def curvature_heat(encoder: Any, probes: Sequence[Any], objective: Any, pairs: A
     names = resolve_parameters(encoder, config.params)
     cut = min(encoder.stage_of_parameters()[n] for n in names)
     adam = config.optimizer == "adamw"
-    preset = OptimizerPreset(config.optimizer, config.lr, config.weight_decay,
-                             0.0 if adam else config.momentum, tuple(config.betas), config.eps, second_moments)
+    preset = OptimizerPreset(
+        config.optimizer,
+        config.lr,
+        config.weight_decay,
+        0.0 if adam else config.momentum,
+        tuple(config.betas),
+        config.eps,
+        second_moments,
+    )
     presets = {n: preset for n in names}
     rng = np.random.default_rng(config.seed)
     batches = virtual_batches(len(pairs), config.batches, config.batch_size, int(rng.integers(2**31)))
     was_training = encoder.training
     try:
-        dirs = compute_directions(encoder, objective, pairs, names, presets, batches, cut=cut,
-                                  no_decay=config.no_decay, seed=config.seed, progress=False,
-                                  check_invariance=False)
+        dirs = compute_directions(
+            encoder,
+            objective,
+            pairs,
+            names,
+            presets,
+            batches,
+            cut=cut,
+            no_decay=config.no_decay,
+            seed=config.seed,
+            progress=False,
+            check_invariance=False,
+        )
         encoder.eval()
         step = config.lr if adam else config.lr / (1.0 - config.momentum)
         state = encoder.prepare(probes)
@@ -92,8 +118,9 @@ def curvature_heat(encoder: Any, probes: Sequence[Any], objective: Any, pairs: A
         frozen = {n: p.detach().to(dtype) for n, p in encoder.named_parameters() if n not in chosen}
 
         def f(params: dict[str, torch.Tensor]) -> torch.Tensor:
-            return functional_call(encoder, {**frozen, **params}, (front,), {"start": cut, "output": "pooled"},
-                                   strict=False)
+            return functional_call(
+                encoder, {**frozen, **params}, (front,), {"start": cut, "output": "pooled"}, strict=False
+            )
 
         params = {n: encoder.get_parameter(n).detach().to(dtype) for n in names}
         total = None
@@ -111,7 +138,7 @@ def curvature_heat(encoder: Any, probes: Sequence[Any], objective: Any, pairs: A
     norm = z.double().norm(dim=-1).cpu().numpy()
     out = {"c": c, "norm": norm}
     if adam:
-        out["Q_curv_w"] = c / step ** 2
+        out["Q_curv_w"] = c / step**2
     else:
-        out["Q_curv"] = norm ** 2 * c / step ** 2
+        out["Q_curv"] = norm**2 * c / step**2
     return out

@@ -70,6 +70,7 @@ the prediction is outside the validated scope. Pooled output only (the
 trajectory samples every probe item at every step: cost ~ ``T`` × (one
 backward over a batch + two jvps over the probe set)).
 """
+
 from __future__ import annotations
 
 import time
@@ -87,25 +88,27 @@ from normfast.engine.trajectory.virtual import BLOCK
 #: when the continuation has fewer blocks)
 SEGMENTS = 8
 
-SCOPE = ("the stationary norm under continued training with this preset, η and λ on the pair source "
-         "(validated in E1 on plain-SGD MLPs with and without biases, an embedding table and an AdamW MLP; "
-         "outside that scope when the virtual trajectory covers fewer relaxation times than asked)")
+SCOPE = (
+    "the stationary norm under continued training with this preset, η and λ on the pair source "
+    "(validated in E1 on plain-SGD MLPs with and without biases, an embedding table and an AdamW MLP; "
+    "outside that scope when the virtual trajectory covers fewer relaxation times than asked)"
+)
 
 
 @dataclass
 class SnapshotPrediction:
     """The single-snapshot predictor's output, per probe item (pooled rows, in probe order)."""
 
-    r_eq: np.ndarray          # the predicted stationary norm (NaN: no positive root)
-    D: np.ndarray             # the shrunk trajectory drift (``D``; AdamW: ``D_w``)
-    Q: np.ndarray             # the trajectory heat plus the curvature heat (``Q``; AdamW: ``Q_w``)
-    kappa: np.ndarray         # κ averaged along the trajectory
+    r_eq: np.ndarray  # the predicted stationary norm (NaN: no positive root)
+    D: np.ndarray  # the shrunk trajectory drift (``D``; AdamW: ``D_w``)
+    Q: np.ndarray  # the trajectory heat plus the curvature heat (``Q``; AdamW: ``Q_w``)
+    kappa: np.ndarray  # κ averaged along the trajectory
     norm_continued: np.ndarray  # sqrt of the mean R² over the continuation's measured steps (the plain baseline)
-    info: dict[str, Any]      # steps, relaxations covered, shrinkage, seconds, scope (for the metadata)
-    trajectory: Any = None    # the :class:`~normfast.engine.trajectory.virtual.Trajectory` (its ``meter`` statistics)
-    r_eq_lo: np.ndarray | None = None    # 95% interval of r_eq from the continuation's segments (jackknife)
+    info: dict[str, Any]  # steps, relaxations covered, shrinkage, seconds, scope (for the metadata)
+    trajectory: Any = None  # the :class:`~normfast.engine.trajectory.virtual.Trajectory` (its ``meter`` statistics)
+    r_eq_lo: np.ndarray | None = None  # 95% interval of r_eq from the continuation's segments (jackknife)
     r_eq_hi: np.ndarray | None = None
-    norm_continued_lo: np.ndarray | None = None   # the same for norm_continued
+    norm_continued_lo: np.ndarray | None = None  # the same for norm_continued
     norm_continued_hi: np.ndarray | None = None
 
 
@@ -122,7 +125,7 @@ def shrink(per_block: np.ndarray, prior: np.ndarray) -> tuple[np.ndarray, dict[s
     h = per_block.shape[0] // 2
     if h == 0:
         return prior.copy(), {"weight": 0.0, "error_var": float("nan"), "signal_var": float("nan")}
-    h1, h2 = per_block[:h].mean(0), per_block[per_block.shape[0] - h:].mean(0)
+    h1, h2 = per_block[:h].mean(0), per_block[per_block.shape[0] - h :].mean(0)
     err = float(np.mean((h1 - h2) ** 2 / 4))
     spread = float(np.mean((mean - prior) ** 2))
     signal = max(spread - err, 0.0)
@@ -130,14 +133,15 @@ def shrink(per_block: np.ndarray, prior: np.ndarray) -> tuple[np.ndarray, dict[s
     return prior + w * (mean - prior), {"weight": w, "error_var": err, "signal_var": signal}
 
 
-def task_terms(config: ProbeConfig, drift: np.ndarray, heat: np.ndarray, norm: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
+def task_terms(
+    config: ProbeConfig, drift: np.ndarray, heat: np.ndarray, norm: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(first-order, second-order) task terms of ``R²``'s change per step, in long-run units."""
     eta = config.lr
     if config.optimizer == "adamw":
-        return 2 * eta * norm * drift, eta ** 2 * heat
+        return 2 * eta * norm * drift, eta**2 * heat
     s = 1.0 / (1.0 - config.momentum)
-    return 2 * eta * s * drift, (eta * s) ** 2 * heat / norm ** 2
+    return 2 * eta * s * drift, (eta * s) ** 2 * heat / norm**2
 
 
 def relaxation_steps(config: ProbeConfig, kappa: np.ndarray) -> float:
@@ -145,10 +149,12 @@ def relaxation_steps(config: ProbeConfig, kappa: np.ndarray) -> float:
     eta = config.lr / (1.0 - (config.momentum if config.optimizer == "sgd" else 0.0))
     k = float(np.median(kappa))
     if not (np.isfinite(k) and k > 0 and config.weight_decay > 0):
-        raise ValueError(f"snapshot predictor: the median κ at the snapshot is {k:.3g} and λ = "
-                         f"{config.weight_decay}: decay has no radial grip here, so there is no relaxation "
-                         f"time to continue for (the regime check calls this 'not applicable'); pass "
-                         f"snapshot_steps explicitly to run the trajectory anyway")
+        raise ValueError(
+            f"snapshot predictor: the median κ at the snapshot is {k:.3g} and λ = "
+            f"{config.weight_decay}: decay has no radial grip here, so there is no relaxation "
+            f"time to continue for (the regime check calls this 'not applicable'); pass "
+            f"snapshot_steps explicitly to run the trajectory anyway"
+        )
     return 1.0 / (2 * eta * config.weight_decay * k)
 
 
@@ -167,9 +173,17 @@ def trajectory_steps(config: ProbeConfig, kappa: np.ndarray, steps: int | None =
     return steps, steps / tau
 
 
-def snapshot_prediction(encoder: Any, probes: Sequence[Any], objective: Any, pairs: Any, config: ProbeConfig, *,
-                        steps: int | None = None, second_moments: Mapping[str, torch.Tensor] | None = None,
-                        progress: bool = True) -> SnapshotPrediction:
+def snapshot_prediction(
+    encoder: Any,
+    probes: Sequence[Any],
+    objective: Any,
+    pairs: Any,
+    config: ProbeConfig,
+    *,
+    steps: int | None = None,
+    second_moments: Mapping[str, torch.Tensor] | None = None,
+    progress: bool = True,
+) -> SnapshotPrediction:
     """The single-snapshot predictor for every probe item (see the module docstring).
 
     ``config`` sets the probed parameters, the virtual optimizer (preset, η, λ,
@@ -187,11 +201,23 @@ def snapshot_prediction(encoder: Any, probes: Sequence[Any], objective: Any, pai
     explicit = steps is not None or config.snapshot_steps is not None
     steps, covered = trajectory_steps(config, kappa0, steps)
     if steps < 2 * BLOCK:
-        raise ValueError(f"snapshot_prediction: the virtual trajectory needs at least {2 * BLOCK} steps (two "
-                         f"blocks of {BLOCK} for the drift's error variance), got {steps}")
+        raise ValueError(
+            f"snapshot_prediction: the virtual trajectory needs at least {2 * BLOCK} steps (two "
+            f"blocks of {BLOCK} for the drift's error variance), got {steps}"
+        )
     segments = min(SEGMENTS, steps // BLOCK)
-    traj = virtual_trajectory(encoder, probes, objective, pairs, config, steps=steps, curvature=True,
-                              segments=segments, second_moments=second_moments, progress=progress)
+    traj = virtual_trajectory(
+        encoder,
+        probes,
+        objective,
+        pairs,
+        config,
+        steps=steps,
+        curvature=True,
+        segments=segments,
+        second_moments=second_moments,
+        progress=progress,
+    )
     m = traj.meter
     r_eq, drift, heat, info = _law(config, m)
     norm_continued = np.asarray(m["norm_rms"], dtype=np.float64)
@@ -200,15 +226,32 @@ def snapshot_prediction(encoder: Any, probes: Sequence[Any], objective: Any, pai
     with np.errstate(divide="ignore", invalid="ignore"):
         r_lo, r_hi = _interval(np.log(r_eq), [np.log(_law(config, rep)[0]) for rep in m["jackknife"]])
         c_lo, c_hi = _interval(np.log(norm_continued), [np.log(rep["norm_rms"]) for rep in m["jackknife"]])
-    info = {"steps": int(steps), "relaxations_asked": None if explicit else config.snapshot_relaxations,
-            "relaxations_covered": covered,
-            "kappa_median_at_snapshot": float(np.median(kappa0)),
-            "shrinkage": info, "interval_segments": segments,
-            "rows_heat_negative": int(np.sum(heat < 0)), "rows_kappa_nonpositive": int(np.sum(m["kappa"] <= 0)),
-            "rows_no_root": int(np.sum(~np.isfinite(r_eq))),
-            "seconds": round(time.perf_counter() - t0, 1), "scope": SCOPE}
-    return SnapshotPrediction(r_eq, drift, heat, m["kappa"], norm_continued, info, traj,
-                              np.exp(r_lo), np.exp(r_hi), np.exp(c_lo), np.exp(c_hi))
+    info = {
+        "steps": int(steps),
+        "relaxations_asked": None if explicit else config.snapshot_relaxations,
+        "relaxations_covered": covered,
+        "kappa_median_at_snapshot": float(np.median(kappa0)),
+        "shrinkage": info,
+        "interval_segments": segments,
+        "rows_heat_negative": int(np.sum(heat < 0)),
+        "rows_kappa_nonpositive": int(np.sum(m["kappa"] <= 0)),
+        "rows_no_root": int(np.sum(~np.isfinite(r_eq))),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "scope": SCOPE,
+    }
+    return SnapshotPrediction(
+        r_eq,
+        drift,
+        heat,
+        m["kappa"],
+        norm_continued,
+        info,
+        traj,
+        np.exp(r_lo),
+        np.exp(r_hi),
+        np.exp(c_lo),
+        np.exp(c_hi),
+    )
 
 
 def _law(config: ProbeConfig, m: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float]]:
@@ -222,7 +265,7 @@ def _law(config: ProbeConfig, m: Mapping[str, Any]) -> tuple[np.ndarray, np.ndar
     t1_mean, t2_mean = task_terms(config, m[dcol], m[qcol], m["norm"])
     slope, intercept = np.polyfit(t2_mean, t1_mean, 1)
     shrunk, info = shrink(t1_blocks, intercept + slope * t2_mean)
-    scale = t1_mean / np.where(m[dcol] != 0, m[dcol], 1.0)   # per-step term per unit drift
+    scale = t1_mean / np.where(m[dcol] != 0, m[dcol], 1.0)  # per-step term per unit drift
     drift = shrunk / scale
     heat = m[qcol] + m[ccol]
     law = dict(lr=config.lr, weight_decay=config.weight_decay)

@@ -17,6 +17,7 @@ one, from ``v̂`` estimated on the configuration's virtual batches, with its
 bias correction already spent, so its first steps are not inflated; its first
 moment starts at zero.
 """
+
 from __future__ import annotations
 
 import copy
@@ -40,10 +41,10 @@ AVERAGED = ("norm", "D", "Q", "V2", "m2", "D_w", "Q_w", "V2_w", "m2_w", "C_uw", 
 class Trajectory:
     """Per-point probe statistics along a virtual trajectory."""
 
-    steps: list[int]                       # the step of each probe point
-    columns: dict[str, np.ndarray]         # name -> [points, rows]
-    losses: list[float]                    # the virtual objective at every step
-    meter: dict[str, np.ndarray] | None = None   # TrajectoryMeter.statistics() over every step
+    steps: list[int]  # the step of each probe point
+    columns: dict[str, np.ndarray]  # name -> [points, rows]
+    losses: list[float]  # the virtual objective at every step
+    meter: dict[str, np.ndarray] | None = None  # TrajectoryMeter.statistics() over every step
 
     def mean(self) -> dict[str, np.ndarray]:
         """Every column averaged over the probe points."""
@@ -56,8 +57,9 @@ class Trajectory:
         return v[:h].mean(0), v[h:].mean(0)
 
 
-def make_optimizer(params_by_decay: tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]],
-                   config: ProbeConfig, preset: str) -> torch.optim.Optimizer:
+def make_optimizer(
+    params_by_decay: tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]], config: ProbeConfig, preset: str
+) -> torch.optim.Optimizer:
     """torch's optimizer for a preset; ``params_by_decay`` = (decayed, exempt)."""
     decayed, exempt = params_by_decay
     groups = [{"params": decayed, "weight_decay": config.weight_decay}]
@@ -89,15 +91,26 @@ class TrajectoryMeter:
     ``dtype`` (float64 by default: the curvature remainder is a small difference).
     """
 
-    def __init__(self, encoder: Any, probes: Sequence[Any], config: ProbeConfig, *, curvature: bool = False,
-                 block: int = BLOCK, segment: int | None = None, n_segments: int = 0, dtype: torch.dtype = torch.float64):
+    def __init__(
+        self,
+        encoder: Any,
+        probes: Sequence[Any],
+        config: ProbeConfig,
+        *,
+        curvature: bool = False,
+        block: int = BLOCK,
+        segment: int | None = None,
+        n_segments: int = 0,
+        dtype: torch.dtype = torch.float64,
+    ):
         from normfast.engine.directions.gradients import resolve_parameters
 
         fn = "TrajectoryMeter"
         config.validate()
         if not isinstance(config.optimizer, str):
-            raise ValueError(f"{fn}: expected one optimizer preset for all probed parameters, "
-                             f"got optimizer={config.optimizer!r}")
+            raise ValueError(
+                f"{fn}: expected one optimizer preset for all probed parameters, got optimizer={config.optimizer!r}"
+            )
         probes = list(probes)
         if not probes:
             raise ValueError(f"{fn}: expected at least one probe item, got none")
@@ -112,8 +125,7 @@ class TrajectoryMeter:
         state = encoder.prepare(probes)
         with torch.no_grad():
             front = encoder(state, 0, self.cut) if self.cut > 0 else state
-        self.front = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
-                      for k, v in front.items()}
+        self.front = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in front.items()}
         import re
 
         exempt = re.compile(config.no_decay) if config.no_decay else None
@@ -146,11 +158,13 @@ class TrajectoryMeter:
 
         chosen = set(self.names)
         frozen = {n: p.detach().to(self.dtype) for n, p in self.encoder.named_parameters() if n not in chosen}
-        return functional_call(self.encoder, {**frozen, **params}, (self.front,),
-                               {"start": self.cut, "output": "pooled"}, strict=False)
+        return functional_call(
+            self.encoder, {**frozen, **params}, (self.front,), {"start": self.cut, "output": "pooled"}, strict=False
+        )
 
-    def direction(self, grads: Mapping[str, torch.Tensor],
-                  second_moments: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    def direction(
+        self, grads: Mapping[str, torch.Tensor], second_moments: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         """The preset's update direction ``p_B`` for one batch's gradients (AdamW: ``ĝ/(sqrt(v̂)+eps)``)."""
         if not self.adam:
             return {n: grads[n] for n in self.names}
@@ -240,33 +254,52 @@ class TrajectoryMeter:
             out["jackknife"] = []
             for j, seg in enumerate(segs):
                 keep = np.ones(len(self.blocks), dtype=bool)
-                keep[j * per: (j + 1) * per if j < len(segs) - 1 else None] = False
-                out["jackknife"].append(self._means({k: total[k] - seg[k] for k in total},
-                                                    blocks[keep] if blocks is not None else None))
+                keep[j * per : (j + 1) * per if j < len(segs) - 1 else None] = False
+                out["jackknife"].append(
+                    self._means({k: total[k] - seg[k] for k in total}, blocks[keep] if blocks is not None else None)
+                )
         return out
 
     def _means(self, sums: Mapping[str, Any], blocks: np.ndarray | None) -> dict[str, Any]:
         n = sums["n"]
         mean = {k: (sums[k] / n).numpy() for k in self.sums}
         sfx = "_w" if self.adam else ""
-        out = {f"D{sfx}": mean["D"], f"Q{sfx}": mean["Q"], "norm": mean["norm"], "norm_rms": np.sqrt(mean["norm2"]),
-               "kappa": (sums["kappa"] / sums["n_kappa"]).numpy(), "n": n}
+        out = {
+            f"D{sfx}": mean["D"],
+            f"Q{sfx}": mean["Q"],
+            "norm": mean["norm"],
+            "norm_rms": np.sqrt(mean["norm2"]),
+            "kappa": (sums["kappa"] / sums["n_kappa"]).numpy(),
+            "n": n,
+        }
         if blocks is not None and len(blocks) >= 1:
             out[f"D{sfx}_blocks"] = blocks
             if len(blocks) >= 2:
                 out[f"se_D{sfx}"] = blocks.std(0, ddof=1) / np.sqrt(len(blocks))
         if self.curvature:
             out["c"] = mean["c"]
-            out[f"Q_curv{sfx}"] = mean["c"] / self.step ** 2 * (1.0 if self.adam else mean["norm"] ** 2)
+            out[f"Q_curv{sfx}"] = mean["c"] / self.step**2 * (1.0 if self.adam else mean["norm"] ** 2)
         return out
 
 
-def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pairs: Any,
-                       config: ProbeConfig, *, steps: int, points: int = 0, meter: bool = True,
-                       curvature: bool = False, kappa_every: int = 10, segments: int = 0,
-                       second_moments: Mapping[str, torch.Tensor] | None = None,
-                       measure: Callable[[Any, int, Mapping[str, torch.Tensor] | None], Any] | None = None,
-                       columns: Sequence[str] = AVERAGED, progress: bool = True) -> Trajectory:
+def virtual_trajectory(
+    encoder: Any,
+    probes: Sequence[Any],
+    objective: Any,
+    pairs: Any,
+    config: ProbeConfig,
+    *,
+    steps: int,
+    points: int = 0,
+    meter: bool = True,
+    curvature: bool = False,
+    kappa_every: int = 10,
+    segments: int = 0,
+    second_moments: Mapping[str, torch.Tensor] | None = None,
+    measure: Callable[[Any, int, Mapping[str, torch.Tensor] | None], Any] | None = None,
+    columns: Sequence[str] = AVERAGED,
+    progress: bool = True,
+) -> Trajectory:
     """Train a copy of ``encoder`` for ``steps`` virtual steps; measure the law's statistics along it.
 
     With ``meter`` (the default) every step also feeds a :class:`TrajectoryMeter`
@@ -289,11 +322,15 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
     """
     import re
 
-    from normfast.data.pairs import virtual_batches
-    from normfast.engine.directions.gradients import adam_second_moments, batch_loss, estimate_second_moments, \
-        resolve_parameters
-    from normfast.engine.directions.objectives import get_objective
+    from normfast.data.batches import virtual_batches
     from normfast.data.pairs import as_pair_source
+    from normfast.engine.directions.gradients import (
+        adam_second_moments,
+        batch_loss,
+        estimate_second_moments,
+        resolve_parameters,
+    )
+    from normfast.engine.directions.objectives import get_objective
 
     fn = "virtual_trajectory"
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -307,8 +344,9 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
     if isinstance(kappa_every, bool) or not isinstance(kappa_every, int) or kappa_every < 1:
         raise ValueError(f"{fn}: expected kappa_every to be a positive integer, got {kappa_every!r}")
     if not isinstance(config.optimizer, str):
-        raise ValueError(f"{fn}: expected one optimizer preset for all probed parameters, "
-                         f"got optimizer={config.optimizer!r}")
+        raise ValueError(
+            f"{fn}: expected one optimizer preset for all probed parameters, got optimizer={config.optimizer!r}"
+        )
     config.validate()
     if isinstance(objective, str):
         objective = get_objective(objective)
@@ -327,19 +365,32 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
     if config.optimizer == "adamw":
         v = second_moments
         if v is None:
-            v = estimate_second_moments(model, objective, pairs, names, batches[: max(config.batches, 2)],
-                                        seed=config.seed, progress=False, check_invariance=False)
+            v = estimate_second_moments(
+                model,
+                objective,
+                pairs,
+                names,
+                batches[: max(config.batches, 2)],
+                seed=config.seed,
+                progress=False,
+                check_invariance=False,
+            )
         start_adam(opt, model, names, v)
 
     at = sorted({int(round(steps * (k + 1) / points)) for k in range(points)}) if points else []
     segment = None
     if segments:
         if isinstance(segments, bool) or not isinstance(segments, int) or segments < 2 or steps < segments * BLOCK:
-            raise ValueError(f"{fn}: expected segments to be an integer >= 2 with steps >= segments x {BLOCK}, "
-                             f"got segments={segments!r}, steps={steps}")
+            raise ValueError(
+                f"{fn}: expected segments to be an integer >= 2 with steps >= segments x {BLOCK}, "
+                f"got segments={segments!r}, steps={steps}"
+            )
         segment = BLOCK * (steps // segments // BLOCK)
-    tracker = TrajectoryMeter(model, probes, config, curvature=curvature, segment=segment,
-                              n_segments=segments) if meter else None
+    tracker = (
+        TrajectoryMeter(model, probes, config, curvature=curvature, segment=segment, n_segments=segments)
+        if meter
+        else None
+    )
     params = [model.get_parameter(n) for n in names]
     cols: dict[str, list[np.ndarray]] = {}
     losses: list[float] = []
@@ -365,12 +416,12 @@ def virtual_trajectory(encoder: Any, probes: Sequence[Any], objective: Any, pair
                     cols.setdefault(c, []).append(res.column(c))
             model.train(bool(getattr(objective, "uses_dropout", False)))
     model.train(was_training)
-    return Trajectory(at, {k: np.stack(v) for k, v in cols.items()}, losses,
-                      tracker.statistics() if tracker is not None else None)
+    return Trajectory(
+        at, {k: np.stack(v) for k, v in cols.items()}, losses, tracker.statistics() if tracker is not None else None
+    )
 
 
-def start_adam(opt: torch.optim.Optimizer, model: Any, names: Sequence[str],
-                v: Mapping[str, torch.Tensor]) -> None:
+def start_adam(opt: torch.optim.Optimizer, model: Any, names: Sequence[str], v: Mapping[str, torch.Tensor]) -> None:
     """Seed AdamW's state with ``v̂`` (bias correction spent) and a zero first moment."""
     big_step = 1e6  # 1 - beta**step == 1 for any beta < 1 in float arithmetic
     for n in names:

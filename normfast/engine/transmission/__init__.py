@@ -22,14 +22,8 @@ along the probed parameters exempt from decay (the regime check,
 Modules: :mod:`.jvp` (the probed tail and its jvp, κ from a jvp) and :mod:`.head` (the closed form
 of a linear head: its inputs, directions, stacked products and statistics).
 """
+
 from normfast.engine.transmission.head import HeadDirections, head_flops, head_stats, prepare_head
 from normfast.engine.transmission.jvp import Tail, kappa_from_jvp
 
-__all__ = [
-    "HeadDirections",
-    "Tail",
-    "head_flops",
-    "head_stats",
-    "kappa_from_jvp",
-    "prepare_head",
-]
+__all__ = ["HeadDirections", "Tail", "head_flops", "head_stats", "kappa_from_jvp", "prepare_head"]

@@ -1,6 +1,7 @@
 """jvp mode: the probed tail of an encoder as a function of the probed parameters
 (:class:`Tail`), pushed forward along K update directions at once, and κ from a jvp along the
 decayed parameters (:func:`kappa_from_jvp`)."""
+
 from __future__ import annotations
 
 import warnings
@@ -49,8 +50,7 @@ class Tail:
             z = self.encoder(front, self.cut, output=self.output)
         return self._rows(z, rows)
 
-    def jvp(self, front: dict, tangents: dict[str, torch.Tensor],
-            rows: torch.Tensor | None) -> torch.Tensor:
+    def jvp(self, front: dict, tangents: dict[str, torch.Tensor], rows: torch.Tensor | None) -> torch.Tensor:
         """``J · tangent`` for K stacked tangents ``{name: [K, *shape]}`` -> ``[K, n, d]``."""
         f = self._fn(front)
         params = self.params()
@@ -58,6 +58,7 @@ class Tail:
         with forward_ad_safe(), torch.no_grad():
             if K > 1 and self._vmap_ok:
                 try:
+
                     def one(tan: dict[str, torch.Tensor]) -> torch.Tensor:
                         return jvp(f, (params,), (tan,))[1]
 
@@ -66,9 +67,11 @@ class Tail:
                 except (RuntimeError, NotImplementedError) as exc:
                     # some ops have no batching rule; fall back to one direction per pass
                     self._vmap_ok = False
-                    warnings.warn(f"batched directions unavailable for this model ({type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0][:160]}); using one direction per pass",
-                                  stacklevel=2)
+                    warnings.warn(
+                        f"batched directions unavailable for this model ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:160]}); using one direction per pass",
+                        stacklevel=2,
+                    )
             outs = [jvp(f, (params,), ({n: t[k] for n, t in tangents.items()},))[1] for k in range(K)]
         return self._rows(torch.stack(outs), rows)
 

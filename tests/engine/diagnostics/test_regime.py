@@ -1,5 +1,6 @@
 """The regime check (normfast.engine.diagnostics.regime): every probe row and run is classified as law
 applicable / heat-dominated / not applicable, on small models built to be in each regime."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,14 +8,22 @@ import pytest
 import torch
 from torch import nn
 
-from tests._models import tiny_bert
 from normfast.core.equilibrium import equilibrium_norm
 from normfast.encoders import HFEncoder, ModuleEncoder
+from normfast.engine.diagnostics.regime import (
+    HEAT,
+    LAW,
+    NOT_APPLICABLE,
+    REGIME_REASONS,
+    RegimeTally,
+    classify_rows,
+    drift_to_heat,
+    run_regime,
+)
 from normfast.engine.directions.objectives import InfoNCE
 from normfast.engine.probe import ProbeConfig, ProbeResult, probe
-from normfast.engine.diagnostics.regime import (HEAT, LAW, NOT_APPLICABLE, REGIME_REASONS, RegimeTally, classify_rows,
-                                    drift_to_heat, run_regime)
 from normfast.engine.report.summary import format_summary, summarize
+from tests._models import tiny_bert
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 transformers = pytest.importorskip("transformers")
@@ -60,8 +69,15 @@ def test_each_reason_fires_where_designed():
         "Q": [1.0] * 7,
     }
     out = classify_rows(cols, lr=0.1, weight_decay=0.1)
-    assert list(out["regime_reason"]) == ["invalid", "undecayed_sets_scale", "kappa_nonpositive", "kappa_small",
-                                          "drift_small", "drift_resolved", "drift_unresolved"]
+    assert list(out["regime_reason"]) == [
+        "invalid",
+        "undecayed_sets_scale",
+        "kappa_nonpositive",
+        "kappa_small",
+        "drift_small",
+        "drift_resolved",
+        "drift_unresolved",
+    ]
     assert list(out["regime"]) == [NOT_APPLICABLE] * 4 + [HEAT, LAW, LAW]
     # drift_to_heat = |D| / sqrt(2 λ κ η Q)
     assert out["drift_to_heat"][5] == pytest.approx(5.0 / np.sqrt(2 * 0.1 * 1.0 * 0.1))
@@ -104,8 +120,15 @@ def test_tally_is_exact_in_counts_and_bounded_in_memory(rng):
         reason = reasons[rng.integers(0, len(reasons), n)]
         valid = reason != "invalid"
         kappa = rng.uniform(0.5, 1.5, n)
-        tally.add({"regime_reason": reason, "valid": valid, "kappa": kappa, "kappa_exempt": np.zeros(n),
-                   "drift_to_heat": rng.uniform(0, 1, n)})
+        tally.add(
+            {
+                "regime_reason": reason,
+                "valid": valid,
+                "kappa": kappa,
+                "kappa_exempt": np.zeros(n),
+                "drift_to_heat": rng.uniform(0, 1, n),
+            }
+        )
         for r in reason:
             total[r] = total.get(r, 0) + 1
         kappas.append(kappa[valid])
@@ -151,13 +174,33 @@ def test_tiny_bert_last_layer_with_exempt_layernorm_is_not_applicable(tokenizer)
     """A real post-LayerNorm transformer (2-layer BERT, mean pooling): exempt LayerNorm and biases
     -> not applicable; everything decayed -> the law applies (κ near 1)."""
     enc = HFEncoder(tiny_bert(tokenizer, layers=2), tokenizer)
-    words = ["river", "bank", "democracy", "the", "cat", "a small house", "run", "quantum physics",
-             "apple", "blue", "sing", "tree"]
+    words = [
+        "river",
+        "bank",
+        "democracy",
+        "the",
+        "cat",
+        "a small house",
+        "run",
+        "quantum physics",
+        "apple",
+        "blue",
+        "sing",
+        "tree",
+    ]
     pairs = [(w, v) for w in words for v in words[:4] if w != v]
-    cfg = dict(params=r"encoder\.layer\.1\.", mode="jvp", lr=0.05, weight_decay=0.01, batches=3,
-               drift_batches=None, batch_size=8, chunk_size=16, seed=0)
-    exempt = probe(enc, words, OBJECTIVE, pairs, ProbeConfig(**cfg, no_decay="bias|LayerNorm"),
-                   progress=False)
+    cfg = dict(
+        params=r"encoder\.layer\.1\.",
+        mode="jvp",
+        lr=0.05,
+        weight_decay=0.01,
+        batches=3,
+        drift_batches=None,
+        batch_size=8,
+        chunk_size=16,
+        seed=0,
+    )
+    exempt = probe(enc, words, OBJECTIVE, pairs, ProbeConfig(**cfg, no_decay="bias|LayerNorm"), progress=False)
     assert exempt.metadata["regime"]["regime"] == NOT_APPLICABLE
     assert exempt.metadata["regime"]["reason"] == "undecayed_sets_scale"
     assert np.median(exempt.column("kappa_exempt")) > 0.8
@@ -206,19 +249,30 @@ def test_regime_is_stored_in_the_parquet_metadata_and_read_back(tmp_path):
     x = features(seed=7)
     torch.manual_seed(7)
     enc = encoder([nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), nn.LayerNorm(8)], x)
-    cfg = ProbeConfig(mode="jvp", lr=0.05, weight_decay=0.01, batches=3, drift_batches=8, batch_size=12,
-                      chunk_size=20, no_decay=r"^blocks\.3\.")
+    cfg = ProbeConfig(
+        mode="jvp",
+        lr=0.05,
+        weight_decay=0.01,
+        batches=3,
+        drift_batches=8,
+        batch_size=12,
+        chunk_size=20,
+        no_decay=r"^blocks\.3\.",
+    )
     memory = probe(enc, list(range(len(x))), OBJECTIVE, pair_list(len(x)), cfg, progress=False)
-    stored = probe(enc, list(range(len(x))), OBJECTIVE, pair_list(len(x)), cfg, progress=False,
-                   out=tmp_path / "run.parquet")
+    stored = probe(
+        enc, list(range(len(x))), OBJECTIVE, pair_list(len(x)), cfg, progress=False, out=tmp_path / "run.parquet"
+    )
     loaded = ProbeResult.load(tmp_path / "run.parquet")
     for res in (stored, loaded):
         assert res.metadata["regime"]["regime"] == memory.metadata["regime"]["regime"] == NOT_APPLICABLE
         assert res.metadata["regime"]["reasons"] == memory.metadata["regime"]["reasons"]
         assert list(res.column("regime")) == list(memory.column("regime"))
     # a run written before the check: recomputed from the rows, without the exempt test
-    legacy = ProbeResult(memory.table.drop_columns(["kappa_exempt", "drift_to_heat", "regime",
-                                                    "regime_reason"]), {**memory.metadata, "regime": None})
+    legacy = ProbeResult(
+        memory.table.drop_columns(["kappa_exempt", "drift_to_heat", "regime", "regime_reason"]),
+        {**memory.metadata, "regime": None},
+    )
     s = summarize(legacy)
     assert s["regime"]["exempt_check"].startswith("not available")
     assert s["regime"]["regime"] == NOT_APPLICABLE  # κ ≈ 0 alone already says it (kappa_small)

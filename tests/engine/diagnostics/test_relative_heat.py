@@ -1,6 +1,7 @@
 """The heat's two parts (normfast.engine.diagnostics.relative_heat): the relative heat's jackknife against a
 brute-force recomputation without each group, the columns a probe writes across chunks, and the
 common factor as what moves when only the seed changes."""
+
 from __future__ import annotations
 
 import warnings
@@ -13,8 +14,13 @@ import torch
 from torch import nn
 
 import normfast
+from normfast.engine.diagnostics.relative_heat import (
+    heat_reference,
+    ranking_resolution,
+    relative_heat,
+    with_relative_heat,
+)
 from normfast.engine.estimators.grouped import GroupedAccumulator
-from normfast.engine.diagnostics.relative_heat import heat_reference, ranking_resolution, relative_heat, with_relative_heat
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -41,14 +47,20 @@ def _brute_force(T: torch.Tensor, Z: torch.Tensor, k: int, used: np.ndarray) -> 
         mean = rel_g[i].mean()
         se[i] = np.sqrt((k - 1) / k * sum((rel_g[i, g] - mean) ** 2 for g in range(k)))
     level_se = np.sqrt((k - 1) / k * ((ref_g - ref_g.mean()) ** 2).sum())
-    return {"heat_rel": np.log(v2) - ref, "se_heat_rel": se, "log_level": ref, "se_log_level": level_se,
-            "loo_levels": ref_g}
+    return {
+        "heat_rel": np.log(v2) - ref,
+        "se_heat_rel": se,
+        "log_level": ref,
+        "se_log_level": level_se,
+        "loo_levels": ref_g,
+    }
 
 
 @pytest.mark.parametrize("n,d,m,k", [(23, 5, 16, 4), (9, 3, 11, 8), (40, 7, 24, 3)])
 def test_the_relative_heat_jackknife_equals_a_brute_force_recomputation(gen, n, d, m, k):
-    T = torch.randn(m, n, d, generator=gen, dtype=torch.float64) * (1 + torch.rand(n, 1, generator=gen,
-                                                                                     dtype=torch.float64))
+    T = torch.randn(m, n, d, generator=gen, dtype=torch.float64) * (
+        1 + torch.rand(n, 1, generator=gen, dtype=torch.float64)
+    )
     Z = torch.randn(n, d, generator=gen, dtype=torch.float64) + 0.5
     acc = GroupedAccumulator(n, d, groups=k, dtype=torch.float64).update(T, Z, first_batch=0)
     stats = acc.finalize()
@@ -59,8 +71,14 @@ def test_the_relative_heat_jackknife_equals_a_brute_force_recomputation(gen, n, 
     want = _brute_force(T, Z, k, valid & ~special)
     loo = stats["loo"]["V2"].numpy()
     offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32))
-    table = pa.table({"valid": valid, "is_special": special, "V2": stats["V2"].numpy(),
-                      "heat_loo": pa.ListArray.from_arrays(offsets, pa.array(loo.reshape(-1)))})
+    table = pa.table(
+        {
+            "valid": valid,
+            "is_special": special,
+            "V2": stats["V2"].numpy(),
+            "heat_loo": pa.ListArray.from_arrays(offsets, pa.array(loo.reshape(-1))),
+        }
+    )
     # the reference from two pieces (the chunks of a run), the rows from the whole table
     ref = heat_reference([table.slice(0, n // 2), table.slice(n // 2)])
     assert ref["rows"] == int((valid & ~special).sum())
@@ -109,8 +127,9 @@ def _common_factor_problem():
 
 
 def _probe(enc, items, pairs, seed, **kw):
-    cfg = normfast.ProbeConfig(batches=16, drift_batches=16, batch_size=8, groups=4, seed=seed, chunk_size=25,
-                               params="head", mode="head")
+    cfg = normfast.ProbeConfig(
+        batches=16, drift_batches=16, batch_size=8, groups=4, seed=seed, chunk_size=25, params="head", mode="head"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return normfast.probe(enc, items, "infonce", pairs, cfg, progress=False, **kw)
@@ -162,8 +181,16 @@ def test_a_run_without_group_replicates_still_gets_its_relative_heat(tmp_path):
     """Head mode's per-batch form (--per-batch) has no leave-one-group-out values: the file still gets
     heat_rel (no error bar) and the level, and no heat_loo."""
     enc, items, pairs = _common_factor_problem()
-    cfg = normfast.ProbeConfig(batches=16, drift_batches=16, batch_size=8, seed=0, chunk_size=25, params="head",
-                               mode="head", radial_spread=True)
+    cfg = normfast.ProbeConfig(
+        batches=16,
+        drift_batches=16,
+        batch_size=8,
+        seed=0,
+        chunk_size=25,
+        params="head",
+        mode="head",
+        radial_spread=True,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = normfast.probe(enc, items, "infonce", pairs, cfg, progress=False, out=tmp_path / "run.parquet")

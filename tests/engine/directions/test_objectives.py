@@ -1,4 +1,5 @@
 """Virtual objectives: scale invariance, brute-force values, validation, registry."""
+
 from __future__ import annotations
 
 import math
@@ -52,8 +53,7 @@ def test_random_row_scaling_leaves_loss_unchanged(embeddings, gen, objective, ne
         sb = torch.exp(3 * torch.randn(B, 1, generator=gen, dtype=torch.float64))
         scaled = call(objective, za * sa, zb * sb, labels, needs_labels)
         assert abs(scaled.item() - base.item()) <= 1e-5 * abs(base.item())
-    assert check_scale_invariance(objective, za, None if needs_labels else zb,
-                                  labels if needs_labels else None)
+    assert check_scale_invariance(objective, za, None if needs_labels else zb, labels if needs_labels else None)
 
 
 @pytest.mark.parametrize("objective,needs_labels", ALL, ids=lambda o: repr(o))

@@ -4,12 +4,13 @@ Covers every branch, awkward shapes, strided inputs, chunking and merge
 order, state round trips, invalid rows and low-precision inputs. The Triton
 path of the same class is exercised in tests/kernels/test_accumulate.py.
 """
+
 import numpy as np
 import pytest
 import torch
 
-from normfast.ops import REASONS, ProbeAccumulator
 from normfast.core.reference import allowed_error, brute_force_stats, stat_errors
+from normfast.ops import REASONS, ProbeAccumulator
 
 SIZES_N = (1, 7, 1000)
 SIZES_D = (1, 3, 64, 384)
@@ -64,8 +65,7 @@ def test_u_branch_full_grid(gen, n, d, m):
 
 
 @pytest.mark.parametrize("branch", ["w", "uw"])
-@pytest.mark.parametrize("n,d,m",
-                         [(1, 1, 2), (7, 3, 5), (1000, 64, 5), (7, 384, 64), (1000, 3, 64)])
+@pytest.mark.parametrize("n,d,m", [(1, 1, 2), (7, 3, 5), (1000, 64, 5), (7, 384, 64), (1000, 3, 64)])
 def test_other_branches(gen, branch, n, d, m):
     T, Z = _directions(gen, m, n, d), _embeddings(gen, n, d)
     T_w = _directions(gen, m, n, d) if branch == "uw" else None
@@ -157,8 +157,8 @@ def test_strided_and_single_direction_inputs(gen):
     # [M, N, d] stored N-major
     t_strided = T.permute(1, 0, 2).contiguous().permute(1, 0, 2).float()
     z_wide = torch.randn(n, 2 * d + 3, generator=gen)
-    z_wide[:, 1:2 * d + 1:2] = Z.float()
-    z_strided = z_wide[:, 1:2 * d + 1:2]
+    z_wide[:, 1 : 2 * d + 1 : 2] = Z.float()
+    z_strided = z_wide[:, 1 : 2 * d + 1 : 2]
     assert not t_strided.is_contiguous() and not z_strided.is_contiguous()
     acc = ProbeAccumulator(n, d)
     acc.update(t_strided[:2], z_strided)
@@ -193,8 +193,16 @@ def test_invalid_rows_are_nan_with_reasons(gen):
     acc = ProbeAccumulator(n, d, branch="uw")
     got = _feed(acc, T.float(), Z.float(), T_w.float(), chunks=(3,)).finalize()
     want = brute_force_stats(T, Z, "uw", T_w)
-    expected = ["ok", "zero_norm", "non_finite_embedding", "non_finite_embedding",
-                "non_finite_displacement", "non_finite_displacement", "zero_norm", "ok"]
+    expected = [
+        "ok",
+        "zero_norm",
+        "non_finite_embedding",
+        "non_finite_embedding",
+        "non_finite_displacement",
+        "non_finite_displacement",
+        "zero_norm",
+        "ok",
+    ]
     assert [REASONS[c] for c in got["reason"].tolist()] == expected
     assert torch.equal(got["reason"], want["reason"])
     assert got["valid"].tolist() == [r == "ok" for r in expected]

@@ -4,6 +4,7 @@ Every estimate is checked against a float64 brute force that materializes each
 displacement t_i^B of all M_D batches and averages; head mode against jvp mode;
 the settings' validation, resume, and the directions-outer loop order.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,11 +14,12 @@ from torch import nn
 from torch.func import functional_call, jvp
 
 from normfast.core.reference import brute_force_drift, brute_force_stats
-from normfast.data.pairs import PairSource, virtual_batches
+from normfast.data.batches import virtual_batches
+from normfast.data.pairs import PairSource
 from normfast.encoders import ModuleEncoder
 from normfast.engine.directions.objectives import InfoNCE
-from normfast.ops import drift_from_groups, head_stats, prepare_head
 from normfast.engine.probe import ProbeConfig, probe
+from normfast.ops import drift_from_groups, head_stats, prepare_head
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -43,8 +45,9 @@ def _group_means(X, k):
 def test_drift_from_groups_equals_brute_force(gen, branch, m_d, k):
     n, d = 40, 7
     Z = torch.randn(n, d, generator=gen, dtype=torch.float64)
-    T = 0.4 * torch.randn(n, d, generator=gen, dtype=torch.float64) + torch.randn(m_d, n, d, generator=gen,
-                                                                                    dtype=torch.float64)
+    T = 0.4 * torch.randn(n, d, generator=gen, dtype=torch.float64) + torch.randn(
+        m_d, n, d, generator=gen, dtype=torch.float64
+    )
     want = brute_force_drift(T, Z, k, branch)
     means, counts = _group_means(T, k)
     sfx = "" if branch == "u" else "_w"
@@ -67,7 +70,8 @@ def test_head_drift_from_group_means_equals_brute_force(gen, bias):
     A = torch.randn(n, d_in, generator=gen, dtype=torch.float64)
     Z = torch.randn(n, d_out, generator=gen, dtype=torch.float64)
     G = 0.3 * torch.randn(d_out, d_in, generator=gen, dtype=torch.float64) + torch.randn(
-        m_d, d_out, d_in, generator=gen, dtype=torch.float64)
+        m_d, d_out, d_in, generator=gen, dtype=torch.float64
+    )
     g = torch.randn(m_d, d_out, generator=gen, dtype=torch.float64) if bias else None
     T = -torch.einsum("bji,ni->bnj", G, A) - (0 if g is None else g[:, None, :])
     want = brute_force_drift(T, Z, k, "u")
@@ -75,11 +79,26 @@ def test_head_drift_from_group_means_equals_brute_force(gen, bias):
     Gd, counts = _group_means(G, k)
     gd = None if g is None else _group_means(g, k)[0]
     for dtype, tol in ((torch.float64, 1e-11), (torch.float32, 2e-5)):
-        cast = (lambda x: None if x is None else x.to(dtype))
-        got = head_stats(cast(A), cast(Z), cast(G[:m]), cast(None if g is None else g[:m]),
-                         drift_means=cast(Gd), drift_bias=cast(gd), drift_counts=counts)
-        dirs = prepare_head(cast(G[:m]), cast(None if g is None else g[:m]), drift_means=cast(Gd),
-                            drift_bias=cast(gd), drift_counts=counts)
+
+        def cast(x):
+            return None if x is None else x.to(dtype)
+
+        got = head_stats(
+            cast(A),
+            cast(Z),
+            cast(G[:m]),
+            cast(None if g is None else g[:m]),
+            drift_means=cast(Gd),
+            drift_bias=cast(gd),
+            drift_counts=counts,
+        )
+        dirs = prepare_head(
+            cast(G[:m]),
+            cast(None if g is None else g[:m]),
+            drift_means=cast(Gd),
+            drift_bias=cast(gd),
+            drift_counts=counts,
+        )
         again = head_stats(cast(A), cast(Z), dirs, form="per_batch")  # the drift's groups in any form
         for res in (got, again):
             scale = torch.sqrt(want["m2"] + heat["V2"])
@@ -117,8 +136,9 @@ def _mlp(dtype=torch.float64, seed=0):
 def _toy(n_items=11, n_pairs=50, dtype=torch.float64, seed=1):
     g = torch.Generator().manual_seed(seed)
     items = [torch.randn(6, generator=g, dtype=dtype) for _ in range(n_items)]
-    pairs = [(torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype))
-             for _ in range(n_pairs)]
+    pairs = [
+        (torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype)) for _ in range(n_pairs)
+    ]
     return items, pairs
 
 
@@ -153,14 +173,24 @@ def test_probe_drift_matches_float64_brute_force(optimizer):
     enc = _mlp()
     items, pairs = _toy()
     obj = InfoNCE(0.2)
-    cfg = ProbeConfig(params="all", mode="jvp", optimizer=optimizer, batches=5, drift_batches=23, groups=4,
-                      batch_size=8, chunk_size=4, seed=3, directions_per_pass=3)
+    cfg = ProbeConfig(
+        params="all",
+        mode="jvp",
+        optimizer=optimizer,
+        batches=5,
+        drift_batches=23,
+        groups=4,
+        batch_size=8,
+        chunk_size=4,
+        seed=3,
+        directions_per_pass=3,
+    )
     res = probe(enc, items, obj, pairs, cfg, progress=False)
     T, Z = _materialize(enc, items, pairs, cfg, obj, adamw_eps=cfg.eps if optimizer == "adamw" else None)
     branch = "u" if optimizer == "sgd" else "w"
     sfx = "" if branch == "u" else "_w"
     want = brute_force_drift(T, Z, cfg.groups, branch)
-    heat = brute_force_stats(T[:cfg.batches], Z, branch)
+    heat = brute_force_stats(T[: cfg.batches], Z, branch)
     for key in DRIFT:
         assert rel(res.column(key + sfx), want[key + sfx].numpy()) < 1e-9, key
     assert rel(res.column("V2" + sfx), heat["V2" + sfx].numpy()) < 1e-9
@@ -169,8 +199,14 @@ def test_probe_drift_matches_float64_brute_force(optimizer):
     if optimizer == "adamw":
         return  # without M_D, AdamW's v̂ comes from the M batches alone: another estimate
     # the per-batch drift of the M heat batches stays available (without error bars: se_D per batch)
-    old = probe(enc, items, obj, pairs, ProbeConfig(**{**cfg.__dict__, "drift_batches": None, "uncertainty": False}),
-                progress=False)
+    old = probe(
+        enc,
+        items,
+        obj,
+        pairs,
+        ProbeConfig(**{**cfg.__dict__, "drift_batches": None, "uncertainty": False}),
+        progress=False,
+    )
     assert rel(old.column("D" + sfx), heat["D" + sfx].numpy()) < 1e-9
     assert rel(old.column("se_D" + sfx), heat["se_D" + sfx].numpy()) < 1e-9
     assert old.metadata["M_D"] is None
@@ -181,8 +217,7 @@ def test_head_mode_equals_jvp_mode_with_the_mean_direction_drift():
     items, pairs = _toy(dtype=torch.float32)
     out = {}
     for mode in ("jvp", "head"):
-        cfg = ProbeConfig(params="head", mode=mode, batches=5, drift_batches=30, groups=4, batch_size=8,
-                          chunk_size=5)
+        cfg = ProbeConfig(params="head", mode=mode, batches=5, drift_batches=30, groups=4, batch_size=8, chunk_size=5)
         out[mode] = probe(enc, items, InfoNCE(0.1), pairs, cfg, progress=False)
     for k in (*DRIFT, "V2", "Q", "kappa", "r_eq", "r_eq_heat"):
         assert rel(out["jvp"].column(k), out["head"].column(k)) < 1e-5, k
@@ -203,14 +238,17 @@ def test_directions_outer_order_with_the_drift_gives_the_same_table():
                 assert rel(a.column(k), b.column(k)) < 1e-10, (optimizer, k)
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
-    (dict(drift_batches=8), r"drift_batches \(M_D.*>= batches \(M=16\)"),
-    (dict(drift_batches=-3), r"drift_batches"),
-    (dict(drift_batches=True), r"drift_batches"),
-    (dict(drift_batches=2.5e3), r"drift_batches"),
-    (dict(target_rse=0.1, max_batches=300, drift_batches=256), r">= max_batches=300"),
-    (dict(groups=1), r"groups \(K.*>= 2"),
-])
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        (dict(drift_batches=8), r"drift_batches \(M_D.*>= batches \(M=16\)"),
+        (dict(drift_batches=-3), r"drift_batches"),
+        (dict(drift_batches=True), r"drift_batches"),
+        (dict(drift_batches=2.5e3), r"drift_batches"),
+        (dict(target_rse=0.1, max_batches=300, drift_batches=256), r">= max_batches=300"),
+        (dict(groups=1), r"groups \(K.*>= 2"),
+    ],
+)
 def test_drift_settings_are_validated(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         ProbeConfig(**kwargs).validate()

@@ -1,6 +1,7 @@
 """Error bars: the grouped estimators (head mode, GroupedAccumulator, the probe) against a float64
 brute force of the same estimators, the stacked products against their reference, the jackknife
 intervals of R_eq, the bare and per-batch forms, adaptive M, and the summary line."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,11 +13,11 @@ from torch import nn
 from normfast.core.equilibrium import equilibrium_norm
 from normfast.core.reference import brute_force_grouped, head_stack_reference
 from normfast.encoders import ModuleEncoder
-from normfast.engine.transmission.head.products import head_products
 from normfast.engine.directions.objectives import InfoNCE
-from normfast.ops import GroupedAccumulator, head_stats, prepare_head
-from normfast.engine.probe import ProbeConfig, probe
 from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS
+from normfast.engine.probe import ProbeConfig, probe
+from normfast.engine.transmission.head.products import head_products
+from normfast.ops import GroupedAccumulator, head_stats, prepare_head
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -26,8 +27,9 @@ GROUPED = ("D", "se_D", "sign_stability", "m2", "V2", "Q", "se_V2", "se_Q")
 def _problem(gen, n, d_in, d_out, m, bias, dtype=torch.float64):
     A = torch.randn(n, d_in, generator=gen, dtype=dtype)
     Z = torch.randn(n, d_out, generator=gen, dtype=dtype) + 0.5
-    G = 0.4 * torch.randn(d_out, d_in, generator=gen, dtype=dtype) + torch.randn(m, d_out, d_in, generator=gen,
-                                                                                   dtype=dtype)
+    G = 0.4 * torch.randn(d_out, d_in, generator=gen, dtype=dtype) + torch.randn(
+        m, d_out, d_in, generator=gen, dtype=dtype
+    )
     g = torch.randn(m, d_out, generator=gen, dtype=dtype) if bias else None
     return A, Z, G, g
 
@@ -62,8 +64,9 @@ def _check(got, want, sfx, tol):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("n,d_in,d_out,k1,k2", [(1, 1, 1, 1, 0), (37, 5, 3, 4, 4), (301, 17, 6, 1, 1),
-                                                 (64, 24, 32, 9, 5)])
+@pytest.mark.parametrize(
+    "n,d_in,d_out,k1,k2", [(1, 1, 1, 1, 0), (37, 5, 3, 4, 4), (301, 17, 6, 1, 1), (64, 24, 32, 9, 5)]
+)
 def test_head_products_match_the_reference(gen, bias, n, d_in, d_out, k1, k2):
     A = torch.randn(n, d_in, generator=gen, dtype=torch.float64)
     Z = torch.randn(n, d_out, generator=gen, dtype=torch.float64)
@@ -91,8 +94,9 @@ def test_head_products_match_the_reference(gen, bias, n, d_in, d_out, k1, k2):
 
 @pytest.mark.parametrize("branch", ["u", "w"])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("n,d_in,d_out,m,groups", [(50, 7, 5, 16, 4), (33, 4, 9, 10, 4), (20, 3, 2, 3, 4),
-                                                   (40, 12, 6, 8, 2)])
+@pytest.mark.parametrize(
+    "n,d_in,d_out,m,groups", [(50, 7, 5, 16, 4), (33, 4, 9, 10, 4), (20, 3, 2, 3, 4), (40, 12, 6, 8, 2)]
+)
 def test_grouped_head_stats_equal_brute_force(gen, branch, bias, n, d_in, d_out, m, groups):
     A, Z, G, g = _problem(gen, n, d_in, d_out, m, bias)
     k = min(groups, m)  # K is capped at M: then every batch is its own group
@@ -101,8 +105,7 @@ def test_grouped_head_stats_equal_brute_force(gen, branch, bias, n, d_in, d_out,
     got = head_stats(A, Z, G, g, branch=branch, groups=groups)
     assert got["groups"] == k and got["loo"]["V2" + sfx].shape == (n, k)
     _check(got, want, sfx, 1e-10)
-    f32 = head_stats(A.float(), Z.float(), G.float(), None if g is None else g.float(), branch=branch,
-                     groups=groups)
+    f32 = head_stats(A.float(), Z.float(), G.float(), None if g is None else g.float(), branch=branch, groups=groups)
     _check(f32, want, sfx, 2e-4)
 
 
@@ -116,8 +119,9 @@ def test_grouped_head_stats_with_the_drift_from_its_own_batches(gen, bias):
     Gd = torch.stack([G[ids == j].mean(0) for j in range(k)])
     gd = None if g is None else torch.stack([g[ids == j].mean(0) for j in range(k)])
     counts = [int((ids == j).sum()) for j in range(k)]
-    dirs = prepare_head(G[:m], None if g is None else g[:m], drift_means=Gd, drift_bias=gd, drift_counts=counts,
-                        groups=k)
+    dirs = prepare_head(
+        G[:m], None if g is None else g[:m], drift_means=Gd, drift_bias=gd, drift_counts=counts, groups=k
+    )
     got = head_stats(A, Z, dirs)
     _check(got, want, "", 1e-10)
 
@@ -142,8 +146,9 @@ def test_bare_and_per_batch_forms_keep_their_meaning(gen):
 @pytest.mark.parametrize("branch", ["u", "w", "uw"])
 def test_grouped_accumulator_equals_brute_force_in_any_order(gen, branch):
     n, d, m, k = 23, 6, 11, 4
-    T = 0.3 * torch.randn(n, d, generator=gen, dtype=torch.float64) + torch.randn(m, n, d, generator=gen,
-                                                                                    dtype=torch.float64)
+    T = 0.3 * torch.randn(n, d, generator=gen, dtype=torch.float64) + torch.randn(
+        m, n, d, generator=gen, dtype=torch.float64
+    )
     T_w = torch.randn(m, n, d, generator=gen, dtype=torch.float64) if branch == "uw" else None
     Z = torch.randn(n, d, generator=gen, dtype=torch.float64) + 0.5
     acc = GroupedAccumulator(n, d, groups=k, branch=branch, dtype=torch.float64)
@@ -167,7 +172,9 @@ def test_grouped_accumulator_errors(gen):
         GroupedAccumulator(3, 2, groups=1)
     acc = GroupedAccumulator(3, 2, groups=4, dtype=torch.float64)
     acc.update(torch.randn(3, 3, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64))
-    with pytest.raises(ValueError, match=r"at least one direction in each of the K=4 groups, got counts=\[1, 1, 1, 0\]"):
+    with pytest.raises(
+        ValueError, match=r"at least one direction in each of the K=4 groups, got counts=\[1, 1, 1, 0\]"
+    ):
         acc.finalize()
 
 
@@ -183,8 +190,9 @@ def _mlp(dtype=torch.float64):
 def _toy(n_items=12, n_pairs=60, dtype=torch.float64, seed=1):
     g = torch.Generator().manual_seed(seed)
     items = [torch.randn(6, generator=g, dtype=dtype) for _ in range(n_items)]
-    pairs = [(torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype))
-             for _ in range(n_pairs)]
+    pairs = [
+        (torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype)) for _ in range(n_pairs)
+    ]
     return items, pairs
 
 
@@ -194,8 +202,17 @@ def test_probe_error_bars_head_equals_jvp_and_intervals_are_the_jackknife(drift_
     items, pairs = _toy()
     out = {}
     for mode in ("jvp", "head"):
-        cfg = ProbeConfig(params="head", mode=mode, batches=10, drift_batches=drift_batches, groups=4,
-                          batch_size=8, chunk_size=5, lr=0.05, weight_decay=0.01)
+        cfg = ProbeConfig(
+            params="head",
+            mode=mode,
+            batches=10,
+            drift_batches=drift_batches,
+            groups=4,
+            batch_size=8,
+            chunk_size=5,
+            lr=0.05,
+            weight_decay=0.01,
+        )
         out[mode] = probe(enc, items, InfoNCE(0.1), pairs, cfg, progress=False)
     cols = (*GROUPED, "r_eq", "r_eq_heat", "r_eq_lo", "r_eq_hi", "r_eq_heat_lo", "r_eq_heat_hi")
     for c in cols:
@@ -205,16 +222,22 @@ def test_probe_error_bars_head_equals_jvp_and_intervals_are_the_jackknife(drift_
     # the interval from an independent jackknife of the leave-one-group-out statistics
     stats = head_stats(*_head_inputs(enc, items), *_head_dirs(enc, items, pairs, cfg), groups=cfg.groups)
     kap = res.column("kappa")
-    loo_r = np.stack([equilibrium_norm(stats["loo"]["D"][:, j].numpy(), stats["loo"]["Q"][:, j].numpy(), kap,
-                                       lr=0.05, weight_decay=0.01) for j in range(4)], 1)
+    loo_r = np.stack(
+        [
+            equilibrium_norm(
+                stats["loo"]["D"][:, j].numpy(), stats["loo"]["Q"][:, j].numpy(), kap, lr=0.05, weight_decay=0.01
+            )
+            for j in range(4)
+        ],
+        1,
+    )
     se = np.sqrt(((loo_r - loo_r.mean(1, keepdims=True)) ** 2).sum(1) * 3 / 4)
     half = student_t.ppf(0.975, 3) * se
     np.testing.assert_allclose(res.column("r_eq_hi"), res.column("r_eq") + half, rtol=1e-9)
     np.testing.assert_allclose(res.column("r_eq_lo"), np.maximum(res.column("r_eq") - half, 0), rtol=1e-9)
     assert np.all(res.column("r_eq_lo") <= res.column("r_eq")) and np.all(res.column("r_eq") <= res.column("r_eq_hi"))
     # without error bars the columns stay, as NaN
-    bare = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**{**cfg.__dict__, "uncertainty": False}),
-                 progress=False)
+    bare = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**{**cfg.__dict__, "uncertainty": False}), progress=False)
     assert np.isnan(bare.column("se_V2")).all() and np.isnan(bare.column("r_eq_lo")).all()
     np.testing.assert_allclose(bare.column("V2"), res.column("V2"), rtol=1e-12)
 
@@ -228,7 +251,8 @@ def _head_inputs(enc, items):
 
 def _head_dirs(enc, items, pairs, cfg):
     """The run's head directions, recomputed with the library's own direction code."""
-    from normfast.data.pairs import PairSource, virtual_batches
+    from normfast.data.batches import virtual_batches
+    from normfast.data.pairs import PairSource
     from normfast.engine.directions.gradients import compute_directions
     from normfast.engine.directions.presets import OptimizerPreset
 
@@ -237,15 +261,26 @@ def _head_dirs(enc, items, pairs, cfg):
     batches = virtual_batches(len(source), cfg.total_batches, cfg.batch_size, seed)
     names = list(enc.head().parameter_names)
     presets = {n: OptimizerPreset("sgd", cfg.lr, cfg.weight_decay) for n in names}
-    dirs = compute_directions(enc, InfoNCE(0.1), source, names, presets, batches, keep=cfg.batches,
-                              drift_groups=4 if cfg.drift_from_mean else 0, progress=False)
+    dirs = compute_directions(
+        enc,
+        InfoNCE(0.1),
+        source,
+        names,
+        presets,
+        batches,
+        keep=cfg.batches,
+        drift_groups=4 if cfg.drift_from_mean else 0,
+        progress=False,
+    )
     G = torch.stack([d["blocks.2.weight"] for d in dirs.directions])
     g = torch.stack([d["blocks.2.bias"] for d in dirs.directions])
     if dirs.drift is None:
         return G, g
-    drift = dict(drift_means=torch.stack([m["blocks.2.weight"] for m in dirs.drift.means]),
-                 drift_bias=torch.stack([m["blocks.2.bias"] for m in dirs.drift.means]),
-                 drift_counts=dirs.drift.counts)
+    drift = dict(
+        drift_means=torch.stack([m["blocks.2.weight"] for m in dirs.drift.means]),
+        drift_bias=torch.stack([m["blocks.2.bias"] for m in dirs.drift.means]),
+        drift_counts=dirs.drift.counts,
+    )
     return (prepare_head(G, g, groups=4, **drift),)
 
 
@@ -258,8 +293,17 @@ def test_adaptive_M_is_deterministic_and_resumable(tmp_path, monkeypatch):
 
     enc = _mlp(torch.float32)
     items, pairs = _toy(n_items=20, n_pairs=200, dtype=torch.float32)
-    cfg = ProbeConfig(params="head", mode="jvp", batches=8, groups=4, drift_batches=48, batch_size=8, chunk_size=10,
-                      target_rse=0.25, max_batches=48)
+    cfg = ProbeConfig(
+        params="head",
+        mode="jvp",
+        batches=8,
+        groups=4,
+        drift_batches=48,
+        batch_size=8,
+        chunk_size=10,
+        target_rse=0.25,
+        max_batches=48,
+    )
     a = probe(enc, items, InfoNCE(0.1), pairs, cfg, progress=False)
     rounds = a.metadata["adaptive"]["rounds"]
     assert rounds[0]["M"] == 8 and a.metadata["M"] == rounds[-1]["M"] > 8
@@ -299,12 +343,15 @@ def test_adaptive_M_is_deterministic_and_resumable(tmp_path, monkeypatch):
     np.testing.assert_allclose(outer.column("se_V2"), a.column("se_V2"), rtol=1e-5)
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
-    (dict(target_rse=0.0), r"target_rse"),
-    (dict(target_rse=0.1, max_batches=8), r"max_batches must be an integer >= batches \(M=16\)"),
-    (dict(target_rse=0.1, target_quantile=1.5), r"target_quantile"),
-    (dict(target_rse=0.1, uncertainty=False), r"target_rse needs the grouped error bars"),
-])
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        (dict(target_rse=0.0), r"target_rse"),
+        (dict(target_rse=0.1, max_batches=8), r"max_batches must be an integer >= batches \(M=16\)"),
+        (dict(target_rse=0.1, target_quantile=1.5), r"target_quantile"),
+        (dict(target_rse=0.1, uncertainty=False), r"target_rse needs the grouped error bars"),
+    ],
+)
 def test_adaptive_settings_are_validated(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         ProbeConfig(**kwargs).validate()
@@ -313,8 +360,14 @@ def test_adaptive_settings_are_validated(kwargs, pattern):
 def test_summary_reports_the_resolution():
     enc = _mlp(torch.float32)
     items, pairs = _toy(dtype=torch.float32)
-    res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(params="head", batches=8, drift_batches=16,
-                                                              batch_size=8), progress=False)
+    res = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(params="head", batches=8, drift_batches=16, batch_size=8),
+        progress=False,
+    )
     text = res.format_summary()
     s = res.summary()
     assert f"V2 resolved to ±20% (95% interval): {s['heat_resolved_fraction']:.0%} of rows" in text

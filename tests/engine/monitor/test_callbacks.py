@@ -2,6 +2,7 @@
 ``normfast.MonitorCallback``, resumed from a checkpoint), sentence-transformers'
 ``SentenceTransformerTrainer`` (a live ``SentenceTransformer``, its head trained, with the virtual
 probe) and Lightning (``normfast.LightningMonitor``; skipped when Lightning is not installed)."""
+
 from __future__ import annotations
 
 import importlib
@@ -17,10 +18,26 @@ from normfast.engine.directions.objectives import InfoNCE
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-ANCHORS = ["a dog runs in the park", "the cat sleeps", "rain falls on the city", "a red car stops",
-           "children play football", "the river flows south", "an old man reads", "birds sing at dawn"]
-POSITIVES = ["a puppy plays outside", "a kitten naps", "it is raining downtown", "the car halts",
-             "kids kick a ball", "water runs to the sea", "a grandfather with a book", "morning birdsong"]
+ANCHORS = [
+    "a dog runs in the park",
+    "the cat sleeps",
+    "rain falls on the city",
+    "a red car stops",
+    "children play football",
+    "the river flows south",
+    "an old man reads",
+    "birds sing at dawn",
+]
+POSITIVES = [
+    "a puppy plays outside",
+    "a kitten naps",
+    "it is raining downtown",
+    "the car halts",
+    "kids kick a ball",
+    "water runs to the sea",
+    "a grandfather with a book",
+    "morning birdsong",
+]
 
 
 def _rows(path):
@@ -57,32 +74,53 @@ class PairModel(torch.nn.Module):
         return (hidden * m).sum(1) / m.sum(1)
 
     def forward(self, input_ids, attention_mask, positive_ids, positive_mask):
-        return {"loss": self.objective.loss(self._pool(input_ids, attention_mask), self._pool(positive_ids, positive_mask))}
+        return {
+            "loss": self.objective.loss(self._pool(input_ids, attention_mask), self._pool(positive_ids, positive_mask))
+        }
 
 
 def _trainer(tmp_path, tokenizer, out, resume=None):
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (normfast[train])")
     from transformers import Trainer, TrainingArguments
 
-    from tests._models import tiny_bert
     from normfast.encoders import HFEncoder
+    from tests._models import tiny_bert
 
     model = PairModel(tiny_bert(tokenizer, eager=True).train())
 
     def collate(rows):
         a = tokenizer([r[0] for r in rows], padding=True, return_tensors="pt")
         b = tokenizer([r[1] for r in rows], padding=True, return_tensors="pt")
-        return {"input_ids": a["input_ids"], "attention_mask": a["attention_mask"],
-                "positive_ids": b["input_ids"], "positive_mask": b["attention_mask"]}
+        return {
+            "input_ids": a["input_ids"],
+            "attention_mask": a["attention_mask"],
+            "positive_ids": b["input_ids"],
+            "positive_mask": b["attention_mask"],
+        }
 
-    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=4, per_device_train_batch_size=4,
-                             learning_rate=1e-2, weight_decay=0.1, lr_scheduler_type="linear", warmup_steps=0,
-                             save_strategy="steps", save_steps=2, save_only_model=False, report_to=[],
-                             logging_strategy="no", use_cpu=True, disable_tqdm=True, seed=0,
-                             dataloader_num_workers=0, remove_unused_columns=False)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "trainer"),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        weight_decay=0.1,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        save_strategy="steps",
+        save_steps=2,
+        save_only_model=False,
+        report_to=[],
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
     callback = normfast.MonitorCallback(ANCHORS[:5], encoder=HFEncoder(model.bert, tokenizer), every=1, out=out)
-    trainer = Trainer(model=model, args=args, train_dataset=list(zip(ANCHORS, POSITIVES)), data_collator=collate,
-                      callbacks=[callback])
+    trainer = Trainer(
+        model=model, args=args, train_dataset=list(zip(ANCHORS, POSITIVES)), data_collator=collate, callbacks=[callback]
+    )
     trainer.train(resume_from_checkpoint=resume)
     return callback
 
@@ -106,8 +144,9 @@ def test_trainer_callback_records_and_resumes(tmp_path, minilm_tokenizer):
     checkpoint = tmp_path / "trainer" / "checkpoint-2"
     assert (checkpoint / "normfast_monitor.pt").is_file()
     _trainer(tmp_path, minilm_tokenizer, tmp_path / "resumed", resume=str(checkpoint))
-    assert (tmp_path / "resumed" / "monitor.parquet").read_bytes() == \
-        (tmp_path / "whole" / "monitor.parquet").read_bytes()
+    assert (tmp_path / "resumed" / "monitor.parquet").read_bytes() == (
+        tmp_path / "whole" / "monitor.parquet"
+    ).read_bytes()
 
 
 class _Planted:
@@ -134,8 +173,9 @@ def test_a_planted_monitor_state_in_a_checkpoint_is_refused_and_never_runs(tmp_p
     callback = normfast.MonitorCallback([torch.randn(4) for _ in range(3)], every=1, out=None)
     state = SimpleNamespace(is_world_process_zero=True, global_step=2)
     with pytest.raises(ValueError, match=r"the monitor's state file .*normfast_monitor\.pt cannot be read safely"):
-        callback.on_train_begin(SimpleNamespace(output_dir=str(tmp_path)), state, None,
-                                model=torch.nn.Linear(4, 3, bias=False))
+        callback.on_train_begin(
+            SimpleNamespace(output_dir=str(tmp_path)), state, None, model=torch.nn.Linear(4, 3, bias=False)
+        )
     assert not marker.exists()
 
 
@@ -150,10 +190,15 @@ def test_sentence_transformer_trainer_with_a_trained_head(tmp_path, tiny_bert_fo
     pytest.importorskip("datasets", reason="SentenceTransformerTrainer needs datasets (normfast[train])")
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (normfast[train])")
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
 
     try:  # their home since sentence-transformers 6
-        from sentence_transformers.sentence_transformer import losses, modules as models
+        from sentence_transformers.sentence_transformer import losses
+        from sentence_transformers.sentence_transformer import modules as models
     except ImportError:
         from sentence_transformers import losses, models
 
@@ -167,16 +212,34 @@ def test_sentence_transformer_trainer_with_a_trained_head(tmp_path, tiny_bert_fo
     encoder = normfast.load_encoder(st)
     assert encoder.dense[0].linear.weight is head.linear.weight  # shared, not copied
     before = np.linalg.norm(st.encode(ANCHORS[:6], convert_to_numpy=True), axis=1)
-    callback = normfast.MonitorCallback(data, n_probes=6, every=1, out=tmp_path / "m", virtual=2,
-                                        objective=InfoNCE(temperature=0.05), pairs=list(zip(ANCHORS, POSITIVES)),
-                                        virtual_batch_size=4)
+    callback = normfast.MonitorCallback(
+        data,
+        n_probes=6,
+        every=1,
+        out=tmp_path / "m",
+        virtual=2,
+        objective=InfoNCE(temperature=0.05),
+        pairs=list(zip(ANCHORS, POSITIVES)),
+        virtual_batch_size=4,
+    )
     assert callback.items == ANCHORS[:6]
-    args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path / "st"), max_steps=3,
-                                                per_device_train_batch_size=4, learning_rate=0.05, weight_decay=0.1,
-                                                lr_scheduler_type="constant", report_to=[], save_strategy="no",
-                                                logging_strategy="no", use_cpu=True, disable_tqdm=True, seed=0)
-    trainer = SentenceTransformerTrainer(model=st, args=args, train_dataset=data,
-                                         loss=losses.MultipleNegativesRankingLoss(st), callbacks=[callback])
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "st"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        learning_rate=0.05,
+        weight_decay=0.1,
+        lr_scheduler_type="constant",
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = SentenceTransformerTrainer(
+        model=st, args=args, train_dataset=data, loss=losses.MultipleNegativesRankingLoss(st), callbacks=[callback]
+    )
     trainer.train()
     table = _rows(tmp_path / "m" / "monitor.parquet")
     meta = normfast.read_metadata(tmp_path / "m" / "monitor.parquet")
@@ -221,8 +284,15 @@ def test_lightning_callback(tmp_path):
     module = Toy()
     loader = torch.utils.data.DataLoader(torch.as_tensor(data.pairs), batch_size=8, shuffle=False)
     callback = normfast.LightningMonitor(list(range(n)), encoder=module.enc, every=1, out=tmp_path / "m")
-    trainer = lightning.Trainer(max_steps=5, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                                enable_model_summary=False, accelerator="cpu", callbacks=[callback])
+    trainer = lightning.Trainer(
+        max_steps=5,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        callbacks=[callback],
+    )
     trainer.fit(module, loader)
     table = _rows(tmp_path / "m" / "monitor.parquet")
     assert table.num_rows == 5 * n
@@ -234,8 +304,13 @@ def test_lightning_adapter_without_lightning(monkeypatch):
     """Without Lightning the adapter's module still imports and the class names the extra to install."""
     import normfast.engine.monitor.lightning as adapter
 
-    for name in ("lightning", "lightning.pytorch", "lightning.pytorch.callbacks", "pytorch_lightning",
-                 "pytorch_lightning.callbacks"):
+    for name in (
+        "lightning",
+        "lightning.pytorch",
+        "lightning.pytorch.callbacks",
+        "pytorch_lightning",
+        "pytorch_lightning.callbacks",
+    ):
         monkeypatch.setitem(sys.modules, name, None)
     try:
         blocked = importlib.reload(adapter)

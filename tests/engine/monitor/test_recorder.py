@@ -1,5 +1,6 @@
 """The training monitor (normfast.TrainingMonitor): its realized terms are the ledger's, the law from them
 holds over a stationary window, a resumed run writes the same file, and ``normfast report`` reads it."""
+
 from __future__ import annotations
 
 import json
@@ -12,15 +13,27 @@ import torch
 import normfast
 from bench.experiments.e1.data import VARIANT_SPECS, E1Config, build_encoder, make_concepts, variant_optimizer
 from bench.experiments.e1.ledger import RealizedLedger
-from normfast.engine.monitor import schema as monitor_schema
 from normfast.engine.directions.objectives import InfoNCE
+from normfast.engine.monitor import schema as monitor_schema
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 # E1's toy at test size (tests/experiments/test_e1.py): a relaxation time of ~50 steps; probe_every=1 makes the
 # ledger keep every recorded step's terms (its blocks)
-TOY = E1Config(concepts=8, items_per_concept=4, d_in=8, hidden=16, d_out=8, n_pairs=800, batch_size=16,
-               lr=0.05, weight_decay=0.1, heavyball_lr=0.005, adamw_lr=0.01, probe_every=1)
+TOY = E1Config(
+    concepts=8,
+    items_per_concept=4,
+    d_in=8,
+    hidden=16,
+    d_out=8,
+    n_pairs=800,
+    batch_size=16,
+    lr=0.05,
+    weight_decay=0.1,
+    heavyball_lr=0.005,
+    adamw_lr=0.01,
+    probe_every=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +72,9 @@ def test_realized_terms_are_the_ledgers(toy_data, tmp_path, variant):
         if "mon" not in holder:
             enc = holder["enc"]
             holder["led"] = RealizedLedger(enc, enc.prepare(list(range(n))), VARIANT_SPECS[variant], TOY)
-            holder["mon"] = normfast.TrainingMonitor(enc, list(range(n)), every=every, out=tmp_path / "m",
-                                                     flush_every=4)
+            holder["mon"] = normfast.TrainingMonitor(
+                enc, list(range(n)), every=every, out=tmp_path / "m", flush_every=4
+            )
         led, mon = holder["led"], holder["mon"]
         if before:
             led.before_step(record=step % every == 0)
@@ -146,8 +160,14 @@ def test_the_law_holds_with_momentum_and_adamw(toy_data, tmp_path, variant, weig
     enc = build_encoder(VARIANT_SPECS[variant], cfg, toy_data)
     opt = variant_optimizer(VARIANT_SPECS[variant], cfg, enc.parameters())
     mon = normfast.TrainingMonitor(enc, list(range(n)), every=2, out=tmp_path / "run")
-    train_toy(variant, toy_data, 600, lambda step, before, o: mon.before_step(o) if before else mon.after_step(),
-              encoder=enc, optimizer=opt)
+    train_toy(
+        variant,
+        toy_data,
+        600,
+        lambda step, before, o: mon.before_step(o) if before else mon.after_step(),
+        encoder=enc,
+        optimizer=opt,
+    )
     mon.close()
     result = analyze(tmp_path / "run", window=0.5)
     assert result["law"] == ("adamw" if variant == "mlp_adamw" else "sgd")
@@ -176,8 +196,11 @@ def test_a_resumed_run_writes_the_same_parquet(toy_data, tmp_path):
         def hooks(step, before, o):
             mon.before_step(o) if before else mon.after_step()
             if not before and step == stop - 1:
-                saved["checkpoint"] = {"model": {k: v.clone() for k, v in enc.state_dict().items()},
-                                       "optimizer": _clone(o.state_dict()), "monitor": mon.state_dict()}
+                saved["checkpoint"] = {
+                    "model": {k: v.clone() for k, v in enc.state_dict().items()},
+                    "optimizer": _clone(o.state_dict()),
+                    "monitor": mon.state_dict(),
+                }
 
         enc, opt = train_toy("mlp_heavyball", toy_data, end, hooks, start=begin, encoder=enc, optimizer=opt)
         return mon, saved.get("checkpoint")
@@ -187,7 +210,7 @@ def test_a_resumed_run_writes_the_same_parquet(toy_data, tmp_path):
 
     first, checkpoint = run(tmp_path / "resumed", 0, crash)
     assert first.chunks > checkpoint["monitor"]["chunks"]  # blocks were written after the checkpoint
-    first.release()                                          # the process dies here
+    first.release()  # the process dies here
     blob = tmp_path / "checkpoint.pt"
     torch.save(checkpoint, blob)
     checkpoint = torch.load(blob, weights_only=True)
@@ -237,5 +260,6 @@ def test_settings_are_validated(toy_data):
 def test_the_monitor_registry_is_released():
     assert monitor_schema.RELEASED[monitor_schema.MONITOR_VERSION] == monitor_schema.monitor_fingerprint(), (
         "the monitor registry changed: bump MONITOR_VERSION and add the fingerprint "
-        "(python -m normfast.engine.monitor.schema --fingerprint) to RELEASED, with a line in CHANGES")
+        "(python -m normfast.engine.monitor.schema --fingerprint) to RELEASED, with a line in CHANGES"
+    )
     assert set(monitor_schema.CHANGES) == set(monitor_schema.RELEASED)

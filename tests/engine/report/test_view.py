@@ -4,6 +4,7 @@ probing the demo's words, a few sentences, a corpus and its sharded form); then 
 headless Chromium (playwright driving the system browser): it loads from file:// with no
 console error and no network request, sorts, shows a token's values on hover, recolors, and
 a screenshot of it is not blank."""
+
 from __future__ import annotations
 
 import json
@@ -17,18 +18,17 @@ import pytest
 
 from normfast.cli import main
 from normfast.data.corpus import CorpusWindows, split_sentences
-from normfast.data.word_frequencies import top_words
 from normfast.data.io import read_metadata
 from normfast.data.manifest import manifest_path, part_path, write_manifest
 from normfast.data.runwriter import ChunkedParquetWriter
+from normfast.data.word_frequencies import top_words
 from normfast.encoders import HFEncoder
-from normfast.engine.report.aggregate import aggregate
 from normfast.engine.config import ProbeConfig
-from normfast.engine.runner.distributed import part_blocks
-from normfast.engine.report.page import page_data
 from normfast.engine.probe import probe
+from normfast.engine.report.aggregate import aggregate
+from normfast.engine.report.page import page_data
 from normfast.engine.result import ProbeResult
-
+from normfast.engine.runner.distributed import part_blocks
 from tests._models import tiny_bert
 from tests.conftest import REQUIRE_DATA, ROOT
 from tests.data.test_corpus import DOCS  # a few sentences: words of several pieces, punctuation, an apostrophe
@@ -36,10 +36,17 @@ from tests.data.test_corpus import DOCS  # a few sentences: words of several pie
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-
 def _config(output: str, chunk_size: int = 3) -> ProbeConfig:
-    return ProbeConfig(params=r"encoder\.layer\.1\.", mode="jvp", output=output, batches=4, drift_batches=None,
-                       batch_size=4, seed=3, chunk_size=chunk_size)
+    return ProbeConfig(
+        params=r"encoder\.layer\.1\.",
+        mode="jvp",
+        output=output,
+        batches=4,
+        drift_batches=None,
+        batch_size=4,
+        seed=3,
+        chunk_size=chunk_size,
+    )
 
 
 def shard_run(src: Path, out: Path, n_parts: int, chunk_items: int | None = None) -> Path:
@@ -53,8 +60,10 @@ def shard_run(src: Path, out: Path, n_parts: int, chunk_items: int | None = None
     else:
         table = pf.read()
         items = table.column("item").to_numpy()
-        chunks = [table.filter(pa.array((items >= a) & (items < a + chunk_items)))
-                  for a in range(0, int(items.max()) + 1, chunk_items)]
+        chunks = [
+            table.filter(pa.array((items >= a) & (items < a + chunk_items)))
+            for a in range(0, int(items.max()) + 1, chunk_items)
+        ]
     n = len(chunks)
     writer = ChunkedParquetWriter(out, {"sharded copy of": str(src)}, overwrite=True)
     for g, chunk in enumerate(chunks):
@@ -76,11 +85,21 @@ def runs(tmp_path_factory, minilm_tokenizer) -> dict[str, Path]:
     enc = HFEncoder(tiny_bert(tok), tok, max_length=14)
     folder = tmp_path_factory.mktemp("view-runs")
     sents = split_sentences(DOCS)
-    out = {"words": folder / "words" / "words.parquet", "corpus": folder / "corpus.parquet",
-           "pooled": folder / "pooled.parquet"}
+    out = {
+        "words": folder / "words" / "words.parquet",
+        "corpus": folder / "corpus.parquet",
+        "pooled": folder / "pooled.parquet",
+    }
     probe(enc, top_words(40), "simcse", sents, _config("tokens", 16), out=out["words"], progress=False)
-    probe(enc, CorpusWindows(DOCS, tok, max_length=14, stride=7), "simcse", sents, _config("tokens"),
-          out=out["corpus"], progress=False)
+    probe(
+        enc,
+        CorpusWindows(DOCS, tok, max_length=14, stride=7),
+        "simcse",
+        sents,
+        _config("tokens"),
+        out=out["corpus"],
+        progress=False,
+    )
     probe(enc, sents + top_words(12), "simcse", sents, _config("pooled", 8), out=out["pooled"], progress=False)
     out["sharded"] = shard_run(out["corpus"], folder / "sharded" / "corpus.parquet", 3)
     return out
@@ -127,8 +146,7 @@ def test_view_writes_the_page_of_every_kind_of_run(runs, kind, tmp_path, capsys)
         got = data["types"][b]
         assert got["label"] == agg.column("token" if b == "token" else "word").to_pylist()
         assert got["count"] == agg.column("count").to_pylist()
-        np.testing.assert_allclose(np.array(got["q"]["V2"]["mean"], float), agg.column("V2_mean").to_numpy(),
-                                   rtol=1e-5)
+        np.testing.assert_allclose(np.array(got["q"]["V2"]["mean"], float), agg.column("V2_mean").to_numpy(), rtol=1e-5)
     # the text view: every document token once (corpus runs: duplicates of overlapping windows left out)
     if kind != "words":
         primary = table.column("primary").to_numpy(zero_copy_only=False)
@@ -159,8 +177,11 @@ def test_to_html_view_and_the_notebook_summary(runs, tmp_path):
     assert inline.startswith("<iframe srcdoc=") and "height:500px" in inline and "&lt;script" in inline
     summary = run._repr_html_()
     assert "<table>" in summary and "normfast probe: " in summary and "median" in summary
-    assert "regime: LAW APPLICABLE" in summary or "regime: HEAT-DOMINATED" in summary or \
-        "regime: NOT APPLICABLE" in summary
+    assert (
+        "regime: LAW APPLICABLE" in summary
+        or "regime: HEAT-DOMINATED" in summary
+        or "regime: NOT APPLICABLE" in summary
+    )
     # an in-memory result (probe without out=) has the same page as its file
     memory = ProbeResult(run.table, run.metadata)
     assert page_data(memory)["types"] == page_data(run)["types"]
@@ -199,7 +220,7 @@ def test_the_page_is_cut_to_its_size_limit(runs, monkeypatch):
     assert "Cut to fit the page's size limit" in cut["header"]["sample"]
     n = cut["rows"]["n"]
     assert n < full["rows"]["n"] and all(len(v) == n for v in cut["rows"]["v"].values())
-    assert cut["rows"]["tok"] == full["rows"]["tok"][:n] and cut["docs"] == full["docs"][:len(cut["docs"])]
+    assert cut["rows"]["tok"] == full["rows"]["tok"][:n] and cut["docs"] == full["docs"][: len(cut["docs"])]
 
 
 def test_refuses_what_is_not_a_run(runs, tmp_path, capsys):
@@ -214,9 +235,14 @@ def test_refuses_what_is_not_a_run(runs, tmp_path, capsys):
     agg = tmp_path / "corpus.by-token.parquet"
     assert main(["aggregate", str(runs["corpus"]), "--out", str(agg), "--no-progress"]) == 0
     capsys.readouterr()
-    cases = [(plain, "not a normfast run"), (text, "not a normfast run (not a Parquet file"),
-             (tmp_path / "missing.parquet", "does not exist"), (both, "holds 2 runs (a.parquet, b.parquet)"),
-             (agg, "per-type table written by `normfast aggregate`"), (tmp_path, "holds no normfast run")]
+    cases = [
+        (plain, "not a normfast run"),
+        (text, "not a normfast run (not a Parquet file"),
+        (tmp_path / "missing.parquet", "does not exist"),
+        (both, "holds 2 runs (a.parquet, b.parquet)"),
+        (agg, "per-type table written by `normfast aggregate`"),
+        (tmp_path, "holds no normfast run"),
+    ]
     for path, message in cases:
         assert _view(path) == 2, path
         err = capsys.readouterr().err
@@ -305,8 +331,10 @@ class Tab:
         self.page = browser.new_page(viewport={"width": 1280, "height": 900})
         self.errors: list[str] = []
         self.requests: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}")
-                     if m.type in ("error", "warning") else None)
+        self.page.on(
+            "console",
+            lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type in ("error", "warning") else None,
+        )
         self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
         self.page.on("request", lambda r: self.requests.append(r.url))
 
@@ -352,8 +380,10 @@ def test_sorting_types_by_V2_puts_the_hottest_type_first(tab, pages, runs):
     assert float(cell.get_attribute("data-value")) == pytest.approx(v2[hottest], rel=1e-5)
     assert cell.inner_text().startswith(f"{v2[hottest]:.4g}"[:4])
     page.click("#nf-types th[data-key='V2']")  # again: the coldest first
-    assert page.locator("#nf-types tbody tr").first.locator("td").first.inner_text() == \
-        agg.column("token")[int(np.nanargmin(v2))].as_py()
+    assert (
+        page.locator("#nf-types tbody tr").first.locator("td").first.inner_text()
+        == agg.column("token")[int(np.nanargmin(v2))].as_py()
+    )
     page.fill("#nf-type-filter", "the")
     labels = page.locator("#nf-types tbody tr td:first-child").all_inner_texts()
     assert labels and all("the" in s.lower() for s in labels)

@@ -1,6 +1,7 @@
 """Sharding a probe run over ranks (gloo on CPU, two processes): the sharded table equals the
 single-process one row for row, a killed rank's finished chunks survive and a rerun computes only
 the missing ones, manifests read back as one table, and accumulators merge exactly across ranks."""
+
 from __future__ import annotations
 
 import json
@@ -39,21 +40,42 @@ def _setup(seed: int = 0):
 
 
 CONFIGS = {
-    "jvp_tokens": dict(params="all", mode="jvp", output="tokens", batches=4, drift_batches=12, batch_size=8,
-                       chunk_size=4, seed=3),
-    "head_pooled": dict(params="head", mode="head", output="pooled", batches=5, drift_batches=12, batch_size=8,
-                        chunk_size=4, seed=4),
+    "jvp_tokens": dict(
+        params="all", mode="jvp", output="tokens", batches=4, drift_batches=12, batch_size=8, chunk_size=4, seed=3
+    ),
+    "head_pooled": dict(
+        params="head", mode="head", output="pooled", batches=5, drift_batches=12, batch_size=8, chunk_size=4, seed=4
+    ),
     # adaptive M: rank 0 chooses M on the first chunk and shares it with the directions
-    "jvp_adaptive": dict(params="head", mode="jvp", output="pooled", batches=4, groups=2, drift_batches=40,
-                         target_rse=0.3, max_batches=40, batch_size=8, chunk_size=4, seed=5),
+    "jvp_adaptive": dict(
+        params="head",
+        mode="jvp",
+        output="pooled",
+        batches=4,
+        groups=2,
+        drift_batches=40,
+        target_rse=0.3,
+        max_batches=40,
+        batch_size=8,
+        chunk_size=4,
+        seed=5,
+    ),
 }
 
 
 def _outer_config(enc) -> ProbeConfig:
     n_params = sum(p.numel() for p in enc.parameters())
-    return ProbeConfig(params="all", mode="jvp", output="tokens", batches=6, drift_batches=12, batch_size=8,
-                       chunk_size=4,
-                       directions_per_pass=2, memory_budget_mb=2.5 * n_params * 4 * 2 / 2**20)
+    return ProbeConfig(
+        params="all",
+        mode="jvp",
+        output="tokens",
+        batches=6,
+        drift_batches=12,
+        batch_size=8,
+        chunk_size=4,
+        directions_per_pass=2,
+        memory_budget_mb=2.5 * n_params * 4 * 2 / 2**20,
+    )
 
 
 def _free_port() -> int:
@@ -76,9 +98,17 @@ def _entry(rank: int, port: int, fn, args) -> None:
 #: what every rank imports (pyarrow imports pandas, where installed, on its first table), imported
 #: once into the fork server the ranks are forked from: a rank then starts in a fraction of a
 #: second, where a spawned interpreter imports all of it afresh (seconds, twice per launch)
-RANK_PRELOAD = ["torch", "torch.distributed", "normfast.engine.probe", "normfast.encoders", "pyarrow.parquet",
-                "scipy.stats", "pandas", "transformers.models.bert.modeling_bert",
-                "tests._forkwarm"]  # and what the CLI runs of tests/faults/test_runs.py's killed children need
+RANK_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "normfast.engine.probe",
+    "normfast.encoders",
+    "pyarrow.parquet",
+    "scipy.stats",
+    "pandas",
+    "transformers.models.bert.modeling_bert",
+    "tests._forkwarm",
+]  # and what the CLI runs of tests/faults/test_runs.py's killed children need
 
 
 def _spawn(fn, *args) -> None:
@@ -99,8 +129,15 @@ def _sharded_runs(rank: int, folder: str) -> None:
 
     folder = Path(folder)
     enc, items, pairs = _setup()
-    res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_tokens"]),
-                out=folder / "jvp.parquet", progress=False)
+    res = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(**CONFIGS["jvp_tokens"]),
+        out=folder / "jvp.parquet",
+        progress=False,
+    )
     (folder / f"jvp-rank{rank}.json").write_text(json.dumps({"len": len(res), "path": str(res.path)}))
     # in memory: every rank receives the whole table
     res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["head_pooled"]), progress=False)
@@ -116,7 +153,7 @@ def _sharded_runs(rank: int, folder: str) -> None:
     t = torch.randn(6, 9, 5, generator=g, dtype=torch.float64)
     z = torch.randn(9, 5, generator=g, dtype=torch.float64)
     acc = ProbeAccumulator(9, 5, dtype=torch.float64)
-    acc.update(t[rank * 3:(rank + 1) * 3], z)
+    acc.update(t[rank * 3 : (rank + 1) * 3], z)
     stats = merge_across_ranks(acc).finalize()
     torch.save({k: v for k, v in stats.items() if k != "M"} | {"M": acc.M}, folder / f"merged-rank{rank}.pt")
     # a chunk that raises on one rank makes every rank raise (nobody waits forever)
@@ -131,8 +168,15 @@ def _sharded_runs(rank: int, folder: str) -> None:
 
     engine._jvp_chunk = failing
     try:
-        probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_tokens"]), out=folder / "fails.parquet",
-              progress=False)
+        probe(
+            enc,
+            items,
+            InfoNCE(0.1),
+            pairs,
+            ProbeConfig(**CONFIGS["jvp_tokens"]),
+            out=folder / "fails.parquet",
+            progress=False,
+        )
         message = "no error"
     except ValueError as exc:
         message = str(exc)
@@ -157,8 +201,16 @@ def _crash_then_resume(rank: int, folder: str, attempt: int) -> None:
 
     runwriter.ChunkedParquetWriter.write_chunk = write_chunk
     enc, items, pairs = _setup()
-    probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_tokens"]), out=folder / "run.parquet",
-          resume=attempt > 1, progress=False)
+    probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(**CONFIGS["jvp_tokens"]),
+        out=folder / "run.parquet",
+        resume=attempt > 1,
+        progress=False,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -233,8 +285,16 @@ def test_sharded_runs_equal_single_process_and_manifest_reads_back(tmp_path, cap
     assert kept == [f"chunk-{c:07d}.parquet" for c in (0, 1, 2, 4)]  # rank 1 stopped at 3
 
     # a finished sharded run is picked up by a resume with any world size, not recomputed
-    again = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_tokens"]),
-                  out=tmp_path / "jvp.parquet", resume=True, progress=False)
+    again = probe(
+        enc,
+        items,
+        InfoNCE(0.1),
+        pairs,
+        ProbeConfig(**CONFIGS["jvp_tokens"]),
+        out=tmp_path / "jvp.parquet",
+        resume=True,
+        progress=False,
+    )
     assert again.path == manifest and again.metadata["world_size"] == 2
 
     # normfast report reads the manifest as one run

@@ -1,6 +1,7 @@
 """The single-snapshot predictor as a probe output (``ProbeConfig(snapshot=True)``, ``--snapshot``):
 its shrinkage and step rule, its columns and metadata, its independence of chunking, the caller's
 model untouched, and its prediction on a small model trained to stationary norms."""
+
 from __future__ import annotations
 
 import warnings
@@ -36,31 +37,34 @@ def test_shrink_keeps_resolved_means_and_drops_noise(rng):
     np.testing.assert_allclose(noise, prior)
     assert info["weight"] == 0.0
     mixed, info = shrink(np.stack([signal + e, signal + e, signal - e, signal - e]), prior)
-    w = np.mean(signal ** 2 - 0) - np.mean(e ** 2)   # signal variance estimate: spread - error
-    assert info["weight"] == pytest.approx(max(w, 0) / (max(w, 0) + np.mean(e ** 2)))
+    w = np.mean(signal**2 - 0) - np.mean(e**2)  # signal variance estimate: spread - error
+    assert info["weight"] == pytest.approx(max(w, 0) / (max(w, 0) + np.mean(e**2)))
     np.testing.assert_allclose(mixed, info["weight"] * signal)
 
 
 def test_trajectory_steps_follow_the_relaxation_rule():
     """T = 4 relaxation times 1/(2η'λκ̃), clipped to [min, max]; heavy-ball shortens it by (1−β)."""
-    kappa = np.array([0.5, 1.0, 1.5])            # median 1
+    kappa = np.array([0.5, 1.0, 1.5])  # median 1
     cfg = ProbeConfig(lr=0.1, weight_decay=0.01)  # τ = 1/(2·0.1·0.01) = 500 steps
     assert trajectory_steps(cfg, kappa) == (2000, pytest.approx(4.0))
     assert trajectory_steps(replace(cfg, momentum=0.5), kappa)[0] == 1000
     assert trajectory_steps(replace(cfg, snapshot_max_steps=800), kappa) == (800, pytest.approx(1.6))
-    assert trajectory_steps(replace(cfg, lr=10.0), kappa)[0] == 500     # the floor
+    assert trajectory_steps(replace(cfg, lr=10.0), kappa)[0] == 500  # the floor
     assert trajectory_steps(replace(cfg, snapshot_steps=100), kappa) == (100, pytest.approx(0.2))
     with pytest.raises(ValueError, match="no radial grip"):
         trajectory_steps(cfg, np.array([-0.1, 0.0, 0.05]) - 0.1)
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(snapshot=True, output="tokens"), "output='pooled'"),
-    (dict(snapshot=True, optimizer={"a": "sgd", "b": "adamw"}), "one optimizer preset"),
-    (dict(snapshot_steps=10), "snapshot_steps must be"),
-    (dict(snapshot_min_steps=600, snapshot_max_steps=500), "snapshot_max_steps"),
-    (dict(snapshot_relaxations=0), "snapshot_relaxations"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(snapshot=True, output="tokens"), "output='pooled'"),
+        (dict(snapshot=True, optimizer={"a": "sgd", "b": "adamw"}), "one optimizer preset"),
+        (dict(snapshot_steps=10), "snapshot_steps must be"),
+        (dict(snapshot_min_steps=600, snapshot_max_steps=500), "snapshot_max_steps"),
+        (dict(snapshot_relaxations=0), "snapshot_relaxations"),
+    ],
+)
 def test_snapshot_settings_are_validated(kw, match):
     with pytest.raises(ValueError, match=match):
         ProbeConfig(**kw).validate()
@@ -72,11 +76,24 @@ def test_snapshot_settings_are_validated(kw, match):
 
 @pytest.fixture(scope="module")
 def trained():
-    from bench.experiments.e1.data import E1Config, VARIANT_SPECS, make_concepts
+    from bench.experiments.e1.data import VARIANT_SPECS, E1Config, make_concepts
     from bench.experiments.e1.training import train
 
-    cfg = E1Config(concepts=8, items_per_concept=4, d_in=8, hidden=16, d_out=8, n_pairs=800, batch_size=16,
-                   lr=0.05, weight_decay=0.1, steps=1500, window=0.4, record_every=10, probe_every=250)
+    cfg = E1Config(
+        concepts=8,
+        items_per_concept=4,
+        d_in=8,
+        hidden=16,
+        d_out=8,
+        n_pairs=800,
+        batch_size=16,
+        lr=0.05,
+        weight_decay=0.1,
+        steps=1500,
+        window=0.4,
+        record_every=10,
+        probe_every=250,
+    )
     data = make_concepts(cfg)
     torch.manual_seed(0)
     return cfg, data, train(VARIANT_SPECS["mlp"], cfg, data, progress=False)
@@ -92,8 +109,13 @@ def _setup(trained, **kw):
     load_checkpoint(run.encoder, run.checkpoints[-1])
     n = data.x.shape[0]
     pairs = PairSource.from_iterable([(int(a), int(b)) for a, b in data.pairs])
-    pcfg = replace(probe_config(VARIANT_SPECS["mlp"], cfg, n, batches=4, drift_batches=8),
-                   radial_spread=False, snapshot=True, seed=3, **kw)
+    pcfg = replace(
+        probe_config(VARIANT_SPECS["mlp"], cfg, n, batches=4, drift_batches=8),
+        radial_spread=False,
+        snapshot=True,
+        seed=3,
+        **kw,
+    )
     return run.encoder, list(range(n)), InfoNCE(temperature=cfg.temperature), pairs, pcfg
 
 
@@ -122,11 +144,11 @@ def test_probe_writes_the_snapshot_columns_and_leaves_the_model_alone(trained, t
     np.testing.assert_array_equal(res.column("Q_snapshot"), direct.Q)
     # the plain-SGD law solved with the columns it reports (κ from the trajectory) gives the column
     d, q, k, lam, eta = direct.D, direct.Q, direct.kappa, pcfg.weight_decay, pcfg.lr
-    r2 = (d + np.sqrt(d ** 2 + 2 * lam * k * eta * q)) / (2 * lam * k)
+    r2 = (d + np.sqrt(d**2 + 2 * lam * k * eta * q)) / (2 * lam * k)
     np.testing.assert_allclose(direct.r_eq, np.sqrt(r2), rtol=1e-9)
     # it predicts the window-mean norm the items kept during training, to E1's target, at a toy size
     fit = loglog_fit(direct.r_eq, trained[2].observed)
-    assert 0.85 <= fit["slope"] <= 1.15 and fit["pearson_r"] >= 0.93, fit   # E1's target (measured 0.98 / 0.99)
+    assert 0.85 <= fit["slope"] <= 1.15 and fit["pearson_r"] >= 0.93, fit  # E1's target (measured 0.98 / 0.99)
     # and the summary says what it is
     text = res.format_summary()
     assert "single-snapshot predictor r_eq_snapshot" in text and "not a reading of its present norm" in text
@@ -164,11 +186,22 @@ def test_norm_continued_is_the_rms_norm_of_the_continuation(trained):
 
     enc, items, objective, pairs, pcfg = _setup(trained, snapshot_steps=60)
     res = _probe(enc, items, objective, pairs, pcfg)
-    replay = virtual_trajectory(enc, items, objective, pairs, pcfg, steps=60, points=60, meter=False,
-                                measure=lambda m, step, v: _Norms(m, items), columns=("norm",), progress=False)
+    replay = virtual_trajectory(
+        enc,
+        items,
+        objective,
+        pairs,
+        pcfg,
+        steps=60,
+        points=60,
+        meter=False,
+        measure=lambda m, step, v: _Norms(m, items),
+        columns=("norm",),
+        progress=False,
+    )
     states = np.vstack([_Norms(enc, items).norm[None], replay.columns["norm"][:-1]])
     assert states.shape == (60, len(items))
-    want = np.sqrt((states ** 2).mean(0))
+    want = np.sqrt((states**2).mean(0))
     np.testing.assert_allclose(res.column("norm_continued"), want, rtol=1e-5)
     assert not np.allclose(want, states[0], rtol=1e-3)  # the continuation moved: not the present norm
     # its interval: 60 steps = two segments (steps 1-25 and 26-60), each left out in turn
@@ -196,9 +229,29 @@ def test_cli_snapshot_flag(tmp_path, tiny_bert_folder, capsys):
     words = tmp_path / "words.txt"
     words.write_text("apple\nriver\nthe\ndemocracy\nblue\nquantum\n")
     out = tmp_path / "run.parquet"
-    args = ["probe", str(tiny_bert_folder), "--probes", str(words), "--params", r"encoder\.layer\.1\.",
-            "--batches", "3", "--drift-batches", "6", "--groups", "3", "--batch-size", "3", "--lr", "0.05",
-            "--wd", "0.1", "--snapshot-steps", "50", "--no-progress"]
+    args = [
+        "probe",
+        str(tiny_bert_folder),
+        "--probes",
+        str(words),
+        "--params",
+        r"encoder\.layer\.1\.",
+        "--batches",
+        "3",
+        "--drift-batches",
+        "6",
+        "--groups",
+        "3",
+        "--batch-size",
+        "3",
+        "--lr",
+        "0.05",
+        "--wd",
+        "0.1",
+        "--snapshot-steps",
+        "50",
+        "--no-progress",
+    ]
     rc = main([*args, "--out", str(out)])
     text = capsys.readouterr()
     assert rc == 0, text.err
@@ -215,13 +268,14 @@ def test_meter_jackknife_replicates_are_the_statistics_without_their_segment(tra
 
     enc, items, _, _, pcfg = _setup(trained)
     gen = torch.Generator().manual_seed(5)
-    dirs = [{n: torch.randn(p.shape, generator=gen, dtype=p.dtype) for n, p in enc.named_parameters()}
-            for _ in range(110)]
+    dirs = [
+        {n: torch.randn(p.shape, generator=gen, dtype=p.dtype) for n, p in enc.named_parameters()} for _ in range(110)
+    ]
     whole = TrajectoryMeter(enc, items, pcfg, block=5, segment=30, n_segments=3)
     for i, d in enumerate(dirs):
         whole.add(d, kappa=i % 4 == 0)
     stats = whole.statistics()
-    bounds = [(0, 30), (30, 60), (60, 110)]   # 30-step segments, the last with the 20 left over
+    bounds = [(0, 30), (30, 60), (60, 110)]  # 30-step segments, the last with the 20 left over
     assert len(stats["jackknife"]) == 3
     for (a, b), rep in zip(bounds, stats["jackknife"]):
         part = TrajectoryMeter(enc, items, pcfg, block=5)

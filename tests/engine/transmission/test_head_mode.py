@@ -1,11 +1,11 @@
 """Head mode (torch path): S form == per-batch form == accumulator == brute force.
 
 The grouped form (the default) has its own checks in test_uncertainty.py."""
+
 import numpy as np
 import pytest
 import torch
 
-from normfast.ops import ProbeAccumulator, head_flops, head_stats, prepare_head
 from normfast.core.reference import (
     allowed_error,
     brute_force_stats,
@@ -13,6 +13,7 @@ from normfast.core.reference import (
     project_reference,
     stat_errors,
 )
+from normfast.ops import ProbeAccumulator, head_flops, head_stats, prepare_head
 
 
 def _head_problem(gen, n, d_in, d_out, m, *, bias=True, dtype=torch.float64):
@@ -36,8 +37,7 @@ def _worst(errors, skip=("sign_stability",)):
     return max(v for k, v in errors.items() if not k.startswith(skip))
 
 
-SHAPES = [(1, 1, 1, 2), (7, 3, 5, 5), (1000, 64, 32, 5), (7, 3, 384, 2), (1000, 17, 1, 64),
-          (37, 384, 3, 64)]
+SHAPES = [(1, 1, 1, 2), (7, 3, 5, 5), (1000, 64, 32, 5), (7, 3, 384, 2), (1000, 17, 1, 64), (37, 384, 3, 64)]
 
 
 @pytest.mark.parametrize("branch", ["u", "w"])
@@ -75,15 +75,19 @@ def test_float64_path_and_references(gen, bias, branch):
     f32 = [x.float() if x is not None else None for x in (A, Z, G, g)]
     want_f32 = brute_force_stats(_displacements(*[f32[0], f32[2], f32[3]]), f32[1], branch)
     sfx = "" if branch == "u" else "_w"
-    for got, truth in ((head_stats(A, Z, G, g, branch=branch, radial_spread=True), want),
-                       (head_stats(*f32, branch=branch, dtype=torch.float64, radial_spread=True), want_f32),
-                       (project_reference(A, Z, G, g, branch=branch), want)):
+    for got, truth in (
+        (head_stats(A, Z, G, g, branch=branch, radial_spread=True), want),
+        (head_stats(*f32, branch=branch, dtype=torch.float64, radial_spread=True), want_f32),
+        (project_reference(A, Z, G, g, branch=branch), want),
+    ):
         assert got["D" + sfx].dtype == torch.float64
         errors = stat_errors(got, truth)
         assert _worst(errors) <= allowed_error(torch.float64), errors
         assert errors["sign_stability" + sfx] == 0
-    for got in (head_stats(A, Z, G, g, branch=branch, form="S", radial_spread=False),
-                head_stats_reference(A, Z, G, g, branch=branch)):
+    for got in (
+        head_stats(A, Z, G, g, branch=branch, form="S", radial_spread=False),
+        head_stats_reference(A, Z, G, g, branch=branch),
+    ):
         keys = [k + sfx for k in ("D", "m2", "V2", "Q")]
         assert _worst(stat_errors(got, want, keys)) <= allowed_error(torch.float64)
 
@@ -109,8 +113,9 @@ def test_prepared_directions_stream_in_chunks(gen):
     whole = head_stats(A, Z, G, g, form="S", radial_spread=False)
     dirs = prepare_head(G, g)
     assert dirs.M == 9 and dirs.d_in == 24 and dirs.d_out == 16 and dirs.has_bias
-    parts = [head_stats(A[i:i + 100], Z[i:i + 100], dirs, form="S", radial_spread=False)
-             for i in range(0, 301, 100)]
+    parts = [
+        head_stats(A[i : i + 100], Z[i : i + 100], dirs, form="S", radial_spread=False) for i in range(0, 301, 100)
+    ]
     for key in ("D", "m2", "V2", "Q", "reason"):
         joined = torch.cat([p[key] for p in parts])
         assert torch.allclose(joined, whole[key], rtol=1e-6, atol=0), key
@@ -147,8 +152,7 @@ def test_invalid_rows(gen):
     Z[4] = 0.0
     want = brute_force_stats(_displacements(A, G, g), Z, "w")
     for form, spread in (("S", False), ("per_batch", True)):
-        got = head_stats(A.float(), Z.float(), G.float(), g.float(), branch="w", form=form,
-                         radial_spread=spread)
+        got = head_stats(A.float(), Z.float(), G.float(), g.float(), branch="w", form=form, radial_spread=spread)
         assert got["reason"].tolist() == [0, 1, 2, 3, 1, 0]
         assert torch.equal(got["reason"], want["reason"])
         assert torch.isnan(got["Q_w"][1:5]).all() and torch.isfinite(got["Q_w"][[0, 5]]).all()
@@ -164,6 +168,7 @@ def test_head_matches_explicit_jvp_of_the_head(gen):
     A, Z, G, g = _head_problem(gen, n, d_in, d_out, m)
     head = torch.nn.Linear(d_in, d_out).double().requires_grad_(False)
     Z = head(A)
+
     def forward(W, b):
         return torch.nn.functional.linear(A, W, b)
 

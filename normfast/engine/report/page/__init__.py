@@ -4,6 +4,7 @@
 whatever the run's size), :mod:`~normfast.engine.report.page.build` renders it with the jinja2
 template and the script and style beside it (``page.html.j2``, ``page.js``, ``page.css``).
 """
+
 from normfast.engine.report.page.build import InlinePage, page_data, page_html, render, summary_html, write_page
 
 __all__ = ["InlinePage", "page_data", "page_html", "render", "summary_html", "write_page"]

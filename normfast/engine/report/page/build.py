@@ -6,6 +6,7 @@ inline: it needs no network and works opened from ``file://``. Its script is a f
 lines of plain JavaScript drawing SVG (no plotting library): the page must stay small and
 bounded for runs of any size, and the figures need only points, bars and axes.
 """
+
 from __future__ import annotations
 
 import html
@@ -49,13 +50,24 @@ def _meaning(name: str) -> str:
 
 def _stat_specs(result, stats: Sequence[str]) -> list[dict[str, Any]]:
     names = set(result.column_names)
-    labels = {result.heat_column: f"{result.heat_column} (heat)", result.drift_column: f"{result.drift_column} (drift)",
-              "norm": "norm", "r_eq": "r_eq", "r_eq_heat": "r_eq_heat", "kappa": "κ (kappa)",
-              "drift_to_heat": "drift / heat", "r_eq_snapshot": "r_eq_snapshot"}
+    labels = {
+        result.heat_column: f"{result.heat_column} (heat)",
+        result.drift_column: f"{result.drift_column} (drift)",
+        "norm": "norm",
+        "r_eq": "r_eq",
+        "r_eq_heat": "r_eq_heat",
+        "kappa": "κ (kappa)",
+        "drift_to_heat": "drift / heat",
+        "r_eq_snapshot": "r_eq_snapshot",
+    }
     out = []
     for s in stats:
-        spec = {"key": s, "label": labels.get(s, s), "kind": "div" if s == result.drift_column else "seq",
-                "about": _meaning(s)}
+        spec = {
+            "key": s,
+            "label": labels.get(s, s),
+            "kind": "div" if s == result.drift_column else "seq",
+            "about": _meaning(s),
+        }
         if f"se_{s}" in names:
             spec["se"] = f"se_{s}"
         if f"{s}_lo" in names and f"{s}_hi" in names:
@@ -64,14 +76,18 @@ def _stat_specs(result, stats: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _header(result, scanned: dict[str, Any], shown_docs: int, all_docs: bool, cut: bool, seed: int,
-            notes: str | None) -> dict[str, Any]:
+def _header(
+    result, scanned: dict[str, Any], shown_docs: int, all_docs: bool, cut: bool, seed: int, notes: str | None
+) -> dict[str, Any]:
     from normfast.engine.diagnostics.regime import fit_context, headline
     from normfast.engine.report.summary import result_regime, run_line
 
     meta = result.metadata
-    regime = meta.get("regime") if isinstance(meta.get("regime"), dict) and "regime" in meta["regime"] \
+    regime = (
+        meta.get("regime")
+        if isinstance(meta.get("regime"), dict) and "regime" in meta["regime"]
         else result_regime(result)
+    )
     lines = [run_line(meta)]
     if regime is None or "regime" not in regime:
         lines.append("regime: not checked (the run lacks the columns the check needs)")
@@ -79,9 +95,15 @@ def _header(result, scanned: dict[str, Any], shown_docs: int, all_docs: bool, cu
         lines += [ln.strip() for ln in headline(regime)]
     if meta.get("encoder_note"):
         lines.append(f"encoder: {meta['encoder_note']}")
-    lines.append(f"rows: {scanned['rows']:,} ({scanned['valid']:,} with valid statistics"
-                 + (f"; {scanned['special']:,} special-token rows ([CLS], [SEP], ...) left out of every scale "
-                    f"and aggregate" if scanned["special"] else "") + ")")
+    lines.append(
+        f"rows: {scanned['rows']:,} ({scanned['valid']:,} with valid statistics"
+        + (
+            f"; {scanned['special']:,} special-token rows ([CLS], [SEP], ...) left out of every scale and aggregate"
+            if scanned["special"]
+            else ""
+        )
+        + ")"
+    )
     reading = fit_context(regime if regime and "regime" in regime else None, meta).strip()
     unit = "documents" if scanned["key"] == "doc_id" else "inputs"
     n_keys = len(scanned["keys"])
@@ -89,26 +111,51 @@ def _header(result, scanned: dict[str, Any], shown_docs: int, all_docs: bool, cu
     if all_docs and not cut:
         sample = f"All {n_keys:,} {unit} of the run are shown ({where})."
     else:
-        sample = (f"{where[0].upper() + where[1:]} show {shown_docs:,} of the run's {n_keys:,} {unit}, "
-                  f"drawn at random (seed {seed})" + (", the last one cut at the row limit" if cut else "")
-                  + ("; the heat's distribution covers every row." if meta.get("output") == "pooled" else
-                     "; the type tables and the heat's distribution cover every row."))
-    facts = [("model", meta.get("model")), ("objective", meta.get("objective")),
-             ("preset", f"{meta.get('optimizer')} lr={meta.get('lr')} wd={meta.get('weight_decay')}"
-                        + (f" momentum={meta.get('momentum')}" if meta.get("momentum") else "")),
-             ("M (heat batches)", meta.get("M")), ("M_D (drift batches)", meta.get("M_D") or "per batch of M"),
-             ("K (batch groups)", meta.get("groups")), ("batch size", meta.get("batch_size")),
-             ("mode", meta.get("mode")), ("output", meta.get("output")), ("probed", meta.get("params")),
-             ("rows", f"{scanned['rows']:,}"), ("regime", (regime or {}).get("regime", "not checked")),
-             ("file", str(result.path) if result.path is not None else "in memory"),
-             ("normfast", (meta.get("versions") or {}).get("normfast")), ("device", meta.get("device"))]
-    return {"lines": lines, "reading": reading, "sample": sample, "notes": notes or "",
-            "facts": [(k, "" if v is None else str(v)) for k, v in facts],
-            "regime": (regime or {}).get("regime"), "reason": (regime or {}).get("reason")}
+        sample = (
+            f"{where[0].upper() + where[1:]} show {shown_docs:,} of the run's {n_keys:,} {unit}, "
+            f"drawn at random (seed {seed})"
+            + (", the last one cut at the row limit" if cut else "")
+            + (
+                "; the heat's distribution covers every row."
+                if meta.get("output") == "pooled"
+                else "; the type tables and the heat's distribution cover every row."
+            )
+        )
+    facts = [
+        ("model", meta.get("model")),
+        ("objective", meta.get("objective")),
+        (
+            "preset",
+            f"{meta.get('optimizer')} lr={meta.get('lr')} wd={meta.get('weight_decay')}"
+            + (f" momentum={meta.get('momentum')}" if meta.get("momentum") else ""),
+        ),
+        ("M (heat batches)", meta.get("M")),
+        ("M_D (drift batches)", meta.get("M_D") or "per batch of M"),
+        ("K (batch groups)", meta.get("groups")),
+        ("batch size", meta.get("batch_size")),
+        ("mode", meta.get("mode")),
+        ("output", meta.get("output")),
+        ("probed", meta.get("params")),
+        ("rows", f"{scanned['rows']:,}"),
+        ("regime", (regime or {}).get("regime", "not checked")),
+        ("file", str(result.path) if result.path is not None else "in memory"),
+        ("normfast", (meta.get("versions") or {}).get("normfast")),
+        ("device", meta.get("device")),
+    ]
+    return {
+        "lines": lines,
+        "reading": reading,
+        "sample": sample,
+        "notes": notes or "",
+        "facts": [(k, "" if v is None else str(v)) for k, v in facts],
+        "regime": (regime or {}).get("regime"),
+        "reason": (regime or {}).get("reason"),
+    }
 
 
-def _rows_payload(rows: pa.Table, specs: list[dict[str, Any]], layout: tuple | None,
-                  doc_of_row: np.ndarray) -> dict[str, Any]:
+def _rows_payload(
+    rows: pa.Table, specs: list[dict[str, Any]], layout: tuple | None, doc_of_row: np.ndarray
+) -> dict[str, Any]:
     """The sampled rows, column by column (``layout``: the text view's token layout; None: pooled)."""
     names = rows.column_names
     n = rows.num_rows
@@ -123,8 +170,9 @@ def _rows_payload(rows: pa.Table, specs: list[dict[str, Any]], layout: tuple | N
     if pooled:
         ids = rows.column("id").to_pylist() if "id" in names else out["item"]
         out["id"] = [str(x)[:MAX_LABEL] for x in ids]
-        out["text"] = [str(x or "")[:MAX_TEXT] for x in rows.column("text").to_pylist()] if "text" in names \
-            else [""] * n
+        out["text"] = (
+            [str(x or "")[:MAX_TEXT] for x in rows.column("text").to_pylist()] if "text" in names else [""] * n
+        )
     regimes = rows.column("regime").to_pylist() if "regime" in names else [None] * n
     out["regime"] = [collect.REGIMES.index(r) if r in collect.REGIMES else -1 for r in regimes]
     if "regime_reason" in names:
@@ -150,15 +198,22 @@ def _types_payload(agg: dict[str, Any], quantities: Sequence[str], min_count: in
     for by, got in agg.items():
         t: pa.Table = got["table"]
         label = t.column("token" if by == "token" else "word").to_pylist()
-        entry: dict[str, Any] = {"total": got["types"], "n": t.num_rows, "label": [str(s)[:MAX_LABEL] for s in label],
-                                 "count": _ints(t.column("count").to_numpy()),
-                                 "occurrences": _ints(t.column("occurrences").to_numpy()),
-                                 "min_count": min_count, "q": {}}
+        entry: dict[str, Any] = {
+            "total": got["types"],
+            "n": t.num_rows,
+            "label": [str(s)[:MAX_LABEL] for s in label],
+            "count": _ints(t.column("count").to_numpy()),
+            "occurrences": _ints(t.column("occurrences").to_numpy()),
+            "min_count": min_count,
+            "q": {},
+        }
         if by == "word":
             entry["pieces"] = _nums(t.column("pieces").to_numpy(zero_copy_only=False), 3)
         for q in quantities:
-            entry["q"][q] = {"mean": _nums(t.column(f"{q}_mean").to_numpy(zero_copy_only=False), TYPE_DIGITS),
-                             "se": _nums(t.column(f"{q}_se").to_numpy(zero_copy_only=False), SE_DIGITS)}
+            entry["q"][q] = {
+                "mean": _nums(t.column(f"{q}_mean").to_numpy(zero_copy_only=False), TYPE_DIGITS),
+                "se": _nums(t.column(f"{q}_se").to_numpy(zero_copy_only=False), SE_DIGITS),
+            }
         z = collect.zipf_of(entry["label"])
         if z is not None and np.isfinite(z).any():
             entry["zipf"] = _nums(z, 3)
@@ -166,9 +221,17 @@ def _types_payload(agg: dict[str, Any], quantities: Sequence[str], min_count: in
     return out
 
 
-def page_data(result, *, stat: str | None = None, docs: int = collect.DEFAULT_DOCS, min_count: int = 1,
-              max_rows: int = collect.DEFAULT_MAX_ROWS, max_types: int = collect.DEFAULT_MAX_TYPES,
-              seed: int = 0, notes: str | None = None) -> dict[str, Any]:
+def page_data(
+    result,
+    *,
+    stat: str | None = None,
+    docs: int = collect.DEFAULT_DOCS,
+    min_count: int = 1,
+    max_rows: int = collect.DEFAULT_MAX_ROWS,
+    max_types: int = collect.DEFAULT_MAX_TYPES,
+    seed: int = 0,
+    notes: str | None = None,
+) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready data (see :mod:`normfast.engine.report.page.collect`)."""
     fn = "normfast view"
     for name, v in (("docs", docs), ("min_count", min_count), ("max_rows", max_rows), ("max_types", max_types)):
@@ -178,14 +241,19 @@ def page_data(result, *, stat: str | None = None, docs: int = collect.DEFAULT_DO
         raise ValueError(f"{fn}: expected seed to be an int, got {seed!r}")
     collect.check_run(result)
     stats = collect.stat_columns(result)
-    aliases = {"V2": result.heat_column, "D": result.drift_column, "heat": result.heat_column,
-               "drift": result.drift_column}
+    aliases = {
+        "V2": result.heat_column,
+        "D": result.drift_column,
+        "heat": result.heat_column,
+        "drift": result.drift_column,
+    }
     chosen = aliases.get(stat, stat) if stat is not None else result.heat_column
     if chosen not in stats:
         raise ValueError(f"{fn}: --stat {stat!r} is not a statistic of this run; choose one of {stats}")
     meta = result.metadata
-    pooled = (meta["output"] == "pooled") if "output" in meta else \
-        int(np.max(result.column("position"), initial=-1)) < 0
+    pooled = (
+        (meta["output"] == "pooled") if "output" in meta else int(np.max(result.column("position"), initial=-1)) < 0
+    )
     corpus = "doc_id" in result.column_names and not pooled
 
     scanned = collect.scan(result)
@@ -200,18 +268,39 @@ def page_data(result, *, stat: str | None = None, docs: int = collect.DEFAULT_DO
     row_data = _rows_payload(rows, specs, layout, doc_of_row)
     docs_out = [] if pooled else collect.documents(rows, scanned["key"], corpus, *layout)
 
-    quantities = [q for q in ("norm", result.heat_column, result.drift_column, "kappa", "r_eq", "r_eq_heat")
-                  if q in result.column_names]
-    types = _types_payload(collect.type_tables(result, quantities, min_count, max_types), quantities, min_count) \
-        if not pooled else {}
-    data = {"title": f"{meta.get('model')} — {Path(str(result.path)).name if result.path else 'probe run'}",
-            "stat": chosen, "stats": specs, "kind": "pooled" if pooled else ("corpus" if corpus else "tokens"),
-            "heat": result.heat_column, "drift": result.drift_column, "regimes": list(collect.REGIMES),
-            "rows": row_data, "docs": docs_out,
-            "sample": {"docs": len(keys), "of": len(scanned["keys"]), "seed": seed, "all": every, "cut": cut,
-                       "unit": "documents" if corpus else "inputs"},
-            "types": types, "quantities": quantities, "hist": collect.heat_histogram(scanned),
-            "totals": {k: scanned[k] for k in ("rows", "valid", "special")}}
+    quantities = [
+        q
+        for q in ("norm", result.heat_column, result.drift_column, "kappa", "r_eq", "r_eq_heat")
+        if q in result.column_names
+    ]
+    types = (
+        _types_payload(collect.type_tables(result, quantities, min_count, max_types), quantities, min_count)
+        if not pooled
+        else {}
+    )
+    data = {
+        "title": f"{meta.get('model')} — {Path(str(result.path)).name if result.path else 'probe run'}",
+        "stat": chosen,
+        "stats": specs,
+        "kind": "pooled" if pooled else ("corpus" if corpus else "tokens"),
+        "heat": result.heat_column,
+        "drift": result.drift_column,
+        "regimes": list(collect.REGIMES),
+        "rows": row_data,
+        "docs": docs_out,
+        "sample": {
+            "docs": len(keys),
+            "of": len(scanned["keys"]),
+            "seed": seed,
+            "all": every,
+            "cut": cut,
+            "unit": "documents" if corpus else "inputs",
+        },
+        "types": types,
+        "quantities": quantities,
+        "hist": collect.heat_histogram(scanned),
+        "totals": {k: scanned[k] for k in ("rows", "valid", "special")},
+    }
     data["header"] = _header(result, scanned, len(keys), every, cut, seed, notes)
     trimmed = _fit(data, MAX_DATA_BYTES - 1024)  # room for the header's note of what was cut
     if trimmed:
@@ -280,16 +369,24 @@ def _json_for_script(data: Any) -> str:
 def _environment():
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(ASSETS)), autoescape=True,
-                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(ASSETS)),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
 
 
 def render(data: dict[str, Any]) -> str:
     """The page's HTML for ``page_data``'s output."""
     env = _environment()
     return env.get_template("page.html.j2").render(
-        data=data, payload=_json_for_script(data), script=(ASSETS / "page.js").read_text(encoding="utf-8"),
-        style=(ASSETS / "page.css").read_text(encoding="utf-8"))
+        data=data,
+        payload=_json_for_script(data),
+        script=(ASSETS / "page.js").read_text(encoding="utf-8"),
+        style=(ASSETS / "page.css").read_text(encoding="utf-8"),
+    )
 
 
 def page_html(result, **options: Any) -> str:
@@ -317,8 +414,10 @@ class InlinePage:
         self.height = int(height)
 
     def _repr_html_(self) -> str:
-        return (f'<iframe srcdoc="{html.escape(self.html, quote=True)}" style="width:100%;'
-                f'height:{self.height}px;border:1px solid #ddd" sandbox="allow-scripts"></iframe>')
+        return (
+            f'<iframe srcdoc="{html.escape(self.html, quote=True)}" style="width:100%;'
+            f'height:{self.height}px;border:1px solid #ddd" sandbox="allow-scripts"></iframe>'
+        )
 
 
 #: results with more rows show only their header in a notebook (the quantiles read every row)
@@ -333,25 +432,36 @@ def summary_html(result) -> str:
     meta = result.metadata
     n = len(result)
     esc = html.escape
-    parts = [f"<div><b>ProbeResult</b>: {n:,} rows"
-             + (f" &middot; <code>{esc(str(result.path))}</code>" if result.path is not None else "") + "</div>",
-             f"<div><code>{esc(run_line(meta))}</code></div>"]
+    parts = [
+        f"<div><b>ProbeResult</b>: {n:,} rows"
+        + (f" &middot; <code>{esc(str(result.path))}</code>" if result.path is not None else "")
+        + "</div>",
+        f"<div><code>{esc(run_line(meta))}</code></div>",
+    ]
     regime = meta.get("regime")
     if n > SUMMARY_ROWS_LIMIT or not isinstance(regime, dict) or "regime" not in regime:
         if isinstance(regime, dict) and "regime" in regime:
             parts += [f"<div>{esc(ln.strip())}</div>" for ln in headline(regime)]
         if n > SUMMARY_ROWS_LIMIT:
-            parts.append(f"<div>(over {SUMMARY_ROWS_LIMIT:,} rows: call <code>result.summary()</code> for the "
-                         f"quantiles, <code>result.to_html(path)</code> for the page)</div>")
+            parts.append(
+                f"<div>(over {SUMMARY_ROWS_LIMIT:,} rows: call <code>result.summary()</code> for the "
+                f"quantiles, <code>result.to_html(path)</code> for the page)</div>"
+            )
             return "<div class='normfast-result'>" + "".join(parts) + "</div>"
     s = summarize(result)
     if s["regime"] is not None and "regime" in s["regime"]:
         parts += [f"<div>{esc(ln.strip())}</div>" for ln in headline(s["regime"])]
     cols = ("norm", result.drift_column, result.heat_column, "kappa", "r_eq", "r_eq_heat")
-    body = "".join(f"<tr><td>{esc(c)}</td>" + "".join(f"<td>{s[c][q]:.4g}</td>" for q in ("p10", "median", "p90"))
-                   + "</tr>" for c in cols)
-    parts.append("<table><thead><tr><th>quantity</th><th>p10</th><th>median</th><th>p90</th></tr></thead>"
-                 f"<tbody>{body}</tbody></table>")
-    parts.append(f"<div>{s['valid']:,} rows with valid statistics; special-token rows left out: "
-                 f"{s['special_rows']:,}. <code>result.view()</code> shows the page.</div>")
+    body = "".join(
+        f"<tr><td>{esc(c)}</td>" + "".join(f"<td>{s[c][q]:.4g}</td>" for q in ("p10", "median", "p90")) + "</tr>"
+        for c in cols
+    )
+    parts.append(
+        "<table><thead><tr><th>quantity</th><th>p10</th><th>median</th><th>p90</th></tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+    )
+    parts.append(
+        f"<div>{s['valid']:,} rows with valid statistics; special-token rows left out: "
+        f"{s['special_rows']:,}. <code>result.view()</code> shows the page.</div>"
+    )
     return "<div class='normfast-result'>" + "".join(parts) + "</div>"

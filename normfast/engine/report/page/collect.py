@@ -15,6 +15,7 @@ Pass 1 reads the document keys and the heat of every row (counts, histogram), pa
 the sampled documents' rows; the aggregation streams the run once more per grouping.
 Memory: one batch of rows plus the sample and a few numbers per document and type.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -44,19 +45,31 @@ def check_run(result) -> None:
     names = set(result.column_names)
     meta = result.metadata
     if "aggregation" in meta and "run" in meta:
-        _fail(f"{result.path} is a per-type table written by `normfast aggregate`, not a probe run; "
-              f"view the run it was made from ({', '.join(meta['aggregation'].get('files') or []) or '?'})")
+        _fail(
+            f"{result.path} is a per-type table written by `normfast aggregate`, not a probe run; "
+            f"view the run it was made from ({', '.join(meta['aggregation'].get('files') or []) or '?'})"
+        )
     missing = [c for c in REQUIRED if c not in names]
     if missing or not ({"V2", "V2_w"} & names) or not ({"D", "D_w"} & names):
-        _fail(f"{result.path} is not a normfast probe run: it lacks the column(s) "
-              f"{missing or ['V2 or V2_w', 'D or D_w']} (columns: {sorted(names)[:12]}...)")
+        _fail(
+            f"{result.path} is not a normfast probe run: it lacks the column(s) "
+            f"{missing or ['V2 or V2_w', 'D or D_w']} (columns: {sorted(names)[:12]}...)"
+        )
 
 
 def stat_columns(result) -> list[str]:
     """The statistics the page can color by, in menu order (those the run has)."""
     names = set(result.column_names)
-    order = [result.heat_column, result.drift_column, "norm", "r_eq", "r_eq_heat", "kappa", "drift_to_heat",
-             "r_eq_snapshot"]
+    order = [
+        result.heat_column,
+        result.drift_column,
+        "norm",
+        "r_eq",
+        "r_eq_heat",
+        "kappa",
+        "drift_to_heat",
+        "r_eq_snapshot",
+    ]
     return [c for c in order if c in names]
 
 
@@ -123,11 +136,38 @@ def sample_documents(key_rows: np.ndarray, docs: int, max_rows: int, seed: int) 
 
 def _row_columns(result) -> list[str]:
     names = result.column_names
-    want = ["item", "id", "text", "position", "token", "is_special", "valid", "reason", "regime", "regime_reason",
-            "doc_id", "window", "doc_position", "word_id", "word", "primary", "norm", "kappa",
-            result.heat_column, f"se_{result.heat_column}", result.drift_column, f"se_{result.drift_column}",
-            "r_eq", "r_eq_lo", "r_eq_hi", "r_eq_heat", "r_eq_heat_lo", "r_eq_heat_hi", "drift_to_heat",
-            "r_eq_snapshot"]
+    want = [
+        "item",
+        "id",
+        "text",
+        "position",
+        "token",
+        "is_special",
+        "valid",
+        "reason",
+        "regime",
+        "regime_reason",
+        "doc_id",
+        "window",
+        "doc_position",
+        "word_id",
+        "word",
+        "primary",
+        "norm",
+        "kappa",
+        result.heat_column,
+        f"se_{result.heat_column}",
+        result.drift_column,
+        f"se_{result.drift_column}",
+        "r_eq",
+        "r_eq_lo",
+        "r_eq_hi",
+        "r_eq_heat",
+        "r_eq_heat_lo",
+        "r_eq_heat_hi",
+        "drift_to_heat",
+        "r_eq_snapshot",
+    ]
     return [c for c in dict.fromkeys(want) if c in names]
 
 
@@ -143,8 +183,11 @@ def sampled_rows(result, key: str, keys: Sequence[Any], max_rows: int) -> tuple[
             rows += t.num_rows
         if rows >= max_rows:
             break
-    table = pa.concat_tables(parts) if parts else pa.Table.from_batches([], schema=pa.schema(
-        [result.schema.field(c) for c in _row_columns(result)]))
+    table = (
+        pa.concat_tables(parts)
+        if parts
+        else pa.Table.from_batches([], schema=pa.schema([result.schema.field(c) for c in _row_columns(result)]))
+    )
     cut = table.num_rows > max_rows
     return table.slice(0, max_rows).combine_chunks(), cut
 
@@ -167,7 +210,8 @@ def type_tables(result, quantities: Sequence[str], min_count: int, max_types: in
 
             path = Path(tmp) / "run.parquet"
             table = result.table.replace_schema_metadata(
-                {METADATA_KEY: json.dumps(result.metadata, default=str).encode()})
+                {METADATA_KEY: json.dumps(result.metadata, default=str).encode()}
+            )
             pq.write_table(table, path)
             run = [path]
         out = {}
@@ -237,7 +281,7 @@ def token_layout(rows: pa.Table, corpus: bool) -> tuple[list[str], list[int], li
             word = words[i] or "".join(pieces)
             if "".join(pieces).casefold() == word.casefold() and len("".join(pieces)) == len(word):
                 cut = np.cumsum([0] + [len(p) for p in pieces])
-                pieces = [word[cut[k]:cut[k + 1]] for k in range(len(pieces))]
+                pieces = [word[cut[k] : cut[k + 1]] for k in range(len(pieces))]
             for k, text in enumerate(pieces):
                 first = k == 0
                 shown.append(text)
@@ -257,8 +301,9 @@ def token_layout(rows: pa.Table, corpus: bool) -> tuple[list[str], list[int], li
     return shown, gap, visible
 
 
-def documents(rows: pa.Table, key: str, corpus: bool, shown: Sequence[str], gap: Sequence[int],
-              visible: Sequence[int]) -> list[dict[str, Any]]:
+def documents(
+    rows: pa.Table, key: str, corpus: bool, shown: Sequence[str], gap: Sequence[int], visible: Sequence[int]
+) -> list[dict[str, Any]]:
     """The sampled documents: label, rows [start, end) in the row table, and the text view's rows."""
     keys = rows.column(key).to_pylist()
     out: list[dict[str, Any]] = []
@@ -290,6 +335,11 @@ def heat_histogram(scanned: dict[str, Any]) -> dict[str, Any]:
     if nz.size == 0:
         return {"lo": 0.0, "step": HIST_STEP, "counts": [], "total": 0}
     a, b = int(nz[0]), int(nz[-1]) + 1
-    return {"lo": HIST_LO + a * HIST_STEP, "step": HIST_STEP, "counts": hist[a:b].tolist(),
-            "total": int(hist.sum()), "nonpositive": scanned["heat_nonpositive"],
-            "outside": scanned["heat_below"] + scanned["heat_above"]}
+    return {
+        "lo": HIST_LO + a * HIST_STEP,
+        "step": HIST_STEP,
+        "counts": hist[a:b].tolist(),
+        "total": int(hist.sum()),
+        "nonpositive": scanned["heat_nonpositive"],
+        "outside": scanned["heat_below"] + scanned["heat_above"],
+    }

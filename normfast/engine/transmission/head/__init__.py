@@ -44,13 +44,22 @@ against a float64 brute force.
 
 Modules: :mod:`.directions` (the M directions, centered and grouped once: :func:`prepare_head`),
 :mod:`.products` (the three stacked products), :mod:`.epilogues` (the statistics from them),
-:mod:`.flops` (the FLOP model of the forms) and :mod:`.stats` (:func:`head_stats`: checks,
+:mod:`.flops` (the FLOP model of the forms) and :mod:`.dispatch` (:func:`head_stats`: checks,
 the form and the backend).
 """
+
 from normfast.engine.transmission.head.directions import HeadDirections, prepare_head
+from normfast.engine.transmission.head.dispatch import FORMS, head_stats
 from normfast.engine.transmission.head.flops import head_flops
 from normfast.engine.transmission.head.products import fold_quadratic, head_products, stack_plan
-from normfast.engine.transmission.head.stats import FORMS, head_stats
 
-__all__ = ["FORMS", "HeadDirections", "fold_quadratic", "head_flops", "head_products", "head_stats", "prepare_head",
-           "stack_plan"]
+__all__ = [
+    "FORMS",
+    "HeadDirections",
+    "fold_quadratic",
+    "head_flops",
+    "head_products",
+    "head_stats",
+    "prepare_head",
+    "stack_plan",
+]

@@ -1,12 +1,22 @@
 """The M head directions of a linear head, augmented, centered and grouped once (:func:`prepare_head`)."""
+
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-from normfast.core.checks import (as_tensor, check_float, check_groups, check_ndim, check_same_device, compute_dtype,
-                                  counts_tensor, describe, float_tensor)
+from normfast.core.checks import (
+    as_tensor,
+    check_float,
+    check_groups,
+    check_ndim,
+    check_same_device,
+    compute_dtype,
+    counts_tensor,
+    describe,
+    float_tensor,
+)
 from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS, effective_groups, group_counts
 
 
@@ -22,9 +32,16 @@ class HeadDirections:
     cached. Build with :func:`prepare_head`.
     """
 
-    def __init__(self, g_bar: torch.Tensor, g_centered: torch.Tensor, has_bias: bool, *,
-                 groups: int = DEFAULT_GROUPS, drift_means: torch.Tensor | None = None,
-                 drift_counts: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        g_bar: torch.Tensor,
+        g_centered: torch.Tensor,
+        has_bias: bool,
+        *,
+        groups: int = DEFAULT_GROUPS,
+        drift_means: torch.Tensor | None = None,
+        drift_counts: torch.Tensor | None = None,
+    ) -> None:
         self.g_bar = g_bar
         self.g_centered = g_centered
         self.has_bias = has_bias
@@ -78,9 +95,18 @@ class HeadDirections:
         """The same directions in another precision."""
         if dtype == self.dtype:
             return self
-        cast = (lambda x: None if x is None else x.to(dtype))
-        return HeadDirections(self.g_bar.to(dtype), self.g_centered.to(dtype), self.has_bias, groups=self.groups,
-                              drift_means=cast(self.drift_means), drift_counts=cast(self.drift_counts))
+
+        def cast(x):
+            return None if x is None else x.to(dtype)
+
+        return HeadDirections(
+            self.g_bar.to(dtype),
+            self.g_centered.to(dtype),
+            self.has_bias,
+            groups=self.groups,
+            drift_means=cast(self.drift_means),
+            drift_counts=cast(self.drift_counts),
+        )
 
     # -- stacks ------------------------------------------------------------------
     def covariance(self) -> torch.Tensor:
@@ -104,8 +130,8 @@ class HeadDirections:
             k, m = self.K, self.M
             da = self.g_centered.shape[2]
             c = self.g_centered
-            blocks = [c[g::k].reshape(-1, da) for g in range(k)]    # group g: batches g, g + K, ...
-            grams = torch.stack([b.T @ b for b in blocks])         # C_h
+            blocks = [c[g::k].reshape(-1, da) for g in range(k)]  # group g: batches g, g + K, ...
+            grams = torch.stack([b.T @ b for b in blocks])  # C_h
             total = grams.sum(0)
             out = torch.empty((k + 1, da, da), dtype=c.dtype, device=c.device)
             out[0] = total / (m - 1)
@@ -121,7 +147,8 @@ class HeadDirections:
         return self._cache["S_jk"]
 
     def drift_stack(self, grouped: bool) -> torch.Tensor:
-        """``[K+1, d_out, da]``: the drift's mean direction and its leave-one-group-out means (grouped), else ``[1, ...]``."""
+        """``[K+1, d_out, da]``: the drift's mean direction and its leave-one-group-out means (grouped), else
+        ``[1, ...]``."""
         key = "G_jk" if grouped else "G_bar"
         if key not in self._cache:
             if self.drift_means is None:
@@ -138,7 +165,7 @@ class HeadDirections:
                 means = means - centre
             if grouped:
                 total = counts.sum()
-                loo = -(counts / (total - counts))[:, None, None] * means   # Ḡ_−g − Ḡ
+                loo = -(counts / (total - counts))[:, None, None] * means  # Ḡ_−g − Ḡ
                 stack = torch.cat([centre[None], centre[None] + loo], 0)
             else:
                 stack = centre[None]
@@ -150,13 +177,22 @@ class HeadDirections:
         return torch.cat([self.g_bar[None], self.g_centered], 0)
 
     def __repr__(self) -> str:
-        return (f"HeadDirections(M={self.M}, d_out={self.d_out}, d_in={self.d_in}, has_bias={self.has_bias}, "
-                f"groups={self.K}, drift_groups={self.drift_K}, dtype={self.dtype}, device={self.device})")
+        return (
+            f"HeadDirections(M={self.M}, d_out={self.d_out}, d_in={self.d_in}, has_bias={self.has_bias}, "
+            f"groups={self.K}, drift_groups={self.drift_K}, dtype={self.dtype}, device={self.device})"
+        )
 
 
-def prepare_head(G: Any, g_bias: Any = None, *, drift_means: Any = None, drift_bias: Any = None,
-                 drift_counts: Any = None, groups: int = DEFAULT_GROUPS,
-                 dtype: torch.dtype | None = None) -> HeadDirections:
+def prepare_head(
+    G: Any,
+    g_bias: Any = None,
+    *,
+    drift_means: Any = None,
+    drift_bias: Any = None,
+    drift_counts: Any = None,
+    groups: int = DEFAULT_GROUPS,
+    dtype: torch.dtype | None = None,
+) -> HeadDirections:
     """Center and group the per-batch head directions once (for streaming many probe chunks).
 
     ``G`` ``[M, d_out, d_in]`` holds ``∂L_B/∂W`` (or the optimizer's update
@@ -190,15 +226,17 @@ def check_directions(fn: str, G: torch.Tensor, g_bias: torch.Tensor | None) -> N
         check_float(fn, "g_bias", g_bias)
         check_ndim(fn, "g_bias", g_bias, 2, "2-D [M, d_out]")
         if tuple(g_bias.shape) != tuple(G.shape[:2]):
-            raise ValueError(f"{fn}: expected g_bias of shape [M, d_out]={tuple(G.shape[:2])} "
-                             f"matching G, got {describe('g_bias', g_bias)}")
+            raise ValueError(
+                f"{fn}: expected g_bias of shape [M, d_out]={tuple(G.shape[:2])} "
+                f"matching G, got {describe('g_bias', g_bias)}"
+            )
         check_same_device(fn, G=G, g_bias=g_bias)
     if G.shape[0] < 2:
-        raise ValueError(f"{fn}: expected at least 2 virtual batches (M >= 2) in "
-                         f"G [M, d_out, d_in], got {describe('G', G)}")
+        raise ValueError(
+            f"{fn}: expected at least 2 virtual batches (M >= 2) in G [M, d_out, d_in], got {describe('G', G)}"
+        )
     if G.shape[1] == 0 or G.shape[2] == 0:
-        raise ValueError(f"{fn}: expected non-empty d_out and d_in in G [M, d_out, d_in], "
-                         f"got {describe('G', G)}")
+        raise ValueError(f"{fn}: expected non-empty d_out and d_in in G [M, d_out, d_in], got {describe('G', G)}")
 
 
 def center_directions(G: torch.Tensor, g_bias: torch.Tensor | None, cd: torch.dtype, groups: int) -> HeadDirections:
@@ -219,32 +257,41 @@ def attach_drift(fn: str, dirs: HeadDirections, drift_means: Any, drift_bias: An
     Gd = float_tensor(fn, "drift_means", drift_means, 3, "3-D [K, d_out, d_in]")
     k = Gd.shape[0]
     if tuple(Gd.shape[1:]) != (dirs.d_out, dirs.d_in):
-        raise ValueError(f"{fn}: expected drift_means of shape [K, d_out, d_in] with (d_out, d_in)="
-                         f"{(dirs.d_out, dirs.d_in)} from G, got {describe('drift_means', Gd)}")
+        raise ValueError(
+            f"{fn}: expected drift_means of shape [K, d_out, d_in] with (d_out, d_in)="
+            f"{(dirs.d_out, dirs.d_in)} from G, got {describe('drift_means', Gd)}"
+        )
     if k < 2:
-        raise ValueError(f"{fn}: expected at least 2 drift groups (K >= 2) in drift_means [K, d_out, d_in], "
-                         f"got {describe('drift_means', Gd)}")
+        raise ValueError(
+            f"{fn}: expected at least 2 drift groups (K >= 2) in drift_means [K, d_out, d_in], "
+            f"got {describe('drift_means', Gd)}"
+        )
     if k > dirs.M:
-        raise ValueError(f"{fn}: expected at most M={dirs.M} drift groups (the heat's M batches form the same K "
-                         f"groups), got {describe('drift_means', Gd)}")
+        raise ValueError(
+            f"{fn}: expected at most M={dirs.M} drift groups (the heat's M batches form the same K "
+            f"groups), got {describe('drift_means', Gd)}"
+        )
     if (drift_bias is None) == dirs.has_bias:
-        raise ValueError(f"{fn}: expected drift_bias [K, d_out] exactly when g_bias is given "
-                         f"(has_bias={dirs.has_bias}), got drift_bias="
-                         f"{'None' if drift_bias is None else describe('drift_bias', drift_bias)}")
+        raise ValueError(
+            f"{fn}: expected drift_bias [K, d_out] exactly when g_bias is given "
+            f"(has_bias={dirs.has_bias}), got drift_bias="
+            f"{'None' if drift_bias is None else describe('drift_bias', drift_bias)}"
+        )
     gd = None
     if drift_bias is not None:
         gd = as_tensor(fn, "drift_bias", drift_bias)
         check_float(fn, "drift_bias", gd)
         if tuple(gd.shape) != (k, dirs.d_out):
-            raise ValueError(f"{fn}: expected drift_bias of shape [K, d_out]={(k, dirs.d_out)}, "
-                             f"got {describe('drift_bias', gd)}")
+            raise ValueError(
+                f"{fn}: expected drift_bias of shape [K, d_out]={(k, dirs.d_out)}, got {describe('drift_bias', gd)}"
+            )
     if drift_counts is None:
         counts = torch.ones(k, dtype=dirs.dtype, device=dirs.device)
     else:
         counts = counts_tensor(fn, "drift_counts", drift_counts, k, dtype=dirs.dtype, device=dirs.device)
     check_same_device(fn, G=dirs.g_bar, drift_means=Gd)
     aug = torch.empty((k, dirs.d_out, dirs.d_in + int(dirs.has_bias)), dtype=dirs.dtype, device=dirs.device)
-    aug[:, :, :dirs.d_in] = Gd
+    aug[:, :, : dirs.d_in] = Gd
     if gd is not None:
         aug[:, :, dirs.d_in] = gd
     dirs.drift_means, dirs.drift_counts = aug, counts

@@ -1,14 +1,15 @@
 """The head-mode statistics from the stacked products: row-wise epilogues, O(N K), and the
 statistic dict they fill (:func:`finish`)."""
+
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-from normfast.engine.transmission.head.directions import HeadDirections
 from normfast.engine.estimators.statkeys import STAT_KEYS, UNCERTAINTY_KEYS
 from normfast.engine.estimators.uncertainty import group_spread, jackknife_se
+from normfast.engine.transmission.head.directions import HeadDirections
 
 
 def _scale(prod: dict[str, torch.Tensor], branch: str) -> torch.Tensor:
@@ -22,9 +23,9 @@ def grouped_epilogue(prod: dict[str, torch.Tensor], dirs: HeadDirections, branch
     s = _scale(prod, branch)
     counts = dirs.drift_group_counts.to(zdot)
     total = counts.sum()
-    radial = -(zdot / norm[:, None]) * s[:, None]                 # D, then D_−g
+    radial = -(zdot / norm[:, None]) * s[:, None]  # D, then D_−g
     drift, drift_loo = radial[:, 0], radial[:, 1:]
-    group = (total * drift[:, None] - (total - counts) * drift_loo) / counts   # D_g
+    group = (total * drift[:, None] - (total - counts) * drift_loo) / counts  # D_g
     se_d, agree = group_spread(drift, group, counts)
     m2_all = s.square()[:, None] * sq
     values = {"D": drift, "se_D": se_d, "sign_stability": agree, "m2": m2_all[:, 0]}
@@ -33,8 +34,7 @@ def grouped_epilogue(prod: dict[str, torch.Tensor], dirs: HeadDirections, branch
         return values, None, bad
     v2_all = s.square()[:, None] * prod["quad"].clamp_min(0)
     q_all = m2_all + v2_all
-    values.update(V2=v2_all[:, 0], Q=q_all[:, 0], se_V2=jackknife_se(v2_all[:, 1:]),
-                  se_Q=jackknife_se(q_all[:, 1:]))
+    values.update(V2=v2_all[:, 0], Q=q_all[:, 0], se_V2=jackknife_se(v2_all[:, 1:]), se_Q=jackknife_se(q_all[:, 1:]))
     loo = {"D": drift_loo, "m2": m2_all[:, 1:], "V2": v2_all[:, 1:], "Q": q_all[:, 1:]}
     bad = bad | ~torch.isfinite(prod["quad"][:, 0])
     return values, loo, bad
@@ -54,7 +54,7 @@ def per_batch_epilogue(prod: dict[str, torch.Tensor], m: int, branch: str):
     norm, zdot, sq = prod["norm"], prod["zdot"], prod["sq"]
     s = _scale(prod, branch)
     drift = -(zdot[:, 0] / norm) * s
-    dev = -(zdot[:, 1:] / norm[:, None]) * s[:, None]            # r^B − D
+    dev = -(zdot[:, 1:] / norm[:, None]) * s[:, None]  # r^B − D
     radial = drift[:, None] + dev
     pos, neg = (radial > 0).sum(1), (radial < 0).sum(1)
     agree = torch.where(drift > 0, pos, torch.where(drift < 0, neg, m - pos - neg)).to(drift.dtype) / m
@@ -66,8 +66,15 @@ def per_batch_epilogue(prod: dict[str, torch.Tensor], m: int, branch: str):
     return {"D": drift, "se_D": se, "sign_stability": agree, "m2": m2, "V2": v2, "Q": m2 + v2}, None, bad
 
 
-def finish(values: dict[str, torch.Tensor], code: torch.Tensor, loo: dict[str, torch.Tensor] | None, branch: str,
-            cd: torch.dtype, m: int, k: int) -> dict[str, Any]:
+def finish(
+    values: dict[str, torch.Tensor],
+    code: torch.Tensor,
+    loo: dict[str, torch.Tensor] | None,
+    branch: str,
+    cd: torch.dtype,
+    m: int,
+    k: int,
+) -> dict[str, Any]:
     ok = code == 0
     n = code.shape[0]
     suffix = "" if branch == "u" else "_w"
@@ -75,8 +82,11 @@ def finish(values: dict[str, torch.Tensor], code: torch.Tensor, loo: dict[str, t
     out: dict[str, Any] = {}
     for name in (*STAT_KEYS, *UNCERTAINTY_KEYS):
         value = values.get(name)
-        out[name + suffix] = (torch.where(ok, value, nan) if value is not None
-                              else torch.full((n,), float("nan"), dtype=cd, device=code.device))
+        out[name + suffix] = (
+            torch.where(ok, value, nan)
+            if value is not None
+            else torch.full((n,), float("nan"), dtype=cd, device=code.device)
+        )
     out["valid"] = ok
     out["reason"] = code
     out["M"] = m

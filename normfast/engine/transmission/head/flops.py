@@ -1,12 +1,14 @@
 """The FLOP model of the head-mode forms (:func:`head_flops`), from the torch backend's layout."""
+
 from __future__ import annotations
 
-from normfast.engine.transmission.head.products import stack_plan
 from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS, effective_groups
+from normfast.engine.transmission.head.products import stack_plan
 
 
-def head_flops(n: int, d_in: int, d_out: int, m: int, *, bias: bool = False,
-               groups: int = DEFAULT_GROUPS) -> dict[str, int]:
+def head_flops(
+    n: int, d_in: int, d_out: int, m: int, *, bias: bool = False, groups: int = DEFAULT_GROUPS
+) -> dict[str, int]:
     """Multiply-add FLOPs (2 per MAC) of the head-mode forms for ``n`` probes.
 
     Per probe: ``da d_out`` per direction matrix and, per quadratic form, the
@@ -20,6 +22,8 @@ def head_flops(n: int, d_in: int, d_out: int, m: int, *, bias: bool = False,
     k = effective_groups(groups, m)
     form = 2 * m * d_out * da * da
     tri = sum((d_in - c0) * (c1 - c0) for c0, c1 in stack_plan(d_in, d_out, 1, 1)["blocks"]) + da
-    return {"S": form + 2 * n * (tri + da * d_out),
-            "grouped": form + 2 * n * (k + 1) * (tri + da * d_out),
-            "per_batch": 2 * n * (m + 1) * da * d_out}
+    return {
+        "S": form + 2 * n * (tri + da * d_out),
+        "grouped": form + 2 * n * (k + 1) * (tri + da * d_out),
+        "per_batch": 2 * n * (m + 1) * da * d_out,
+    }

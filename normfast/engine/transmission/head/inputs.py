@@ -1,5 +1,6 @@
 """Head mode's inputs: the run's head directions stacked and prepared once, the head's inputs and
 outputs per chunk, and κ in closed form (``J θ_W = W a``, ``J θ_b = b``)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -51,7 +52,9 @@ def prepared_head(encoder: Encoder, directions: Any, *, dtype: torch.dtype, grou
     return prepare_head(G, g, dtype=dtype, groups=groups, **drift)
 
 
-def head_inputs(encoder: Encoder, front: dict, cut: int, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def head_inputs(
+    encoder: Encoder, front: dict, cut: int, rows: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The head's inputs ``a`` (pre-head activations, token rows picked) and outputs ``z = W a + b``."""
     head = encoder.head()
     with torch.no_grad():
@@ -71,8 +74,9 @@ def head_kappa(encoder: Encoder, a: torch.Tensor, z: torch.Tensor, decayed: dict
     return _head_radial(encoder, a, z, set(decayed))
 
 
-def head_kappa_exempt(encoder: Encoder, a: torch.Tensor, z: torch.Tensor, decayed: dict[str, torch.Tensor],
-                      names: list[str]) -> torch.Tensor:
+def head_kappa_exempt(
+    encoder: Encoder, a: torch.Tensor, z: torch.Tensor, decayed: dict[str, torch.Tensor], names: list[str]
+) -> torch.Tensor:
     """``ẑ·(J θ_exempt)/R`` in head mode, over the probed head parameters exempt from decay."""
     return _head_radial(encoder, a, z, {n for n in names if n not in decayed})
 

@@ -1,5 +1,6 @@
 """The three stacked head products, per chunk of probe rows (:func:`head_products`), and their layout
 (:func:`stack_plan`, shared with the FLOP model and the benchmark's GEMM floor)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,9 +35,17 @@ def fold_quadratic(S: torch.Tensor) -> torch.Tensor:
     return folded
 
 
-def head_products(A: torch.Tensor, Z: torch.Tensor, G_stack: torch.Tensor, S_stack: torch.Tensor | None,
-                   has_bias: bool, backend: str = "torch", *, dtype: torch.dtype | None = None,
-                   allow_tf32: bool = False) -> dict[str, torch.Tensor]:
+def head_products(
+    A: torch.Tensor,
+    Z: torch.Tensor,
+    G_stack: torch.Tensor,
+    S_stack: torch.Tensor | None,
+    has_bias: bool,
+    backend: str = "torch",
+    *,
+    dtype: torch.dtype | None = None,
+    allow_tf32: bool = False,
+) -> dict[str, torch.Tensor]:
     """The stacked head products, :func:`normfast.core.reference.head_stack_reference`'s contract.
 
     ``G_stack`` ``[K1, d_out, da]``, ``S_stack`` ``[K2, da, da]`` (None:
@@ -63,8 +72,14 @@ def head_products(A: torch.Tensor, Z: torch.Tensor, G_stack: torch.Tensor, S_sta
 
         A_k = A if A.dtype in KERNEL_INPUT_DTYPES else A.float()
         Z_k = Z if Z.dtype in KERNEL_INPUT_DTYPES else Z.float()
-        zdot, sq, quad, norm = head_stack(A_k, Z_k, G_stack.float().contiguous(), S_stack.float().contiguous(),
-                                          has_bias=has_bias, allow_tf32=allow_tf32)
+        zdot, sq, quad, norm = head_stack(
+            A_k,
+            Z_k,
+            G_stack.float().contiguous(),
+            S_stack.float().contiguous(),
+            has_bias=has_bias,
+            allow_tf32=allow_tf32,
+        )
         return {"zdot": zdot, "sq": sq, "quad": quad, "norm": norm}
     n, d_in = A.shape
     k1, d_out, _ = G_stack.shape
@@ -76,8 +91,10 @@ def head_products(A: torch.Tensor, Z: torch.Tensor, G_stack: torch.Tensor, S_sta
     g_w = G_stack[:, :, :d_in].to(cd).transpose(1, 2).contiguous()
     g_b = G_stack[:, :, d_in].to(cd) if has_bias else None
     folded = fold_quadratic(S_stack[:, :d_in, :d_in].to(cd))
-    tri = [folded[:, c0:, c0:c1].permute(1, 0, 2).reshape(d_in - c0, k2 * (c1 - c0)).contiguous()
-           for c0, c1 in plan["blocks"]]
+    tri = [
+        folded[:, c0:, c0:c1].permute(1, 0, 2).reshape(d_in - c0, k2 * (c1 - c0)).contiguous()
+        for c0, c1 in plan["blocks"]
+    ]
     s_b = (S_stack[:, d_in, :d_in] + S_stack[:, :d_in, d_in]).to(cd).T.contiguous() if has_bias else None
     s_c = S_stack[:, d_in, d_in].to(cd) if has_bias else None
     step = min(n, plan["rows"])
@@ -88,8 +105,8 @@ def head_products(A: torch.Tensor, Z: torch.Tensor, G_stack: torch.Tensor, S_sta
     v_buf = torch.empty((step, d_out), **dev_kw)
     p_buf = torch.empty((step, max((k2 * (c1 - c0) for c0, c1 in plan["blocks"]), default=0)), **dev_kw)
     for r0 in range(0, n, step):
-        a = A[r0:r0 + step].to(cd)
-        z = Z[r0:r0 + step].to(cd)
+        a = A[r0 : r0 + step].to(cd)
+        z = Z[r0 : r0 + step].to(cd)
         c = a.shape[0]
         rows = slice(r0, r0 + c)
         v = v_buf[:c]
@@ -105,7 +122,7 @@ def head_products(A: torch.Tensor, Z: torch.Tensor, G_stack: torch.Tensor, S_sta
             q = quad[rows]
             for (c0, c1), f in zip(plan["blocks"], tri):
                 w = c1 - c0
-                p = p_buf[:c, :k2 * w]
+                p = p_buf[:c, : k2 * w]
                 torch.mm(a[:, c0:], f, out=p)
                 q += torch.bmm(p.view(c, k2, w), a[:, c0:c1, None]).view(c, k2)
             if s_b is not None:

@@ -1,10 +1,11 @@
-"""References of the head-mode kernels: the S form, the per-batch form and the stacked products."""
+"""References of the head-mode kernels ``head_stats`` (the S form) and ``project`` (the per-batch form)."""
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from normfast.core.reference.stats import embedding_codes, nan_where_invalid
+from normfast.core.reference.accumulate import embedding_codes, nan_where_invalid
 
 
 def _augment(A, G, g_bias):
@@ -27,7 +28,7 @@ def _head_common(A, Z, G, g_bias, branch):
     scale = norm if branch == "u" else torch.ones_like(norm)
     v = At @ g_bar.T
     drift = -scale * (zhat * v).sum(1)
-    m2 = scale ** 2 * (v * v).sum(1)
+    m2 = scale**2 * (v * v).sum(1)
     bad = ~torch.isfinite(A).all(1) | (~torch.isfinite(Gt).all()).expand(A.shape[0])
     return At, g_c, zhat, scale, drift, m2, bad
 
@@ -42,7 +43,7 @@ def head_stats_reference(A, Z, G, g_bias=None, *, branch: str = "u") -> dict:
     At, g_c, zhat, scale, drift, m2, bad = _head_common(A, Z, G, g_bias, branch)
     m = g_c.shape[0]
     s_c = torch.einsum("bji,bjk->ik", g_c, g_c) / (m - 1)
-    v2 = scale ** 2 * ((At @ s_c) * At).sum(1)
+    v2 = scale**2 * ((At @ s_c) * At).sum(1)
     suffix = "" if branch == "u" else "_w"
     stats = {"D" + suffix: drift, "m2" + suffix: m2, "V2" + suffix: v2, "Q" + suffix: m2 + v2}
     out = nan_where_invalid(stats, embedding_codes(torch.as_tensor(Z), bad))
@@ -66,7 +67,7 @@ def project_reference(A, Z, G, g_bias=None, *, branch: str = "u") -> dict:
         spread = spread + (y * y).sum(1)
     radial = torch.stack(radial)
     suffix = "" if branch == "u" else "_w"
-    v2 = scale ** 2 * spread / (m - 1)
+    v2 = scale**2 * spread / (m - 1)
     agree = torch.sign(radial) == torch.sign(drift)[None]
     stats = {
         "D" + suffix: drift,
@@ -79,44 +80,3 @@ def project_reference(A, Z, G, g_bias=None, *, branch: str = "u") -> dict:
     out = nan_where_invalid(stats, embedding_codes(torch.as_tensor(Z), bad))
     out["M"] = m
     return out
-
-
-def head_stack_reference(A, Z, G, S, *, has_bias: bool = False) -> dict:
-    """Reference for the stacked head products (the primitive of the grouped head statistics).
-
-    ``A`` ``[N, d_in]`` probe activations, ``Z`` ``[N, d_out]`` embeddings,
-    ``G`` ``[K1, d_out, da]`` a stack of direction matrices (means: overall,
-    per group, ...), ``S`` ``[K2, da, da]`` a stack of symmetric second-moment
-    matrices, ``da = d_in + 1`` when ``has_bias`` (the last column of ``G`` and
-    the last row/column of ``S`` act on the constant 1 of ``ã = [a, 1]``),
-    else ``da = d_in`` and ``ã = a``. Per row ``i`` and stack entry ``k``:
-
-    * ``zdot[i, k] = z_i · (G_k ã_i)``  -- ``[N, K1]``
-    * ``sq[i, k]   = |G_k ã_i|²``       -- ``[N, K1]``
-    * ``quad[i, k] = ã_iᵀ S_k ã_i``     -- ``[N, K2]``
-    * ``norm[i]    = |z_i|``            -- ``[N]``
-
-    Every estimator of the grouped head mode (drift, its group spread, m2,
-    heat and its group spread) is an O(N K) epilogue over these; the kernel
-    and the torch path compute exactly these products. Computed here one
-    matrix at a time in the inputs' dtype (float64 for a reference).
-    """
-    A, Z, G, S = (torch.as_tensor(x) for x in (A, Z, G, S))
-    if has_bias:
-        A = torch.cat([A, torch.ones(A.shape[0], 1, dtype=A.dtype, device=A.device)], 1)
-    if G.shape[-1] != A.shape[1] or S.shape[-1] != A.shape[1] or S.shape[-2] != A.shape[1]:
-        raise ValueError(f"head_stack_reference: expected G [K1, d_out, {A.shape[1]}] and "
-                         f"S [K2, {A.shape[1]}, {A.shape[1]}], got G.shape={tuple(G.shape)}, "
-                         f"S.shape={tuple(S.shape)}")
-    zdot, sq, quad = [], [], []
-    for g in G:
-        v = A @ g.T
-        zdot.append((Z * v).sum(1))
-        sq.append((v * v).sum(1))
-    for s in S:
-        quad.append(((A @ s) * A).sum(1))
-    def stacked(columns):  # an empty stack gives [N, 0]
-        return torch.stack(columns, 1) if columns else A.new_zeros((A.shape[0], 0))
-
-    return {"zdot": stacked(zdot), "sq": stacked(sq), "quad": stacked(quad),
-            "norm": torch.linalg.vector_norm(Z, dim=1)}

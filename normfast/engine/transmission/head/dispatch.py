@@ -1,27 +1,54 @@
 """Probe statistics of a linear head in closed form, with their error bars (:func:`head_stats`):
 the argument checks, the choice of form and backend, and the dispatch."""
+
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-from normfast.core.checks import (as_tensor, check_choice, check_groups, check_same_device, compute_dtype, describe,
-                                  float_tensor)
-from normfast.engine.transmission.head.directions import HeadDirections, attach_drift, center_directions, check_directions
+from normfast.core.checks import (
+    as_tensor,
+    check_choice,
+    check_groups,
+    check_same_device,
+    compute_dtype,
+    describe,
+    float_tensor,
+)
+from normfast.engine.estimators.statkeys import BACKENDS, STAT_KEYS, row_codes
+from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS
+from normfast.engine.transmission.head.directions import (
+    HeadDirections,
+    attach_drift,
+    center_directions,
+    check_directions,
+)
 from normfast.engine.transmission.head.epilogues import finish, grouped_epilogue, per_batch_epilogue, s_epilogue
 from normfast.engine.transmission.head.flops import head_flops
 from normfast.engine.transmission.head.products import head_products
-from normfast.engine.estimators.statkeys import BACKENDS, STAT_KEYS, row_codes
-from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS
 
 FORMS = ("auto", "grouped", "S", "per_batch")
 
 
-def head_stats(A: Any, Z: Any, G: Any, g_bias: Any = None, *, drift_means: Any = None, drift_bias: Any = None,
-               drift_counts: Any = None, branch: str = "u", form: str = "auto", uncertainty: bool = True,
-               groups: int = DEFAULT_GROUPS, radial_spread: bool = False, backend: str = "auto",
-               dtype: torch.dtype | None = None, allow_tf32: bool = False) -> dict[str, Any]:
+def head_stats(
+    A: Any,
+    Z: Any,
+    G: Any,
+    g_bias: Any = None,
+    *,
+    drift_means: Any = None,
+    drift_bias: Any = None,
+    drift_counts: Any = None,
+    branch: str = "u",
+    form: str = "auto",
+    uncertainty: bool = True,
+    groups: int = DEFAULT_GROUPS,
+    radial_spread: bool = False,
+    backend: str = "auto",
+    dtype: torch.dtype | None = None,
+    allow_tf32: bool = False,
+) -> dict[str, Any]:
     """Probe statistics of a linear head in closed form, with their error bars.
 
     ``A`` ``[N, d_in]`` are the probe activations feeding the head, ``Z``
@@ -62,15 +89,21 @@ def head_stats(A: Any, Z: Any, G: Any, g_bias: Any = None, *, drift_means: Any =
     """
     fn = "head_stats"
     if branch not in ("u", "w"):
-        raise ValueError(f"{fn}: expected branch 'u' or 'w' (a head has one update direction "
-                         f"per batch; use ProbeAccumulator for 'uw'), got branch={branch!r}")
+        raise ValueError(
+            f"{fn}: expected branch 'u' or 'w' (a head has one update direction "
+            f"per batch; use ProbeAccumulator for 'uw'), got branch={branch!r}"
+        )
     check_choice(fn, "form", form, FORMS)
     if form == "S" and radial_spread:
-        raise ValueError(f"{fn}: expected radial_spread=False with form='S' (the S form cannot "
-                         f"give per-batch se_D or sign_stability), got radial_spread=True")
+        raise ValueError(
+            f"{fn}: expected radial_spread=False with form='S' (the S form cannot "
+            f"give per-batch se_D or sign_stability), got radial_spread=True"
+        )
     if form == "grouped" and (radial_spread or not uncertainty):
-        raise ValueError(f"{fn}: expected uncertainty=True and radial_spread=False with form='grouped', "
-                         f"got uncertainty={uncertainty!r}, radial_spread={radial_spread!r}")
+        raise ValueError(
+            f"{fn}: expected uncertainty=True and radial_spread=False with form='grouped', "
+            f"got uncertainty={uncertainty!r}, radial_spread={radial_spread!r}"
+        )
     check_choice(fn, "backend", backend, BACKENDS)
     groups = check_groups(fn, groups)
     A = float_tensor(fn, "A", A, 2, "2-D [N, d_in]")
@@ -79,8 +112,10 @@ def head_stats(A: Any, Z: Any, G: Any, g_bias: Any = None, *, drift_means: Any =
     if isinstance(G, HeadDirections):
         if g_bias is not None or drift_given:
             got = describe("g_bias", g_bias) if g_bias is not None else "a drift_means/drift_bias/drift_counts"
-            raise ValueError(f"{fn}: expected g_bias=None when G is a HeadDirections (prepare_head folds the bias "
-                             f"and the drift in), got {got}")
+            raise ValueError(
+                f"{fn}: expected g_bias=None when G is a HeadDirections (prepare_head folds the bias "
+                f"and the drift in), got {got}"
+            )
         dirs: HeadDirections | None = G
         m, d_out, d_in = G.M, G.d_out, G.d_in
     else:
@@ -95,11 +130,9 @@ def head_stats(A: Any, Z: Any, G: Any, g_bias: Any = None, *, drift_means: Any =
     if Z.shape[0] != n:
         raise ValueError(f"{fn}: expected Z with N={n} rows like A, got {describe('Z', Z)}")
     if A.shape[1] != d_in:
-        raise ValueError(f"{fn}: expected A of shape [N, d_in] with d_in={d_in} from G, "
-                         f"got {describe('A', A)}")
+        raise ValueError(f"{fn}: expected A of shape [N, d_in] with d_in={d_in} from G, got {describe('A', A)}")
     if Z.shape[1] != d_out:
-        raise ValueError(f"{fn}: expected Z of shape [N, d_out] with d_out={d_out} from G, "
-                         f"got {describe('Z', Z)}")
+        raise ValueError(f"{fn}: expected Z of shape [N, d_out] with d_out={d_out} from G, got {describe('Z', Z)}")
     check_same_device(fn, A=A, Z=Z, G=G.g_bar if isinstance(G, HeadDirections) else G)
     cd = compute_dtype(fn, dtype, A, Z, dirs.g_bar if dirs is not None else G)
     if dirs is None:
@@ -132,15 +165,15 @@ def head_stats(A: Any, Z: Any, G: Any, g_bias: Any = None, *, drift_means: Any =
         values, reason = _legacy_triton(A, Z, dirs, branch, chosen == "S", allow_tf32)
         return finish(values, reason, None, branch, cd, m, 0)
     if chosen == "grouped":
-        values, loo, bad = grouped_epilogue(products(dirs.drift_stack(True), dirs.jackknife_covariances()),
-                                             dirs, branch)
+        values, loo, bad = grouped_epilogue(
+            products(dirs.drift_stack(True), dirs.jackknife_covariances()), dirs, branch
+        )
     elif chosen == "S":
         values, loo, bad = s_epilogue(products(dirs.drift_stack(False), dirs.covariance()[None]), branch)
     else:
         values, loo, bad = per_batch_epilogue(products(dirs.per_batch_stack(), None), dirs.M, branch)
         if dirs.drift_means is not None:  # the drift, its m2 and se_D from the drift's own groups
-            drift, _, bad_d = grouped_epilogue(products(dirs.drift_stack(True), None), dirs, branch,
-                                                heat=False)
+            drift, _, bad_d = grouped_epilogue(products(dirs.drift_stack(True), None), dirs, branch, heat=False)
             for key in ("D", "se_D", "sign_stability", "m2"):
                 values[key] = drift[key]
             values["Q"] = values["m2"] + values["V2"]
@@ -151,7 +184,7 @@ def head_stats(A: Any, Z: Any, G: Any, g_bias: Any = None, *, drift_means: Any =
 
 
 def _stack_backend(use_triton: bool, explicit: bool) -> str:
-    """"triton" when the stacked kernel is there; else torch (on the tensors' device), or an error if asked for."""
+    """ "triton" when the stacked kernel is there; else torch (on the tensors' device), or an error if asked for."""
     if not use_triton:
         return "torch"
     import normfast.kernels as kernels
@@ -159,8 +192,10 @@ def _stack_backend(use_triton: bool, explicit: bool) -> str:
     if hasattr(kernels, "head_stack"):
         return "triton"
     if explicit:
-        raise ValueError("head_stats: backend='triton' for the grouped form needs normfast.kernels.head_stack, "
-                         "which this installation does not have; use backend='torch' or form='S'/'per_batch'")
+        raise ValueError(
+            "head_stats: backend='triton' for the grouped form needs normfast.kernels.head_stack, "
+            "which this installation does not have; use backend='torch' or form='S'/'per_batch'"
+        )
     return "torch"
 
 
@@ -174,11 +209,13 @@ def _legacy_triton(A, Z, dirs: HeadDirections, branch: str, use_s: bool, allow_t
     Z = Z if Z.dtype in KERNEL_INPUT_DTYPES else Z.float()
     g_bar = dirs.g_bar.contiguous()
     if use_s:
-        res, reason = head_kernel(A, Z, g_bar, dirs.covariance().contiguous(), branch=branch,
-                                  has_bias=dirs.has_bias, allow_tf32=allow_tf32)
+        res, reason = head_kernel(
+            A, Z, g_bar, dirs.covariance().contiguous(), branch=branch, has_bias=dirs.has_bias, allow_tf32=allow_tf32
+        )
         values = {"D": res[0], "m2": res[1], "V2": res[2], "Q": res[3]}
     else:
-        res, reason = project_kernel(A, Z, g_bar, dirs.g_centered.contiguous(), branch=branch,
-                                     has_bias=dirs.has_bias, allow_tf32=allow_tf32)
+        res, reason = project_kernel(
+            A, Z, g_bar, dirs.g_centered.contiguous(), branch=branch, has_bias=dirs.has_bias, allow_tf32=allow_tf32
+        )
         values = dict(zip(STAT_KEYS, res))
     return values, reason

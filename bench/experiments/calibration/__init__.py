@@ -54,6 +54,7 @@ The heat's two parts (added for issue 25; written before their first run):
 Writes OUT/calibration.json and OUT/calibration.png (OUT defaults to
 runs/calibration; the committed result is written with ``--out bench/results/calibration``).
 """
+
 from __future__ import annotations
 
 import time
@@ -99,8 +100,22 @@ class Protocol:
 
     @classmethod
     def quick(cls) -> "Protocol":
-        return cls(Ks=(2, 4), replicates=3, M=8, M_D=32, batch_size=8, M_true=512, concepts=6, items_per_concept=3,
-                   n_pairs=400, mlp_steps=50, head_synsets=120, head_items=24, head_steps=20, bootstrap=50)
+        return cls(
+            Ks=(2, 4),
+            replicates=3,
+            M=8,
+            M_D=32,
+            batch_size=8,
+            M_true=512,
+            concepts=6,
+            items_per_concept=3,
+            n_pairs=400,
+            mlp_steps=50,
+            head_synsets=120,
+            head_items=24,
+            head_steps=20,
+            bootstrap=50,
+        )
 
 
 @dataclass
@@ -118,100 +133,28 @@ class Config(Protocol):
 
 
 # ----------------------------------------------------------------------------
-# the three models
-# ----------------------------------------------------------------------------
-def _concepts(p: Protocol, seed: int = 0):
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    K, m = p.concepts, p.items_per_concept
-    mu = torch.randn(K, 32, generator=g)
-    concept = torch.arange(K).repeat_interleave(m)
-    x = mu[concept] + 0.5 * torch.randn(K * m, 32, generator=g)
-    rng = np.random.default_rng(seed)
-    ambiguity = np.linspace(0, 0.9, K)
-    anchors = rng.integers(0, K * m, p.n_pairs)
-    k_a = concept.numpy()[anchors]
-    other = rng.integers(0, K - 1, p.n_pairs)
-    k_b = np.where(rng.random(p.n_pairs) < ambiguity[k_a], other + (other >= k_a), k_a)
-    positives = k_b * m + rng.integers(0, m, p.n_pairs)
-    return x, [(int(a), int(b)) for a, b in zip(anchors, positives)]
-
-
-def _train(enc: Any, pairs: list[tuple[Any, Any]], steps: int, lr: float, wd: float, tau: float,
-           batch: int = 64, seed: int = 0) -> None:
-    import torch
-
-    from normfast import InfoNCE
-
-    opt = torch.optim.SGD(enc.parameters(), lr=lr, weight_decay=wd)
-    loss_fn = InfoNCE(tau)
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        idx = rng.integers(0, len(pairs), batch)
-        a = enc(enc.prepare([pairs[i][0] for i in idx]))
-        b = enc(enc.prepare([pairs[i][1] for i in idx]))
-        loss = loss_fn.loss(a, b)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    enc.zero_grad(set_to_none=True)
-
-
-def build_mlp(p: Protocol, bias: bool) -> dict[str, Any]:
-    import torch
-    from torch import nn
-
-    from normfast import InfoNCE, ModuleEncoder, PairSource
-
-    x, pairs = _concepts(p)
-    torch.manual_seed(1)
-    layers = [nn.Linear(32, 128, bias=bias), nn.ReLU(), nn.Linear(128, 32, bias=bias)]
-    enc = ModuleEncoder(layers, collate=lambda ids: x[torch.as_tensor(list(ids), dtype=torch.long)], head=False)
-    _train(enc, pairs, p.mlp_steps, lr=0.01, wd=0.05, tau=0.1)
-    return {"encoder": enc, "items": list(range(x.shape[0])), "pairs": PairSource.from_iterable(pairs),
-            "objective": InfoNCE(0.1), "config": dict(params="all", mode="jvp", lr=0.01, weight_decay=0.05)}
-
-
-def build_minilm_head(p: Protocol, cache: Path) -> dict[str, Any]:
-    import torch
-    from torch import nn
-
-    from normfast import InfoNCE, ModuleEncoder, PairSource, load_encoder
-    from normfast.data.wordnet import gloss, lemma_names, load_wordnet, noun_synsets
-
-    synsets = noun_synsets(load_wordnet())
-    rng = np.random.default_rng(0)
-    pick = rng.choice(len(synsets), p.head_synsets, replace=False)
-    lemmas = [lemma_names(synsets[i])[0].replace("_", " ") for i in pick]
-    glosses = [gloss(synsets[i]) for i in pick]
-    path = cache / f"calibration_minilm_{p.head_synsets}.pt"
-    if path.exists():
-        feats = torch.load(path, weights_only=True)  # a tensor: nothing in the file can run
-    else:
-        enc = load_encoder("all-MiniLM-L6-v2")
-        texts = lemmas + glosses
-        with torch.no_grad():
-            feats = torch.cat([enc(enc.prepare(texts[i:i + 64]), output="pooled") for i in range(0, len(texts), 64)])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(feats, path)
-    feats = feats.float()
-    n = p.head_synsets
-    pairs = [(i, n + i) for i in range(n)]
-    torch.manual_seed(2)
-    head = nn.Linear(feats.shape[1], 64)
-    enc = ModuleEncoder([head], collate=lambda ids: feats[torch.as_tensor(list(ids), dtype=torch.long)])
-    _train(enc, pairs, p.head_steps, lr=0.05, wd=0.01, tau=0.05)
-    return {"encoder": enc, "items": list(range(p.head_items)), "pairs": PairSource.from_iterable(pairs),
-            "objective": InfoNCE(0.05), "config": dict(params="head", mode="head", lr=0.05, weight_decay=0.01)}
-
-
-# ----------------------------------------------------------------------------
 # truth, replicates, coverage
 # ----------------------------------------------------------------------------
-def _columns(res, names=("D", "se_D", "V2", "se_V2", "Q", "se_Q", "r_eq", "r_eq_lo", "r_eq_hi", "r_eq_heat",
-                         "r_eq_heat_lo", "r_eq_heat_hi", "kappa", "heat_rel", "se_heat_rel")
-             ) -> dict[str, np.ndarray]:
+def _columns(
+    res,
+    names=(
+        "D",
+        "se_D",
+        "V2",
+        "se_V2",
+        "Q",
+        "se_Q",
+        "r_eq",
+        "r_eq_lo",
+        "r_eq_hi",
+        "r_eq_heat",
+        "r_eq_heat_lo",
+        "r_eq_heat_hi",
+        "kappa",
+        "heat_rel",
+        "se_heat_rel",
+    ),
+) -> dict[str, np.ndarray]:
     return {k: res.column(k) for k in names}
 
 
@@ -219,8 +162,16 @@ def truth(model: dict[str, Any], p: Protocol) -> dict[str, np.ndarray]:
     from normfast import ProbeConfig, equilibrium_norm, probe
 
     cfg = dict(model["config"], mode="jvp")  # the truth streams its directions (jvp == head mode)
-    pc = ProbeConfig(**cfg, batches=p.M_true, drift_batches=p.M_true, uncertainty=False, batch_size=p.batch_size,
-                     seed=p.truth_seed, chunk_size=len(model["items"]), memory_budget_mb=p.memory_budget_mb)
+    pc = ProbeConfig(
+        **cfg,
+        batches=p.M_true,
+        drift_batches=p.M_true,
+        uncertainty=False,
+        batch_size=p.batch_size,
+        seed=p.truth_seed,
+        chunk_size=len(model["items"]),
+        memory_budget_mb=p.memory_budget_mb,
+    )
     import warnings
 
     with warnings.catch_warnings():
@@ -257,12 +208,13 @@ def coverage(hits: np.ndarray, rng: np.random.Generator, n_boot: int) -> dict[st
     """``hits`` ``[R, N]`` booleans (NaN rows excluded before): mean and bootstrap CI over replicates."""
     per_rep = np.nanmean(hits, axis=1)
     boots = [np.mean(per_rep[rng.integers(0, len(per_rep), len(per_rep))]) for _ in range(n_boot)]
-    return {"coverage": float(np.nanmean(hits)), "ci95": [float(np.quantile(boots, 0.025)),
-                                                          float(np.quantile(boots, 0.975))]}
+    return {
+        "coverage": float(np.nanmean(hits)),
+        "ci95": [float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))],
+    }
 
 
-def evaluate(model: dict[str, Any], true: dict[str, np.ndarray], p: Protocol, k: int,
-             progress: bool) -> dict[str, Any]:
+def evaluate(model: dict[str, Any], true: dict[str, np.ndarray], p: Protocol, k: int, progress: bool) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from normfast import ProbeConfig, probe
@@ -273,8 +225,15 @@ def evaluate(model: dict[str, Any], true: dict[str, np.ndarray], p: Protocol, k:
     nan_share = {q: [] for q in QUANTITIES}
     seconds, level_hits, level_widths = [], [], []
     for r in tqdm(range(p.replicates), desc=f"K={k}", leave=False, disable=not progress):
-        pc = ProbeConfig(**model["config"], batches=p.M, drift_batches=p.M_D, groups=k, batch_size=p.batch_size,
-                         seed=r, chunk_size=len(model["items"]))
+        pc = ProbeConfig(
+            **model["config"],
+            batches=p.M,
+            drift_batches=p.M_D,
+            groups=k,
+            batch_size=p.batch_size,
+            seed=r,
+            chunk_size=len(model["items"]),
+        )
         t0 = time.perf_counter()
         res = probe(model["encoder"], model["items"], model["objective"], model["pairs"], pc, progress=False)
         seconds.append(time.perf_counter() - t0)
@@ -307,17 +266,26 @@ def evaluate(model: dict[str, Any], true: dict[str, np.ndarray], p: Protocol, k:
 
 def decide(results: dict[str, dict[str, Any]], Ks: tuple[int, ...]) -> dict[str, Any]:
     lo, hi = BAND
-    qualifying = [k for k in Ks if all(lo <= results[m][str(k)][q]["coverage"] <= hi
-                                       for m in results for q in TARGETED)]
+    qualifying = [
+        k for k in Ks if all(lo <= results[m][str(k)][q]["coverage"] <= hi for m in results for q in TARGETED)
+    ]
     if qualifying:
         width = {k: max(results[m][str(k)]["V2"]["median_relative_half_width"] for m in results) for k in qualifying}
         best = min(qualifying, key=lambda k: width[k])
-        return {"default_K": best, "qualifying": qualifying, "rule": "narrowest V2 interval among the qualifying K",
-                "met": True}
+        return {
+            "default_K": best,
+            "qualifying": qualifying,
+            "rule": "narrowest V2 interval among the qualifying K",
+            "met": True,
+        }
     worst = {k: max(abs(results[m][str(k)][q]["coverage"] - 0.95) for m in results for q in TARGETED) for k in Ks}
     best = min(Ks, key=lambda k: worst[k])
-    return {"default_K": best, "qualifying": [], "rule": "no K qualifies: closest to 0.95 on the worst model",
-            "met": False}
+    return {
+        "default_K": best,
+        "qualifying": [],
+        "rule": "no K qualifies: closest to 0.95 on the worst model",
+        "met": False,
+    }
 
 
 def figures(summary: dict[str, Any], out: Path) -> list[Path]:
@@ -332,8 +300,9 @@ def figures(summary: dict[str, Any], out: Path) -> list[Path]:
             cov = [summary["results"][m][str(k)][q]["coverage"] for k in Ks]
             ci = np.array([summary["results"][m][str(k)][q]["ci95"] for k in Ks])
             x = np.arange(len(Ks)) + (j - 1) * 0.12
-            ax.errorbar(x, cov, yerr=[np.array(cov) - ci[:, 0], ci[:, 1] - np.array(cov)], fmt="o-", ms=4,
-                        capsize=2, label=m)
+            ax.errorbar(
+                x, cov, yerr=[np.array(cov) - ci[:, 0], ci[:, 1] - np.array(cov)], fmt="o-", ms=4, capsize=2, label=m
+            )
         ax.set_xticks(range(len(Ks)), [str(k) for k in Ks])
         ax.set_xlabel("K groups")
         ax.set_title(q + (" (targeted)" if q in TARGETED else ""), fontsize=9)
@@ -353,6 +322,8 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {}
     truth_info: dict[str, Any] = {}
     t_start = time.perf_counter()
+    from bench.experiments.calibration.models import build_minilm_head, build_mlp
+
     for name in names_in(args.models, MODELS, "calibration"):
         if name == "minilm_head":
             model = build_minilm_head(p, Path("runs") / "cache")
@@ -360,20 +331,33 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
             model = build_mlp(p, bias=name == "mlp_bias")
         t0 = time.perf_counter()
         true = truth(model, p)
-        truth_info[name] = {"seconds": round(time.perf_counter() - t0, 1), "rows": len(model["items"]),
-                            "median_V2": float(np.nanmedian(true["V2"])), "log_level": true["log_level"],
-                            "median_abs_D_over_sqrt_V2": float(np.nanmedian(np.abs(true["D"]) / np.sqrt(true["V2"])))}
+        truth_info[name] = {
+            "seconds": round(time.perf_counter() - t0, 1),
+            "rows": len(model["items"]),
+            "median_V2": float(np.nanmedian(true["V2"])),
+            "log_level": true["log_level"],
+            "median_abs_D_over_sqrt_V2": float(np.nanmedian(np.abs(true["D"]) / np.sqrt(true["V2"]))),
+        }
         results[name] = {}
         for k in p.Ks:
             results[name][str(k)] = evaluate(model, true, p, k, progress)
             c = results[name][str(k)]
-            print(f"{name} K={k}: " + ", ".join(f"{q} {c[q]['coverage']:.3f}" for q in (*QUANTITIES, "level")),
-                  flush=True)
+            print(
+                f"{name} K={k}: " + ", ".join(f"{q} {c[q]['coverage']:.3f}" for q in (*QUANTITIES, "level")), flush=True
+            )
     decision = decide(results, p.Ks)
-    return {"experiment": "calibration of the error bars", "protocol": asdict(p), "band": list(BAND),
-               "targeted": list(TARGETED), "truth": truth_info, "results": results, "decision": decision,
-               "seconds": round(time.perf_counter() - t_start, 1), "torch_threads": torch.get_num_threads(),
-               "versions": _library_versions()}
+    return {
+        "experiment": "calibration of the error bars",
+        "protocol": asdict(p),
+        "band": list(BAND),
+        "targeted": list(TARGETED),
+        "truth": truth_info,
+        "results": results,
+        "decision": decision,
+        "seconds": round(time.perf_counter() - t_start, 1),
+        "torch_threads": torch.get_num_threads(),
+        "versions": _library_versions(),
+    }
 
 
 def tables(summary: dict[str, Any]) -> dict[str, str]:
@@ -387,33 +371,41 @@ def calibration_table(d: dict) -> str:
     """Coverage of the nominal 95% intervals per model, K and quantity (the heat's two parts when the
     run measured them: ``heat_rel`` per row, ``level`` the run's common level)."""
     Ks = d["protocol"]["Ks"]
-    names = {"mlp": "MLP, no biases (jvp)", "mlp_bias": "MLP, biases (jvp)",
-             "minilm_head": "linear head on MiniLM features (head mode)"}
+    names = {
+        "mlp": "MLP, no biases (jvp)",
+        "mlp_bias": "MLP, biases (jvp)",
+        "minilm_head": "linear head on MiniLM features (head mode)",
+    }
     first = next(iter(d["results"].values()))[str(Ks[0])]
     shown = [q for q in CALIBRATION_QUANTITIES if q in first]
     parts = "heat_rel" in first
-    rows = ["| model | K | " + " | ".join(f"{q} coverage [95% CI]" for q in shown)
-            + " | V2 half-width / V2 (median) |" + (" heat_rel half-width (log, median) |" if parts else ""),
-            "|---|---|" + "---|" * len(shown) + "---|" + ("---|" if parts else "")]
+    rows = [
+        "| model | K | "
+        + " | ".join(f"{q} coverage [95% CI]" for q in shown)
+        + " | V2 half-width / V2 (median) |"
+        + (" heat_rel half-width (log, median) |" if parts else ""),
+        "|---|---|" + "---|" * len(shown) + "---|" + ("---|" if parts else ""),
+    ]
     for m, per_k in d["results"].items():
         for k in Ks:
             c = per_k[str(k)]
-            cells = " | ".join(f"{c[q]['coverage']:.3f} [{c[q]['ci95'][0]:.2f}, {c[q]['ci95'][1]:.2f}]"
-                               for q in shown)
+            cells = " | ".join(f"{c[q]['coverage']:.3f} [{c[q]['ci95'][0]:.2f}, {c[q]['ci95'][1]:.2f}]" for q in shown)
             extra = f" {c['heat_rel']['median_relative_half_width']:.3f} |" if parts else ""
-            rows.append(f"| {names.get(m, m)} | {k} | {cells} | {c['V2']['median_relative_half_width']:.2f} |"
-                        + extra)
+            rows.append(f"| {names.get(m, m)} | {k} | {cells} | {c['V2']['median_relative_half_width']:.2f} |" + extra)
     dec, p = d["decision"], d["protocol"]
     rows.append("")
-    rows.append(f"{p['replicates']} replicates per K of the defaults (M = {p['M']}, M_D = {p['M_D']}, batch size "
-                f"{p['batch_size']}); truth from M = M_D = {p['M_true']:,}; coverage over rows x replicates, 95% "
-                f"interval by a bootstrap over replicates. Target: D and V2 in [{d['band'][0]:.2f}, "
-                f"{d['band'][1]:.2f}] on every model. Chosen K = {dec['default_K']} ({dec['rule']}"
-                f"{'' if dec['met'] else '; the target is not met'}).")
+    rows.append(
+        f"{p['replicates']} replicates per K of the defaults (M = {p['M']}, M_D = {p['M_D']}, batch size "
+        f"{p['batch_size']}); truth from M = M_D = {p['M_true']:,}; coverage over rows x replicates, 95% "
+        f"interval by a bootstrap over replicates. Target: D and V2 in [{d['band'][0]:.2f}, "
+        f"{d['band'][1]:.2f}] on every model. Chosen K = {dec['default_K']} ({dec['rule']}"
+        f"{'' if dec['met'] else '; the target is not met'})."
+    )
     if parts:
         rows.append("")
-        rows.append("heat_rel: log V2 minus the run's median log V2 (the ranking; target [0.90, 0.98] at K = 8); "
-                    "level: the run's median log V2 itself (the common factor; one hit per replicate, so its "
-                    "interval is wide).")
+        rows.append(
+            "heat_rel: log V2 minus the run's median log V2 (the ranking; target [0.90, 0.98] at K = 8); "
+            "level: the run's median log V2 itself (the common factor; one hit per replicate, so its "
+            "interval is wide)."
+        )
     return "\n".join(rows)
-
