@@ -35,6 +35,7 @@ with status 2.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import json
 import os
@@ -254,6 +255,71 @@ def comparable(obj: Any) -> Any:
     if isinstance(obj, list):
         return [comparable(v) for v in obj]
     return obj
+
+
+#: How far a float of a committed quick result may move when the same command runs on another machine
+#: (another CPU code path: AVX-512 or AVX2 kernels reassociate float32 sums, so every float differs
+#: in its last bits and a training loop carries the difference along). Structure, integers, strings
+#: and booleans must agree exactly; a float ``a`` against the committed ``b`` passes when
+#: ``|a - b| <= QUICK_ATOL + QUICK_RTOL * max(|a|, |b|)``. An experiment whose quick run amplifies
+#: rounding in some fields (a training loop, a statistic of pure rounding noise, a bootstrap percentile)
+#: names them in ``QUICK_TOLERANCE`` (fnmatch pattern of the path -> its rtol, or None: structure and
+#: type only), each with the reason. Measured (the README of bench/results): under torch's portable
+#: CPU path the quick runs committed from the AVX2 path differ by at most 2e-6 (relative) in most
+#: experiments, 3.1e-4 in E1's MLP.
+QUICK_RTOL = 5e-4
+QUICK_ATOL = 1e-9
+
+
+def differences(
+    got: Any,
+    want: Any,
+    *,
+    rtol: float = QUICK_RTOL,
+    atol: float = QUICK_ATOL,
+    loose: dict[str, float | None] | None = None,
+    path: str = "",
+) -> list[str]:
+    """Where ``got`` differs from ``want`` beyond float rounding (both JSON-like, volatile fields already
+    left out by :func:`comparable`): one line per difference, naming its path. ``loose``: path patterns
+    with their own tolerance (None: any float passes)."""
+    if isinstance(want, dict) or isinstance(got, dict):
+        if not (isinstance(want, dict) and isinstance(got, dict)):
+            return [f"{path or '/'}: {type(got).__name__} where {type(want).__name__} was committed"]
+        out = [f"{path}/{k}: missing" for k in want if k not in got]
+        out += [f"{path}/{k}: not in the committed result" for k in got if k not in want]
+        for k in want:
+            if k in got:
+                out += differences(got[k], want[k], rtol=rtol, atol=atol, loose=loose, path=f"{path}/{k}")
+        return out
+    if isinstance(want, list) or isinstance(got, list):
+        if not (isinstance(want, list) and isinstance(got, list)) or len(got) != len(want):
+            return [f"{path}: {_short(got)} where {_short(want)} was committed"]
+        out: list[str] = []
+        for i, (g, w) in enumerate(zip(got, want)):
+            out += differences(g, w, rtol=rtol, atol=atol, loose=loose, path=f"{path}[{i}]")
+        return out
+    if isinstance(want, float) and isinstance(got, (float, int)) and not isinstance(got, bool):
+        for pattern, own in (loose or {}).items():
+            if fnmatch.fnmatchcase(path, pattern):
+                if own is None:
+                    return []
+                rtol = own
+                break
+        if not (abs(got - want) <= atol + rtol * max(abs(got), abs(want))):
+            return [
+                f"{path}: {got!r} where {want!r} was committed (relative difference "
+                f"{abs(got - want) / max(abs(got), abs(want)):.1e} > {rtol:g})"
+            ]
+        return []
+    if type(got) is not type(want) or got != want:
+        return [f"{path}: {_short(got)} where {_short(want)} was committed"]
+    return []
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def config_fields(config_cls: type) -> list[str]:

@@ -326,15 +326,21 @@ QUICK_COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
 
 def assert_reproduces(name: str, out: Path) -> None:
     """The run in ``out`` equals the committed quick result of ``name`` (bench/results/NAME/quick),
-    apart from the fields that describe the clock or the machine (bench.harness.comparable)."""
-    from bench.harness import comparable, quick_dir
+    apart from the fields that describe the clock or the machine (bench.harness.comparable), and
+    apart from float rounding (bench.harness.QUICK_RTOL: another machine's CPU code path moves the
+    last bits of every float32)."""
+    from bench.harness import comparable, differences, load, quick_dir
 
+    loose = getattr(load(name), "QUICK_TOLERANCE", {})
     for file in QUICK_COMMANDS[name][1]:
         committed = json.loads((quick_dir(name) / file).read_text())
         got = json.loads((out / file).read_text())
-        assert comparable(got) == comparable(committed), (
-            f"{out / file} differs from bench/results/{name}/quick/{file}: rerun python -m bench run {name} "
-            f"{' '.join(QUICK_COMMANDS[name][0])} --out bench/results/{name}/quick if the change is meant"
+        found = differences(comparable(got), comparable(committed), loose=loose)
+        assert not found, (
+            f"{out / file} differs from bench/results/{name}/quick/{file} in {len(found)} places, e.g.\n  "
+            + "\n  ".join(found[:8])
+            + f"\nrerun python -m bench run {name} {' '.join(QUICK_COMMANDS[name][0])} "
+            f"--out bench/results/{name}/quick if the change is meant"
         )
 
 

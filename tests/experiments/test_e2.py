@@ -134,6 +134,7 @@ def test_e2_quick_structure(quick_b: tuple[dict, Path]) -> None:
     assert summary["pilot"] is None  # --quick runs without its pilot; a full run refuses to
 
 
+@pytest.mark.quick
 def test_e2_quick_reproduces_the_committed_quick_result(quick_b: tuple[dict, Path]) -> None:
     from tests.conftest import assert_reproduces
 

@@ -80,6 +80,7 @@ def test_e3_counts_protocol_and_subsets_are_consistent(e3):
     assert counts["with_depth"] <= counts["with_depth_synsets"] < counts["words"]
 
 
+@pytest.mark.quick
 @needs_wordnet
 def test_e3_quick_reproduces_the_committed_quick_result(e3_quick):
     from tests.conftest import assert_reproduces
@@ -164,6 +165,7 @@ def test_e4_protocol_selection_and_cis(e4):
     assert e4["oracle_on_test"]["ndcg@10"] >= head["best_alpha_ndcg@10"] - 1e-12
 
 
+@pytest.mark.quick
 @needs_wordnet
 def test_e4_quick_reproduces_the_committed_quick_result(e4_quick):
     from tests.conftest import assert_reproduces

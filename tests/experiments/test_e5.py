@@ -103,6 +103,7 @@ def test_retrieval_summary_matches_its_sweep(runs):
     )
 
 
+@pytest.mark.quick
 def test_quick_reproduces_the_committed_quick_result(runs):
     from tests.conftest import assert_reproduces
 

@@ -119,6 +119,33 @@ def test_the_quick_results_readme_lists_each_command():
         assert all((quick_dir(name) / f).is_file() for f in files), name
 
 
+def test_quick_results_compare_with_rounding_tolerance_and_fail_on_a_real_change():
+    """Another CPU code path moves the last bits of float32 results: that passes; a result moved by
+    1e-3, an integer, a string or a changed structure does not."""
+    from bench.harness import QUICK_RTOL, differences
+
+    want = json.loads((quick_dir("e1") / "equilibrium.json").read_text())
+    want = comparable(want)
+    fit = want["results"][0]["fits"]["full_law"]
+
+    def moved(change):
+        got = json.loads(json.dumps(want))
+        change(got)
+        return differences(got, want)
+
+    assert moved(lambda g: None) == []
+    # float32 rounding, as on another machine (the issue's example: 1.2424064874649048 vs 1.2424062490463257)
+    assert differences(1.2424064874649048, 1.2424062490463257) == []
+    assert moved(lambda g: g["results"][0]["fits"]["full_law"].update(slope=fit["slope"] * (1 + 1e-6))) == []
+    assert QUICK_RTOL < 1e-3
+    (line,) = moved(lambda g: g["results"][0]["fits"]["full_law"].update(slope=fit["slope"] * (1 + 1e-3)))
+    assert line.startswith("/results[0]/fits/full_law/slope: ")
+    assert moved(lambda g: g["results"][0].update(variant="mlp_bias"))  # a string
+    assert moved(lambda g: g["config"].update(steps=g["config"]["steps"] + 1))  # an integer
+    assert moved(lambda g: g["results"].pop())  # the structure
+    assert moved(lambda g: g["results"][0]["fits"].pop("full_law"))
+
+
 def test_run_refuses_unknown_names_and_bad_settings(capsys):
     from bench.cli import main
 
@@ -147,6 +174,7 @@ def test_tables_check_finds_a_stale_block(tmp_path):
 # quick runs (the experiments without a test module of their own)
 
 
+@pytest.mark.quick
 def test_e1_quick(tmp_path, capsys):
     """E1 through the runner (``python -m bench run e1``)."""
     from bench.cli import main
@@ -211,6 +239,7 @@ def test_head_stats_quick(tmp_path):
     assert "| grouped, with error bars (the default) |" in printed
 
 
+@pytest.mark.quick
 def test_adaptive_m_quick(tmp_path):
     out, _ = quick(tmp_path, "adaptive_m")
     assert_reproduces("adaptive_m", out)
@@ -219,6 +248,8 @@ def test_adaptive_m_quick(tmp_path):
     assert 0 <= d["runs"]["adaptive"]["V2_resolved_to_20pct"] <= 1
 
 
+@pytest.mark.quick
+@pytest.mark.needs_data("wordnet")  # its pairs are WordNet's (lemma, gloss)
 def test_monitor_quick(tmp_path):
     """The training monitor's end-to-end example at toy size: SentenceTransformerTrainer fine-tunes a head on
     the real MiniLM with normfast.MonitorCallback on; the report's fits, the monitor's own clock and the
@@ -250,6 +281,7 @@ def quick_in_process(tmp_path: Path, name: str, capsys) -> tuple[Path, str]:
     return out, capsys.readouterr().out
 
 
+@pytest.mark.quick
 def test_e1_counterfactual_quick(tmp_path, capsys):
     """One change (λ x4) asked of a toy E1 snapshot: the observed continuation moved the norms the way
     more decay does, every T was asked (at least 50 steps), and the verdict and table are written."""
@@ -284,6 +316,7 @@ def test_figures_are_redrawn_from_a_result_json(tmp_path, capsys):
     assert "has no figures to redraw" in capsys.readouterr().err
 
 
+@pytest.mark.quick
 def test_e1_adamw_quick(tmp_path, capsys):
     """Two of the AdamW investigation's runs at toy size: each is measured at every step (the meter's
     sample count is the run's length), its own mean norm is a norm of the same model (close to the
@@ -299,6 +332,7 @@ def test_e1_adamw_quick(tmp_path, capsys):
     assert "| 0 | MLP, AdamW β1 = 0.9 | R1 | window start | seeded | 200 | e1 | fresh |" in printed
 
 
+@pytest.mark.quick
 def test_e1_drift_quick(tmp_path):
     out, printed = quick(tmp_path, "e1_drift")
     assert_reproduces("e1_drift", out)
@@ -308,6 +342,7 @@ def test_e1_drift_quick(tmp_path):
     assert "| MLP, no biases |" in printed
 
 
+@pytest.mark.quick
 def test_calibration_quick(tmp_path):
     out, printed = quick(tmp_path, "calibration")
     assert_reproduces("calibration", out)

@@ -86,6 +86,19 @@ from bench.harness import Context
 RESULTS = ("equilibrium.json", "seed1/equilibrium.json", "ledger.json")
 FIGURES = ("equilibrium.png", "seed1/equilibrium.png", "ledger.png")
 TABLES = ("e1", "e1-snapshot", "e1-ledger", "e1-resists")
+#: fields of the committed quick run (variants mlp, table) that rounding alone moves on another CPU path
+#: (bench.harness.differences): the free embedding table's drift is zero by construction, so its drift
+#: statistics, first-order task terms and the regression on them are statistics of rounding noise; the
+#: realized task term (both orders) is the difference of two nearly equal terms, for every variant
+QUICK_TOLERANCE: dict[str, float | None] = {
+    "/results[[]*]/realized/task[[]*": None,
+    "/results[[]1]/drift*": None,
+    "/results[[]1]/snapshot/shrinkage/*": None,
+    "/results[[]1]/terms/task*": None,
+    "/results[[]1]/realized/task*": None,
+    "/results[[]1]/estimated_*/task1*": None,
+    "/results[[]1]/estimated_*/task[[]*": None,
+}
 #: the run writes equilibrium.json / .png (and ledger.json / .png with --ledger)
 WRITES_OWN_FILES = True
 

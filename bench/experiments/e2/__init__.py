@@ -163,6 +163,10 @@ __all__ = [
 RESULTS = ("e2_real_encoder_A.json", "e2_real_encoder_B.json", "e2_real_encoder.json", "e2_real_encoder_v2.json")
 FIGURES = ("e2_real_encoder_A.png", "e2_real_encoder_B.png", "e2_real_encoder.png", "e2_real_encoder_v2.png")
 TABLES = ("e2",)
+#: fields of the committed quick run that rounding alone moves on another CPU path (bench.harness.differences):
+#: the cached front's largest difference from the full encoder is itself a rounding error, and a
+#: bootstrap percentile jumps to a neighbouring resample when the values move in their last bits
+QUICK_TOLERANCE: dict[str, float | None] = {"/cache_check_max_abs_diff": None, "*_ci95*": 2e-2}
 #: as the committed runs were written
 JSON = JsonStyle(newline=False)
 

@@ -86,6 +86,11 @@ from bench.harness import Context, UsageError
 RESULTS = ("e5_uncertainty.json",)
 FIGURES = ("e5_entropy_heat.png", "e5_alpha_sweep.png")
 TABLES = ("e5",)
+#: the committed quick run trains its two-tower model from scratch: on another CPU path the training
+#: trajectory carries the rounding along, and every number downstream moves by about 1e-3 (median;
+#: up to 6e-2 at the 99th percentile), the within-class rank correlations of a few images per class
+#: by up to 0.3 (bench.harness.differences; the README of bench/results)
+QUICK_TOLERANCE: dict[str, float | None] = {"*/within_class_spearman/per_class/*": None, "*": 1e-1}
 QUANTITIES = ("V2", "norm", "r_eq", "r_eq_heat")
 PAPER_V2_ENTROPY_R = 0.234  # CLIP ViT-B/32 on CIFAR-10H, as reported
 
