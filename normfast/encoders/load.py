@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from normfast.core.checks import first_line
+from normfast.core.checks import check_device, first_line
 
 from .base import Encoder
 from .hf import HFEncoder
@@ -135,13 +135,14 @@ def load_encoder(
     Weights load through safetensors or ``weights_only=True``; remote code runs
     only with ``trust_remote_code=True``. Raises ``ValueError`` for an unknown
     spec or pooling, a model without trainable parameters, or options that do
-    not apply to the spec, or a model folder whose weights do not fit its config
-    (:func:`normfast.encoders.hf_files.check_loaded_weights`); ``FileNotFoundError``
-    for a missing folder.
+    not apply to the spec, a ``device`` this process does not have, or a model folder whose
+    weights do not fit its config (:func:`normfast.encoders.hf_files.check_loaded_weights`);
+    ``FileNotFoundError`` for a missing folder.
     """
     fn = "load_encoder"
     if tower is not None and tower not in ("image", "text"):
         raise ValueError(f"{fn}: tower must be 'image', 'text' or None, got {tower!r}")
+    device = check_device(f"{fn}: device", device)  # before anything is loaded
     if isinstance(spec, Encoder):
         if tower is not None or pooling is not None or projection is not True:
             raise ValueError(

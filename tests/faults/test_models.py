@@ -1,5 +1,6 @@
-"""Models probed only as they were really loaded (issue 33): weights that do not fit their config get
-one line naming the tensors, before any compute."""
+"""Models probed only as they were really loaded (issue 33): weights that do not fit their config,
+and a device that is not there. Each gets one line naming the tensors or the device, before
+anything is computed."""
 
 from __future__ import annotations
 
@@ -166,3 +167,38 @@ def test_the_packaged_minilm_loads_without_a_warning():
         warnings.simplefilter("error")
         encoder = load_encoder("all-MiniLM-L6-v2")
     assert encoder.staged and encoder.n_stages == 8
+
+
+# ---------------------------------------------------------------------------
+# 4: a device that is not there
+
+
+def _absent_cuda() -> str:
+    return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+
+
+@pytest.mark.parametrize("device", [_absent_cuda(), "foo", "meta", "cpu:x"])
+def test_the_device_is_checked_before_anything_is_loaded(words, tmp_path, monkeypatch, capsys, device):
+    import normfast.encoders
+
+    def load(*a, **k):
+        raise AssertionError("the model was loaded before --device was checked")
+
+    monkeypatch.setattr(normfast.encoders, "load_encoder", load)
+    assert main(probe_args("minilm", words, tmp_path / "run.parquet", "--device", device)) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"--device {device}" in line and "available" in line and "cpu" in line, line
+    assert list(tmp_path.iterdir()) == [words]
+
+
+def test_load_encoder_checks_its_device(tiny_bert_folder, monkeypatch):
+    import normfast.encoders.load as load
+    from normfast.encoders import load_encoder
+
+    def never(*a, **k):
+        raise AssertionError("the model was loaded before its device was checked")
+
+    monkeypatch.setattr(load, "load_transformers", never)
+    for device in (_absent_cuda(), "foo", "meta"):
+        with pytest.raises(ValueError, match=rf"load_encoder: device {re.escape(device)}: .*available"):
+            load_encoder(tiny_bert_folder, device=device)
