@@ -184,3 +184,38 @@ def check_device(label: str, device: Any) -> torch.device:
     if not (callable(is_available) and is_available()):
         raise refuse(f"torch has no {kind} device in this process")
     return parsed
+
+
+def check_finite_weights(fn: str, module: torch.nn.Module, label: str = "the model") -> None:
+    """Refuse a model with a NaN or infinite parameter (one ``ValueError`` naming it).
+
+    One such value makes every embedding that passes through it, and so every statistic of a
+    probe, NaN; said before anything is computed or written. A parameter on the meta device (a
+    shape without values) is refused the same way. Buffers are not weights and may hold
+    infinities on purpose (an additive attention mask of ``-inf``).
+    """
+    bad: list[tuple[str, torch.Tensor]] = []
+    for name, t in module.named_parameters():
+        if t.device.type == "meta":
+            raise ValueError(
+                f"{fn}: {label}'s parameter {name} is on the meta device (a shape without values); load "
+                f"the model with its weights, on a real device"
+            )
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad.append((name, t.detach().reshape(-1)))
+    if not bad:
+        return
+    name, flat = bad[0]
+    count = int((~torch.isfinite(flat)).sum())
+    tests = (("nan", torch.isnan), ("inf", torch.isposinf), ("-inf", torch.isneginf))
+    values = ", ".join(word for word, test in tests if bool(test(flat).any()))
+    more = ""
+    if len(bad) > 1:
+        others = [n for n, _ in bad[1:]]
+        more = f"; so do {len(others)} more ({', '.join(others[:3])}{' ...' if len(others) > 3 else ''})"
+    raise ValueError(
+        f"{fn}: {label}'s parameter {name} holds {count} non-finite value{'s' if count != 1 else ''} "
+        f"({values}) of {flat.numel()}{more}; every embedding through it, and so every statistic, would "
+        f"be NaN. The weights are damaged, or the training that made them diverged: load them again "
+        f"from their source, or from a checkpoint saved before the divergence"
+    )

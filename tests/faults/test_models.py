@@ -1,6 +1,7 @@
-"""Models probed only as they were really loaded (issue 33): weights that do not fit their config,
-and a device that is not there. Each gets one line naming the tensors or the device, before
-anything is computed."""
+"""Models probed only as they were really loaded (issue 33): weights that do not fit their config, a
+device that is not there, and a non-finite weight or objective. Each gets one line naming the
+tensors, the device, the parameter or the virtual batch, and a failed run leaves nothing that would
+block the next one."""
 
 from __future__ import annotations
 
@@ -202,3 +203,93 @@ def test_load_encoder_checks_its_device(tiny_bert_folder, monkeypatch):
     for device in (_absent_cuda(), "foo", "meta"):
         with pytest.raises(ValueError, match=rf"load_encoder: device {re.escape(device)}: .*available"):
             load_encoder(tiny_bert_folder, device=device)
+
+
+# ---------------------------------------------------------------------------
+# 4: a non-finite weight, a non-finite objective
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_weight_is_one_line_and_the_fixed_model_runs(
+    tiny_bert_folder, words, tmp_path, capsys, recwarn, value
+):
+    def poison(state):
+        state["encoder.layer.1.output.dense.weight"][3, 5] = value
+        return state
+
+    folder = edited_copy(tiny_bert_folder, tmp_path / "bad", weights=poison)
+    out = tmp_path / "out" / "run.parquet"
+    assert main(probe_args(folder, words, out)) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "encoder.layer.1.output.dense.weight" in line and str(value) in line, line
+    assert not any("scale-invariant" in str(w.message) for w in recwarn)
+    assert not out.parent.exists()  # checked before the run's folder is made: nothing to block the next run
+    # the same command on the fixed model (the same --out) is not refused as an unfinished run
+    shutil.rmtree(folder)
+    shutil.copytree(tiny_bert_folder, folder)
+    assert main(probe_args(folder, words, out)) == 0
+    assert out.exists() and not out.with_name(out.name + ".parts").exists()
+
+
+def test_a_non_finite_objective_is_one_line_and_leaves_no_run_behind(
+    tiny_bert_folder, words, tmp_path, capsys, recwarn
+):
+    out = tmp_path / "out" / "run.parquet"
+    # a temperature so small that the similarity logits overflow: the loss is NaN on the first batch
+    assert main(probe_args(tiny_bert_folder, words, out, "--temperature", "1e-39")) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "virtual batch 0" in line and "nan" in line, line
+    assert not any("scale-invariant" in str(w.message) for w in recwarn)
+    assert not out.parent.exists() or not any(out.parent.iterdir())  # no unfinished run to block the next one
+
+
+def _tiny_module_probe(tmp_path, **kw):
+    from torch import nn
+
+    from normfast.encoders import ModuleEncoder
+    from normfast.engine.probe import ProbeConfig, probe
+
+    torch.manual_seed(0)
+    enc = ModuleEncoder([nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 8)])
+    g = torch.Generator().manual_seed(1)
+    items = [torch.randn(6, generator=g) for _ in range(12)]
+    pairs = [(torch.randn(6, generator=g), torch.randn(6, generator=g)) for _ in range(40)]
+    cfg = ProbeConfig(mode="jvp", batches=4, drift_batches=8, groups=2, batch_size=8, chunk_size=6)
+    return probe(enc, items, "infonce", pairs, cfg, out=tmp_path / "run.parquet", progress=False, **kw)
+
+
+def test_a_failed_resume_keeps_the_earlier_runs_folder(tmp_path, monkeypatch):
+    import normfast.engine.probe as engine_probe
+    from normfast.engine.directions.objectives import InfoNCE
+
+    parts = tmp_path / "run.parquet.parts"
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine_probe, "run_chunks", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            _tiny_module_probe(tmp_path)
+    assert (parts / "run.json").exists()  # an interrupted run stays, for --resume
+    with monkeypatch.context() as patch:
+        patch.setattr(InfoNCE, "loss", lambda self, za, zb=None, labels=None: (za * float("nan")).sum())
+        with pytest.raises(ValueError, match=r"objective is nan on virtual batch 0"):
+            _tiny_module_probe(tmp_path, resume=True)
+    assert (parts / "run.json").exists()  # not this run's folder: left as it was
+    result = _tiny_module_probe(tmp_path, resume=True)
+    assert len(result) == 12 and not parts.exists()
+
+
+def test_a_non_finite_weight_is_refused_by_the_api(tmp_path):
+    from torch import nn
+
+    from normfast.encoders import ModuleEncoder
+    from normfast.engine.probe import probe
+
+    enc = ModuleEncoder([nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 8)])
+    with torch.no_grad():
+        enc.blocks[0].bias[2] = float("-inf")
+    with pytest.raises(ValueError, match=r"blocks\.0\.bias holds 1 non-finite value \(-inf\)"):
+        probe(enc, [torch.zeros(6)] * 4, "simcse", out=tmp_path / "run.parquet", progress=False)
+    assert list(tmp_path.iterdir()) == []
