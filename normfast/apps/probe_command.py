@@ -247,7 +247,11 @@ def probe_arguments(p) -> None:
     p.add_argument("--tower", choices=["image", "text"], help="open_clip tower to probe")
     p.add_argument("--no-projection", action="store_true", help="open_clip / sentence-transformers without the head")
     p.add_argument("--pooling", default=None, help="HF pooling (mean, cls, ...)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu, cuda, cuda:N or mps (default: cuda when a GPU is visible, else cpu)",
+    )
     p.add_argument("--out", required=True, help="output .parquet")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run at --out")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
@@ -256,8 +260,18 @@ def probe_arguments(p) -> None:
 
 
 def probe_main(args) -> int:
+    import os
+    import sys
+
+    from normfast.core.checks import check_device
     from normfast.engine.runner.distributed import init_from_env
 
+    try:  # before anything is loaded: a missing GPU is one line, not a driver error in the first transfer
+        check_device("--device", args.device)
+    except ValueError as exc:
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, said once
+            print(f"normfast probe: error: {exc}", file=sys.stderr)
+        return 2
     # under torchrun: join the process group (gloo on CPU, NCCL on GPU) and shard the run
     device, created = init_from_env(args.device)
     shard = current_shard()

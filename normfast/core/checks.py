@@ -139,3 +139,83 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its class name when it has none), for one-line errors."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def available_devices() -> list[str]:
+    """The devices torch can compute on in this process: ``cpu``, then every CUDA device, then ``mps``."""
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    return out
+
+
+def check_device(label: str, device: Any) -> torch.device:
+    """``device`` as a ``torch.device`` that this process can compute on, or one ``ValueError``.
+
+    ``label`` says where the device came from (``"--device"``, ``"load_encoder: device"``); the
+    error names the device and the devices that are available. Checked before anything is loaded:
+    a missing GPU would otherwise surface as a driver error deep in the first transfer.
+    """
+    available = available_devices()
+
+    def refuse(problem: str) -> ValueError:
+        return ValueError(f"{label} {device}: {problem}; available here: {', '.join(available)}")
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise refuse("not a device name (cpu, cuda, cuda:N, mps)") from None
+    kind = parsed.type
+    if kind == "cpu":
+        return parsed
+    if kind == "meta":
+        raise refuse("the meta device holds shapes without values, and normfast computes values")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise refuse("no CUDA GPU is visible to torch in this process (torch.cuda.is_available() is False)")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise refuse(f"there are {torch.cuda.device_count()} CUDA devices, numbered from 0")
+        return parsed
+    backend = getattr(torch, kind, None) if kind != "mps" else getattr(torch.backends, "mps", None)
+    is_available = getattr(backend, "is_available", None)
+    if not (callable(is_available) and is_available()):
+        raise refuse(f"torch has no {kind} device in this process")
+    return parsed
+
+
+def check_finite_weights(fn: str, module: torch.nn.Module, label: str = "the model") -> None:
+    """Refuse a model with a NaN or infinite parameter (one ``ValueError`` naming it).
+
+    One such value makes every embedding that passes through it, and so every statistic of a
+    probe, NaN; said before anything is computed or written. A parameter on the meta device (a
+    shape without values) is refused the same way. Buffers are not weights and may hold
+    infinities on purpose (an additive attention mask of ``-inf``).
+    """
+    bad: list[tuple[str, torch.Tensor]] = []
+    for name, t in module.named_parameters():
+        if t.device.type == "meta":
+            raise ValueError(
+                f"{fn}: {label}'s parameter {name} is on the meta device (a shape without values); load "
+                f"the model with its weights, on a real device"
+            )
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad.append((name, t.detach().reshape(-1)))
+    if not bad:
+        return
+    name, flat = bad[0]
+    count = int((~torch.isfinite(flat)).sum())
+    tests = (("nan", torch.isnan), ("inf", torch.isposinf), ("-inf", torch.isneginf))
+    values = ", ".join(word for word, test in tests if bool(test(flat).any()))
+    more = ""
+    if len(bad) > 1:
+        others = [n for n, _ in bad[1:]]
+        more = f"; so do {len(others)} more ({', '.join(others[:3])}{' ...' if len(others) > 3 else ''})"
+    raise ValueError(
+        f"{fn}: {label}'s parameter {name} holds {count} non-finite value{'s' if count != 1 else ''} "
+        f"({values}) of {flat.numel()}{more}; every embedding through it, and so every statistic, would "
+        f"be NaN. The weights are damaged, or the training that made them diverged: load them again "
+        f"from their source, or from a checkpoint saved before the divergence"
+    )

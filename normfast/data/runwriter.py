@@ -105,6 +105,7 @@ class ChunkedParquetWriter:
         self.key = fingerprint(spec)
         self.schema: pa.Schema | None = None
         self.lock: RunLock | None = None
+        self.created = False  # whether this writer made the work folder (so everything in it is this run's)
         run_file = self.parts / _RUN_FILE
         if attach:
             self._check_key(run_file)
@@ -156,6 +157,7 @@ class ChunkedParquetWriter:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.lock = lock.moved_to(self.parts)  # the locked file moved with the folder: still held
+        self.created = True
 
     def _sweep_unborn_folders(self) -> None:
         """Remove temporary work folders of starts that were killed before their rename: unlocked, and older
@@ -356,6 +358,15 @@ class ChunkedParquetWriter:
         """Remove the work folder (after every part of the run has been written), then the lock."""
         shutil.rmtree(self.parts, ignore_errors=True)
         self.release()
+
+    def abandon(self) -> None:
+        """The run failed in a way that its own resume would meet again: remove the work folder if this
+        writer made it (everything in it is this run's, so nothing is left to block the next run), else
+        leave it as it was (an earlier run's chunks, for its ``--resume``); the lock is released either way."""
+        if self.created and self.lock is not None:
+            self.cleanup()
+        else:
+            self.release()
 
 
 def glob_escape(name: str) -> str:

@@ -1,15 +1,17 @@
 """Model files from a local folder or the hub, and what is built from them: a transformers model
-and its tokenizer (refused, in one line, when the folder is damaged or lacks its tokenizer), a
-sentence-transformers ``Dense`` activation (torch classes only, unless remote code is trusted) and
-its pooling settings."""
+and its tokenizer (refused, in one line, when the folder is damaged, lacks its tokenizer, or holds
+weights that do not fit its config), a sentence-transformers ``Dense`` activation (torch classes
+only, unless remote code is trusted) and its pooling settings."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
+import logging
 import os
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -83,14 +85,19 @@ TOKENIZER_FILES = (
 )
 
 
-def load_transformers(name_or_path: str, extra: dict, trust_remote_code: bool) -> tuple[nn.Module, Any]:
+def load_transformers(
+    name_or_path: str, extra: dict, trust_remote_code: bool, *, uses_pooler: bool = False
+) -> tuple[nn.Module, Any]:
     """Model (fp32, eager attention, safetensors preferred) and tokenizer, via the Auto classes.
 
     A local folder without tokenizer files is refused (transformers would build a
     vocabulary of special tokens only and turn every word into ``[UNK]``), and so is a
     tokenizer far smaller than the model's embedding table. A damaged folder (broken
     ``config.json``, missing or truncated weights) raises one ``ValueError`` naming the
-    folder, the file where it can, and the fix.
+    folder, the file where it can, and the fix. So do weights that do not fit the config
+    (:func:`check_loaded_weights`): the model is probed only as its weights define it.
+    ``uses_pooler``: the encoder pools with the model's own pooler, which must then be in
+    the weights too.
     """
     from transformers import AutoModel, AutoTokenizer
 
@@ -103,13 +110,16 @@ def load_transformers(name_or_path: str, extra: dict, trust_remote_code: bool) -
             f"tokenizer beside the model: tokenizer.save_pretrained({name_or_path!r})"
         )
     try:
-        model = AutoModel.from_pretrained(
-            name_or_path,
-            attn_implementation="eager",
-            trust_remote_code=trust_remote_code,
-            **{_dtype_kwarg(): torch.float32},
-            **extra,
-        )
+        with _without_load_report():  # judged below, in one line, instead of transformers' table
+            model, info = AutoModel.from_pretrained(
+                name_or_path,
+                attn_implementation="eager",
+                trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,  # reported by check_loaded_weights, with the names
+                **{_dtype_kwarg(): torch.float32},
+                **extra,
+            )
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **extra)
     except Exception as exc:  # noqa: BLE001 - the folder's files, named in one line
         if not local:
@@ -119,6 +129,8 @@ def load_transformers(name_or_path: str, extra: dict, trust_remote_code: bool) -
             f"Its files are damaged or incomplete: copy the model folder again from its "
             f"source"
         ) from exc
+    where = os.path.join(name_or_path, extra["subfolder"]) if extra.get("subfolder") else name_or_path
+    check_loaded_weights(fn, where, model, info, uses_pooler=uses_pooler)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if isinstance(vocab, int) and vocab >= 1000 and len(tokenizer) < vocab // 10:
         raise ValueError(
@@ -127,6 +139,85 @@ def load_transformers(name_or_path: str, extra: dict, trust_remote_code: bool) -
             f"missing); save the model's own tokenizer beside it"
         )
     return model.eval(), tokenizer
+
+
+def uses_pooler(pooling: str | Sequence[str] | None) -> bool:
+    """Whether a pooling setting (a mode or a sequence of modes) pools with the model's own pooler."""
+    return "pooler" in ((pooling,) if isinstance(pooling, str) else tuple(pooling or ()))
+
+
+def check_loaded_weights(fn: str, where: str, model: nn.Module, info: dict, *, uses_pooler: bool = False) -> None:
+    """Refuse a model whose weights do not fit its config (``info``: ``from_pretrained``'s loading info).
+
+    transformers fills a tensor the weights lack with random values, drops a tensor the model has
+    no place for, and (with ``ignore_mismatched_sizes``) replaces one of another shape by random
+    values; a probe of that model would measure layers nobody trained. Legitimately absent, and
+    accepted: the model's ``pooler`` when the encoder does not pool with it (a checkpoint saved
+    without one), a tensor tied to one that was loaded, and the head of a task checkpoint (its
+    ``config.json`` names another architecture, e.g. ``BertForMaskedLM``, whose head lies outside
+    the base model). Everything else raises one ``ValueError`` naming the first few tensors and
+    their count.
+    """
+    tensors = model.state_dict(keep_vars=True)
+    missing = set(info.get("missing_keys") or ())
+    loaded = {t.data_ptr() for k, t in tensors.items() if k not in missing and t.numel()}
+    missing = [
+        k
+        for k in [k for k in tensors if k in missing] + sorted(missing - set(tensors))  # the model's order
+        if not (k.startswith("pooler.") and not uses_pooler)
+        and not (k in tensors and tensors[k].numel() and tensors[k].data_ptr() in loaded)  # tied to a loaded one
+    ]
+    architectures = getattr(model.config, "architectures", None) or []
+    task_checkpoint = bool(architectures) and type(model).__name__ not in architectures
+    children = {name for name, _ in model.named_children()}
+    unused = sorted(
+        k
+        for k in info.get("unexpected_keys") or ()
+        if not (task_checkpoint and k.split(".", 1)[0] not in children)  # a task head, not part of the model
+    )
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: m[0])
+    problems = []
+    if missing:
+        problems.append(f"{_count(missing)} the model needs are missing from them ({_first_few(missing)})")
+    if unused:
+        problems.append(f"{_count(unused)} in them fit nowhere in the model and would be unused ({_first_few(unused)})")
+    if mismatched:
+        shapes = [f"{k}: {tuple(a)} in the weights, {tuple(b)} in the model" for k, a, b in mismatched]
+        problems.append(f"{_count(shapes)} of another shape than the model's ({_first_few(shapes)})")
+    if problems:
+        raise ValueError(
+            f"{fn}: the weights of {where} do not fit its config.json: {'; '.join(problems)}. Loaded anyway, "
+            f"the model would hold random values in place of what is missing and drop what is unused, so a "
+            f"probe would not measure the saved model: its weights and config.json belong to different "
+            f"models, or the weights are incomplete; copy the model folder again from its source"
+        )
+
+
+def _count(names: Sequence[str]) -> str:
+    return f"{len(names)} tensor" + ("s" if len(names) != 1 else "")
+
+
+def _first_few(names: Sequence[str], shown: int = 3) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+class _DropLoadReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)  # a report of failed conversions stays: the error that follows points to it
+        return "LOAD REPORT" not in text or "CONVERSION" in text
+
+
+@contextlib.contextmanager
+def _without_load_report() -> Iterator[None]:
+    """transformers' table of missing and unexpected tensors, withheld: load_transformers says what matters."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    drop = _DropLoadReport()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def _load_failure(folder: str, exc: BaseException) -> str:

@@ -8,11 +8,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from normfast.core.checks import first_line
+from normfast.core.checks import check_device, first_line
 
 from .base import Encoder
 from .hf import HFEncoder
-from .hf_files import ModelFiles, load_transformers
+from .hf_files import ModelFiles, load_transformers, uses_pooler
 from .module import ModuleEncoder
 from .openclip import OpenCLIPEncoder
 from .packaged import MPNET_ALIASES, minilm_source, mpnet_path
@@ -135,11 +135,14 @@ def load_encoder(
     Weights load through safetensors or ``weights_only=True``; remote code runs
     only with ``trust_remote_code=True``. Raises ``ValueError`` for an unknown
     spec or pooling, a model without trainable parameters, or options that do
-    not apply to the spec; ``FileNotFoundError`` for a missing folder.
+    not apply to the spec, a ``device`` this process does not have, or a model folder whose
+    weights do not fit its config (:func:`normfast.encoders.hf_files.check_loaded_weights`);
+    ``FileNotFoundError`` for a missing folder.
     """
     fn = "load_encoder"
     if tower is not None and tower not in ("image", "text"):
         raise ValueError(f"{fn}: tower must be 'image', 'text' or None, got {tower!r}")
+    device = check_device(f"{fn}: device", device)  # before anything is loaded
     if isinstance(spec, Encoder):
         if tower is not None or pooling is not None or projection is not True:
             raise ValueError(
@@ -197,8 +200,9 @@ def load_encoder(
                 path, pooling=pooling, projection=projection, device=device, trust_remote_code=trust_remote_code
             )
         elif os.path.isfile(os.path.join(path, "config.json")):
-            model, tokenizer = load_transformers(path, {}, trust_remote_code)
-            encoder = HFEncoder(model, tokenizer, pooling="mean" if pooling is None else pooling).to(device)
+            pooling = "mean" if pooling is None else pooling
+            model, tokenizer = load_transformers(path, {}, trust_remote_code, uses_pooler=uses_pooler(pooling))
+            encoder = HFEncoder(model, tokenizer, pooling=pooling).to(device)
         else:
             raise ValueError(
                 f"{fn}: folder {path!r} has neither modules.json (sentence-transformers) nor config.json (transformers)"
@@ -264,10 +268,11 @@ def _load_hub(
             return SentenceTransformerEncoder(
                 repo_id, pooling=pooling, projection=projection, device=device, trust_remote_code=trust_remote_code
             )
-        model, tokenizer = load_transformers(repo_id, {}, trust_remote_code)
+        pooling = "mean" if pooling is None else pooling
+        model, tokenizer = load_transformers(repo_id, {}, trust_remote_code, uses_pooler=uses_pooler(pooling))
     except (OSError, HFValidationError) as exc:
         raise ValueError(
             f"{fn}: {repo_id!r} is not a local folder, and loading it as a hub id "
             f"failed (offline, or no such repository?): {exc}"
         ) from exc
-    return HFEncoder(model, tokenizer, pooling="mean" if pooling is None else pooling).to(device)
+    return HFEncoder(model, tokenizer, pooling=pooling).to(device)

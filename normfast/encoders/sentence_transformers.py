@@ -11,7 +11,7 @@ from torch import nn
 from normfast.core.checks import first_line
 
 from .hf import HFEncoder
-from .hf_files import ModelFiles, activation_from_name, legacy_pooling, load_transformers
+from .hf_files import ModelFiles, activation_from_name, legacy_pooling, load_transformers, uses_pooler
 from .pooling import DenseLayer, L2Normalize
 
 
@@ -89,19 +89,19 @@ class SentenceTransformerEncoder(HFEncoder):
                 f"got {kinds}"
             )
 
+        # Pooling (read first: a model saved without its pooler is refused only when the pooling uses it)
+        pooling_path = str(entries[kinds.index("Pooling")].get("path", ""))
+        pooling_config = files.json(f"{pooling_path}/config.json") if pooling_path else None
+        folder_modes = legacy_pooling(pooling_config or {}) or ("mean",)
+        modes = folder_modes if pooling is None else pooling
+
         # Transformer
         subfolder = str(entries[0].get("path", "") or "")
         bert_config = (
             files.json(f"{subfolder}/sentence_bert_config.json" if subfolder else "sentence_bert_config.json") or {}
         )
         name_or_path, extra = files.model_location(subfolder)
-        model, tokenizer = load_transformers(name_or_path, extra, trust_remote_code)
-
-        # Pooling
-        pooling_path = str(entries[kinds.index("Pooling")].get("path", ""))
-        pooling_config = files.json(f"{pooling_path}/config.json") if pooling_path else None
-        folder_modes = legacy_pooling(pooling_config or {}) or ("mean",)
-        modes = folder_modes if pooling is None else pooling
+        model, tokenizer = load_transformers(name_or_path, extra, trust_remote_code, uses_pooler=uses_pooler(modes))
 
         # Dense / Normalize after the pooling; a trailing Normalize is dropped
         tail = list(zip(kinds, entries))[kinds.index("Pooling") + 1 :]

@@ -54,17 +54,19 @@ part per rank -- see ``normfast.engine.runner.distributed``.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import json
 import math
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import torch
 
+from normfast.core.checks import check_finite_weights
 from normfast.data.io import fingerprint
 from normfast.data.pairs import as_pair_source
 from normfast.data.schema import METADATA_KEY, SCHEMA_VERSION
@@ -72,6 +74,7 @@ from normfast.encoders import Encoder
 from normfast.engine.config import ProbeConfig
 from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
 from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
+from normfast.engine.directions.gradients import NonFiniteLoss
 from normfast.engine.directions.objectives import objective_settings
 from normfast.engine.result import ProbeResult
 from normfast.engine.runner.chunks import run_chunks
@@ -136,6 +139,12 @@ def probe(
     Returns:
         :class:`ProbeResult` (on every rank of a sharded run). The same arguments and seed
         give the same table, sharded or not.
+
+    Raises:
+        ValueError: among others, for a NaN or infinite parameter of ``encoder`` or
+            ``pair_encoder`` (named; before ``out`` is touched), and for a NaN or infinite
+            objective on a virtual batch (:class:`~normfast.engine.directions.gradients.NonFiniteLoss`,
+            naming the batch; the run's work folder is removed when this call made it).
     """
     from normfast.encoders import load_encoder
     from normfast.engine.directions.objectives import get_objective
@@ -146,6 +155,10 @@ def probe(
         model_name = encoder if isinstance(encoder, str) else type(encoder).__name__
     if not isinstance(encoder, Encoder):
         encoder = load_encoder(encoder)
+    # a NaN or infinite weight makes every row NaN: said now, before the run's folder exists
+    check_finite_weights("probe", encoder)
+    if pair_encoder is not None:
+        check_finite_weights("probe", pair_encoder, "the pair encoder")
     if isinstance(objective, str):
         objective = get_objective(objective)
     probes = _as_probe_sequence(probes)
@@ -242,9 +255,10 @@ def probe(
     if config.snapshot:  # before the chunks: every chunk's rows take their slice of it
         from normfast.engine.trajectory.snapshot import snapshot_prediction
 
-        run.snapshot = snapshot_prediction(
-            encoder, probes, objective, pairs, config, second_moments=second_moments, progress=run.progress
-        )
+        with _abandoned_if_not_finite(writer):
+            run.snapshot = snapshot_prediction(
+                encoder, probes, objective, pairs, config, second_moments=second_moments, progress=run.progress
+            )
         metadata["snapshot"] = run.snapshot.info
     todo = [c for c in range(n_chunks) if c not in done]
     mine = todo if shard is None else chunks_for_rank(todo, shard.rank, shard.world_size)
@@ -252,7 +266,8 @@ def probe(
     failure = None
     try:
         if todo:  # every rank takes part (directions are collective), even one with no chunks of its own
-            run_chunks(run, probes, ids, mine, emit)
+            with _abandoned_if_not_finite(writer):
+                run_chunks(run, probes, ids, mine, emit)
     except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
         if shard is None:
             raise
@@ -277,6 +292,18 @@ def probe(
         meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
         return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
     return finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds)
+
+
+@contextlib.contextmanager
+def _abandoned_if_not_finite(writer: Any) -> Iterator[None]:
+    """A non-finite objective ends the run for good (the same arguments meet it again): its work folder
+    goes, when this run made it, so that it does not block the next run as an unfinished one."""
+    try:
+        yield
+    except NonFiniteLoss:
+        if writer is not None:
+            writer.abandon()
+        raise
 
 
 def _as_probe_sequence(probes: Any) -> Sequence[Any]:

@@ -11,6 +11,7 @@
 from normfast.engine.directions.gradients import (
     Directions,
     DriftMeans,
+    NonFiniteLoss,
     adam_second_moments,
     batch_loss,
     compute_directions,
@@ -35,6 +36,7 @@ __all__ = [
     "Directions",
     "DriftMeans",
     "InfoNCE",
+    "NonFiniteLoss",
     "Objective",
     "OptimizerPreset",
     "PRESETS",

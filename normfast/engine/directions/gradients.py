@@ -103,6 +103,13 @@ def adam_second_moments(optimizer: torch.optim.Optimizer, model: torch.nn.Module
 # ----------------------------------------------------------------------------
 # virtual batches
 # ----------------------------------------------------------------------------
+class NonFiniteLoss(ValueError):
+    """The objective is NaN or infinite on a virtual batch: no update direction can come from it.
+
+    The same arguments meet it again (the batches are seeded), so a run that raises it has
+    nothing to resume."""
+
+
 def _embed(encoder: Encoder, items: Sequence[Any], cut: int, *, grad: bool) -> torch.Tensor:
     state = encoder.prepare(items)
     with torch.no_grad():
@@ -236,6 +243,7 @@ def iter_gradients(
     after). Dropout is active only when the objective needs it (SimCSE); each
     batch's randomness is seeded from ``seed`` and its global index
     ``batch_offset + b``, so results do not depend on how batches are grouped.
+    A NaN or infinite objective raises :class:`NonFiniteLoss` naming the batch.
     """
     params = [encoder.get_parameter(n) for n in names]
     saved_flags = {n: p.requires_grad for n, p in encoder.named_parameters()}
@@ -254,10 +262,15 @@ def iter_gradients(
             with torch.random.fork_rng(devices=[encoder.device] if encoder.device.type == "cuda" else []):
                 torch.manual_seed(seed * 1_000_003 + gb)
                 loss = batch_loss(encoder, objective, pairs, batches[b], cut=cut, pair_encoder=pair_encoder)
+                if not torch.isfinite(loss):  # before the scale check, which a NaN would fail for no reason of its own
+                    raise NonFiniteLoss(
+                        f"compute_directions: the objective is {loss.item()} on virtual batch {gb}, so it gives "
+                        f"no update direction; the embeddings of that batch's items, or the objective, overflowed: "
+                        f"check those items and the objective's temperature (a very small one overflows the "
+                        f"similarity logits)"
+                    )
                 if gb == 0 and check_invariance:
                     _warn_if_not_scale_invariant(encoder, objective, pairs, batches[b], cut, pair_encoder)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"compute_directions: the objective is {loss.item()} on virtual batch {gb}")
             g = torch.autograd.grad(loss, params, allow_unused=True)
             yield (
                 gb,
