@@ -94,7 +94,9 @@ def read_documents(
         raise ValueError(f"{fn}: layout must be one of {LAYOUTS}, got {layout!r}")
     docs: list[Document] = []
     if path.suffix == ".jsonl":
-        for _, rec in read_jsonl(path, fn=fn, text_fields=(text_key,), key_fields=(id_key,)):
+        # no cap on a line: a document is cut into windows that fit, however long it is
+        records = read_jsonl(path, fn=fn, text_fields=(text_key,), key_fields=(id_key,), max_bytes=None)
+        for _, rec in records:
             text = rec[text_key]
             if text.strip():
                 docs.append(Document(str(rec.get(id_key, len(docs))), text.strip()))

@@ -348,3 +348,74 @@ def test_a_beir_split_and_a_module_path_cannot_leave_their_folder(tiny_bert_fold
     )
     with pytest.raises(ValueError, match="outside its folder"):
         load_encoder(str(st))
+
+
+# ---------------------------------------------------------------------------
+# issue 33: a byte-order mark, NUL bytes, old Mac line endings, a folder, a huge line, [UNK] everywhere
+
+
+@pytest.fixture
+def read_items(monkeypatch):
+    """Run `normfast probe` up to the probe itself, with no model: returns the items it would probe."""
+    import normfast.apps.probe_command as command
+    import normfast.encoders
+
+    seen = {}
+
+    class Reader:
+        modality = "text"
+
+    def stop(encoder, items, *a, ids=None, **k):
+        seen.update(items=list(items), ids=ids)
+        raise ValueError("stopped before probing")
+
+    monkeypatch.setattr(normfast.encoders, "load_encoder", lambda *a, **k: Reader())
+    monkeypatch.setattr(command, "probe", stop)
+
+    def read(probes, tmp_path, *extra) -> dict:
+        assert main(_probe("m", probes, tmp_path / "run.parquet", *extra)) == 2
+        return seen
+
+    return read
+
+
+def test_a_byte_order_mark_is_dropped_from_a_txt_and_a_jsonl_probes_file(tmp_path, read_items):
+    txt, jsonl = tmp_path / "w.txt", tmp_path / "w.jsonl"
+    txt.write_bytes(b"\xef\xbb\xbfapple\r\nriver\r\n")  # Notepad's "UTF-8 with BOM", Windows line ends
+    jsonl.write_bytes(b'\xef\xbb\xbf{"text": "apple", "id": "a"}\n{"text": "river", "id": "r"}\n')
+    assert read_items(txt, tmp_path)["items"] == ["apple", "river"]
+    assert read_items(jsonl, tmp_path) == {"items": ["apple", "river"], "ids": ["a", "r"]}
+
+
+def test_old_mac_line_endings_are_line_breaks(tmp_path, read_items):
+    probes, pairs = tmp_path / "w.txt", tmp_path / "p.txt"
+    probes.write_bytes(b"apple\rriver\rthe\r")
+    pairs.write_bytes(b"stone\rhouse\r")
+    assert read_items(probes, tmp_path, "--pairs", str(pairs))["items"] == ["apple", "river", "the"]
+
+
+def _with(flag: str, words: Path, path: Path) -> tuple[Path, list[str]]:
+    return (path, []) if flag == "--probes" else (words, ["--pairs", str(path)])
+
+
+@pytest.mark.parametrize("flag", ["--probes", "--pairs"])
+def test_nul_bytes_are_one_line_before_any_compute(tiny_bert_folder, words, tmp_path, no_compute, capsys, flag):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"apple\nriver\nst\x00one\n" + words.read_bytes())
+    probes, extra = _with(flag, words, bad)
+    assert main(_probe(tiny_bert_folder, probes, tmp_path / "run.parquet", *extra)) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{bad}: line 3 (byte 14) holds a NUL byte" in line, line
+    assert not (tmp_path / "run.parquet").exists()
+
+
+def test_a_multi_megabyte_line_is_one_line_at_once(tiny_bert_folder, words, tmp_path, no_compute, capsys):
+    from normfast.data.textfiles import MAX_LINE_BYTES
+
+    probes = tmp_path / "w.txt"
+    probes.write_bytes(b"apple\n" + b"river " * (3 * MAX_LINE_BYTES // 6) + b"\nthe\n")
+    t0 = time.perf_counter()
+    assert main(_probe(tiny_bert_folder, probes, tmp_path / "run.parquet")) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{probes}: line 2 is longer than {MAX_LINE_BYTES} bytes" in line, line
+    assert time.perf_counter() - t0 < 3
