@@ -56,6 +56,10 @@ first column, or --anchor-key when the records have no --text-key)."""
 
 def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | None]:
     fn = "probes file"
+    if path.is_dir():
+        raise ValueError(
+            f"{fn}: {path} is a folder; expected a file of probe items (.txt one per line, .jsonl or .tsv)"
+        )
     if path.suffix == ".jsonl":
         records = [rec for _, rec in read_jsonl(path, fn=fn, text_fields=(text_key,), key_fields=("id",))]
         items = [rec[text_key] for rec in records]
@@ -76,6 +80,10 @@ def _read_pairs_file(path: Path, args, needs: str):
     from normfast.data.pairs import PairSource
 
     fn = "pairs file"
+    if path.is_dir():
+        raise ValueError(
+            f"{fn}: {path} is a folder; expected a file (.jsonl or .tsv; for simcse also .txt, one item per line)"
+        )
     if path.suffix == ".jsonl":
         if needs != "items":
             return PairSource.from_jsonl(

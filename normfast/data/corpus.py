@@ -88,6 +88,8 @@ def read_documents(
     """Read a corpus file (see the module docstring for the formats)."""
     fn = "read_documents"
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{fn}: corpus file {path} is a folder; expected a file (.txt or .jsonl)")
     if not path.is_file():
         raise FileNotFoundError(f"{fn}: corpus file {path} does not exist")
     if layout not in LAYOUTS:

@@ -409,6 +409,20 @@ def test_nul_bytes_are_one_line_before_any_compute(tiny_bert_folder, words, tmp_
     assert not (tmp_path / "run.parquet").exists()
 
 
+@pytest.mark.parametrize("flag", ["--probes", "--pairs"])
+def test_a_folder_is_said_to_be_a_folder(tiny_bert_folder, words, tmp_path, no_compute, capsys, flag):
+    folder = tmp_path / "items"
+    folder.mkdir()
+    probes, extra = _with(flag, words, folder)
+    assert main(_probe(tiny_bert_folder, probes, tmp_path / "run.parquet", *extra)) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{folder} is a folder; expected a file" in line and "does not exist" not in line, line
+    corpus = [a if a != str(probes) else str(folder) for a in _probe(tiny_bert_folder, probes, tmp_path / "r.parquet")]
+    corpus[corpus.index("--probes")] = "--corpus"
+    assert main(corpus) == 2
+    assert f"corpus file {folder} is a folder; expected a file" in _one_error_line(capsys.readouterr().err)
+
+
 def test_a_multi_megabyte_line_is_one_line_at_once(tiny_bert_folder, words, tmp_path, no_compute, capsys):
     from normfast.data.textfiles import MAX_LINE_BYTES
 
