@@ -433,3 +433,29 @@ def test_a_multi_megabyte_line_is_one_line_at_once(tiny_bert_folder, words, tmp_
     line = _one_error_line(capsys.readouterr().err)
     assert f"{probes}: line 2 is longer than {MAX_LINE_BYTES} bytes" in line, line
     assert time.perf_counter() - t0 < 3
+
+
+def test_a_long_probe_is_tokenized_whole_once_and_its_cut_counted_exactly(minilm_tokenizer):
+    from normfast.encoders import HFEncoder
+    from tests._models import tiny_bert
+
+    class Counting:  # the tokenizer, counting the characters it is given
+        def __init__(self, tokenizer):
+            self.tokenizer, self.chars = tokenizer, 0
+
+        def __call__(self, texts, *a, **k):
+            self.chars += sum(len(t) for t in ([texts] if isinstance(texts, str) else texts))
+            return self.tokenizer(texts, *a, **k)
+
+        def __getattr__(self, name):
+            return getattr(self.tokenizer, name)
+
+    enc = HFEncoder(tiny_bert(minilm_tokenizer), minilm_tokenizer)
+    long = "river " * 20_000  # 120 000 characters, 20 000 tokens
+    whole = minilm_tokenizer([long], truncation=True, max_length=64, return_tensors="pt")["input_ids"]
+    enc.tokenizer = counting = Counting(minilm_tokenizer)
+    for _ in range(5):  # a virtual batch per call: the same long probe again and again
+        state = enc.prepare(["apple", long])
+        assert torch.equal(state["input_ids"][1], whole[0])
+        assert enc.truncated_tokens(state).tolist() == [0, 20_002 - 64]
+    assert counting.chars < len(long) + 5 * 64 * 64, counting.chars  # whole once, then a bounded head
