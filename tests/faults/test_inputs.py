@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -459,3 +460,37 @@ def test_a_long_probe_is_tokenized_whole_once_and_its_cut_counted_exactly(minilm
         assert torch.equal(state["input_ids"][1], whole[0])
         assert enc.truncated_tokens(state).tolist() == [0, 20_002 - 64]
     assert counting.chars < len(long) + 5 * 64 * 64, counting.chars  # whole once, then a bounded head
+
+
+EMOJI = ["\U0001f980 \U0001f419", "\U0001f991", "river \U0001f99e"]
+
+
+def test_a_tokenizer_that_makes_most_probe_tokens_unknown_is_warned_about(tiny_bert_folder, tmp_path, no_compute):
+    import warnings
+
+    from normfast.encoders import load_encoder
+    from normfast.encoders.tokenizing import unknown_token_warning
+    from normfast.engine.probe import ProbeConfig, probe
+
+    cased = tmp_path / "cased"
+    shutil.copytree(tiny_bert_folder, cased)
+    config = json.loads((cased / "tokenizer_config.json").read_text())
+    (cased / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))
+    probes = ["Apple", "River", "The", "Democracy", "Blue", "Quantum", "Stone", "House"]
+    cfg = ProbeConfig(batches=4, drift_batches=8, groups=2, batch_size=8, params=r"encoder\.layer\.1\.")
+    with (
+        pytest.warns(
+            UserWarning,
+            match=r"probe: 100% of the probe tokens are the unknown token \[UNK\].*"
+            r"cased tokenizer.*uncased vocabulary.*0% when lowercased",
+        ),
+        pytest.raises(AssertionError, match="started computing"),
+    ):
+        probe(load_encoder(str(cased)), probes, "simcse", config=cfg, progress=False)
+    uncased = load_encoder(str(tiny_bert_folder))
+    assert unknown_token_warning(uncased, probes) is None
+    assert re.search(r"80% .*characters or a script the vocabulary lacks", unknown_token_warning(uncased, EMOJI))
+    with warnings.catch_warnings():  # the model's own tokenizer: silent
+        warnings.simplefilter("error")
+        with pytest.raises(AssertionError, match="started computing"):
+            probe(uncased, probes, "simcse", config=cfg, progress=False)
