@@ -35,7 +35,9 @@ examples:
       --tokens --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
 
 probes file: .txt (one item per line), .jsonl (--text-key, default "text";
-optional "id"), or .tsv (first column).
+optional "id"), or .tsv (first column). Probes and pairs files are UTF-8 (a
+byte-order mark is dropped); lines end at \\n, \\r\\n or \\r and hold at most
+1 MiB each.
 
 corpus file (--corpus, token rows): .jsonl (--text-key, --id-key) or plain
 text, one document per line (--doc-layout lines, default) or blank-line

@@ -1,7 +1,9 @@
 """Wrong inputs and unlucky environments (issue 26): outputs that would replace their inputs, damaged
 model folders, a malformed solve row, OS faults, settings that were silently ignored, a zero loss,
-an unreachable hub, files that are not UTF-8 and files that name paths outside their folder. Each
-gets one line naming what is wrong, before any compute, instead of a traceback or a wrong result."""
+an unreachable hub, files that are not UTF-8 and files that name paths outside their folder; and text
+inputs (issue 33): a byte-order mark, NUL bytes, old Mac line endings, a folder, a multi-megabyte line
+and a tokenizer that makes most words unknown. Each is read as meant, or gets one line (an error or a
+warning) naming what is wrong, before any compute, instead of a traceback or a wrong result."""
 
 from __future__ import annotations
 
