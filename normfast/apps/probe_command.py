@@ -35,7 +35,9 @@ examples:
       --tokens --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
 
 probes file: .txt (one item per line), .jsonl (--text-key, default "text";
-optional "id"), or .tsv (first column).
+optional "id"), or .tsv (first column). Probes and pairs files are UTF-8 (a
+byte-order mark is dropped); lines end at \\n, \\r\\n or \\r and hold at most
+1 MiB each.
 
 corpus file (--corpus, token rows): .jsonl (--text-key, --id-key) or plain
 text, one document per line (--doc-layout lines, default) or blank-line
@@ -56,6 +58,10 @@ first column, or --anchor-key when the records have no --text-key)."""
 
 def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | None]:
     fn = "probes file"
+    if path.is_dir():
+        raise ValueError(
+            f"{fn}: {path} is a folder; expected a file of probe items (.txt one per line, .jsonl or .tsv)"
+        )
     if path.suffix == ".jsonl":
         records = [rec for _, rec in read_jsonl(path, fn=fn, text_fields=(text_key,), key_fields=("id",))]
         items = [rec[text_key] for rec in records]
@@ -76,6 +82,10 @@ def _read_pairs_file(path: Path, args, needs: str):
     from normfast.data.pairs import PairSource
 
     fn = "pairs file"
+    if path.is_dir():
+        raise ValueError(
+            f"{fn}: {path} is a folder; expected a file (.jsonl or .tsv; for simcse also .txt, one item per line)"
+        )
     if path.suffix == ".jsonl":
         if needs != "items":
             return PairSource.from_jsonl(

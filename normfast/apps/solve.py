@@ -8,7 +8,6 @@ import io
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -134,8 +133,9 @@ def _format_float(x: float) -> str:
 
 def _write_atomically(path: Path, write) -> None:
     # write to a temporary file beside the target, then rename: never a truncated file
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent or ".")
-    os.close(fd)
+    from normfast.data.atomic import temporary_file
+
+    tmp = str(temporary_file(path, suffix=path.suffix))  # the suffix: np.save appends .npy to any other
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -88,13 +88,17 @@ def read_documents(
     """Read a corpus file (see the module docstring for the formats)."""
     fn = "read_documents"
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{fn}: corpus file {path} is a folder; expected a file (.txt or .jsonl)")
     if not path.is_file():
         raise FileNotFoundError(f"{fn}: corpus file {path} does not exist")
     if layout not in LAYOUTS:
         raise ValueError(f"{fn}: layout must be one of {LAYOUTS}, got {layout!r}")
     docs: list[Document] = []
     if path.suffix == ".jsonl":
-        for _, rec in read_jsonl(path, fn=fn, text_fields=(text_key,), key_fields=(id_key,)):
+        # no cap on a line: a document is cut into windows that fit, however long it is
+        records = read_jsonl(path, fn=fn, text_fields=(text_key,), key_fields=(id_key,), max_bytes=None)
+        for _, rec in records:
             text = rec[text_key]
             if text.strip():
                 docs.append(Document(str(rec.get(id_key, len(docs))), text.strip()))

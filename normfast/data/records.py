@@ -2,7 +2,9 @@
 
 Every such file normfast reads (probe items, corpus documents, pair sources, BEIR
 collections, word-pair judgments) goes through :func:`read_jsonl` or :func:`read_tsv`:
-UTF-8 (bytes that are not are named by file, line and byte), one record per line, blank
+UTF-8 (bytes that are not are named by file, line and byte; a leading byte-order mark
+dropped; NUL bytes refused), one record per line (ending at ``\\n``, ``\\r\\n`` or ``\\r``; at
+most :data:`~normfast.data.textfiles.MAX_LINE_BYTES` long unless a reader lifts the cap), blank
 lines skipped. A line that cannot be used raises a
 :class:`RecordError` (a ``ValueError``) that names the reading function, the file and
 the line -- ``read_documents: corpus.jsonl:7: field 'text' must be a string, got
@@ -16,25 +18,36 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from normfast.data.textfiles import iter_lines
+from normfast.data.textfiles import MAX_LINE_BYTES, iter_lines
 
 
 class RecordError(ValueError):
     """A line of a data file that cannot be read; the message names the file and the line."""
 
 
-def read_lines(path: str | os.PathLike, *, fn: str, comment: str | None = None) -> Iterator[tuple[int, str]]:
-    """``(line number, line without its newline)`` for every non-blank line of a UTF-8 text file.
+def read_lines(
+    path: str | os.PathLike,
+    *,
+    fn: str,
+    comment: str | None = None,
+    expected: str = "a text file, one item per line",
+    max_bytes: int | None = MAX_LINE_BYTES,
+) -> Iterator[tuple[int, str]]:
+    """``(line number, line without its line break)`` for every non-blank line of a UTF-8 text file.
 
     Lines starting with ``comment`` (when given) are skipped like blank ones; line numbers
-    count every line of the file, from 1.
+    count every line of the file, from 1. Lines end at ``\\n``, ``\\r\\n`` or ``\\r``; a
+    line longer than ``max_bytes`` is refused (:func:`~normfast.data.textfiles.iter_lines`).
+    ``expected`` says what the file should be when ``path`` is a folder.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{fn}: {p} is a folder; expected a file ({expected})")
     if not p.is_file():
         raise FileNotFoundError(f"{fn}: {p} does not exist")
-    for number, line in iter_lines(p, f"{fn}:"):
+    for number, line in iter_lines(p, f"{fn}:", max_bytes=max_bytes):
         if line.strip() and not (comment and line.startswith(comment)):
-            yield number, line.rstrip("\r\n")
+            yield number, line
 
 
 def read_jsonl(
@@ -45,6 +58,7 @@ def read_jsonl(
     text_fields: Sequence[str] = (),
     key_fields: Sequence[str] = (),
     error: type[RecordError] = RecordError,
+    max_bytes: int | None = MAX_LINE_BYTES,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for every non-blank line of a JSON-lines file.
 
@@ -52,9 +66,10 @@ def read_jsonl(
     be there too and hold a string (``null``, a number or a list is refused, never read as
     the text ``"None"``, ``"5"`` or ``"['a']"``). Each of ``key_fields`` (an id, a label), where
     present, must hold a string or an integer. ``error`` is the :class:`RecordError` subclass
-    raised for a bad line (e.g. a format's own error type).
+    raised for a bad line (e.g. a format's own error type). ``max_bytes``: the longest line read
+    (:func:`read_lines`).
     """
-    for number, line in read_lines(path, fn=fn):
+    for number, line in read_lines(path, fn=fn, expected="a JSON-lines file, one object per line", max_bytes=max_bytes):
         where = f"{fn}: {path}:{number}"
         try:
             record = json.loads(line)
@@ -89,15 +104,18 @@ def read_tsv(
     n_fields: int | None = None,
     comment: str | None = None,
     error: type[RecordError] = RecordError,
+    max_bytes: int | None = MAX_LINE_BYTES,
 ) -> Iterator[tuple[int, list[str]]]:
     """``(line number, fields)`` for every non-blank line of a tab-separated file (no quoting).
 
     ``columns`` picks fields by 0-based index, or by name when they are strings: the first
     non-blank line is then the header (not yielded) and must name every one of them; a line
     with too few fields for ``columns`` is an error. ``n_fields``: every line must have
-    exactly that many fields. ``comment``: lines starting with it are skipped.
+    exactly that many fields. ``comment``: lines starting with it are skipped. ``max_bytes``: the
+    longest line read (:func:`read_lines`).
     """
-    lines = read_lines(path, fn=fn, comment=comment)
+    expected = "a tab-separated file, one record per line"
+    lines = read_lines(path, fn=fn, comment=comment, expected=expected, max_bytes=max_bytes)
     index = None if columns is None else list(columns)
     if index is not None and any(isinstance(c, str) for c in index):
         header = next(lines, None)

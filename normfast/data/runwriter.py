@@ -41,7 +41,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -51,7 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from normfast.core.checks import first_line
-from normfast.data.atomic import write_file_atomically, write_text_atomically
+from normfast.data.atomic import temporary_file, temporary_folder, write_file_atomically, write_text_atomically
 from normfast.data.io import describe_spec_change, fingerprint
 from normfast.data.manifest import manifest_path, remove_manifest
 from normfast.data.runlock import LOCK_FILE as _LOCK_FILE
@@ -138,7 +137,7 @@ class ChunkedParquetWriter:
     def _create(self) -> None:
         """Create the work folder whole: run.json and the lock inside a temporary folder, renamed into place."""
         self.parts.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{self.parts.name}.", suffix=".tmp", dir=self.parts.parent))
+        tmp = temporary_folder(self.parts)
         lock = RunLock(tmp).acquire()
         try:
             write_text_atomically(
@@ -312,8 +311,7 @@ class ChunkedParquetWriter:
             raise RuntimeError("write_part: nothing to write (no chunks)")
         meta_blob = json.dumps(dict(metadata), default=str).encode()
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.parts)
-        os.close(fd)
+        tmp = temporary_file(path, self.parts)
         writer = None
         rows = 0
         try:

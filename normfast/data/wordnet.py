@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from normfast.data.atomic import temporary_file
 from normfast.data.system import LEXNAMES_MAN, WORDNET_APT, WORDNET_DIR, WORDNET_FILES, cache_dir
 
 __all__ = [
@@ -265,8 +266,8 @@ def noun_table(wn: Any) -> list[tuple[str, str, int, str]]:
         table = [(s.name(), ", ".join(lemma_names(s)), hypernym_depth(s), gloss(s)) for s in noun_synsets(wn)]
         if key is not None:
             try:
-                fd, tmp = tempfile.mkstemp(prefix=".noun-table.", dir=root)
-                with os.fdopen(fd, "w") as fh:
+                tmp = temporary_file(disk)
+                with open(tmp, "w") as fh:
                     json.dump({"key": key, "rows": table}, fh)
                 os.replace(tmp, disk)
             except OSError:  # a read-only data folder only costs the recomputation

@@ -12,6 +12,10 @@ from torch import nn
 from .base import TRUNCATED, Encoder, LinearHead, State
 from .pooling import DenseLayer, pool_tokens, pooling_modes
 from .staging import block_index, check_texts, stage_list
+from .tokenizing import tokenize_truncated
+
+#: texts whose whole length :meth:`HFEncoder._truncated` keeps (a run's long probes, many times over)
+_COUNTS_KEPT = 4096
 
 # ---------------------------------------------------------------------------
 # Hugging Face transformers
@@ -125,6 +129,7 @@ class HFEncoder(Encoder):
         self.max_length = self._default_max_length(max_length)
         self.name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
         self._embedding_takes_token_types = False
+        self._full_lengths: dict[str, int] = {}  # tokens of each text that filled max_length, whole
 
         self.staged = False
         if staged is not False:
@@ -264,13 +269,10 @@ class HFEncoder(Encoder):
                 )
             if self.lowercase:
                 texts = [t.lower() for t in texts]
-            batch = self.tokenizer(
-                texts,
-                padding=True,
-                truncation=self.max_length is not None,
-                max_length=self.max_length,
-                return_tensors="pt",
-            )
+            if self.max_length is None:
+                batch = self.tokenizer(texts, padding=True, truncation=False, return_tensors="pt")
+            else:
+                batch = tokenize_truncated(self.tokenizer, texts, self.max_length)
             batch[TRUNCATED] = self._truncated(texts, batch)
         device = self.device
         ids = torch.as_tensor(batch["input_ids"]).to(device)
@@ -294,7 +296,8 @@ class HFEncoder(Encoder):
         """int64 ``[B]``: the tokens the tokenizer cut off each text at :attr:`max_length`.
 
         Only a text that fills :attr:`max_length` can have been cut; those few are tokenized
-        again, whole, to count (a single text: the cut is its full length less the maximum).
+        again, whole, to count (a single text: the cut is its full length less the maximum),
+        once per text: the counts are kept, for the virtual batches that hold the text again.
         """
         cut = torch.zeros(len(texts), dtype=torch.long)
         if self.max_length is None:
@@ -303,10 +306,15 @@ class HFEncoder(Encoder):
         mask = batch.get("attention_mask")
         kept = torch.as_tensor(mask).sum(dim=1) if mask is not None else torch.full((len(texts),), ids.shape[1])
         full = [i for i in range(len(texts)) if int(kept[i]) >= self.max_length]
-        if full:
-            whole = self.tokenizer([texts[i] for i in full], truncation=False, padding=False, verbose=False)
-            for i, row in zip(full, whole["input_ids"]):
-                cut[i] = max(0, len(row) - self.max_length)
+        counted = self._full_lengths
+        missing = list({texts[i] for i in full if texts[i] not in counted})
+        if missing:
+            whole = self.tokenizer(missing, truncation=False, padding=False, verbose=False)
+            if len(counted) + len(missing) > _COUNTS_KEPT:
+                counted.clear()
+            counted.update(zip(missing, (len(row) for row in whole["input_ids"])))
+        for i in full:
+            cut[i] = max(0, counted[texts[i]] - self.max_length)
         return cut
 
     def _pad_pretokenized(self, fn: str, items: Sequence[Any]) -> dict[str, torch.Tensor]:

@@ -58,6 +58,7 @@ import contextlib
 import json
 import math
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -71,6 +72,7 @@ from normfast.data.io import fingerprint
 from normfast.data.pairs import as_pair_source
 from normfast.data.schema import METADATA_KEY, SCHEMA_VERSION
 from normfast.encoders import Encoder
+from normfast.encoders.tokenizing import unknown_token_warning
 from normfast.engine.config import ProbeConfig
 from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
 from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
@@ -164,6 +166,9 @@ def probe(
     probes = _as_probe_sequence(probes)
     if len(probes) == 0:
         raise ValueError("probe: expected at least one probe item, got an empty probe set")
+    unknown = unknown_token_warning(encoder, probes)
+    if unknown is not None:
+        warnings.warn(unknown, UserWarning, stacklevel=2)
     if ids is None and callable(getattr(probes, "ids", None)):  # e.g. corpus windows: "DOC_ID/WINDOW"
         ids = probes.ids()
     if ids is not None:

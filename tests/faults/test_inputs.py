@@ -1,13 +1,16 @@
 """Wrong inputs and unlucky environments (issue 26): outputs that would replace their inputs, damaged
 model folders, a malformed solve row, OS faults, settings that were silently ignored, a zero loss,
-an unreachable hub, files that are not UTF-8 and files that name paths outside their folder. Each
-gets one line naming what is wrong, before any compute, instead of a traceback or a wrong result."""
+an unreachable hub, files that are not UTF-8 and files that name paths outside their folder; and text
+inputs (issue 33): a byte-order mark, NUL bytes, old Mac line endings, a folder, a multi-megabyte line
+and a tokenizer that makes most words unknown. Each is read as meant, or gets one line (an error or a
+warning) naming what is wrong, before any compute, instead of a traceback or a wrong result."""
 
 from __future__ import annotations
 
 import errno
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -348,3 +351,148 @@ def test_a_beir_split_and_a_module_path_cannot_leave_their_folder(tiny_bert_fold
     )
     with pytest.raises(ValueError, match="outside its folder"):
         load_encoder(str(st))
+
+
+# ---------------------------------------------------------------------------
+# issue 33: a byte-order mark, NUL bytes, old Mac line endings, a folder, a huge line, [UNK] everywhere
+
+
+@pytest.fixture
+def read_items(monkeypatch):
+    """Run `normfast probe` up to the probe itself, with no model: returns the items it would probe."""
+    import normfast.apps.probe_command as command
+    import normfast.encoders
+
+    seen = {}
+
+    class Reader:
+        modality = "text"
+
+    def stop(encoder, items, *a, ids=None, **k):
+        seen.update(items=list(items), ids=ids)
+        raise ValueError("stopped before probing")
+
+    monkeypatch.setattr(normfast.encoders, "load_encoder", lambda *a, **k: Reader())
+    monkeypatch.setattr(command, "probe", stop)
+
+    def read(probes, tmp_path, *extra) -> dict:
+        assert main(_probe("m", probes, tmp_path / "run.parquet", *extra)) == 2
+        return seen
+
+    return read
+
+
+def test_a_byte_order_mark_is_dropped_from_a_txt_and_a_jsonl_probes_file(tmp_path, read_items):
+    txt, jsonl = tmp_path / "w.txt", tmp_path / "w.jsonl"
+    txt.write_bytes(b"\xef\xbb\xbfapple\r\nriver\r\n")  # Notepad's "UTF-8 with BOM", Windows line ends
+    jsonl.write_bytes(b'\xef\xbb\xbf{"text": "apple", "id": "a"}\n{"text": "river", "id": "r"}\n')
+    assert read_items(txt, tmp_path)["items"] == ["apple", "river"]
+    assert read_items(jsonl, tmp_path) == {"items": ["apple", "river"], "ids": ["a", "r"]}
+
+
+def test_old_mac_line_endings_are_line_breaks(tmp_path, read_items):
+    probes, pairs = tmp_path / "w.txt", tmp_path / "p.txt"
+    probes.write_bytes(b"apple\rriver\rthe\r")
+    pairs.write_bytes(b"stone\rhouse\r")
+    assert read_items(probes, tmp_path, "--pairs", str(pairs))["items"] == ["apple", "river", "the"]
+
+
+def _with(flag: str, words: Path, path: Path) -> tuple[Path, list[str]]:
+    return (path, []) if flag == "--probes" else (words, ["--pairs", str(path)])
+
+
+@pytest.mark.parametrize("flag", ["--probes", "--pairs"])
+def test_nul_bytes_are_one_line_before_any_compute(tiny_bert_folder, words, tmp_path, no_compute, capsys, flag):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"apple\nriver\nst\x00one\n" + words.read_bytes())
+    probes, extra = _with(flag, words, bad)
+    assert main(_probe(tiny_bert_folder, probes, tmp_path / "run.parquet", *extra)) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{bad}: line 3 (byte 14) holds a NUL byte" in line, line
+    assert not (tmp_path / "run.parquet").exists()
+
+
+@pytest.mark.parametrize("flag", ["--probes", "--pairs"])
+def test_a_folder_is_said_to_be_a_folder(tiny_bert_folder, words, tmp_path, no_compute, capsys, flag):
+    folder = tmp_path / "items"
+    folder.mkdir()
+    probes, extra = _with(flag, words, folder)
+    assert main(_probe(tiny_bert_folder, probes, tmp_path / "run.parquet", *extra)) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{folder} is a folder; expected a file" in line and "does not exist" not in line, line
+    corpus = [a if a != str(probes) else str(folder) for a in _probe(tiny_bert_folder, probes, tmp_path / "r.parquet")]
+    corpus[corpus.index("--probes")] = "--corpus"
+    assert main(corpus) == 2
+    assert f"corpus file {folder} is a folder; expected a file" in _one_error_line(capsys.readouterr().err)
+
+
+def test_a_multi_megabyte_line_is_one_line_at_once(tiny_bert_folder, words, tmp_path, no_compute, capsys):
+    from normfast.data.textfiles import MAX_LINE_BYTES
+
+    probes = tmp_path / "w.txt"
+    probes.write_bytes(b"apple\n" + b"river " * (3 * MAX_LINE_BYTES // 6) + b"\nthe\n")
+    t0 = time.perf_counter()
+    assert main(_probe(tiny_bert_folder, probes, tmp_path / "run.parquet")) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{probes}: line 2 is longer than {MAX_LINE_BYTES} bytes" in line, line
+    assert time.perf_counter() - t0 < 3
+
+
+def test_a_long_probe_is_tokenized_whole_once_and_its_cut_counted_exactly(minilm_tokenizer):
+    from normfast.encoders import HFEncoder
+    from tests._models import tiny_bert
+
+    class Counting:  # the tokenizer, counting the characters it is given
+        def __init__(self, tokenizer):
+            self.tokenizer, self.chars = tokenizer, 0
+
+        def __call__(self, texts, *a, **k):
+            self.chars += sum(len(t) for t in ([texts] if isinstance(texts, str) else texts))
+            return self.tokenizer(texts, *a, **k)
+
+        def __getattr__(self, name):
+            return getattr(self.tokenizer, name)
+
+    enc = HFEncoder(tiny_bert(minilm_tokenizer), minilm_tokenizer)
+    long = "river " * 20_000  # 120 000 characters, 20 000 tokens
+    whole = minilm_tokenizer([long], truncation=True, max_length=64, return_tensors="pt")["input_ids"]
+    enc.tokenizer = counting = Counting(minilm_tokenizer)
+    for _ in range(5):  # a virtual batch per call: the same long probe again and again
+        state = enc.prepare(["apple", long])
+        assert torch.equal(state["input_ids"][1], whole[0])
+        assert enc.truncated_tokens(state).tolist() == [0, 20_002 - 64]
+    assert counting.chars < len(long) + 5 * 64 * 64, counting.chars  # whole once, then a bounded head
+
+
+EMOJI = ["\U0001f980 \U0001f419", "\U0001f991", "river \U0001f99e"]
+
+
+def test_a_tokenizer_that_makes_most_probe_tokens_unknown_is_warned_about(tiny_bert_folder, tmp_path, no_compute):
+    import warnings
+
+    from normfast.encoders import load_encoder
+    from normfast.encoders.tokenizing import unknown_token_warning
+    from normfast.engine.probe import ProbeConfig, probe
+
+    cased = tmp_path / "cased"
+    shutil.copytree(tiny_bert_folder, cased)
+    config = json.loads((cased / "tokenizer_config.json").read_text())
+    (cased / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))
+    probes = ["Apple", "River", "The", "Democracy", "Blue", "Quantum", "Stone", "House"]
+    cfg = ProbeConfig(batches=4, drift_batches=8, groups=2, batch_size=8, params=r"encoder\.layer\.1\.")
+    with (
+        pytest.warns(
+            UserWarning,
+            match=r"probe: 100% of the probe tokens are the unknown token \[UNK\].*"
+            r"cased tokenizer.*uncased vocabulary.*0% when lowercased",
+        ),
+        pytest.raises(AssertionError, match="started computing"),
+    ):
+        probe(load_encoder(str(cased)), probes, "simcse", config=cfg, progress=False)
+    uncased = load_encoder(str(tiny_bert_folder))
+    assert unknown_token_warning(uncased, probes) is None
+    assert re.search(r"80% .*characters or a script the vocabulary lacks", unknown_token_warning(uncased, EMOJI))
+    with warnings.catch_warnings():  # the model's own tokenizer: silent
+        warnings.simplefilter("error")
+        with pytest.raises(AssertionError, match="started computing"):
+            probe(uncased, probes, "simcse", config=cfg, progress=False)

@@ -279,14 +279,14 @@ def test_a_full_disk_during_the_final_write(run, tmp_path, monkeypatch, capsys):
 
 def test_disk_full_while_starting_leaves_no_folder_behind(run, tmp_path, monkeypatch, capsys):
     # the old failure: a work folder without run.json, refused by every later run
-    real_mkstemp = atomic.tempfile.mkstemp
+    real_open = os.open
 
-    def mkstemp(*a, prefix=None, **k):
-        if prefix == ".run.json.":
+    def os_open(path, *a, **k):  # the disk fills as run.json's temporary file is created
+        if Path(path).name.startswith(".run.json."):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_mkstemp(*a, prefix=prefix, **k)
+        return real_open(path, *a, **k)
 
-    monkeypatch.setattr(atomic.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(atomic.os, "open", os_open)
     assert main(_argv(run.model, run.words, tmp_path / "run.parquet")) == 1
     assert "No space left on device" in _one_error_line(capsys.readouterr().err)
     assert list(tmp_path.iterdir()) == []

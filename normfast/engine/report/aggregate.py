@@ -423,14 +423,13 @@ def _finish(
 
 def write_table(table: pa.Table, path: str | os.PathLike) -> Path:
     """Write an aggregate table as ``.parquet`` or ``.csv`` (by the suffix), atomically."""
-    import tempfile
+    from normfast.data.atomic import temporary_file
 
     path = Path(path)
     if path.suffix not in (".parquet", ".csv"):
         raise ValueError(f"write_table: expected a .parquet or .csv path, got {str(path)!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = temporary_file(path)
     try:
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
