@@ -60,6 +60,7 @@ EXPERIMENTS = (
     "corpus",
     "judgments",
     "calibration",
+    "heat_coverage",
     "adaptive_m",
     "monitor",
     "streaming",
