@@ -66,7 +66,12 @@ def _finished_run(
     existing = _existing_output(out)
     if not resume or existing is None or holds_unfinished_run(out):
         return None
-    result = ProbeResult.load(existing)
+    try:
+        result = ProbeResult.load(existing)
+    except ValueError:
+        if overwrite:
+            return None  # unreadable here (damaged, or of a newer format): replaced
+        raise
     previous = result.metadata.get("spec_fingerprint")
     if previous == key:
         return result
