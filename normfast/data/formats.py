@@ -26,7 +26,7 @@ def format_version(
     key: str,
     current: int,
     what: str,
-    changes: str,
+    older: str,
     absent: int | None = None,
     stacklevel: int = 2,
 ) -> int:
@@ -35,8 +35,8 @@ def format_version(
     versions read here, upgrade normfast), an older one is read with a ``UserWarning`` that says so,
     and one that is not a positive integer is refused as damaged. ``absent``: the version of a file
     without the key (None: such a file is damaged). ``what`` names the format in the messages
-    (``output format``), ``changes`` where its versions are listed. Every message is one line
-    starting with ``source``."""
+    (``output format``); ``older`` is what the warning says of an older version after "read as it
+    is; " (what it lacks). Every message is one line starting with ``source``."""
     version = metadata.get(key, absent)
     if version is None:
         raise ValueError(f"{source}: its metadata has no {key}: the file is damaged or was not written by normfast")
@@ -52,8 +52,7 @@ def format_version(
         )
     if version < current:
         warnings.warn(
-            f"{source}: {what} version {version} (this normfast writes {current}): read as it is; what later "
-            f"versions added is absent ({changes} lists it)",
+            f"{source}: {what} version {version} (this normfast writes {current}): read as it is; {older}",
             UserWarning,
             stacklevel=stacklevel + 1,
         )
@@ -77,7 +76,7 @@ def run_metadata(blob: Any, source: Any, *, stacklevel: int = 2) -> dict[str, An
             key="schema_version",
             current=SCHEMA_VERSION,
             what="output format",
-            changes="normfast.data.schema.CHANGES",
+            older="what later versions added is absent (normfast.data.schema.CHANGES lists it)",
             absent=1,
             stacklevel=stacklevel + 1,
         )

@@ -121,7 +121,7 @@ def read_manifest(path: str | os.PathLike, *, check: bool = True) -> dict[str, A
         key="version",
         current=MANIFEST_VERSION,
         what="manifest format",
-        changes="normfast.data.manifest.MANIFEST_VERSION",
+        older="its fields are read as this version's",
     )
     parts = blob.get("parts")
     if not isinstance(parts, list) or not parts or not all(isinstance(p, dict) for p in parts):

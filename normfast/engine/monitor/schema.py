@@ -202,7 +202,7 @@ def monitor_metadata(blob: Any, source: Any) -> dict[str, Any]:
         key="monitor_version",
         current=MONITOR_VERSION,
         what="monitor format",
-        changes="normfast.engine.monitor.schema.CHANGES",
+        older="what later versions added is absent (normfast.engine.monitor.schema.CHANGES lists it)",
         stacklevel=2,
     )
     return blob
