@@ -247,7 +247,7 @@ class ChunkedParquetWriter:
 
     # -- chunks ---------------------------------------------------------------------
     def _chunk_path(self, index: int) -> Path:
-        return self.parts / f"chunk-{index:07d}.parquet"
+        return chunk_file(self.parts, index)
 
     def done(self) -> set[int]:
         """Indices of chunks already written (complete files only)."""
@@ -365,6 +365,11 @@ class ChunkedParquetWriter:
         self.release()
         if left:
             warnings.warn(f"{self.parts}: left {describe_left(left)}; the folder stays", RuntimeWarning, stacklevel=3)
+
+
+def chunk_file(parts: str | os.PathLike, index: int) -> Path:
+    """The file of finished chunk ``index`` in the work folder ``parts``."""
+    return Path(parts) / f"chunk-{index:07d}.parquet"
 
 
 def holds_unfinished_run(out: str | os.PathLike) -> bool:
