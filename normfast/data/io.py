@@ -3,7 +3,8 @@
 :func:`read_table`, :func:`read_metadata`, :func:`count_rows` and
 :func:`iter_batches` read a run's rows and metadata from a Parquet file or a
 sharded run's manifest (:mod:`normfast.data.manifest`), always with the Parquet
-page checksums verified; :func:`fingerprint` hashes the arguments that define a
+page checksums verified; :func:`open_run` opens a run for a reader, its format's
+version and its columns' types checked; :func:`fingerprint` hashes the arguments that define a
 run, and :func:`describe_spec_change` names, in words, those that differ between
 two runs (for a refused resume). The run's work folder and its chunks are
 :mod:`normfast.data.runwriter`'s.
@@ -22,15 +23,19 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from normfast.core.checks import first_line
+from normfast.data.formats import check_column_types, run_metadata
 from normfast.data.manifest import data_files, is_manifest, read_manifest
 from normfast.data.schema import METADATA_KEY
 
 __all__ = [
+    "check_columns",
     "count_rows",
     "describe_spec_change",
     "fingerprint",
     "iter_batches",
     "json_ready",
+    "open_run",
     "read_metadata",
     "read_table",
 ]
@@ -104,19 +109,49 @@ def describe_spec_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 # reading
 # ----------------------------------------------------------------------------
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The run metadata of a normfast Parquet file (schema metadata) or manifest."""
+    """The run metadata of a normfast Parquet file (schema metadata) or manifest.
+
+    Every reader of a run comes through here, so the format is checked here, once
+    (:func:`normfast.data.schema.run_metadata`): metadata that is not a JSON object, or whose
+    ``schema_version`` is not an integer, is a one-line ``ValueError`` naming the file; a newer
+    version is refused (upgrade normfast), an older one read with a warning that says so.
+    """
     if is_manifest(path):
-        return dict(read_manifest(path, check=False)["metadata"])
+        return run_metadata(read_manifest(path, check=False)["metadata"], path)
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowInvalid, OSError) as exc:
         if Path(path).is_dir():
             raise
-        raise ValueError(f"{path}: not a normfast run (not a Parquet file: {str(exc).splitlines()[0]})") from None
+        raise ValueError(f"{path}: not a normfast run (not a Parquet file: {first_line(exc)})") from None
     blob = (schema.metadata or {}).get(METADATA_KEY)
     if blob is None:
         raise ValueError(f"{path}: not a normfast run (no {METADATA_KEY.decode()!r} schema metadata)")
-    return json.loads(blob)
+    try:
+        parsed = json.loads(blob)
+    except ValueError as exc:
+        raise ValueError(
+            f"{path}: its normfast metadata is not JSON ({first_line(exc)}): the file is damaged or was not "
+            f"written by normfast"
+        ) from None
+    return run_metadata(parsed, path)
+
+
+def check_columns(paths: Iterable[str | os.PathLike]) -> None:
+    """Refuse a run file whose registered columns hold values of another type (``V2`` as strings): one
+    ``ValueError`` line naming the file and the column (from the footers; no data is read)."""
+    for p in paths:
+        check_column_types(pq.read_schema(p), p)
+
+
+def open_run(path: str | os.PathLike) -> tuple[list[Path], dict[str, Any]]:
+    """``(the Parquet files holding the run's rows in item order, its metadata)`` of a run file or
+    manifest, checked: the format's version (:func:`read_metadata`) and the columns' types
+    (:func:`check_columns`). What ``ProbeResult.load`` and ``aggregate`` open a run with."""
+    metadata = read_metadata(path)
+    files = data_files(path)
+    check_columns(files)
+    return files, metadata
 
 
 def read_table(

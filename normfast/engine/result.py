@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from normfast.data.io import read_metadata
+from normfast.data.io import open_run
 
 
 class ProbeResult:
@@ -43,10 +43,10 @@ class ProbeResult:
     def load(cls, path: str | Path) -> "ProbeResult":
         """Open a run: a Parquet file written by :func:`probe`, a sharded run's ``.manifest.json``,
         or a folder holding one of them."""
-        from normfast.data.manifest import data_files, resolve_run
+        from normfast.data.manifest import resolve_run
 
         path = resolve_run(path)
-        return cls.from_files(data_files(path), read_metadata(path), path)
+        return cls.from_files(*open_run(path), path)
 
     @property
     def files(self) -> list[Path] | None:
