@@ -366,6 +366,15 @@ class ChunkedParquetWriter:
         if left:
             warnings.warn(f"{self.parts}: left {describe_left(left)}; the folder stays", RuntimeWarning, stacklevel=3)
 
+    def abandon(self) -> None:
+        """The run failed in a way that its own resume would meet again: remove the work folder if this
+        writer made it (everything in it is this run's, so nothing is left to block the next run), else
+        leave it as it was (an earlier run's chunks, for its ``--resume``); the lock is released either way."""
+        if self.created and self.lock is not None:
+            self.cleanup()
+        else:
+            self.release()
+
 
 def chunk_file(parts: str | os.PathLike, index: int) -> Path:
     """The file of finished chunk ``index`` in the work folder ``parts``."""
@@ -377,15 +386,6 @@ def holds_unfinished_run(out: str | os.PathLike) -> bool:
     left holding only files normfast did not write does not."""
     out = Path(out)
     return (out.with_name(out.name + ".parts") / _RUN_FILE).exists()
-
-    def abandon(self) -> None:
-        """The run failed in a way that its own resume would meet again: remove the work folder if this
-        writer made it (everything in it is this run's, so nothing is left to block the next run), else
-        leave it as it was (an earlier run's chunks, for its ``--resume``); the lock is released either way."""
-        if self.created and self.lock is not None:
-            self.cleanup()
-        else:
-            self.release()
 
 
 def glob_escape(name: str) -> str:
