@@ -77,6 +77,8 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
         "tests/data/test_corpus.py::test_corpus_run_shards_over_ranks",
         "tests/faults/test_runs.py::",
     ),
+    # the resume-key table: its scenarios' small runs (module fixtures) are built once, on one worker
+    "resume_key": ("tests/faults/test_resume.py::",),
     "e5": (
         "tests/experiments/test_e5.py::",
         "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e5_quick]",

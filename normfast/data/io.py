@@ -57,6 +57,13 @@ _SPEC_LABELS = {
     "input_fingerprints.ids": "the item ids (ids)",
     "input_fingerprints.second_moments": "the given second moments (second_moments)",
     "model_fingerprint": "the model's weights",
+    "tokenizer_fingerprint": "the tokenizer",
+    "encoder_settings.lowercase": "the tokenizer's lowercasing (encoder_settings.lowercase)",
+    "encoder_settings.modules": "the model's modules (encoder_settings.modules: their types and sizes)",
+    "encoder_settings.config": "the model's configuration (encoder_settings.config)",
+    "encoder_settings.preprocess": "the image preprocessing (encoder_settings.preprocess)",
+    "pair_encoder.model_fingerprint": "the pair encoder's weights",
+    "pair_encoder.tokenizer_fingerprint": "the pair encoder's tokenizer",
     "model": "the model",
     "n_items": "the number of probe items",
     "n_pairs": "the size of the pair source",
@@ -79,13 +86,20 @@ def _short(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _is_hash(key: str) -> bool:
+    """Whether a flattened spec key holds a content hash (named, its values not shown)."""
+    return key.startswith("input_fingerprints.") or key.endswith(("fingerprint", ".modules", ".config", ".preprocess"))
+
+
 def describe_spec_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     """The arguments that differ between two run specs, in words (for a refused resume).
 
     Settings are named as the user sets them, with their old and new values
-    (``config.lr 0.001 -> 0.01``, ``objective_settings.temperature 0.05 -> 0.2``);
-    inputs stored as hashes are named (``the probe items (probes)``). A top-level
-    copy of a setting that changed the same way (``lr``, ``M``) is not repeated.
+    (``config.lr 0.001 -> 0.01``, ``objective_settings.temperature 0.05 -> 0.2``,
+    ``encoder_settings.pooling ["mean"] -> ["cls"]``); inputs, weights and tokenizers stored as
+    hashes are named only (``the probe items (probes)``, ``the model's weights``, ``the
+    tokenizer``). A top-level copy of a setting that changed the same way (``lr``, ``M``) is not
+    repeated.
     """
     a = _flatten(json.loads(json.dumps(dict(old), default=str)))
     b = _flatten(json.loads(json.dumps(dict(new), default=str)))
@@ -98,8 +112,8 @@ def describe_spec_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
         label = _SPEC_LABELS.get(k)
         if k not in a:
             out.append(f"{label or k} (not recorded by the earlier run)")
-        elif label is not None and (k.startswith("input_fingerprints") or k == "model_fingerprint"):
-            out.append(label)
+        elif _is_hash(k):
+            out.append(label or k)
         else:
             out.append(f"{label or k} {_short(a.get(k))} -> {_short(b.get(k))}")
     return ", ".join(out) if out else "nothing that can be named (the run file is unreadable or from another version)"
