@@ -165,7 +165,7 @@
     frame(box, "Window-mean norm vs the law, " + pts.length + " items", "R_eq from the realized window means (log)",
           "window-mean norm (log)", xa, ya);
     NF.line(box, [[xa.map(both[0]), ya.map(both[0])], [xa.map(both[1]), ya.map(both[1])]], "#999", 1, "4 3");
-    NF.bars(box, pts.filter(function (p) { return p[2] > 0; }).map(function (p) {
+    NF.bars(NF.area(box), pts.filter(function (p) { return p[2] > 0; }).map(function (p) {
       return [xa.map(p[0]), ya.map(Math.max(p[1] - p[2], Math.pow(10, ya.lo))), ya.map(p[1] + p[2])];
     }), "#7a8591", 0.35);
     NF.dots(box, pts.map(function (p) { return [xa.map(p[0]), ya.map(p[1])]; }), "#7a8591", 3.6, 0.7);

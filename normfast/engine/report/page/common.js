@@ -165,10 +165,17 @@ var NF = (function () {
       svg(g, "text", { x: PAD.l - 5, y: y + 4, "text-anchor": "end" }, t[1]);
     });
     svg(g, "path", { d: "M" + PAD.l + " " + PAD.t + "V" + (h - PAD.b) + "H" + (w - PAD.r), fill: "none" });
+    // the plot area, for what may reach past the axes' ends (error bars): see area()
+    if (box.id) {
+      var clip = svg(svg(box, "defs", {}), "clipPath", { id: box.id + "-area" });
+      svg(clip, "rect", { x: PAD.l, y: PAD.t, width: w - PAD.l - PAD.r, height: h - PAD.t - PAD.b });
+    }
     svg(box, "text", { x: (PAD.l + w - PAD.r) / 2, y: h - 8, "text-anchor": "middle" }, xlab);
     svg(box, "text", { x: 14, y: (PAD.t + h - PAD.b) / 2, "text-anchor": "middle",
                        transform: "rotate(-90 14 " + (PAD.t + h - PAD.b) / 2 + ")" }, ylab);
   }
+  // a group clipped to the plot area of a framed figure: what is drawn into it stays inside the axes
+  function area(box) { return svg(box, "g", { "clip-path": "url(#" + box.id + "-area)" }); }
   function dots(box, pts, color, size, opacity) {
     if (!pts.length) return null;
     var d = pts.map(function (p) { return "M" + p[0].toFixed(1) + " " + p[1].toFixed(1) + "h0"; }).join("");
@@ -203,7 +210,7 @@ var NF = (function () {
 
   return {
     LIMIT: LIMIT, W: W, H: H, PAD: PAD, fmt: fmt, fmtAxis: fmtAxis, esc: esc, num: num, quantile: quantile, el: el,
-    pmCell: pmCell, Table: Table, svg: svg, axis: axis, xRange: xRange, yRange: yRange, frame: frame, dots: dots,
+    pmCell: pmCell, Table: Table, svg: svg, axis: axis, xRange: xRange, yRange: yRange, frame: frame, area: area, dots: dots,
     line: line, bars: bars, chipText: chipText, finite: finite, extent: extent
   };
 })();
