@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "normfast.apps.view",
         "one self-contained HTML page of a run (text colored by heat, type tables, figures) or a monitor folder",
     ),
+    "compare": (
+        "normfast.apps.compare",
+        "two runs over the same inputs, type by type: what changed, with error bars and a multiple-testing flag",
+    ),
     "retrieval": (
         "normfast.apps.retrieval.command",
         "norm-discounted retrieval: alpha sweep with baselines on a BEIR collection",
