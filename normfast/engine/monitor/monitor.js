@@ -128,17 +128,24 @@
     var box = el("nf-fig-budget"), which = el("nf-budget-of").value, b = budgetSeries(which);
     var values = b.sum.slice();
     TERMS.forEach(function (t) { values = values.concat(b[t[0]]); });
-    var ext = NF.extent(values.concat([0])), xa = xAxis(box), yr = NF.yRange(box);
-    var ya = axis(ext[0], ext[1], false, yr[0], yr[1]);
+    // the middle 98% of the points set the vertical range: a few spiky steps would flatten every
+    // other step into the zero line; what reaches past it is cut at the frame, and counted
+    var sorted = NF.finite(values).sort(function (u, v) { return u - v; });
+    var lo = Math.min(0, NF.quantile(sorted, 0.01)), hi = Math.max(0, NF.quantile(sorted, 0.99));
+    if (!(hi > lo)) { lo = Math.min(0, sorted[0] || 0); hi = Math.max(0, sorted[sorted.length - 1] || 1); }
+    var cut = sorted.filter(function (v) { return v < lo || v > hi; }).length;
+    var xa = xAxis(box), yr = NF.yRange(box), ya = axis(lo, hi, false, yr[0], yr[1]);
     var who = which === "all" ? "the mean over all items" : "item " + S.id[+which];
     frame(box, "Where R² goes each step: " + who, "training step", "change of R² per step", xa, ya);
     windowBand(box, xa);
-    NF.line(box, [[xa.map(X[0]), ya.map(0)], [xa.map(X[X.length - 1]), ya.map(0)]], "#555", 0.8);
-    TERMS.forEach(function (t) { NF.line(box, pixels(xa, ya, b[t[0]]), t[2], t[3]); });
-    NF.line(box, pixels(xa, ya, b.sum), SUM, 1.2, "4 2");
+    var inside = NF.area(box);
+    NF.line(inside, [[xa.map(X[0]), ya.map(0)], [xa.map(X[X.length - 1]), ya.map(0)]], "#555", 0.8);
+    TERMS.forEach(function (t) { NF.line(inside, pixels(xa, ya, b[t[0]]), t[2], t[3]); });
+    NF.line(inside, pixels(xa, ya, b.sum), SUM, 1.2, "4 2");
     el("nf-cap-budget").innerHTML = TERMS.map(function (t) { return NF.chipText(t[2], t[1]); }).join(" &nbsp; ") +
       " &nbsp; " + NF.chipText(SUM, "their sum, the realized ΔR² (dashed)") + ". Grey band: the window" +
-      (DATA.steps.bin > 1 ? "; each point the mean over " + DATA.steps.bin + " consecutive recorded steps." : ".");
+      (DATA.steps.bin > 1 ? "; each point the mean over " + DATA.steps.bin + " consecutive recorded steps" : "") +
+      (cut ? "; the vertical range holds 98% of the points, " + cut + " beyond it are cut at the frame." : ".");
   }
   if (DATA.terms) el("nf-budget-of").addEventListener("change", drawBudget);
 
@@ -173,7 +180,7 @@
     var fit = (DATA.header.fits || [])[0];
     cap.textContent = "Every item of the table: grey, the plotted items in their colours; light bars: the norm ± " +
       "its standard error over the window; dashed: norm = R_eq." +
-      (fit ? " " + fit.label + ": log-log slope " + fit.slope.toFixed(3) + ", Pearson r " + fit.r.toFixed(3) + "." : "");
+      (fit ? " " + fit.label.charAt(0).toUpperCase() + fit.label.slice(1) + ": log-log slope " + fit.slope.toFixed(3) + ", Pearson r " + fit.r.toFixed(3) + "." : "");
   }
 
   // ---------------------------------------------------------------- the items' table
