@@ -20,16 +20,19 @@
       cap.textContent = "";
       return;
     }
-    var values = [];
-    pts.forEach(function (p) { values.push(p.x, p.y); });
-    var ext = NF.extent(values), log = ext[0] > 0 && ext[1] / ext[0] > 20;
-    var xa = axis(ext[0], ext[1], log, xr[0], xr[1]), ya = axis(ext[0], ext[1], log, yr[0], yr[1]);
+    // each axis spans its own run's values (a run whose values all moved far would squeeze the other
+    // run's spread into a line on shared axes); the dashed diagonal is B = A where the two overlap
+    var ex = NF.extent(pts.map(function (p) { return p.x; })), ey = NF.extent(pts.map(function (p) { return p.y; }));
+    var log = ex[0] > 0 && ey[0] > 0 && Math.max(ex[1], ey[1]) / Math.min(ex[0], ey[0]) > 20;
+    var xa = axis(ex[0], ex[1], log, xr[0], xr[1]), ya = axis(ey[0], ey[1], log, yr[0], yr[1]);
+    var unlog = function (v) { return log ? Math.pow(10, v) : v; };
+    var d0 = Math.max(unlog(xa.lo), unlog(ya.lo)), d1 = Math.min(unlog(xa.hi), unlog(ya.hi));
     var flagged = pts.filter(function (p) { return p.on; }).length;
     NF.frame(box, q + ": " + flagged + " of " + pts.length + " " + DATA.unit + " changed", q + " in run A" +
              (log ? " (log)" : ""), q + " in run B" + (log ? " (log)" : ""), xa, ya);
-    NF.line(box, [[xa.map(ext[0]), ya.map(ext[0])], [xa.map(ext[1]), ya.map(ext[1])]], "#999", 1, "4 3");
+    if (d1 > d0) NF.line(box, [[xa.map(d0), ya.map(d0)], [xa.map(d1), ya.map(d1)]], "#999", 1, "4 3");
     // error bars first, light, so that the points sit on top of them; clipped to the axes
-    var inside = NF.area(box), lo = Math.pow(10, log ? Math.min(xa.lo, ya.lo) : 0);
+    var inside = NF.area(box), lo = unlog(Math.min(xa.lo, ya.lo));
     var clip = function (v) { return log ? Math.max(v, lo) : v; };
     [false, true].forEach(function (on) {
       var color = on ? FLAG : PLAIN, vs = [], hs = [];
