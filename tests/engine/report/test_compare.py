@@ -38,10 +38,10 @@ QUANTITIES = ("heat_rel", "D", "r_eq")
 
 
 def _config(**changes) -> ProbeConfig:
+    changes = {"output": "tokens", **changes}
     return ProbeConfig(
         params=r"encoder\.layer\.1\.",
         mode="jvp",
-        output="tokens",
         batches=4,
         drift_batches=None,
         batch_size=4,
@@ -73,6 +73,9 @@ def runs(tmp_path_factory, minilm_tokenizer) -> dict[str, Path]:
     probe(enc, items, "simcse", sents, _config(), out=out["a"], progress=False)
     probe(enc, items, "simcse", sents, _config(lr=0.1), out=out["lr"], progress=False)
     probe(enc, top_words(15), "simcse", sents, _config(), out=out["other"], progress=False)
+    for name, changes in (("pooled_a", {}), ("pooled_lr", {"lr": 0.1})):
+        out[name] = folder / f"{name}.parquet"
+        probe(enc, items, "simcse", sents, _config(output="pooled", **changes), out=out[name], progress=False)
     meta = json.loads(pq.read_schema(out["a"]).metadata[METADATA_KEY])
     table = pq.read_table(out["a"])
     ids = table.column("token_id").to_numpy().copy()
@@ -136,6 +139,19 @@ def test_a_larger_learning_rate_moves_r_eq_and_nothing_else(runs):
     info = comparison_info(table)
     assert info["differs"] == "config.lr 0.001 -> 0.1"
     assert "Benjamini-Hochberg at false-discovery rate q = 0.05" in info["test"]
+
+
+def test_pooled_runs_are_compared_input_by_input(runs, tmp_path):
+    a, b = _load(runs, "pooled_a"), _load(runs, "pooled_lr")
+    table = a.compare(b)
+    rows = a.table
+    assert table.column_names[:2] == ["item", "id"] and table.num_rows == rows.num_rows
+    at = {k: i for i, k in enumerate(table["item"].to_pylist())}
+    order = [at[i] for i in rows["item"].to_pylist()]
+    np.testing.assert_allclose(table["D_a"].to_numpy()[order], rows["D"].to_numpy(), rtol=1e-12)
+    np.testing.assert_allclose(table["D_se_a"].to_numpy()[order], rows["se_D"].to_numpy(), rtol=1e-12)
+    assert table["r_eq_changed"].to_numpy().all() and not table["D_changed"].to_numpy().any()
+    assert main(["compare", str(runs["pooled_a"]), str(runs["pooled_lr"]), "--out", str(tmp_path / "p.html")]) == 0
 
 
 def test_benjamini_hochberg():
