@@ -127,8 +127,10 @@ def _beta1(metadata: dict[str, Any]) -> float:
 
 def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     """The monitor folder's report (see the module docstring): settings, window, stationarity, fits, the
-    per-item columns (``items``) and the norm trajectories (``trajectory``: steps and ``[steps, items]``
-    norms, not JSON-ready: the caller drops it)."""
+    per-item columns (``items``) and the trajectories (``trajectory``: the recorded steps, and
+    ``[steps, items]`` matrices of the norms, of each realized term (``terms``, empty without them)
+    and of the virtual snapshot ``virtual_r_eq`` (None without it), the learning rate per step, the
+    folder's metadata; not JSON-ready: the caller drops it)."""
     from normfast.core.equilibrium import equilibrium_norm
     from normfast.engine.monitor.realized import estimated_terms, realized_law
 
@@ -200,8 +202,9 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     }
     has_terms = "task1" in names
     realized_split = None
+    terms = {k: _matrix(table, k, S, n_items) for k in WINDOW_TERMS} if has_terms else {}
     if has_terms:
-        means = {k: _matrix(table, k, S, n_items)[win].mean(0) for k in WINDOW_TERMS}
+        means = {k: terms[k][win].mean(0) for k in WINDOW_TERMS}
         means["R2"] = np.square(norms[win]).mean(0)
         means["R"] = observed
         items.update({k: means[k] for k in WINDOW_TERMS})
@@ -261,5 +264,12 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
         items["dominant"] = np.where(drift_dominated, "drift", "heat")
         out["dominant"] = {"heat": int((~drift_dominated).sum()), "drift": int(drift_dominated.sum()), "from": source}
     out["items"] = items
-    out["trajectory"] = {"steps": steps, "norms": norms}
+    out["trajectory"] = {
+        "steps": steps,
+        "norms": norms,
+        "terms": terms,
+        "virtual_r_eq": _matrix(table, "virtual_r_eq", S, n_items) if "virtual_r_eq" in names else None,
+        "lr": _matrix(table, "lr", S, n_items)[:, 0],
+        "metadata": meta,
+    }
     return out
