@@ -16,12 +16,13 @@
 The two adapters import their trainer libraries: they are loaded on first use.
 """
 
-from normfast.engine.monitor.analysis import analyze, is_monitor, load_monitor
+from normfast.engine.monitor.analysis import analyze, analyze_table, is_monitor, load_monitor, stationarity
 from normfast.engine.monitor.page import write_monitor_page
 from normfast.engine.monitor.realized import (
     TERMS,
     DecaySplit,
     StepRule,
+    StepSums,
     estimated_terms,
     parameters_as,
     realized_law,
@@ -57,13 +58,16 @@ __all__ = [
     "MonitorCallback",
     "DecaySplit",
     "StepRule",
+    "StepSums",
     "TrainingMonitor",
     "analyze",
+    "analyze_table",
     "estimated_terms",
     "is_monitor",
     "load_monitor",
     "monitor_report",
     "realized_law",
+    "stationarity",
     "step_rules",
     "step_terms",
     "write_monitor_page",
