@@ -9,6 +9,7 @@
 * :mod:`.schema` -- the monitor folder's contract (columns, metadata, versions);
 * :mod:`.analysis` -- what a monitor folder says: the law's window-averaged prediction per item;
 * :mod:`.report` -- ``normfast report FOLDER`` on a monitor folder: text, figure and files;
+* :mod:`.report_schema` -- every key and column of the report's files;
 * :mod:`.page` -- ``normfast view FOLDER``: the folder's self-contained HTML page;
 * :mod:`.callbacks` -- :class:`MonitorCallback`, a ``transformers.TrainerCallback``;
 * :mod:`.lightning` -- :class:`LightningMonitor`, a Lightning callback (optional extra).
@@ -31,7 +32,8 @@ from normfast.engine.monitor.realized import (
     with_sums,
 )
 from normfast.engine.monitor.recorder import TrainingMonitor
-from normfast.engine.monitor.report import FIGURE_FILE, REPORT_FILE, monitor_report
+from normfast.engine.monitor.report import monitor_report
+from normfast.engine.monitor.report_schema import FIGURE_FILE, ITEMS_FILE, REPORT_FILE
 
 #: the trainer adapters, imported on first use (each imports its trainer library)
 _ADAPTERS = {
@@ -50,6 +52,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "FIGURE_FILE",
+    "ITEMS_FILE",
     "REPORT_FILE",
     "TERMS",
     "parameters_as",

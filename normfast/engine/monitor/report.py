@@ -1,5 +1,6 @@
 """``normfast report FOLDER`` for a monitor folder: the text, ``report.json``, ``report_items.csv`` and
-``monitor_norms.png`` (what the numbers are: :mod:`normfast.engine.monitor.analysis`)."""
+``monitor_norms.png`` (what the numbers are: :mod:`normfast.engine.monitor.analysis`; every key and
+column of the files: :mod:`normfast.engine.monitor.report_schema`)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,7 @@ from typing import Any
 import numpy as np
 
 from normfast.engine.monitor.analysis import analyze
-
-REPORT_FILE = "report.json"
-ITEMS_FILE = "report_items.csv"
-FIGURE_FILE = "monitor_norms.png"
+from normfast.engine.monitor.report_schema import FIGURE_FILE, ITEMS_FILE, REPORT_FILE
 
 FIT_LABELS = {
     "realized_law": "law from the realized terms",
