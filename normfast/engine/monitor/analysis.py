@@ -155,8 +155,8 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     """The monitor folder's report (see the module docstring): settings, window, stationarity, fits, the
     per-item columns (``items``) and the trajectories (``trajectory``: the recorded steps, and
     ``[steps, items]`` matrices of the norms, of each realized term (``terms``, empty without them)
-    and of the virtual snapshot ``virtual_r_eq`` (None without it), the learning rate per step, the
-    folder's metadata; not JSON-ready: the caller drops it)."""
+    and of the virtual snapshot ``virtual_r_eq`` (None without it), the learning rate per step, the steps
+    each row's terms average (``n_steps``), the folder's metadata; not JSON-ready: the caller drops it)."""
     if not 0 < window <= 1:
         raise ValueError(f"analyze: expected 0 < window <= 1 (a fraction of the recorded steps), got {window!r}")
     table, meta, summary, finished = load_monitor(path)
@@ -324,6 +324,7 @@ def analyze_table(
         "terms": terms,
         "virtual_r_eq": _matrix(table, "virtual_r_eq", S, n_items) if "virtual_r_eq" in names else None,
         "lr": _matrix(table, "lr", S, n_items)[:, 0],
+        "n_steps": _matrix(table, "n_steps", S, n_items)[:, 0] if "n_steps" in names else np.ones(S),
         "metadata": meta,
     }
     return out
