@@ -35,6 +35,7 @@ setup(
         "normfast",
         "normfast.apps",
         "normfast.apps.retrieval",
+        "normfast.apps.serve",
         "normfast.apps.throughput",
         "normfast.core",
         "normfast.core.reference",
@@ -54,7 +55,7 @@ setup(
         "normfast.kernels",
     ],
     package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
-    # the page's template, script and style (normfast view) are read from the installed package
+    # the page's templates, scripts and style (normfast view, normfast serve) are read from the installed package
     package_data={
         "normfast": ["py.typed"],
         "normfast.core": ["*.pyi"],

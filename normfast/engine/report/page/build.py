@@ -312,7 +312,7 @@ def page_data(
 
 
 def _size(data: Any) -> int:
-    return len(_json_for_script(data).encode("utf-8"))
+    return len(json_for_script(data).encode("utf-8"))
 
 
 def _fit(data: dict[str, Any], budget: int) -> str:
@@ -360,13 +360,13 @@ def _cut_lists(d: dict[str, Any], n: int, keep: int) -> None:
             d[k] = v[:keep]
 
 
-def _json_for_script(data: Any) -> str:
+def json_for_script(data: Any) -> str:
     """JSON that is safe inside <script>: no '</' can end the element, no '<!--' can open a comment."""
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
-def _environment():
+def jinja_environment():
     import jinja2
 
     return jinja2.Environment(
@@ -380,10 +380,10 @@ def _environment():
 
 def render(data: dict[str, Any]) -> str:
     """The page's HTML for ``page_data``'s output."""
-    env = _environment()
+    env = jinja_environment()
     return env.get_template("page.html.j2").render(
         data=data,
-        payload=_json_for_script(data),
+        payload=json_for_script(data),
         script=(ASSETS / "page.js").read_text(encoding="utf-8"),
         style=(ASSETS / "page.css").read_text(encoding="utf-8"),
     )
