@@ -155,7 +155,7 @@ class Prober:
             (name, t.data_ptr(), t._version) for m in modules for name, t in (*m.named_parameters(), *m.named_buffers())
         )
 
-    def identity(self) -> dict[str, Any]:
+    def _model_identity(self) -> dict[str, Any]:
         """The model's fingerprints (weights, tokenizer, settings, the pair encoder's), computed once;
         refuses weights changed since the directions were computed."""
         stamp = self._weights_stamp()
@@ -179,9 +179,9 @@ class Prober:
         self._stamp = stamp
         return self._identity
 
-    def pair_fingerprint(self, run: ProbeRun, every_pair: bool) -> str:
-        """The pair source's hash: the pairs the virtual batches draw (every pair: the snapshot's
-        trajectory draws its own)."""
+    def _pair_fingerprint(self, run: ProbeRun, every_pair: bool) -> str:
+        """The pair source's hash: of the pairs the virtual batches draw (every pair: the snapshot's
+        trajectory draws its own); computed once per kind and kept in ``pair_hashes``."""
         if every_pair not in self.pair_hashes:
             drawn = None if every_pair else np.concatenate([np.ravel(b) for b in run.batches])
             self.pair_hashes[every_pair] = hash_pairs(self.pairs, drawn)
@@ -193,7 +193,7 @@ class Prober:
         from normfast import __version__
         from normfast.engine.runner.artifact import DIRECTION_FIELDS
 
-        ident = self.identity()
+        ident = self._model_identity()
         run = self.new_run(0, False, None)
         settings = {k: getattr(self.config, k) for k in DIRECTION_FIELDS}
         if settings["batch_indices"] is not None:
@@ -205,13 +205,15 @@ class Prober:
             "encoder_settings": ident["encoder_settings"],
             "pair_encoder": ident["pair_encoder"],
             "objective": {"name": self.objective.name, "settings": objective_settings(self.objective)},
-            "pairs": {"n": len(self.pairs), "drawn": self.pair_fingerprint(run, False)},
+            "pairs": {"n": len(self.pairs), "drawn": self._pair_fingerprint(run, False)},
             "second_moments": hash_items(sorted(self.second_moments.items())) if self.second_moments else None,
             "settings": settings,
         }
 
     def new_run(self, n_items: int, progress: bool, shard: Any) -> ProbeRun:
-        """One call's run state, sharing this Prober's direction store."""
+        """One call's run state (a :class:`~normfast.engine.runner.state.ProbeRun`) over this Prober's
+        direction store: what :meth:`probe` walks, and what the artifact code fills or reads the store
+        through. An engine entry, not a user's: the API page leaves it out (docs/hooks.py)."""
         return ProbeRun(
             self.encoder,
             self.objective,
@@ -237,7 +239,7 @@ class Prober:
                     "call probe() first, or fix M with batches= and target_rse=None"
                 )
             return self
-        self.identity()
+        self._model_identity()
         run = self.new_run(0, self.progress, current_shard())
         if run.fits():
             run.all_directions()
@@ -328,7 +330,7 @@ class Prober:
             ids = [str(i) for i in ids]
             if len(ids) != len(probes):
                 raise ValueError(f"probe: expected one id per probe item, got {len(ids)} ids for {len(probes)} items")
-        ident = self.identity()
+        ident = self._model_identity()
         shard = current_shard() if distributed else None
         n_items = len(probes)
         run = self.new_run(n_items, progress and (shard is None or shard.is_root), shard)
@@ -349,7 +351,7 @@ class Prober:
         second = self.second_moments
         inputs = {  # what the rows depend on besides the settings; named when a resume is refused
             "probes": hash_items(probes),
-            "pairs": self.pair_fingerprint(run, bool(config.snapshot)),
+            "pairs": self._pair_fingerprint(run, bool(config.snapshot)),
             "ids": hash_items(ids) if ids is not None else None,
             "second_moments": hash_items(sorted(second.items())) if second else None,
         }
