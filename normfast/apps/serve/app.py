@@ -64,6 +64,13 @@ class ProbeService:
         note = f"Probed by normfast serve in {seconds:.2f} s ({len(texts)} text{'s' if len(texts) > 1 else ''})."
         return page_html(result, notes=note, docs=len(texts))
 
+    def warm_up(self) -> None:
+        """Pay the one-off costs of a first request now (the first pass through the model, the page's
+        word-frequency table): the first request is then as fast as the next."""
+        body = b'{"texts": ["warm up"]}'
+        self.answer(body)
+        self.view(body)
+
     def info(self) -> dict[str, Any]:
         """``GET /api/info``: the model, the settings, where the directions came from, the limits."""
         p = self.prober

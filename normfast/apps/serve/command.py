@@ -145,7 +145,7 @@ def serve_main(args: argparse.Namespace) -> int:
         prober = serve_prober(args)
         prober.prepare()
         service = ProbeService(prober, max_texts=args.max_texts, max_chars=args.max_chars)
-        service.answer(b'{"texts": ["warm up"]}')  # the one-off costs of a first pass, before the first request
+        service.warm_up()
         ready = time.perf_counter() - t0
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError) as exc:
         print(f"normfast serve: error: {exc}", file=sys.stderr)
