@@ -63,6 +63,7 @@ EXPERIMENTS = (
     "heat_coverage",
     "adaptive_m",
     "monitor",
+    "prober",
     "streaming",
     "quartic",
     "head_stats",
