@@ -63,6 +63,8 @@ EXPERIMENTS = (
     "heat_coverage",
     "adaptive_m",
     "monitor",
+    "monitor_every",
+    "monitor_transient",
     "prober",
     "streaming",
     "quartic",

@@ -116,6 +116,8 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
     "finetune_resume": ("tests/experiments/test_training.py::test_an_interrupted_run_resumes",),
     # module fixtures of small real runs (and one browser) shared by every test of the module
     "view": ("tests/engine/report/test_view.py::",),
+    "compare": ("tests/engine/report/test_compare.py::",),
+    "monitor_page": ("tests/engine/monitor/test_page.py::",),
     "parquet_readers": ("tests/data/test_parquet_readers.py::",),
 }
 #: quick-run fixture -> the unit of every test that reads it (checked at collection)

@@ -16,6 +16,7 @@ from normfast.apps.options import (
     pairs_arguments,
     read_pairs_file,
 )
+from normfast.data.pairs import PairSource
 from normfast.data.records import read_jsonl, read_lines, read_tsv
 from normfast.engine.config import MODES, ProbeConfig
 from normfast.engine.probe import probe
@@ -85,10 +86,36 @@ def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | 
     return items, (ids if has_ids else None)
 
 
-def _load_images(paths: list[str]):
-    from PIL import Image
+def _load_images(paths: list[str], what: str = "probe"):
+    from PIL import Image, UnidentifiedImageError
 
-    return [Image.open(p).convert("RGB") for p in paths]
+    images = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                images.append(image.convert("RGB"))
+        except (OSError, UnidentifiedImageError) as exc:
+            raise ValueError(f"{what} {path!r}: cannot read it as an image ({exc})") from None
+    return images
+
+
+class _ImagePairs(PairSource):
+    """A pairs file's image paths, opened when a virtual batch draws them: the anchors (or items) for an
+    image tower, the positives too unless CLIP's text tower encodes them."""
+
+    def __init__(self, source: PairSource, positives_are_images: bool):
+        self.__dict__.update(source.__dict__)
+        self.positives_are_images = positives_are_images
+
+    def batch(self, indices):
+        drawn = super().batch(indices)
+        if self.kind == "items":
+            return _load_images(drawn, "pairs file: item")
+        first, second = drawn
+        first = _load_images(first, "pairs file: anchor" if self.kind == "pairs" else "pairs file: item")
+        if self.kind == "pairs" and self.positives_are_images:
+            second = _load_images(second, "pairs file: positive")
+        return first, second
 
 
 def probe_arguments(p) -> None:
@@ -277,6 +304,9 @@ def _probe_cli(args, device: str, root: bool) -> int:
                     f"can use the corpus's own sentences"
                 )
             pairs = PairSource.from_iterable(corpus_pairs, kind="items")
+        if pairs is not None and args.pairs and encoder.modality == "image":
+            # the file holds image paths; under clip the positives are captions for the text tower
+            pairs = _ImagePairs(pairs, positives_are_images=objective.name != "clip")
         pair_encoder = pair_encoder_for(encoder, objective)
         chunk_size = args.chunk_size if args.chunk_size is not None else (8 if args.corpus else 64)
         config = ProbeConfig(

@@ -156,6 +156,19 @@ class ProbeResult:
 
         return InlinePage(page_html(self, **options), height=height)
 
+    def compare(self, other: "ProbeResult", **options: Any) -> pa.Table:
+        """This run (A) against ``other`` (B) over the same inputs, type by type: the differences
+        ``B − A`` of ``heat_rel``, the drift and ``r_eq`` with their standard errors, z and p, and the
+        Benjamini-Hochberg flags of what changed (``normfast compare``; refused in one line when the
+        runs' inputs differ).
+
+        ``options``: ``q`` (the false-discovery rate, default 0.05), ``min_count`` (see
+        :func:`normfast.engine.report.compare.compare`). Returns the table (a ``pyarrow.Table``).
+        """
+        from normfast.engine.report.compare import compare
+
+        return compare(self, other, **options)
+
     def _repr_html_(self) -> str:
         from normfast.engine.report.page import summary_html
 

@@ -2,7 +2,7 @@
    the answer -- the page `normfast view` writes for a run -- in the frame below. Plain JavaScript. */
 (function () {
   "use strict";
-  var CONF = JSON.parse(document.getElementById("nf-live-data").textContent);
+  var CONF = JSON.parse(document.getElementById("nf-data").textContent).conf;
   var input = document.getElementById("nf-input"), go = document.getElementById("nf-go");
   var status = document.getElementById("nf-live-status"), frame = document.getElementById("nf-result");
   var busy = false;
