@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -257,11 +258,11 @@ def screenshot(url: str, png: Path) -> dict[str, Any]:
     """The interactive page: two sentences typed and probed, the pointer on "violin"; a PNG of it."""
     from playwright.sync_api import sync_playwright
 
-    from normfast.apps.view import chromium_executable
-
+    # the system's Chromium, as normfast view --screenshot finds it ($NORMFAST_CHROMIUM, else on the PATH)
+    chromium = os.environ.get("NORMFAST_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     errors: list[str] = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_executable(), headless=True)
+        browser = pw.chromium.launch(executable_path=chromium, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.set_default_timeout(120_000)
