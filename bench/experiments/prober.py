@@ -54,7 +54,7 @@ from bench.harness import Context
 
 RESULTS = ("prober.json",)
 FIGURES = ("prober_serve.png",)
-TABLES = ("prober", "prober-sizes")
+TABLES = ("prober", "prober-sizes", "prober-answer")
 #: the repository root: the new process and the service run from there
 REPO = Path(__file__).resolve().parents[2]
 FIRST = [
@@ -94,6 +94,8 @@ SERVED = [
     "numbers never lie",
 ]
 PAGE_TEXTS = ("the violin sounded sad", "democracy is a fragile idea")
+#: the request whose answer the docs show (abridged to one token's row)
+EXAMPLE = "the violin sounded sad"
 
 
 @dataclass
@@ -227,13 +229,15 @@ def serve(config: Config, folder: Path, png: Path | None) -> dict[str, Any]:
                     raise
                 time.sleep(0.05)
         started = time.perf_counter() - t0
-        seconds, server_seconds, rows = [], [], []
+        seconds, server_seconds, rows, example = [], [], [], None
         for text in SERVED[: config.requests]:
             t = time.perf_counter()
             answer = post(url + "/api/probe", {"texts": [text]})
             seconds.append(time.perf_counter() - t)
             server_seconds.append(answer["seconds"])
             rows.append(len(answer["texts"][0]["rows"]))
+            if text == EXAMPLE:  # the docs' example answer, abridged to the row of one token
+                example = abridged(answer, "violin")
         page = screenshot(url, png) if png is not None else None
     finally:
         proc.send_signal(signal.SIGINT)
@@ -250,8 +254,16 @@ def serve(config: Config, folder: Path, png: Path | None) -> dict[str, Any]:
         "request_s_median": statistics.median(seconds),
         "server_probe_s": server_seconds,
         "rows_per_request": rows,
+        "example_answer": example,
         "page": page,
     }
+
+
+def abridged(answer: dict, token: str) -> dict:
+    """An answer with only the row of ``token`` left in its text (and how many rows there were)."""
+    text = answer["texts"][0]
+    kept = [r for r in text["rows"] if r["token"] == token][:1]
+    return {**answer, "texts": [{**text, "rows": kept, "rows_left_out": len(text["rows"]) - len(kept)}]}
 
 
 def screenshot(url: str, png: Path) -> dict[str, Any]:
@@ -422,4 +434,14 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
     sizes += [
         f"| {name} | {c['parameters']:,} | {_mib(c['bytes'])} |" for name, c in result["sizes"]["counted"].items()
     ]
-    return {"prober": "\n".join(lines), "prober-sizes": "\n".join(sizes)}
+    blocks = {"prober": "\n".join(lines), "prober-sizes": "\n".join(sizes), "prober-answer": None}
+    example = sv.get("example_answer")
+    if example is not None:
+        text = dict(example["texts"][0])
+        left = text.pop("rows_left_out")
+        shown = {**example, "texts": [text]}
+        blocks["prober-answer"] = (
+            f"```json\n{json.dumps(shown, indent=2)}\n```\n\n({left} more rows of that text left out here: "
+            f"the answer holds one row per token, [CLS] and [SEP] included.)"
+        )
+    return blocks
