@@ -35,6 +35,7 @@ setup(
         "normfast",
         "normfast.apps",
         "normfast.apps.retrieval",
+        "normfast.apps.serve",
         "normfast.apps.throughput",
         "normfast.core",
         "normfast.core.reference",
@@ -54,7 +55,8 @@ setup(
         "normfast.kernels",
     ],
     package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
-    # the pages' templates, scripts and style (normfast view, normfast compare) are read from the installed package
+    # the pages' templates, scripts and style (normfast view, normfast compare, normfast serve) are read from the
+    # installed package
     package_data={
         "normfast": ["py.typed"],
         "normfast.core": ["*.pyi"],

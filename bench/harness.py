@@ -65,6 +65,7 @@ EXPERIMENTS = (
     "monitor",
     "monitor_every",
     "monitor_transient",
+    "prober",
     "streaming",
     "quartic",
     "head_stats",

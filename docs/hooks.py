@@ -8,6 +8,7 @@ A page asks for generated content with a marker on a line of its own:
     <!-- schema:output -->    the Parquet columns and metadata keys (normfast.data.schema)
     <!-- schema:monitor -->   a training monitor folder's columns and keys (normfast.engine.monitor.schema)
     <!-- schema:monitor-report --> the files `normfast report` writes there (normfast.engine.monitor.report_schema)
+    <!-- schema:serve -->     `normfast serve`'s JSON API: its rows and JSON Schemas (normfast.apps.serve.schema)
     <!-- api:NAME NAME ... --> mkdocstrings blocks for public names of `import normfast`
                               (api:ops: the array backend, normfast.ops)
     <!-- stable:modules -->   the stable internals and what each offers (normfast.stable)
@@ -91,11 +92,14 @@ def cli_help(command: str) -> str:
 
 
 def schema_tables(which: str = "output") -> str:
+    from normfast.apps.serve import schema as serve_schema
     from normfast.data import schema
     from normfast.engine.monitor import report_schema
     from normfast.engine.monitor import schema as monitor_schema
 
-    return {"monitor": monitor_schema, "monitor-report": report_schema}.get(which, schema).render_markdown()
+    return {"monitor": monitor_schema, "monitor-report": report_schema, "serve": serve_schema}.get(
+        which, schema
+    ).render_markdown()
 
 
 def _public_path(name: str) -> str:
@@ -105,6 +109,13 @@ def _public_path(name: str) -> str:
 
     obj = getattr(normfast, name)
     return f"{obj.__module__}.{obj.__qualname__}"
+
+
+#: public methods of a public class that other engine modules call but a user does not: documented in
+#: the code, left off the API page (mkdocstrings already leaves out names with a leading underscore)
+ENGINE_ENTRIES: dict[str, tuple[str, ...]] = {
+    "Prober": ("new_run",)  # normfast.engine.runner.artifact builds its runs through it
+}
 
 
 def api_blocks(arg: str) -> str:
@@ -136,6 +147,9 @@ def api_blocks(arg: str) -> str:
                 "__version__": "the installed version of normfast",
             }.get(name, "")
             out.append(f"### `normfast.{name}`\n\n`{obj!r}`: {what}.\n")
+        elif name in ENGINE_ENTRIES:
+            hidden = ", ".join(f'"!^{m}$"' for m in ENGINE_ENTRIES[name])
+            out.append(f'::: {_public_path(name)}\n    options:\n      filters: ["!^_", {hidden}]\n')
         else:
             out.append(f"::: {_public_path(name)}\n")
     return "\n".join(out)
@@ -180,8 +194,10 @@ def render(kind: str, arg: str) -> str:
     if kind == "cli":
         return cli_help(arg)
     if kind == "schema":
-        if arg not in ("output", "monitor", "monitor-report"):
-            raise MarkerError(f"schema:{arg}: only schema:output, schema:monitor and schema:monitor-report exist")
+        if arg not in ("output", "monitor", "monitor-report", "serve"):
+            raise MarkerError(
+                f"schema:{arg}: only schema:output, schema:monitor, schema:monitor-report and schema:serve exist"
+            )
         return schema_tables(arg)
     if kind == "api":
         return api_blocks(arg)

@@ -22,6 +22,14 @@ from normfast import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "solve": ("normfast.apps.solve", "solve the equilibrium quartic for rows of coefficients (.npy/.csv)"),
     "probe": ("normfast.apps.probe_command", "probe a model: drift, heat, damping and R_eq per input or token"),
+    "directions": (
+        "normfast.apps.directions",
+        "compute a probe's directions once and save them, for probes that then take seconds",
+    ),
+    "serve": (
+        "normfast.apps.serve.command",
+        "a local web service: probe texts over a JSON API and an interactive page",
+    ),
     "demo": ("normfast.apps.demo", "offline demo: token-level probe of the real all-MiniLM-L6-v2 on common words"),
     "throughput": ("normfast.apps.throughput", "throughput suite: head/jvp modes against per-sample-gradient tools"),
     "report": ("normfast.apps.report", "summarize a probe run (.parquet) and draw its figures"),

@@ -58,6 +58,8 @@ REQUIRE_DATA = os.environ.get("NORMFAST_REQUIRE_DATA", "") not in ("", "0")
 #: unit -> node-id prefixes of its tests, slowest first (the order they are handed out in); a unit
 #: of one test only moves that test to the front
 WORK_UNITS: dict[str, tuple[str, ...]] = {
+    # the Prober at the demo's settings on MiniLM: two passes over 256 drift batches, and a new process
+    "prober_minilm": ("tests/engine/test_prober_minilm.py::",),
     "e2": (
         "tests/experiments/test_e2.py::",
         "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e2_quick]",
@@ -118,6 +120,8 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
     "view": ("tests/engine/report/test_view.py::",),
     "compare": ("tests/engine/report/test_compare.py::",),
     "monitor_page": ("tests/engine/monitor/test_page.py::",),
+    # one service (a module fixture) and one browser for every test of normfast serve
+    "serve": ("tests/apps/test_serve.py::",),
     "parquet_readers": ("tests/data/test_parquet_readers.py::",),
 }
 #: quick-run fixture -> the unit of every test that reads it (checked at collection)

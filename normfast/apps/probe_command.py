@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
+from normfast.apps.options import (
+    direction_arguments,
+    direction_settings,
+    encoder_arguments,
+    load_model,
+    make_objective,
+    model_arguments,
+    objective_arguments,
+    pair_encoder_for,
+    pairs_arguments,
+    read_pairs_file,
+)
 from normfast.data.pairs import PairSource
 from normfast.data.records import read_jsonl, read_lines, read_tsv
-from normfast.engine.config import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODES, ProbeConfig
-from normfast.engine.directions.presets import PRESETS
+from normfast.engine.config import MODES, ProbeConfig
 from normfast.engine.probe import probe
 from normfast.engine.runner.distributed import current_shard
 
@@ -77,39 +86,6 @@ def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | 
     return items, (ids if has_ids else None)
 
 
-def _read_pairs_file(path: Path, args, needs: str):
-    """The virtual-batch source of ``--pairs``, as the objective needs it (``"pairs"``, ``"labels"`` or
-    ``"items"``); for items (SimCSE), a pairs file gives its anchors."""
-    from normfast.data.pairs import PairSource
-
-    fn = "pairs file"
-    if path.is_dir():
-        raise ValueError(
-            f"{fn}: {path} is a folder; expected a file (.jsonl or .tsv; for simcse also .txt, one item per line)"
-        )
-    if path.suffix == ".jsonl":
-        if needs != "items":
-            return PairSource.from_jsonl(
-                path,
-                anchor_key=args.anchor_key,
-                positive_key=args.positive_key,
-                label_key=args.label_key,
-                text_key=args.text_key,
-                kind=needs,
-            )
-        first = next(read_jsonl(path, fn=fn), (0, {}))[1]
-        key = args.anchor_key if args.text_key not in first and args.anchor_key in first else args.text_key
-        return PairSource.from_jsonl(path, text_key=key, kind="items")
-    if needs != "items":
-        return PairSource.from_tsv(path, kind=needs)
-    if path.suffix == ".tsv":  # one column of items, or the anchors of a pairs file
-        return PairSource.from_tsv(path, columns=(0,), kind="items")
-    items = [line for _, line in read_lines(path, fn=fn)]
-    if not items:
-        raise ValueError(f"{fn} {path} holds no items")
-    return PairSource.from_iterable(items, kind="items")
-
-
 def _load_images(paths: list[str], what: str = "probe"):
     from PIL import Image, UnidentifiedImageError
 
@@ -143,9 +119,7 @@ class _ImagePairs(PairSource):
 
 
 def probe_arguments(p) -> None:
-    p.add_argument(
-        "model", help="hub id, local folder (HF or sentence-transformers), 'minilm', or open_clip:ARCH[@WEIGHTS]"
-    )
+    model_arguments(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--probes", help="probe items file (.txt / .jsonl / .tsv)")
     src.add_argument("--corpus", help="a corpus to probe token by token, in context (.txt or .jsonl; see below)")
@@ -174,26 +148,12 @@ def probe_arguments(p) -> None:
         default=None,
         help="--corpus: tokens between window starts (default: --window, no overlap)",
     )
-    p.add_argument(
-        "--pairs",
-        help="virtual-batch source (.jsonl / .tsv); optional for simcse, which reads plain "
+    pairs_arguments(
+        p,
+        "virtual-batch source (.jsonl / .tsv); optional for simcse, which reads plain "
         "items from it (.txt / .tsv / .jsonl) or a pairs file's anchors",
     )
-    p.add_argument("--anchor-key", default="anchor")
-    p.add_argument("--positive-key", default="positive")
-    p.add_argument("--label-key", default=None, help="jsonl key of class labels (supcon)")
-    p.add_argument("--objective", default="simcse", choices=["simcse", "infonce", "clip", "supcon"])
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        help="objective temperature (default: the objective's own: infonce/simcse 0.05, clip 0.07, supcon 0.1)",
-    )
-    p.add_argument(
-        "--symmetric",
-        action="store_true",
-        help="infonce: average the anchor->positive and positive->anchor losses (clip is always symmetric)",
-    )
+    objective_arguments(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--tokens", dest="output", action="store_const", const="tokens", help="one row per token position")
     g.add_argument(
@@ -210,32 +170,15 @@ def probe_arguments(p) -> None:
         choices=list(MODES),
         help="head: closed form for a final linear head; jvp: general; auto (default)",
     )
+    direction_arguments(p)
     p.add_argument(
-        "--params", default="all", help="probed parameters: all, head, or a regex over parameter names (default: all)"
+        "--directions",
+        metavar="FOLDER",
+        default=None,
+        help="saved directions: reused when FOLDER holds them (made for this model, objective, pair source "
+        "and direction settings: refused otherwise, naming what differs; without --pairs, the pair source "
+        "they were made from), else computed, saved there and used (`normfast directions` makes them alone)",
     )
-    p.add_argument("--batches", type=int, default=16, help="M, virtual batches (>= 2; default 16)")
-    p.add_argument(
-        "--drift-batches",
-        type=int,
-        default=DEFAULT_DRIFT_BATCHES,
-        help=f"M_D, virtual batches of the drift, taken from their mean update direction (one more "
-        f"directional pass per batch group; >= M; default {DEFAULT_DRIFT_BATCHES}); 0: the "
-        f"drift from the M heat batches, per batch",
-    )
-    p.add_argument(
-        "--groups",
-        type=int,
-        default=DEFAULT_GROUPS,
-        help=f"K, batch groups behind every error bar (se_D, sign stability, se_V2, se_Q, R_eq "
-        f"intervals; t with K-1 dof; default {DEFAULT_GROUPS})",
-    )
-    p.add_argument("--batch-size", type=int, default=32, help="pairs per virtual batch (default 32)")
-    p.add_argument("--optimizer", default="sgd", choices=list(PRESETS))
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate eta of the law (default 1e-3)")
-    p.add_argument("--wd", type=float, default=1e-2, help="decoupled weight decay lambda (default 1e-2)")
-    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (heuristic eta/(1-beta))")
-    p.add_argument("--no-decay", default=None, help="regex of probed parameters without weight decay")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--chunk-size",
         type=int,
@@ -243,7 +186,6 @@ def probe_arguments(p) -> None:
         help="probe items per streamed chunk (default 64; with --corpus 8 windows)",
     )
     p.add_argument("--directions-per-pass", type=int, default=None, help="K directions per JVP pass")
-    p.add_argument("--memory-budget-mb", type=float, default=2048)
     p.add_argument(
         "--no-uncertainty",
         action="store_true",
@@ -281,18 +223,11 @@ def probe_arguments(p) -> None:
         default=None,
         help="with --snapshot: the virtual trajectory's steps (default: 4 relaxation times of R², 500 to 20000 steps)",
     )
-    p.add_argument("--tower", choices=["image", "text"], help="open_clip tower to probe")
-    p.add_argument("--no-projection", action="store_true", help="open_clip / sentence-transformers without the head")
-    p.add_argument("--pooling", default=None, help="HF pooling (mean, cls, ...)")
-    p.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="cpu, cuda, cuda:N or mps (default: cuda when a GPU is visible, else cpu)",
-    )
+    encoder_arguments(p)
     p.add_argument("--out", required=True, help="output .parquet")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run at --out")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--plots", action="store_true", help="also write the report figures next to --out")
 
 
@@ -326,8 +261,6 @@ def _probe_cli(args, device: str, root: bool) -> int:
     import sys
 
     from normfast.data.pairs import PairSource
-    from normfast.encoders import load_encoder
-    from normfast.engine.directions.objectives import get_objective
 
     try:
         from normfast.core.paths import check_outputs
@@ -348,12 +281,7 @@ def _probe_cli(args, device: str, root: bool) -> int:
             documents = read_documents(args.corpus, layout=args.doc_layout, text_key=args.text_key, id_key=args.id_key)
         else:
             items, ids = _read_probe_file(Path(args.probes), args.text_key)
-        kw = {}
-        if args.tower:
-            kw["tower"] = args.tower
-        if args.pooling:
-            kw["pooling"] = args.pooling
-        encoder = load_encoder(args.model, projection=not args.no_projection, device=device, **kw)
+        encoder = load_model(args, device)
         corpus_pairs = None
         if args.corpus:
             from normfast.data.corpus import CorpusWindows, split_sentences
@@ -365,19 +293,10 @@ def _probe_cli(args, device: str, root: bool) -> int:
             corpus_pairs = split_sentences([d.text for d in documents])
         if encoder.modality == "image":
             items = _load_images(items)
-        obj_kw = {} if args.temperature is None else {"temperature": args.temperature}
-        if args.symmetric:
-            if args.objective != "infonce":
-                raise ValueError(
-                    f"--symmetric applies to --objective infonce, got --objective {args.objective}"
-                    + (" (clip is symmetric already)" if args.objective == "clip" else "")
-                )
-            obj_kw["symmetric"] = True
-        objective = get_objective(args.objective, **obj_kw)
+        objective = make_objective(args)
         pairs = None
-        pair_encoder = None
         if args.pairs:
-            pairs = _read_pairs_file(Path(args.pairs), args, objective.needs)
+            pairs = read_pairs_file(Path(args.pairs), args, objective.needs)
         elif corpus_pairs is not None:
             if objective.needs != "items":
                 raise ValueError(
@@ -388,26 +307,14 @@ def _probe_cli(args, device: str, root: bool) -> int:
         if pairs is not None and args.pairs and encoder.modality == "image":
             # the file holds image paths; under clip the positives are captions for the text tower
             pairs = _ImagePairs(pairs, positives_are_images=objective.name != "clip")
-        if objective.name == "clip" and hasattr(encoder, "with_tower"):
-            pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")
+        pair_encoder = pair_encoder_for(encoder, objective)
         chunk_size = args.chunk_size if args.chunk_size is not None else (8 if args.corpus else 64)
         config = ProbeConfig(
-            params=args.params,
+            **direction_settings(args),
             mode=args.mode,
             output=output,
-            optimizer=args.optimizer,
-            lr=args.lr,
-            weight_decay=args.wd,
-            momentum=args.momentum,
-            no_decay=args.no_decay,
-            batches=args.batches,
-            drift_batches=args.drift_batches or None,
-            groups=args.groups,
-            batch_size=args.batch_size,
-            seed=args.seed,
             chunk_size=chunk_size,
             directions_per_pass=args.directions_per_pass,
-            memory_budget_mb=args.memory_budget_mb,
             uncertainty=not args.no_uncertainty,
             radial_spread=args.per_batch,
             target_rse=args.target_rse,
@@ -416,20 +323,22 @@ def _probe_cli(args, device: str, root: bool) -> int:
             snapshot=args.snapshot or args.snapshot_steps is not None,
             snapshot_steps=args.snapshot_steps,
         )
-        result = probe(
-            encoder,
-            items,
-            objective,
-            pairs,
-            config,
-            out=args.out,
-            resume=args.resume,
-            overwrite=args.overwrite,
-            pair_encoder=pair_encoder,
-            ids=ids,
-            progress=not args.no_progress,
-            model_name=args.model,
-        )
+        common = dict(pair_encoder=pair_encoder, progress=not args.no_progress, model_name=args.model)
+        if args.directions is None:
+            result = probe(
+                encoder,
+                items,
+                objective,
+                pairs,
+                config,
+                out=args.out,
+                resume=args.resume,
+                overwrite=args.overwrite,
+                ids=ids,
+                **common,
+            )
+        else:
+            result = _with_directions(args, encoder, items, ids, objective, pairs, config, common)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError) as exc:
         if root:
             print(f"normfast probe: error: {exc}", file=sys.stderr)
@@ -442,3 +351,32 @@ def _probe_cli(args, device: str, root: bool) -> int:
         for pth in result.plots(Path(args.out).parent, prefix=Path(args.out).stem):
             print(f"wrote {pth}")
     return 0
+
+
+def _with_directions(args, encoder, items, ids, objective, pairs, config, common):
+    """``--directions FOLDER``: reuse the directions saved there, or compute, save and use them."""
+    import sys
+
+    folder = Path(args.directions)
+    from normfast.engine.prober import Prober
+    from normfast.engine.runner.artifact import is_artifact
+
+    if is_artifact(folder):
+        prober = Prober.load(folder, encoder, objective, pairs, config, **common)
+        saved = True
+        if common["progress"]:
+            print(f"normfast probe: reusing the directions in {folder}", file=sys.stderr)
+    else:
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"--directions {folder} is a file; give a folder for the directions")
+        # simcse without --pairs draws from the probes: the saved directions are bound to them
+        prober = Prober(encoder, objective, pairs if pairs is not None else items, config, **common)
+        # before the probe, so that an interrupted run keeps them; adaptive M chooses M on this run's
+        # first chunk, so its directions are saved after the probe
+        saved = config.target_rse is None
+        if saved:
+            prober.save(folder)
+    result = prober.probe(items, args.out, resume=args.resume, overwrite=args.overwrite, ids=ids)
+    if not saved:
+        prober.save(folder)
+    return result

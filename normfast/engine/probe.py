@@ -1,5 +1,8 @@
 """The probe engine: ``probe(encoder, probes, objective, pairs, config) -> ProbeResult``.
 
+``probe`` is one call of a fresh :class:`~normfast.engine.prober.Prober`, which holds the run
+itself: a Prober keeps the directions for its next calls, ``probe`` pays them on every call.
+
 For every probe item (a whole input with ``output="pooled"``, or every token
 position with ``output="tokens"``) it measures drift ``D``, heat ``V²``,
 ``m2``, ``Q``, the radial damping ``κ``, the standard error and sign stability
@@ -53,45 +56,20 @@ part per rank -- see ``normfast.engine.runner.distributed``.
 
 from __future__ import annotations
 
-import collections.abc
-import contextlib
-import json
-import math
-import time
-import warnings
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-import numpy as np
-import pyarrow as pa
 import torch
 
 from normfast.core.checks import check_finite_weights
-from normfast.data.io import fingerprint
 from normfast.data.pairs import as_pair_source
-from normfast.data.schema import METADATA_KEY, SCHEMA_VERSION
 from normfast.encoders import Encoder
-from normfast.encoders.tokenizing import unknown_token_warning
 from normfast.engine.config import ProbeConfig
-from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
-from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
-from normfast.engine.directions.gradients import NonFiniteLoss
-from normfast.engine.directions.objectives import objective_settings
+from normfast.engine.prober import Prober
 from normfast.engine.result import ProbeResult
-from normfast.engine.runner.chunks import run_chunks
-from normfast.engine.runner.distributed import chunks_for_rank, current_shard
-from normfast.engine.runner.files import finish_sharded, open_output
-from normfast.engine.runner.provenance import (
-    device_name,
-    encoder_tokenizer,
-    hash_items,
-    hash_model,
-    hash_pairs,
-    hash_tokenizer,
-    library_versions,
-)
-from normfast.engine.runner.state import ProbeRun
+from normfast.engine.runner.chunks import as_probe_sequence
+
+__all__ = ["ProbeConfig", "ProbeResult", "Prober", "probe"]
 
 
 def probe(
@@ -171,172 +149,19 @@ def probe(
         check_finite_weights("probe", pair_encoder, "the pair encoder")
     if isinstance(objective, str):
         objective = get_objective(objective)
-    probes = _as_probe_sequence(probes)
+    probes = as_probe_sequence(probes)
     if len(probes) == 0:
         raise ValueError("probe: expected at least one probe item, got an empty probe set")
-    unknown = unknown_token_warning(encoder, probes)
-    if unknown is not None:
-        warnings.warn(unknown, UserWarning, stacklevel=2)
-    if ids is None and callable(getattr(probes, "ids", None)):  # e.g. corpus windows: "DOC_ID/WINDOW"
-        ids = probes.ids()
-    if ids is not None:
-        ids = [str(i) for i in ids]
-        if len(ids) != len(probes):
-            raise ValueError(f"probe: expected one id per probe item, got {len(ids)} ids for {len(probes)} items")
+    # SimCSE without pairs draws its batches from the probes: this call's Prober is bound to them
     pairs = as_pair_source(pairs, objective, probes)
-    shard = current_shard() if distributed else None
-
-    n_items = len(probes)
-    run = ProbeRun(
+    prober = Prober(
         encoder,
         objective,
         pairs,
         config,
-        pair_encoder,
-        progress and (shard is None or shard.is_root),
-        second_moments,
-        shard=shard,
-        n_items=n_items,
+        pair_encoder=pair_encoder,
+        second_moments=second_moments,
+        model_name=str(model_name),
+        progress=progress,
     )
-    n_chunks = math.ceil(n_items / config.chunk_size)
-    inputs = {  # what the rows depend on besides the settings; named when a resume is refused
-        "probes": hash_items(probes),
-        # the pairs the virtual batches draw (every pair with the snapshot, whose trajectory draws its own)
-        "pairs": hash_pairs(pairs, None if config.snapshot else np.concatenate([np.ravel(b) for b in run.batches])),
-        "ids": hash_items(ids) if ids is not None else None,
-        "second_moments": hash_items(sorted(second_moments.items())) if second_moments else None,
-    }
-    metadata = {
-        "schema_version": SCHEMA_VERSION,
-        "model": str(model_name),
-        "model_fingerprint": hash_model(encoder),
-        "tokenizer_fingerprint": hash_tokenizer(encoder_tokenizer(encoder)),
-        "encoder_settings": encoder.settings(),
-        "pair_encoder": None if pair_encoder is None else _identity(pair_encoder),
-        "encoder_note": getattr(encoder, "note", None),
-        "objective": objective.name,
-        "temperature": getattr(objective, "temperature", None),
-        "objective_settings": objective_settings(objective),
-        "optimizer": config.optimizer,
-        "lr": config.lr,
-        "weight_decay": config.weight_decay,
-        "momentum": config.momentum,
-        "M": config.batches,
-        "M_D": config.drift_batches if config.drift_from_mean else None,
-        "M_initial": config.batches,
-        "groups": run.groups if config.uncertainty or config.drift_from_mean else None,
-        "uncertainty": config.uncertainty,
-        "batch_size": config.batch_size,
-        "seed": config.seed,
-        "mode": run.mode,
-        "output": config.output,
-        "params": config.params,
-        "n_probed_parameters": len(run.names),
-        "cut_stage": run.cut,
-        "branch": run.branch,
-        "n_items": n_items,
-        "n_pairs": len(pairs),
-        "chunk_size": config.chunk_size,
-        "max_length": getattr(encoder, "max_length", None),
-        "versions": library_versions(),
-        "device": device_name(run.device),
-        "config": asdict(config),
-        "input_fingerprints": inputs,
-    }
-    if callable(getattr(probes, "describe", None)):  # e.g. corpus windows: documents, windows, stride
-        metadata["corpus"] = probes.describe()
-    spec = {k: metadata[k] for k in metadata if k not in ("versions", "device")}
-    # the world size is not part of the spec: a run may be resumed with any number of ranks
-    key = fingerprint(spec)
-    metadata["spec_fingerprint"] = key
-    metadata["world_size"] = 1 if shard is None else shard.world_size
-    if shard is not None:
-        shard.check_agree(key, "arguments")
-
-    writer = None
-    done: set[int] = set()
-    if out is not None:
-        out = Path(out)
-        finished, writer, done = open_output(out, spec, key, shard, resume, overwrite)
-        run.writer = writer
-        if finished is not None:
-            return finished
-    tables: dict[int, pa.Table] = {}
-
-    def emit(c: int, table: pa.Table) -> None:
-        if writer is not None:
-            writer.write_chunk(c, table)
-        else:
-            tables[c] = table
-
-    if config.snapshot:  # before the chunks: every chunk's rows take their slice of it
-        from normfast.engine.trajectory.snapshot import snapshot_prediction
-
-        with _abandoned_if_not_finite(writer):
-            run.snapshot = snapshot_prediction(
-                encoder, probes, objective, pairs, config, second_moments=second_moments, progress=run.progress
-            )
-        metadata["snapshot"] = run.snapshot.info
-    todo = [c for c in range(n_chunks) if c not in done]
-    mine = todo if shard is None else chunks_for_rank(todo, shard.rank, shard.world_size)
-    t0 = time.perf_counter()
-    failure = None
-    try:
-        if todo:  # every rank takes part (directions are collective), even one with no chunks of its own
-            with _abandoned_if_not_finite(writer):
-                run_chunks(run, probes, ids, mine, emit)
-    except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
-        if shard is None:
-            raise
-        failure = exc
-    seconds = round(time.perf_counter() - t0, 3)
-    metadata["M"] = run.M
-    if run.adaptive is not None:
-        metadata["adaptive"] = run.adaptive
-    if shard is None:
-        metadata["seconds"] = seconds
-        if writer is not None:
-            metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
-            inputs = heat_inputs(writer.chunk_columns(0))
-            reference = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
-            metadata["heat_reference"] = reference
-            path = writer.finalize(n_chunks, metadata, lambda t: with_relative_heat(t, reference))
-            return ProbeResult.from_files([path], metadata, path)
-        table = pa.concat_tables([tables[c] for c in range(n_chunks)])
-        metadata["regime"] = run_regime([table])
-        metadata["heat_reference"] = heat_reference([table])
-        table = with_relative_heat(table, metadata["heat_reference"])
-        meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
-        return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
-    return finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds)
-
-
-@contextlib.contextmanager
-def _abandoned_if_not_finite(writer: Any) -> Iterator[None]:
-    """A non-finite objective ends the run for good (the same arguments meet it again): its work folder
-    goes, when this run made it, so that it does not block the next run as an unfinished one."""
-    try:
-        yield
-    except NonFiniteLoss:
-        if writer is not None:
-            writer.abandon()
-        raise
-
-
-def _identity(encoder: Encoder) -> dict[str, Any]:
-    """What makes an encoder's embeddings: its settings, weights and tokenizer (for the pair encoder)."""
-    return {
-        "settings": encoder.settings(),
-        "model_fingerprint": hash_model(encoder),
-        "tokenizer_fingerprint": hash_tokenizer(encoder_tokenizer(encoder)),
-    }
-
-
-def _as_probe_sequence(probes: Any) -> Sequence[Any]:
-    if isinstance(probes, (list, torch.Tensor)):
-        return probes
-    if isinstance(probes, (str, bytes, tuple, collections.abc.Mapping)) or not (
-        hasattr(probes, "__len__") and hasattr(probes, "__getitem__")
-    ):
-        return list(probes)
-    return probes  # anything with len and slicing is read chunk by chunk, never copied whole
+    return prober.probe(probes, out, resume=resume, overwrite=overwrite, ids=ids, distributed=distributed)

@@ -382,6 +382,7 @@ NOT_IN_THE_KEY = {
     "--overwrite": "replaces the run",
     "--no-progress": "the progress bar",
     "--plots": "figures written after the run",
+    "--directions": "where the directions are kept; saved ones are checked against the run's inputs",
     "--help": "prints the usage",
 }
 

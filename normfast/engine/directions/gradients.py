@@ -411,6 +411,13 @@ def compute_directions(
                 acc[n].div_(c)
         drift = DriftMeans(sums, counts)
 
+    decayed = decayed_parameters(encoder, names, no_decay)
+    branch_of = {n: presets[n].branch for n in names}
+    return Directions(list(names), branch_of, grads, decayed, losses, drift, estimated or None, batch_offset)
+
+
+def decayed_parameters(encoder: Encoder, names: Sequence[str], no_decay: str | None) -> dict[str, torch.Tensor]:
+    """θ_decayed, the κ tangent: a copy of every probed parameter that ``no_decay`` does not exempt."""
     decay_re = re.compile(no_decay) if no_decay else None
     decayed = {n: encoder.get_parameter(n).detach().clone() for n in names if not (decay_re and decay_re.search(n))}
     if not decayed:
@@ -418,8 +425,7 @@ def compute_directions(
             f"compute_directions: no_decay={no_decay!r} excludes every probed parameter from weight "
             f"decay; the equilibrium law needs decay (kappa would be 0)"
         )
-    branch_of = {n: presets[n].branch for n in names}
-    return Directions(list(names), branch_of, grads, decayed, losses, drift, estimated or None, batch_offset)
+    return decayed
 
 
 def _warn_if_not_scale_invariant(

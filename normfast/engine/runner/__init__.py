@@ -2,13 +2,15 @@
 sharding and provenance.
 
 * :mod:`.state` -- :class:`ProbeRun`, one run's shared state (what is probed, how, the directions,
-  the accumulators, the progress bar);
+  the accumulators, the progress bar), and :class:`DirectionStore`, the directions a Prober keeps
+  across its runs;
 * :mod:`.chunks` -- probe items in chunks through head or jvp mode, each chunk finished into rows;
 * :mod:`.adaptive` -- adaptive M: as many heat batches as the error bars ask for;
 * :mod:`.rows` -- a chunk's output table (metadata, statistics, the law per row, validity, regime);
 * :mod:`.files` -- opening, resuming and finishing a run's Parquet output;
 * :mod:`.distributed` -- sharding the items over ``torch.distributed`` ranks;
-* :mod:`.provenance` -- content hashes of the inputs and the model, library versions, the device.
+* :mod:`.provenance` -- content hashes of the inputs and the model, library versions, the device;
+* :mod:`.artifact` -- a Prober's directions on disk (safetensors files and a manifest of their inputs).
 """
 
 from normfast.engine.runner.adaptive import adaptive_plan
@@ -17,9 +19,10 @@ from normfast.engine.runner.distributed import Shard, current_shard, init_from_e
 from normfast.engine.runner.files import finish_sharded, open_output
 from normfast.engine.runner.provenance import device_name, hash_items, hash_model, library_versions
 from normfast.engine.runner.rows import finish_table
-from normfast.engine.runner.state import ProbeRun
+from normfast.engine.runner.state import DirectionStore, ProbeRun
 
 __all__ = [
+    "DirectionStore",
     "ProbeRun",
     "Shard",
     "adaptive_plan",

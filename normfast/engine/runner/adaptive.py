@@ -131,7 +131,25 @@ def _plan_on_root(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
 
 def adaptive_plan(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
     """Choose M (see the module docstring) on the probe items of the first chunk; sets ``run.M`` and
-    ``run.adaptive``. A collective when sharded."""
+    ``run.adaptive``. A collective when sharded.
+
+    A run with a direction store (a :class:`~normfast.engine.prober.Prober`'s) chooses M once, on the
+    first call's first chunk, and every later call reuses that M and its directions."""
+    store = run.store
+    if store is not None and store.plan is not None:
+        plan = store.plan
+        run.M = plan.M
+        if plan.directions is None and store.reader is not None and run.fits():
+            plan.directions = run.all_directions()  # a saved artifact: read whole when it fits
+        run.adaptive = dict(store.adaptive or {})
+        return plan
+    plan = _choose(run, pilot_items)
+    if store is not None:
+        store.plan, store.adaptive = plan, run.adaptive
+    return plan
+
+
+def _choose(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
     cfg = run.config
     shard = run.shard
     if shard is None:

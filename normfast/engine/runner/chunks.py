@@ -4,6 +4,7 @@ finished into its table (:mod:`normfast.engine.runner.rows`) and handed on as so
 
 from __future__ import annotations
 
+import collections.abc
 import warnings
 from typing import Any, Callable, Mapping, Sequence
 
@@ -19,6 +20,18 @@ from normfast.engine.runner.state import ProbeRun
 from normfast.engine.transmission.head.dispatch import head_stats
 from normfast.engine.transmission.head.inputs import head_inputs, head_kappa, head_kappa_exempt, prepared_head
 from normfast.engine.transmission.jvp import Tail, kappa_from_jvp
+
+
+def as_probe_sequence(probes: Any) -> Sequence[Any]:
+    """The probe items as a sequence: lists and tensors as they are, anything with ``len`` and slicing
+    read chunk by chunk (never copied whole), other iterables collected into a list."""
+    if isinstance(probes, (list, torch.Tensor)):
+        return probes
+    if isinstance(probes, (str, bytes, tuple, collections.abc.Mapping)) or not (
+        hasattr(probes, "__len__") and hasattr(probes, "__getitem__")
+    ):
+        return list(probes)
+    return probes
 
 
 def chunk_items(probes: Sequence[Any], c: int, size: int) -> Sequence[Any]:
@@ -58,7 +71,7 @@ def run_chunks(
         group = run.direction_group()
         if plan is not None and plan.directions is not None:
             dirs = plan.directions
-        elif plan is None and group >= run.M:
+        elif plan is None and run.fits():
             dirs = run.all_directions()
         else:
             dirs = None
@@ -83,7 +96,7 @@ def run_chunks(
         groups = [list(range(lo, min(lo + group, run.M))) for lo in range(0, run.M, group)]
         drift = None
         if cfg.drift_from_mean:
-            drift = plan.drift if plan is not None else run.drift_directions()
+            drift = plan.drift if plan is not None and plan.drift is not None else run.drift_directions()
         emit_all = _jvp_directions_outer(run, probes, ids, todo, groups, drift)
         for c, table in emit_all:
             emit(c, table)

@@ -3,10 +3,11 @@ saved state of the directions-outer loop order (resumed after a kill, a group at
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -16,8 +17,21 @@ from normfast.data.schema import METADATA_KEY
 from normfast.data.torchfiles import load_plain, save_plain
 from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
 from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
+from normfast.engine.directions.gradients import NonFiniteLoss
 from normfast.engine.result import ProbeResult
 from normfast.engine.runner.distributed import Shard, part_blocks
+
+
+@contextlib.contextmanager
+def abandoned_if_not_finite(writer: Any) -> Iterator[None]:
+    """A non-finite objective ends the run for good (the same arguments meet it again): its work folder
+    goes, when this run made it, so that it does not block the next run as an unfinished one."""
+    try:
+        yield
+    except NonFiniteLoss:
+        if writer is not None:
+            writer.abandon()
+        raise
 
 
 def open_output(

@@ -1,6 +1,7 @@
 """The state of one probe run (:class:`ProbeRun`), shared by its chunks: what is probed, how
 (mode, presets, branches), the virtual batches and their update directions, the accumulators,
-and the progress bar over the chunks."""
+and the progress bar over the chunks; and what outlives a run (:class:`DirectionStore`): the
+directions a :class:`~normfast.engine.prober.Prober` keeps for its next calls."""
 
 from __future__ import annotations
 
@@ -26,6 +27,27 @@ from normfast.engine.runner.distributed import Shard
 from normfast.engine.transmission.jvp import Tail
 
 
+class DirectionStore:
+    """The directions kept across the probe calls of one :class:`~normfast.engine.prober.Prober`.
+
+    They depend on the model, the objective, the pair source and the settings, never on the probe
+    items, so a run finds here what an earlier run (or a saved artifact, ``reader``) computed:
+    ``directions`` (the M heat directions with the drift's group means, when they fit the memory
+    budget), ``drift`` (the drift's group means alone: the directions-outer order), ``plan`` (adaptive
+    M: the M chosen on the first call's first chunk, fixed from then on), ``second_moments`` (AdamW's
+    estimated ``v̂``, for the directions-outer groups) and ``reader`` (an artifact on disk that serves
+    the directions, whole or group by group: :mod:`normfast.engine.runner.artifact`).
+    """
+
+    def __init__(self, reader: Any = None):
+        self.directions: Directions | None = None
+        self.drift: Directions | None = None
+        self.plan: Any = None
+        self.adaptive: dict[str, Any] | None = None
+        self.second_moments: dict[str, torch.Tensor] | None = None
+        self.reader = reader
+
+
 class ProbeRun:
     """State shared by the chunks of one probe run: the probed parameters and the cut, the presets,
     the mode, the virtual batches, the directions (computed once, shared across ranks) and the
@@ -42,8 +64,10 @@ class ProbeRun:
         second_moments: Mapping[str, torch.Tensor] | None = None,
         shard: Shard | None = None,
         n_items: int = 0,
+        store: DirectionStore | None = None,
     ):
         self.shard = shard
+        self.store = store
         self.n_items = n_items
         self.encoder = encoder
         self.objective = objective
@@ -81,7 +105,7 @@ class ProbeRun:
         self.groups = config.effective_groups  # K: heat batch b (and drift batch b) in group b mod K
         self.M = config.batches  # the heat's M (adaptive M may raise it)
         self.adaptive: dict[str, Any] | None = None
-        self._second_moments: dict[str, torch.Tensor] | None = None
+        self._second_moments = store.second_moments if store is not None else None
         self.snapshot = None  # the single-snapshot predictor (config.snapshot), for every item at once
         self.writer = None  # set by probe when it writes files (the resume state lives beside them)
         self.truncation_warned = False  # inputs cut at the model's maximum length: warned once per run
@@ -108,16 +132,44 @@ class ProbeRun:
 
     # -- directions -------------------------------------------------------------
     def all_directions(self) -> Directions:
-        """The M heat directions and, with the mean-direction drift, the drift's K group means (one pass)."""
-        return self._shared(lambda: self.compute_directions(list(range(self.M)), self.config.drift_from_mean))
+        """The M heat directions and, with the mean-direction drift, the drift's K group means (one pass).
+
+        Kept in the run's store (when it has one) for the next run."""
+        store = self.store
+        if store is not None and store.directions is not None:
+            return store.directions
+        if store is not None and store.reader is not None:
+            dirs = store.reader.read(range(self.M), self.config.drift_from_mean, self.device)
+        else:
+            dirs = self._shared(lambda: self.compute_directions(list(range(self.M)), self.config.drift_from_mean))
+        if store is not None:
+            store.directions = dirs
+        return dirs
 
     def drift_directions(self) -> Directions:
         """Only the drift's K group means over its M_D batches (the directions-outer order)."""
-        return self._shared(lambda: self.compute_directions([], True))
+        store = self.store
+        if store is not None and store.drift is not None:
+            return store.drift
+        if store is not None and store.reader is not None:
+            dirs = store.reader.read([], True, self.device)
+        else:
+            dirs = self._shared(lambda: self.compute_directions([], True))
+        if store is not None:
+            store.drift = dirs  # K directions: kept, like the second moments
+        return dirs
 
     def directions(self, batch_ids: Sequence[int]) -> Directions:
-        """Directions for the given (consecutive) heat batches, without the drift."""
+        """Directions for the given (consecutive) heat batches, without the drift (not kept: the
+        directions-outer order is for directions that do not fit in memory together)."""
+        store = self.store
+        if store is not None and store.reader is not None:
+            return store.reader.read(batch_ids, False, self.device)
         return self._shared(lambda: self.compute_directions(batch_ids, False))
+
+    def fits(self) -> bool:
+        """Whether the M directions fit the memory budget together (the chunks-outer order)."""
+        return self.direction_group() >= self.M
 
     def _shared(self, compute: Callable[[], Directions]) -> Directions:
         """Sharded: computed on rank 0 only and broadcast (a collective: every rank calls it)."""
@@ -166,7 +218,7 @@ class ProbeRun:
                 **common,
             )
             if dirs.second_moments:
-                self._second_moments = dirs.second_moments
+                self._keep_second_moments(dirs.second_moments)
             return dirs
         second = None
         if len(batch_ids) < len(self.batches) and "w" in self.branches:
@@ -174,7 +226,7 @@ class ProbeRun:
                 adam = [
                     n for n in self.names if self.presets[n].name == "adamw" and self.presets[n].second_moments is None
                 ]
-                self._second_moments = estimate_second_moments(
+                estimated = estimate_second_moments(
                     self.encoder,
                     self.objective,
                     self.pairs,
@@ -186,6 +238,7 @@ class ProbeRun:
                     progress=self.progress,
                     check_invariance=False,
                 )
+                self._keep_second_moments(estimated)
             second = self._second_moments
         return compute_directions(
             self.encoder,
@@ -199,6 +252,11 @@ class ProbeRun:
             second_moments=second,
             **common,
         )
+
+    def _keep_second_moments(self, second: dict[str, torch.Tensor]) -> None:
+        self._second_moments = second
+        if self.store is not None:
+            self.store.second_moments = second
 
     # -- one chunk -----------------------------------------------------------------
     def front(self, items: Sequence[Any]) -> tuple[dict, dict, torch.Tensor | None]:

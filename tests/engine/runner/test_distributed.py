@@ -142,6 +142,12 @@ def _sharded_runs(rank: int, folder: str) -> None:
     # in memory: every rank receives the whole table
     res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["head_pooled"]), progress=False)
     pq.write_table(res.table, folder / f"head-rank{rank}.parquet")
+    # a Prober sharded: its directions broadcast at the first call and kept on every rank for the second
+    from normfast.engine.prober import Prober
+
+    prober = Prober(enc, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_tokens"]), progress=False)
+    prober.probe(items[:5])
+    pq.write_table(prober.probe(items).table, folder / f"prober-rank{rank}.parquet")
     res = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_adaptive"]), progress=False)
     pq.write_table(res.table, folder / f"adaptive-rank{rank}.parquet")
     (folder / f"adaptive-rank{rank}.json").write_text(json.dumps(res.metadata["adaptive"]))
@@ -252,6 +258,11 @@ def test_sharded_runs_equal_single_process_and_manifest_reads_back(tmp_path, cap
     single = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["head_pooled"]), progress=False)
     for r in range(WORLD):
         assert _plain(pq.read_table(tmp_path / f"head-rank{r}.parquet")).equals(_plain(single.table))
+
+    # a sharded Prober's second call: the single process's table, on every rank
+    single = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_tokens"]), progress=False)
+    for r in range(WORLD):
+        assert _plain(pq.read_table(tmp_path / f"prober-rank{r}.parquet")).equals(_plain(single.table))
 
     # adaptive M: every rank got rank 0's M and the same table as one process
     single = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_adaptive"]), progress=False)

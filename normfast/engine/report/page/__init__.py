@@ -8,8 +8,11 @@ from the run (bounded in size whatever the run's size), :mod:`~normfast.engine.r
 renders it (``page.html.j2``, ``page.js``). A comparison of two runs:
 :mod:`~normfast.engine.report.page.compare` (``compare.html.j2``, ``compare.js``). A training
 monitor's page lives with the monitor (:mod:`normfast.engine.monitor.page`).
+:mod:`~normfast.engine.report.page.live` is ``normfast serve``'s interactive page, which shows a probe
+run's page for the texts typed into it (``live.html.j2``, ``live.js``).
 """
 
 from normfast.engine.report.page.build import InlinePage, page_data, page_html, render, summary_html, write_page
+from normfast.engine.report.page.live import live_html
 
-__all__ = ["InlinePage", "page_data", "page_html", "render", "summary_html", "write_page"]
+__all__ = ["InlinePage", "live_html", "page_data", "page_html", "render", "summary_html", "write_page"]

@@ -1,0 +1,490 @@
+"""``Prober``: the directions once, then probes in seconds.
+
+A probe's cost has two parts. The *directions* -- the M heat batches' update directions and the
+drift's group means over its M_D batches -- depend on the model, the objective, the pair source and
+the settings, never on the probe items. The *per-item pass* -- the frozen front, the directional
+derivatives along those directions, κ and the law -- is all that depends on the items. A
+:class:`Prober` computes the directions at its first use (or :meth:`Prober.prepare`), keeps them,
+and every later :meth:`Prober.probe` pays only the per-item pass. :func:`normfast.probe` is one call
+of a fresh Prober: one code path, so a Prober's table equals ``normfast.probe``'s for the same
+items, pair source, config and seed, value for value.
+
+Decisions
+---------
+* **The pair source is explicit.** ``normfast.probe`` with SimCSE and no ``pairs`` draws its
+  virtual batches from the probe items, so its directions depend on the items. A Prober needs
+  ``pairs=`` (SimCSE: the items to draw batches from; they may be the first call's items); it binds
+  that source at construction and refuses ``pairs=None``.
+* **Adaptive M is fixed at first use.** With ``config.target_rse`` the first call chooses M on its
+  first chunk of items (as ``normfast.probe`` does) and every later call reuses that M and its
+  directions; the choice is in every result's ``adaptive`` metadata and in a saved artifact.
+* **The snapshot predictor runs per call** (``config.snapshot``): it trains a copy of the model
+  along the items of the call.
+* **Weights that change void the directions.** A call checks that no parameter or buffer of the
+  model (and of the pair encoder) was replaced or changed in place (an optimizer step, a
+  ``load_state_dict``) since the directions were computed, and refuses if one was: make a new
+  Prober. (Values changed through ``.data`` escape this check.)
+* **Directions that do not fit** ``memory_budget_mb`` together (the directions-outer order) are not
+  kept in memory: each call computes them again in groups, unless they come from a saved artifact,
+  which serves them group by group from disk.
+* **Sharded** (every rank constructs the Prober and makes the same calls): the directions are
+  computed on rank 0 and broadcast at the first use, then kept on every rank.
+
+Saved directions (:meth:`Prober.save`, :meth:`Prober.load`): :mod:`normfast.engine.runner.artifact`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from normfast.core.checks import check_finite_weights
+from normfast.data.io import fingerprint
+from normfast.data.pairs import as_pair_source
+from normfast.data.schema import METADATA_KEY, SCHEMA_VERSION
+from normfast.encoders import Encoder
+from normfast.encoders.tokenizing import unknown_token_warning
+from normfast.engine.config import ProbeConfig
+from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
+from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
+from normfast.engine.directions.objectives import objective_settings
+from normfast.engine.result import ProbeResult
+from normfast.engine.runner.chunks import as_probe_sequence, run_chunks
+from normfast.engine.runner.distributed import chunks_for_rank, current_shard
+from normfast.engine.runner.files import abandoned_if_not_finite, finish_sharded, open_output
+from normfast.engine.runner.provenance import (
+    device_name,
+    encoder_tokenizer,
+    hash_items,
+    hash_model,
+    hash_pairs,
+    hash_tokenizer,
+    library_versions,
+)
+from normfast.engine.runner.state import DirectionStore, ProbeRun
+
+
+class Prober:
+    """A probe whose directions are computed once and kept: ``Prober(...).probe(items)`` per call.
+
+    Args:
+        encoder: an :class:`~normfast.encoders.Encoder`, an ``nn.Module``, or a spec string for
+            :func:`normfast.encoders.load_encoder`.
+        objective: an objective object or name (``"infonce"``, ``"clip"``, ``"supcon"``, ``"simcse"``).
+        pairs: the virtual-batch source (a ``PairSource``, a ``Dataset``, or an iterable of pairs /
+            (item, label) tuples / items). Required: the directions come from it and are kept for
+            every later call (SimCSE: the items to draw batches from).
+        config: a :class:`ProbeConfig` (defaults otherwise); fixed for the Prober's life.
+        pair_encoder, second_moments, model_name, progress: as for :func:`normfast.probe`.
+
+    Every :meth:`probe` after the first (or after :meth:`prepare`) costs only the per-item pass;
+    its table equals :func:`normfast.probe`'s for the same items, pairs, config and seed. The
+    decisions (adaptive M fixed at first use, changed weights refused, ...) are in the
+    module's docstring (:mod:`normfast.engine.prober`).
+    """
+
+    def __init__(
+        self,
+        encoder: Encoder | str | torch.nn.Module,
+        objective: Any = "simcse",
+        pairs: Any = None,
+        config: ProbeConfig | None = None,
+        *,
+        pair_encoder: Encoder | None = None,
+        second_moments: Mapping[str, torch.Tensor] | None = None,
+        model_name: str | None = None,
+        progress: bool = True,
+    ):
+        from normfast.encoders import load_encoder
+        from normfast.engine.directions.objectives import get_objective
+
+        config = config or ProbeConfig()
+        config.validate()
+        if model_name is None:
+            model_name = encoder if isinstance(encoder, str) else type(encoder).__name__
+        if not isinstance(encoder, Encoder):
+            encoder = load_encoder(encoder)
+        # a NaN or infinite weight makes every row NaN: said now, before anything is computed or written
+        check_finite_weights("probe", encoder)
+        if pair_encoder is not None:
+            check_finite_weights("probe", pair_encoder, "the pair encoder")
+        if isinstance(objective, str):
+            objective = get_objective(objective)
+        if pairs is None:
+            raise ValueError(
+                "Prober: pairs= is required: the directions come from the pair source and are kept for every "
+                "later call, so they cannot come from each call's probe items (normfast.probe's SimCSE default); "
+                "pass the items or pairs to draw virtual batches from, e.g. Prober(encoder, 'simcse', pairs=sentences)"
+            )
+        self.encoder = encoder
+        self.objective = objective
+        # a loaded artifact's pair source may be its fingerprint alone (runner.artifact.SavedPairs)
+        self.pairs = pairs if getattr(pairs, "detached", False) else as_pair_source(pairs, objective, ())
+        self.config = config
+        self.pair_encoder = pair_encoder
+        self.second_moments = second_moments
+        self.model_name = str(model_name)
+        self.progress = progress
+        self.store = DirectionStore()
+        self.source = "computed"  # or the folder the directions were read from
+        self._identity: dict[str, Any] | None = None
+        self._stamp: tuple | None = None
+        self.pair_hashes: dict[bool, str] = {}
+
+    # -- what the directions depend on -----------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Whether the directions are held (computed, or readable from a saved artifact)."""
+        s = self.store
+        return s.directions is not None or s.plan is not None or s.reader is not None
+
+    def _weights_stamp(self) -> tuple:
+        """Every parameter's and buffer's storage and in-place version: any replacement or in-place change
+        (an optimizer step, ``load_state_dict``) moves it."""
+        modules = [self.encoder] + ([self.pair_encoder] if self.pair_encoder is not None else [])
+        return tuple(
+            (name, t.data_ptr(), t._version) for m in modules for name, t in (*m.named_parameters(), *m.named_buffers())
+        )
+
+    def _model_identity(self) -> dict[str, Any]:
+        """The model's fingerprints (weights, tokenizer, settings, the pair encoder's), computed once;
+        refuses weights changed since the directions were computed."""
+        stamp = self._weights_stamp()
+        if self._identity is not None and stamp == self._stamp:
+            return self._identity
+        if self._identity is not None and self.ready:
+            changed = next((a[0] for a, b in zip(stamp, self._stamp) if a != b), "a parameter")
+            raise ValueError(
+                f"Prober.probe: the model's weights changed since its directions were computed ({changed} "
+                f"first); the directions hold for the weights they came from: make a new Prober"
+            )
+        check_finite_weights("probe", self.encoder)
+        if self.pair_encoder is not None:
+            check_finite_weights("probe", self.pair_encoder, "the pair encoder")
+        self._identity = {
+            "model_fingerprint": hash_model(self.encoder),
+            "tokenizer_fingerprint": hash_tokenizer(encoder_tokenizer(self.encoder)),
+            "encoder_settings": self.encoder.settings(),
+            "pair_encoder": None if self.pair_encoder is None else _identity(self.pair_encoder),
+        }
+        self._stamp = stamp
+        return self._identity
+
+    def _pair_fingerprint(self, run: ProbeRun, every_pair: bool) -> str:
+        """The pair source's hash: of the pairs the virtual batches draw (every pair: the snapshot's
+        trajectory draws its own); computed once per kind and kept in ``pair_hashes``."""
+        if every_pair not in self.pair_hashes:
+            drawn = None if every_pair else np.concatenate([np.ravel(b) for b in run.batches])
+            self.pair_hashes[every_pair] = hash_pairs(self.pairs, drawn)
+        return self.pair_hashes[every_pair]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What the directions depend on: the engine version, the model, the objective, the pair
+        source, the settings and given second moments (a saved artifact's manifest holds it)."""
+        from normfast import __version__
+        from normfast.engine.runner.artifact import DIRECTION_FIELDS
+
+        ident = self._model_identity()
+        run = self.new_run(0, False, None)
+        settings = {k: getattr(self.config, k) for k in DIRECTION_FIELDS}
+        if settings["batch_indices"] is not None:
+            settings["batch_indices"] = hash_items([list(map(int, b)) for b in settings["batch_indices"]])
+        return {
+            "normfast": __version__,
+            "model": ident["model_fingerprint"],
+            "tokenizer": ident["tokenizer_fingerprint"],
+            "encoder_settings": ident["encoder_settings"],
+            "pair_encoder": ident["pair_encoder"],
+            "objective": {"name": self.objective.name, "settings": objective_settings(self.objective)},
+            "pairs": {"n": len(self.pairs), "drawn": self._pair_fingerprint(run, False)},
+            "second_moments": hash_items(sorted(self.second_moments.items())) if self.second_moments else None,
+            "settings": settings,
+        }
+
+    def new_run(self, n_items: int, progress: bool, shard: Any) -> ProbeRun:
+        """One call's run state (a :class:`~normfast.engine.runner.state.ProbeRun`) over this Prober's
+        direction store: what :meth:`probe` walks, and what the artifact code fills or reads the store
+        through. An engine entry, not a user's: the API page leaves it out (docs/hooks.py)."""
+        return ProbeRun(
+            self.encoder,
+            self.objective,
+            self.pairs,
+            self.config,
+            self.pair_encoder,
+            progress,
+            self.second_moments,
+            shard=shard,
+            n_items=n_items,
+            store=self.store,
+        )
+
+    # -- directions ---------------------------------------------------------------------
+    def prepare(self) -> "Prober":
+        """Compute (or read) the directions now, so that the first :meth:`probe` pays only the per-item
+        pass; returns the Prober. Directions that do not fit the memory budget are not kept (see the
+        module's docstring); adaptive M chooses M on the first call's items, so it waits for that call."""
+        if self.config.target_rse is not None:
+            if self.store.plan is None:
+                raise ValueError(
+                    "Prober.prepare: adaptive M (config.target_rse) chooses M on the first call's probe items; "
+                    "call probe() first, or fix M with batches= and target_rse=None"
+                )
+            return self
+        self._model_identity()
+        run = self.new_run(0, self.progress, current_shard())
+        if run.fits():
+            run.all_directions()
+        elif self.config.drift_from_mean:
+            run.drift_directions()
+        return self
+
+    def save(self, folder: str | Path, *, overwrite: bool = False) -> Path:
+        """Write the directions to ``folder`` (computing them first if needed): one safetensors file per
+        direction and a JSON manifest with their fingerprint (:mod:`normfast.engine.runner.artifact`).
+        Returns the folder. :meth:`load` reads them back for the same model and settings."""
+        from normfast.engine.runner.artifact import save_directions
+
+        return save_directions(self, Path(folder), overwrite=overwrite)
+
+    @classmethod
+    def load(
+        cls,
+        folder: str | Path,
+        encoder: Encoder | str | torch.nn.Module,
+        objective: Any = None,
+        pairs: Any = None,
+        config: ProbeConfig | None = None,
+        *,
+        pair_encoder: Encoder | None = None,
+        second_moments: Mapping[str, torch.Tensor] | None = None,
+        model_name: str | None = None,
+        progress: bool = True,
+    ) -> "Prober":
+        """A Prober over the directions saved in ``folder`` for ``encoder``.
+
+        ``objective``, ``pairs`` and ``config`` default to those the directions were made with (the
+        pair source by its fingerprint only: pass ``pairs`` for ``config.snapshot``). Whatever is given
+        must match the manifest: the model's weights and tokenizer, the encoder's settings, the
+        objective, the pair source, the direction settings (a ``config`` may differ in lr,
+        weight_decay, momentum, output, mode, chunking and error bars: those act per item) and the
+        engine version; a mismatch is refused in one line naming what differs.
+        """
+        from normfast.engine.runner.artifact import load_directions
+
+        return load_directions(
+            cls,
+            Path(folder),
+            encoder,
+            objective,
+            pairs,
+            config,
+            pair_encoder=pair_encoder,
+            second_moments=second_moments,
+            model_name=model_name,
+            progress=progress,
+        )
+
+    # -- one call ---------------------------------------------------------------------
+    def probe(
+        self,
+        items: Sequence[Any],
+        out: str | Path | None = None,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        ids: Sequence[str] | None = None,
+        progress: bool | None = None,
+        distributed: bool = True,
+    ) -> ProbeResult:
+        """Probe ``items`` with the kept directions (computed at the first call): the per-item pass only.
+
+        ``items``, ``out``, ``resume``, ``overwrite``, ``ids`` and ``distributed`` are those of
+        :func:`normfast.probe`; ``progress`` defaults to the Prober's. Returns a :class:`ProbeResult`
+        whose table equals ``normfast.probe``'s for the same items, pairs, config and seed.
+        """
+        config = self.config
+        progress = self.progress if progress is None else progress
+        probes = as_probe_sequence(items)
+        if len(probes) == 0:
+            raise ValueError("probe: expected at least one probe item, got an empty probe set")
+        if config.snapshot and getattr(self.pairs, "detached", False):
+            raise ValueError(
+                "Prober.probe: config.snapshot trains a copy of the model on the pair source, which these "
+                "loaded directions came without: pass pairs= to Prober.load"
+            )
+        unknown = unknown_token_warning(self.encoder, probes)
+        if unknown is not None:
+            warnings.warn(unknown, UserWarning, stacklevel=2)
+        if ids is None and callable(getattr(probes, "ids", None)):  # e.g. corpus windows: "DOC_ID/WINDOW"
+            ids = probes.ids()
+        if ids is not None:
+            ids = [str(i) for i in ids]
+            if len(ids) != len(probes):
+                raise ValueError(f"probe: expected one id per probe item, got {len(ids)} ids for {len(probes)} items")
+        ident = self._model_identity()
+        shard = current_shard() if distributed else None
+        n_items = len(probes)
+        run = self.new_run(n_items, progress and (shard is None or shard.is_root), shard)
+        metadata = self._metadata(run, probes, ids, ident, n_items)
+        spec = {k: metadata[k] for k in metadata if k not in ("versions", "device")}
+        # the world size is not part of the spec: a run may be resumed with any number of ranks
+        key = fingerprint(spec)
+        metadata["spec_fingerprint"] = key
+        metadata["world_size"] = 1 if shard is None else shard.world_size
+        if shard is not None:
+            shard.check_agree(key, "arguments")
+        return self._run(run, probes, ids, metadata, spec, key, shard, out, resume, overwrite)
+
+    def _metadata(
+        self, run: ProbeRun, probes: Sequence[Any], ids: Sequence[str] | None, ident: dict, n_items: int
+    ) -> dict[str, Any]:
+        config = self.config
+        second = self.second_moments
+        inputs = {  # what the rows depend on besides the settings; named when a resume is refused
+            "probes": hash_items(probes),
+            "pairs": self._pair_fingerprint(run, bool(config.snapshot)),
+            "ids": hash_items(ids) if ids is not None else None,
+            "second_moments": hash_items(sorted(second.items())) if second else None,
+        }
+        metadata = {
+            "schema_version": SCHEMA_VERSION,
+            "model": self.model_name,
+            "model_fingerprint": ident["model_fingerprint"],
+            "tokenizer_fingerprint": ident["tokenizer_fingerprint"],
+            "encoder_settings": ident["encoder_settings"],
+            "pair_encoder": ident["pair_encoder"],
+            "encoder_note": getattr(self.encoder, "note", None),
+            "objective": self.objective.name,
+            "temperature": getattr(self.objective, "temperature", None),
+            "objective_settings": objective_settings(self.objective),
+            "optimizer": config.optimizer,
+            "lr": config.lr,
+            "weight_decay": config.weight_decay,
+            "momentum": config.momentum,
+            "M": config.batches,
+            "M_D": config.drift_batches if config.drift_from_mean else None,
+            "M_initial": config.batches,
+            "groups": run.groups if config.uncertainty or config.drift_from_mean else None,
+            "uncertainty": config.uncertainty,
+            "batch_size": config.batch_size,
+            "seed": config.seed,
+            "mode": run.mode,
+            "output": config.output,
+            "params": config.params,
+            "n_probed_parameters": len(run.names),
+            "cut_stage": run.cut,
+            "branch": run.branch,
+            "n_items": n_items,
+            "n_pairs": len(self.pairs),
+            "chunk_size": config.chunk_size,
+            "max_length": getattr(self.encoder, "max_length", None),
+            "versions": library_versions(),
+            "device": device_name(run.device),
+            "config": asdict(config),
+            "input_fingerprints": inputs,
+        }
+        if callable(getattr(probes, "describe", None)):  # e.g. corpus windows: documents, windows, stride
+            metadata["corpus"] = probes.describe()
+        return metadata
+
+    def _run(
+        self,
+        run: ProbeRun,
+        probes: Sequence[Any],
+        ids: Sequence[str] | None,
+        metadata: dict[str, Any],
+        spec: dict[str, Any],
+        key: str,
+        shard: Any,
+        out: str | Path | None,
+        resume: bool,
+        overwrite: bool,
+    ) -> ProbeResult:
+        config = self.config
+        n_items = len(probes)
+        n_chunks = math.ceil(n_items / config.chunk_size)
+        writer = None
+        done: set[int] = set()
+        if out is not None:
+            out = Path(out)
+            finished, writer, done = open_output(out, spec, key, shard, resume, overwrite)
+            run.writer = writer
+            if finished is not None:
+                return finished
+        tables: dict[int, pa.Table] = {}
+
+        def emit(c: int, table: pa.Table) -> None:
+            if writer is not None:
+                writer.write_chunk(c, table)
+            else:
+                tables[c] = table
+
+        if config.snapshot:  # before the chunks: every chunk's rows take their slice of it
+            from normfast.engine.trajectory.snapshot import snapshot_prediction
+
+            with abandoned_if_not_finite(writer):
+                run.snapshot = snapshot_prediction(
+                    self.encoder,
+                    probes,
+                    self.objective,
+                    self.pairs,
+                    config,
+                    second_moments=self.second_moments,
+                    progress=run.progress,
+                )
+            metadata["snapshot"] = run.snapshot.info
+        todo = [c for c in range(n_chunks) if c not in done]
+        mine = todo if shard is None else chunks_for_rank(todo, shard.rank, shard.world_size)
+        t0 = time.perf_counter()
+        failure = None
+        try:
+            if todo:  # every rank takes part (directions are collective), even one with no chunks of its own
+                with abandoned_if_not_finite(writer):
+                    run_chunks(run, probes, ids, mine, emit)
+        except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
+            if shard is None:
+                raise
+            failure = exc
+        seconds = round(time.perf_counter() - t0, 3)
+        metadata["M"] = run.M
+        if run.adaptive is not None:
+            metadata["adaptive"] = run.adaptive
+        if shard is None:
+            metadata["seconds"] = seconds
+            if writer is not None:
+                metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
+                inputs = heat_inputs(writer.chunk_columns(0))
+                reference = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
+                metadata["heat_reference"] = reference
+                path = writer.finalize(n_chunks, metadata, lambda t: with_relative_heat(t, reference))
+                return ProbeResult.from_files([path], metadata, path)
+            table = pa.concat_tables([tables[c] for c in range(n_chunks)])
+            metadata["regime"] = run_regime([table])
+            metadata["heat_reference"] = heat_reference([table])
+            table = with_relative_heat(table, metadata["heat_reference"])
+            meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
+            return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
+        return finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds)
+
+    def __repr__(self) -> str:
+        state = "directions held" if self.ready else "directions at first use"
+        src = "" if self.source == "computed" else f", read from {self.source}"
+        return f"Prober({self.model_name!r}, {self.objective.name}, {len(self.pairs)} pairs, {state}{src})"
+
+
+def _identity(encoder: Encoder) -> dict[str, Any]:
+    """What makes an encoder's embeddings: its settings, weights and tokenizer (for the pair encoder)."""
+    return {
+        "settings": encoder.settings(),
+        "model_fingerprint": hash_model(encoder),
+        "tokenizer_fingerprint": hash_tokenizer(encoder_tokenizer(encoder)),
+    }

