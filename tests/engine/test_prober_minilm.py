@@ -1,15 +1,14 @@
-"""The Prober at the demo's settings on the real all-MiniLM-L6-v2 (issue 35's check): the last layer
-probed (``encoder\\.layer\\.5\\.``), SimCSE, token rows, M = 16, K = 8, M_D = 256 drift batches of 32.
+"""The Prober on the real all-MiniLM-L6-v2, its last layer probed (``encoder\\.layer\\.5\\.``),
+SimCSE, token rows, at small sizes (M = 4, K = 2, M_D = 8 drift batches of 8):
 
-* a second ``Prober.probe`` of 10 new sentences in one process is at least 20 times faster than the
-  first call (which computed the directions), and its table equals a fresh ``normfast.probe`` of those
-  sentences with the same explicit pair source, value for value;
+* a second ``Prober.probe`` of 10 new sentences in one process equals a fresh ``normfast.probe`` of
+  those sentences with the same explicit pair source, value for value;
 * the directions saved and loaded in a new process give the same table;
 * saved directions are refused for another seed or another objective temperature, naming it.
 
-The timings are printed (run with ``-s`` to see them):
-
-    HF_HUB_OFFLINE=1 python -m pytest -q -s tests/engine/test_prober_minilm.py
+The same checks at the demo's settings (M = 16, K = 8, M_D = 256), with the speed-up of the second
+call and ``normfast serve``'s answer time, are ``python -m bench run prober`` (docs/backend.md): half
+an hour on a 2-core machine, too long for the suite.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 from pathlib import Path
 
@@ -61,41 +59,31 @@ SECOND = [
 def demo_config() -> normfast.ProbeConfig:
     return normfast.ProbeConfig(
         params=r"encoder\.layer\.5\.",
-        mode="jvp",
         output="tokens",
-        batches=16,
-        groups=8,
-        drift_batches=256,
-        batch_size=32,
+        batches=4,
+        groups=2,
+        drift_batches=8,
+        batch_size=8,
         chunk_size=128,
     )
 
 
 def pair_source() -> list[str]:
-    """The explicit pair source: the demo's kind of items, the 512 most common English words."""
+    """The explicit pair source: the demo's kind of items, the 64 most common English words."""
     from normfast.data.word_frequencies import top_words
 
-    return top_words(512)
+    return top_words(64)
 
 
-def test_second_call_is_fast_equals_a_fresh_probe_and_loads_in_a_new_process(tmp_path):
+def test_second_call_equals_a_fresh_probe_and_loads_in_a_new_process(tmp_path):
     encoder = normfast.load_encoder("all-MiniLM-L6-v2")
     words = pair_source()
     prober = normfast.Prober(encoder, "simcse", pairs=words, config=demo_config(), progress=False)
-    t0 = time.perf_counter()
+    assert not prober.ready
     prober.probe(FIRST)
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    assert prober.ready  # the second call reuses the directions of the first
     second = prober.probe(SECOND)
-    again = time.perf_counter() - t0
-    t0 = time.perf_counter()
     fresh = normfast.probe(encoder, SECOND, "simcse", words, demo_config(), progress=False)
-    fresh_seconds = time.perf_counter() - t0
-    print(
-        f"\nfirst call {first:.2f} s, second call {again:.3f} s: {first / again:.0f}x; "
-        f"a fresh normfast.probe of the second call's sentences {fresh_seconds:.2f} s"
-    )
-    assert first / again >= 20, (first, again)
     assert_same_rows(second, fresh)
 
     folder = prober.save(tmp_path / "directions")
