@@ -33,7 +33,7 @@ import pyarrow as pa
 
 #: version of the output format written by this normfast (``metadata["schema_version"]``).
 #: Files without the key predate versioning (version 1).
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 #: the Parquet schema metadata key under which a run's metadata (:data:`METADATA_KEYS`) is stored, as JSON
 METADATA_KEY = b"normfast"
@@ -54,6 +54,8 @@ CHANGES = {
     "(the run's common level and its standard error); norm_continued beside r_eq_snapshot",
     8: "intervals of the snapshot predictor: r_eq_snapshot_lo/hi and norm_continued_lo/hi columns; "
     "interval_segments in the snapshot metadata",
+    9: "the virtual objective's health: objective_health and pair_source metadata; the regime "
+    "`objective saturated` (reason `objective_saturated`)",
 }
 
 
@@ -249,15 +251,17 @@ COLUMNS: tuple[Column, ...] = (
         "regime",
         "string",
         "always",
-        "`law applicable`, `heat-dominated` (r_eq_heat is the prediction) or `not applicable` "
-        "(r_eq is no prediction; V2 and D are still measured)",
+        "`law applicable`, `heat-dominated` (r_eq_heat is the prediction), `not applicable` "
+        "(r_eq is no prediction; V2 and D are still measured) or `objective saturated` (the virtual "
+        "loss is near 0: r_eq is no finding about the row; its relative heat still ranks it)",
     ),
     Column(
         "regime_reason",
         "string",
         "always",
         "the check that decided the row: `invalid`, `no_update`, `no_decay`, `undecayed_sets_scale`, "
-        "`kappa_nonpositive`, `kappa_small`, `drift_small`, `drift_resolved`, `drift_unresolved`",
+        "`kappa_nonpositive`, `kappa_small`, `objective_saturated`, `drift_small`, `drift_resolved`, "
+        "`drift_unresolved`",
     ),
 )
 
@@ -346,6 +350,19 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
         "share of rows in each class (`fractions`), the thresholds, and a sentence in plain "
         "words (see `normfast.engine.diagnostics.regime`)",
     ),
+    MetadataKey(
+        "objective_health",
+        "the virtual objective's health over every batch the run computed: `batches`, `groups`, "
+        "`loss_mean` ± `loss_se` (over the K groups), `batch_size`, `chance` (log batch size), "
+        "`loss_to_chance`, `grad_norm` (p10/median/p90 of the gradient norm over the probed "
+        "parameters), `saturated` and its threshold `saturated_below` (see "
+        "`normfast.engine.diagnostics.health`)",
+    ),
+    MetadataKey(
+        "pair_source",
+        "what the virtual batches are drawn from: `kind` (`pairs`, `labels`, `items`), `n` (how many) "
+        "and `what` (in words, e.g. `sentences of the corpus`)",
+    ),
 )
 
 #: schema version -> fingerprint of the registry it was released with
@@ -357,6 +374,7 @@ RELEASED = {
     6: "e06d2ab48ed9b48d",
     7: "feb8b2f21ad06ca2",
     8: "859ee96b1536b587",
+    9: "ec01f64598041aaa",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

@@ -279,6 +279,7 @@ def probe(
         failure = exc
     seconds = round(time.perf_counter() - t0, 3)
     metadata["M"] = run.M
+    metadata["objective_health"] = run.objective_health()
     if run.adaptive is not None:
         metadata["adaptive"] = run.adaptive
     if shard is None:

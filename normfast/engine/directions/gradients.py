@@ -199,6 +199,11 @@ class Directions:
     drift: DriftMeans | None = None
     second_moments: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     first_batch: int = 0  # global index of directions[0] (it sets the batch's group)
+    #: global batch index -> (objective value, gradient norm over the probed parameters), for every
+    #: batch the pass went through (the drift's M_D included): the virtual objective's health
+    batch_stats: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: probed parameters that no batch of this pass reached (their displacement is zero)
+    unused: list[str] = field(default_factory=list)
 
     @property
     def M(self) -> int:
@@ -314,6 +319,7 @@ def compute_directions(
     second_moments: Mapping[str, torch.Tensor] | None = None,
     keep: int | None = None,
     drift_groups: int = 0,
+    warn_unused: bool = True,
 ) -> Directions:
     """Gradients of the objective on each virtual batch, mapped to update directions.
 
@@ -327,7 +333,9 @@ def compute_directions(
     (default: all). ``drift_groups`` K > 0: also sum the directions of ALL the
     batches per group (batch ``batch_offset + b`` in group ``(batch_offset + b)
     mod K``) into :attr:`Directions.drift`, one running sum per group, so that
-    ``M_D`` batches cost K gradients of memory, not ``M_D``.
+    ``M_D`` batches cost K gradients of memory, not ``M_D``. ``warn_unused``: warn here about probed
+    parameters no batch reaches (a run that computes directions several times warns once itself,
+    from :attr:`Directions.unused`).
     """
     keep = len(batches) if keep is None else keep
     if drift_groups:
@@ -351,6 +359,7 @@ def compute_directions(
     sums: list[dict[str, torch.Tensor]] = [dict() for _ in range(drift_groups)]
     square_sum: dict[str, torch.Tensor] = {}
     touched: set[str] = set()
+    batch_stats: dict[int, tuple[float, float]] = {}
     for gb, g, loss in iter_gradients(
         encoder,
         objective,
@@ -365,6 +374,7 @@ def compute_directions(
         check_invariance=check_invariance,
     ):
         b = gb - batch_offset
+        batch_stats[gb] = (loss, gradient_norm(g))
         if b < keep:
             grads.append(g)
             losses.append(loss)
@@ -382,12 +392,8 @@ def compute_directions(
                 touched.add(n)
 
     unused = [n for n in names if n not in touched]
-    if unused:
-        warnings.warn(
-            f"compute_directions: parameters {unused[:5]} receive no gradient from the objective; "
-            f"their displacement is zero",
-            stacklevel=2,
-        )
+    if unused and warn_unused:
+        warnings.warn(unused_warning(unused), stacklevel=2)
 
     estimated: dict[str, torch.Tensor] = {}
     for n in adam:
@@ -419,7 +425,26 @@ def compute_directions(
             f"decay; the equilibrium law needs decay (kappa would be 0)"
         )
     branch_of = {n: presets[n].branch for n in names}
-    return Directions(list(names), branch_of, grads, decayed, losses, drift, estimated or None, batch_offset)
+    return Directions(
+        list(names), branch_of, grads, decayed, losses, drift, estimated or None, batch_offset, batch_stats, unused
+    )
+
+
+def gradient_norm(grads: Mapping[str, torch.Tensor]) -> float:
+    """``‖ĝ_B‖``: the Euclidean norm of one batch's gradient over all the probed parameters (float64)."""
+    total = 0.0
+    for g in grads.values():
+        total += float(g.double().square().sum())
+    return total**0.5
+
+
+def unused_warning(unused: Sequence[str]) -> str:
+    """The one-line warning for probed parameters no virtual batch reaches."""
+    shown = ", ".join(unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+    return (
+        f"probe: {len(unused)} probed parameter(s) receive no gradient from the objective ({shown}); their "
+        f"displacement is zero (e.g. a pooler the embedding does not use: leave it out of params)"
+    )
 
 
 def _warn_if_not_scale_invariant(

@@ -53,7 +53,7 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
                 ms=3,
                 alpha=0.4,
                 color="0.6",
-                label="law not applicable (no prediction)",
+                label="no prediction (law not applicable, or objective saturated)",
             )
         if f"{col}_lo" in names:
             lo, hi = result.column(f"{col}_lo")[valid], result.column(f"{col}_hi")[valid]

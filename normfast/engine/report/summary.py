@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from normfast.core.stats import loglog_fit, quantiles, spearman
-from normfast.engine.diagnostics.regime import NOT_APPLICABLE, classify_rows, fit_context, headline, run_regime
+from normfast.engine.diagnostics.health import health_line
+from normfast.engine.diagnostics.regime import PREDICTIVE, classify_rows, fit_context, headline, run_regime
 from normfast.engine.diagnostics.relative_heat import RESOLUTION_RANK, ranking_resolution
 
 #: special-token texts, for runs written before the ``is_special`` column existed
@@ -66,7 +67,7 @@ def applicable_rows(result) -> np.ndarray:
     used = used_rows(result)
     if "regime" not in result.column_names:
         return used
-    return used & (result.column("regime") != NOT_APPLICABLE)
+    return used & np.isin(result.column("regime").astype(str), PREDICTIVE)
 
 
 def summarize(result) -> dict[str, Any]:
@@ -251,7 +252,10 @@ def format_summary(result, top: int = 8) -> str:
     if regime is None or "regime" not in regime:
         lines.append("regime: not checked (the run lacks the columns the check needs)")
     else:
-        lines += headline(regime)
+        lines += headline(regime, meta.get("objective_health"))
+    health = health_line(meta.get("objective_health"))
+    if health is not None:
+        lines.append(health)
     if meta.get("encoder_note"):
         lines.append(f"encoder: {meta['encoder_note']}")
     lines.append(

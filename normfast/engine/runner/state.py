@@ -5,6 +5,7 @@ and the progress bar over the chunks."""
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -13,11 +14,13 @@ from tqdm.auto import tqdm
 
 from normfast.encoders import Encoder
 from normfast.engine.config import ProbeConfig
+from normfast.engine.diagnostics.health import objective_health
 from normfast.engine.directions.gradients import (
     Directions,
     compute_directions,
     estimate_second_moments,
     resolve_parameters,
+    unused_warning,
 )
 from normfast.engine.estimators.accumulator import ProbeAccumulator
 from normfast.engine.estimators.drift import drift_from_groups
@@ -85,6 +88,9 @@ class ProbeRun:
         self.snapshot = None  # the single-snapshot predictor (config.snapshot), for every item at once
         self.writer = None  # set by probe when it writes files (the resume state lives beside them)
         self.truncation_warned = False  # inputs cut at the model's maximum length: warned once per run
+        #: every virtual batch's (objective value, gradient norm) seen so far: the objective's health
+        self.batch_stats: dict[int, tuple[float, float]] = {}
+        self.unused_warned = False  # probed parameters no batch reaches: warned once per run
 
     def _choose_mode(self) -> str:
         mode = self.config.mode
@@ -122,7 +128,7 @@ class ProbeRun:
     def _shared(self, compute: Callable[[], Directions]) -> Directions:
         """Sharded: computed on rank 0 only and broadcast (a collective: every rank calls it)."""
         if self.shard is None:
-            return compute()
+            return self._noted(compute())
         dirs, failure = None, None
         if self.shard.is_root:
             try:
@@ -130,7 +136,20 @@ class ProbeRun:
             except Exception as exc:  # noqa: BLE001 - re-raised on every rank
                 failure = exc
         self.shard.raise_if_root_failed(failure)
-        return self.shard.share_directions(dirs, self.device)
+        return self._noted(self.shard.share_directions(dirs, self.device))
+
+    def _noted(self, dirs: Directions) -> Directions:
+        """Keep the batches' objective values and gradient norms; warn once about unreached parameters."""
+        self.batch_stats.update(dirs.batch_stats)
+        if dirs.unused and not self.unused_warned:
+            self.unused_warned = True
+            if self.shard is None or self.shard.is_root:
+                warnings.warn(unused_warning(dirs.unused), UserWarning, stacklevel=2)
+        return dirs
+
+    def objective_health(self) -> dict[str, Any]:
+        """The virtual objective's health over every batch seen (:mod:`normfast.engine.diagnostics.health`)."""
+        return objective_health(self.batch_stats, self.config.batch_size, self.groups)
 
     def checkpoint(self, failure: BaseException | None) -> None:
         """Sharded: every rank learns whether any rank failed (a collective); raise if one did."""
@@ -163,6 +182,7 @@ class ProbeRun:
                 keep=len(batch_ids),
                 drift_groups=self.groups,
                 check_invariance=True,
+                warn_unused=False,
                 **common,
             )
             if dirs.second_moments:
@@ -197,6 +217,7 @@ class ProbeRun:
             batch_offset=batch_ids[0],
             check_invariance=batch_ids[0] == 0 and not cfg.drift_from_mean,
             second_moments=second,
+            warn_unused=False,
             **common,
         )
 

@@ -79,6 +79,7 @@ def _stat_specs(result, stats: Sequence[str]) -> list[dict[str, Any]]:
 def _header(
     result, scanned: dict[str, Any], shown_docs: int, all_docs: bool, cut: bool, seed: int, notes: str | None
 ) -> dict[str, Any]:
+    from normfast.engine.diagnostics.health import health_line, loss_text
     from normfast.engine.diagnostics.regime import fit_context, headline
     from normfast.engine.report.summary import result_regime, run_line
 
@@ -92,7 +93,10 @@ def _header(
     if regime is None or "regime" not in regime:
         lines.append("regime: not checked (the run lacks the columns the check needs)")
     else:
-        lines += [ln.strip() for ln in headline(regime)]
+        lines += [ln.strip() for ln in headline(regime, meta.get("objective_health"))]
+    health = health_line(meta.get("objective_health"))
+    if health is not None:
+        lines.append(health)
     if meta.get("encoder_note"):
         lines.append(f"encoder: {meta['encoder_note']}")
     lines.append(
@@ -133,6 +137,8 @@ def _header(
         ("M_D (drift batches)", meta.get("M_D") or "per batch of M"),
         ("K (batch groups)", meta.get("groups")),
         ("batch size", meta.get("batch_size")),
+        ("batches drawn from", "{n:,} {what}".format(**meta["pair_source"]) if meta.get("pair_source") else None),
+        ("virtual loss", loss_text(meta.get("objective_health"))),
         ("mode", meta.get("mode")),
         ("output", meta.get("output")),
         ("probed", meta.get("params")),
@@ -441,7 +447,7 @@ def summary_html(result) -> str:
     regime = meta.get("regime")
     if n > SUMMARY_ROWS_LIMIT or not isinstance(regime, dict) or "regime" not in regime:
         if isinstance(regime, dict) and "regime" in regime:
-            parts += [f"<div>{esc(ln.strip())}</div>" for ln in headline(regime)]
+            parts += [f"<div>{esc(ln.strip())}</div>" for ln in headline(regime, meta.get("objective_health"))]
         if n > SUMMARY_ROWS_LIMIT:
             parts.append(
                 f"<div>(over {SUMMARY_ROWS_LIMIT:,} rows: call <code>result.summary()</code> for the "
@@ -450,7 +456,7 @@ def summary_html(result) -> str:
             return "<div class='normfast-result'>" + "".join(parts) + "</div>"
     s = summarize(result)
     if s["regime"] is not None and "regime" in s["regime"]:
-        parts += [f"<div>{esc(ln.strip())}</div>" for ln in headline(s["regime"])]
+        parts += [f"<div>{esc(ln.strip())}</div>" for ln in headline(s["regime"], meta.get("objective_health"))]
     cols = ("norm", result.drift_column, result.heat_column, "kappa", "r_eq", "r_eq_heat")
     body = "".join(
         f"<tr><td>{esc(c)}</td>" + "".join(f"<td>{s[c][q]:.4g}</td>" for q in ("p10", "median", "p90")) + "</tr>"

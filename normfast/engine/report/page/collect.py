@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from normfast.engine.diagnostics.regime import REGIMES as REGIME_CLASSES
+
 DEFAULT_DOCS = 2000
 DEFAULT_MAX_ROWS = 20_000
 DEFAULT_MAX_TYPES = 20_000
@@ -33,7 +35,7 @@ DEFAULT_MAX_TYPES = 20_000
 HIST_LO, HIST_STEP, HIST_BINS = -16.0, 0.05, 640
 #: columns a table must have to be viewed as a probe run
 REQUIRED = ("item", "position", "norm", "valid", "kappa", "r_eq")
-REGIMES = ("law applicable", "heat-dominated", "not applicable")
+REGIMES = REGIME_CLASSES  # the row regimes, in the order the page's data indexes them
 
 
 def _fail(msg: str) -> None:

@@ -466,16 +466,18 @@
           "predicted r_eq (log)", "observed norm (log)", xa, ya);
     // the identity, where norms would sit if the model were at its equilibrium
     var a = Math.max(lo, Math.pow(10, Math.max(xa.lo, ya.lo))), b = Math.min(hi, Math.pow(10, Math.min(xa.hi, ya.hi)));
-    if (b > a) svg(box, "path", { d: "M" + xa.map(a) + " " + ya.map(a) + "L" + xa.map(b) + " " + ya.map(b),
-                                  stroke: "#999", "stroke-dasharray": "4 3", fill: "none" });
+    var identity = b > a;
+    if (identity) svg(box, "path", { d: "M" + xa.map(a) + " " + ya.map(a) + "L" + xa.map(b) + " " + ya.map(b),
+                                     stroke: "#999", "stroke-dasharray": "4 3", fill: "none" });
     var mp = function (p) { return [xa.map(p[0]), ya.map(p[1])]; };
     dots(box, other.map(mp), "#b5bbc1", 3.2, 0.7);
     dots(box, heatDom.map(mp), "#e08214", 3.6, 0.8);
     dots(box, applies.map(mp), "#b2182b", 3.6, 0.8);
     cap.innerHTML = chipText("#b2182b", "law applicable (" + applies.length + ")") + " &nbsp; " +
       chipText("#e08214", "heat-dominated (" + heatDom.length + ")") + " &nbsp; " +
-      chipText("#b5bbc1", "law not applicable, greyed (" + other.length + ")") +
-      " &nbsp; dashed: norm = r_eq. " + (DATA.sample.all ? "All rows" : "The sampled rows") +
+      chipText("#b5bbc1", "no prediction (law not applicable, or objective saturated), greyed (" + other.length + ")") +
+      (identity ? " &nbsp; dashed: norm = r_eq. " : " &nbsp; (norm = r_eq lies outside these axes: r_eq and the norms do not overlap.) ") +
+      (DATA.sample.all ? "All rows" : "The sampled rows") +
       " with valid statistics, special tokens left out.";
   }
 
