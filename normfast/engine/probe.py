@@ -69,7 +69,7 @@ import torch
 
 from normfast.core.checks import check_finite_weights
 from normfast.data.io import fingerprint
-from normfast.data.pairs import as_pair_source
+from normfast.data.pairs import as_pair_source, check_batch_size
 from normfast.data.schema import METADATA_KEY, SCHEMA_VERSION
 from normfast.encoders import Encoder
 from normfast.encoders.tokenizing import unknown_token_warning
@@ -153,19 +153,23 @@ def probe(
 
     config = config or ProbeConfig()
     config.validate()
-    if model_name is None:
-        model_name = encoder if isinstance(encoder, str) else type(encoder).__name__
-    if not isinstance(encoder, Encoder):
-        encoder = load_encoder(encoder)
-    # a NaN or infinite weight makes every row NaN: said now, before the run's folder exists
-    check_finite_weights("probe", encoder)
-    if pair_encoder is not None:
-        check_finite_weights("probe", pair_encoder, "the pair encoder")
     if isinstance(objective, str):
         objective = get_objective(objective)
     probes = _as_probe_sequence(probes)
     if len(probes) == 0:
         raise ValueError("probe: expected at least one probe item, got an empty probe set")
+    # the virtual batches' source, and whether a batch fits in it: said before the model is touched
+    pairs = as_pair_source(pairs, objective, probes)
+    if config.batch_indices is None:
+        check_batch_size("probe", config.batch_size, pairs)
+    if not isinstance(encoder, Encoder):
+        encoder = load_encoder(encoder)
+    if model_name is None:
+        model_name = encoder.spec or type(encoder).__name__
+    # a NaN or infinite weight makes every row NaN: said now, before the run's folder exists
+    check_finite_weights("probe", encoder)
+    if pair_encoder is not None:
+        check_finite_weights("probe", pair_encoder, "the pair encoder")
     unknown = unknown_token_warning(encoder, probes)
     if unknown is not None:
         warnings.warn(unknown, UserWarning, stacklevel=2)
@@ -175,7 +179,6 @@ def probe(
         ids = [str(i) for i in ids]
         if len(ids) != len(probes):
             raise ValueError(f"probe: expected one id per probe item, got {len(ids)} ids for {len(probes)} items")
-    pairs = as_pair_source(pairs, objective, probes)
     shard = current_shard() if distributed else None
 
     n_items = len(probes)
@@ -237,6 +240,8 @@ def probe(
     # the world size is not part of the spec: a run may be resumed with any number of ranks
     key = fingerprint(spec)
     metadata["spec_fingerprint"] = key
+    # in words, for the summary and the page (not part of the spec: the same source may be named otherwise)
+    metadata["pair_source"] = {"kind": pairs.kind, "n": len(pairs), "what": pairs.what}
     metadata["world_size"] = 1 if shard is None else shard.world_size
     if shard is not None:
         shard.check_agree(key, "arguments")

@@ -131,6 +131,8 @@ def test_probe_cli_errors(tmp_path, bert_folder, capsys):
             str(words),
             "--params",
             "no_such_param",
+            "--batch-size",  # a batch fits in the 3 probes (checked first), so the parameters are next
+            "2",
             "--out",
             str(tmp_path / "x.parquet"),
             "--no-progress",

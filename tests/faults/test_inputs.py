@@ -273,8 +273,9 @@ def test_an_uncached_hub_id_fails_at_once(monkeypatch):
     monkeypatch.setattr(load, "load_transformers", network)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     t0 = time.perf_counter()
-    with pytest.raises(ValueError, match=r"not in the Hugging Face cache .*HF_HUB_OFFLINE=1 is set"):
+    with pytest.raises(ValueError, match=r"not in the Hugging Face cache .*HF_HUB_OFFLINE=1 is set") as exc:
         load_encoder("normfast-tests/certainly-not-a-cached-model")
+    assert "'all-MiniLM-L6-v2' or 'minilm'" in str(exc.value)  # what does load offline
     # online, but the hub cannot be reached: said at once, with the way to work offline
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(
