@@ -13,7 +13,18 @@ import pyarrow as pa
 
 from normfast.core.stats import loglog_fit
 from normfast.engine.diagnostics.regime import describe_short
-from normfast.engine.report.summary import applicable_rows, result_regime, token_label, token_ranking, used_rows
+from normfast.engine.report.ranking import run_ranking
+from normfast.engine.report.summary import applicable_rows, result_regime, used_rows
+
+#: font sizes of the figures (points): readable at the size the pages show them
+LABEL_SIZE, TICK_SIZE, TITLE_SIZE = 11, 10, 11
+RC = {
+    "axes.labelsize": LABEL_SIZE,
+    "xtick.labelsize": TICK_SIZE,
+    "ytick.labelsize": TICK_SIZE,
+    "legend.fontsize": TICK_SIZE - 1,
+    "axes.titlesize": TITLE_SIZE,
+}
 
 
 def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
@@ -30,7 +41,13 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    outdir = Path(outdir)
+    with plt.rc_context(RC):
+        return _make_plots(result, Path(outdir), prefix)
+
+
+def _make_plots(result, outdir: Path, prefix: str) -> list[Path]:
+    import matplotlib.pyplot as plt
+
     outdir.mkdir(parents=True, exist_ok=True)
     heat, drift = result.heat_column, result.drift_column
     valid = used_rows(result)
@@ -81,14 +98,14 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
                 lw=1,
                 label=f"slope {fit['slope']:.2f}, r {fit['pearson_r']:.2f}",
             )
-            ax.legend(loc="upper left", fontsize=8)
+            ax.legend(loc="best")
         ax.set_xlabel(f"predicted R_eq ({label})")
         ax.set_ylabel("observed norm")
     fig.suptitle(
         f"{result.metadata.get('model')}: observed norm vs equilibrium prediction\n"
         f"{describe_short(regime)}; R_eq = where norms settle if trained at the probe's "
         f"settings",
-        fontsize=9,
+        fontsize=TITLE_SIZE,
     )
     fig.tight_layout()
     p = outdir / f"{prefix}_norm_vs_req.png"
@@ -141,24 +158,39 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     paths.append(p)
 
     if "token" in result.column_names and result.column("position").max() >= 0:
-        ranking = token_ranking(result, heat)
-        k = min(15, len(ranking) // 2)
-        if k > 0:
-            pick = ranking[::-1][:k] + ranking[:k][::-1]  # bottom to top: coldest ..., then ... hottest
-            fig, ax = plt.subplots(figsize=(7, 0.25 * len(pick) + 1))
-            colors = ["tab:blue"] * k + ["tab:red"] * k
-            ax.barh(range(len(pick)), [v for _, v, _, _ in pick], color=colors)
-            ax.set_yticks(range(len(pick)))
-            ax.set_yticklabels([token_label(t, n, "") for t, _, n, _ in pick], fontsize=7)
-            ax.set_xscale("log")
-            ax.set_xlabel(f"mean {heat} per distinct token")
-            ax.set_title("coldest (blue) and hottest (red) tokens; special tokens left out", fontsize=9)
-            fig.tight_layout()
-            p = outdir / f"{prefix}_tokens.png"
-            fig.savefig(p, dpi=120)
-            plt.close(fig)
+        p = _plot_tokens(result, outdir / f"{prefix}_tokens.png")
+        if p is not None:
             paths.append(p)
     return paths
+
+
+def _plot_tokens(result, path: Path) -> Path | None:
+    """The hottest and coldest tokens, ranked as in the summary (:mod:`normfast.engine.report.ranking`)."""
+    import matplotlib.pyplot as plt
+
+    ranked = run_ranking(result)
+    if ranked is None:
+        return None
+    _, ranking = ranked
+    k = min(15, len(ranking.order) // 2)
+    if k == 0:
+        return None
+    pick = list(ranking.coldest(k)) + list(ranking.hottest(k))[::-1]  # bottom to top: coldest ..., ... hottest
+    fig, ax = plt.subplots(figsize=(7.5, 0.3 * len(pick) + 1.4))
+    ax.barh(range(len(pick)), [ranking.values[i] for i in pick], color=["tab:blue"] * k + ["tab:red"] * k)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(pick)))
+    ax.set_yticklabels([ranking.label(int(i)) for i in pick])
+    relative = ranking.key == "heat_rel_mean"
+    ax.set_xlabel("mean relative heat (log V2 minus the run's median)" if relative else f"{ranking.measure}")
+    if not relative:
+        ax.set_xscale("log")
+    title = f"coldest (blue) and hottest (red) tokens; ×n: occurrences\n{ranking.note()}"
+    ax.set_title(title, fontsize=TICK_SIZE)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def plot_type_heat(
@@ -220,8 +252,8 @@ def plot_type_heat(
     ax.set_xlabel("corpus frequency (valid occurrences)")
     ax.set_ylabel(f"mean {quantity} per type")
     if title:
-        ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+        ax.set_title(title, fontsize=TITLE_SIZE)
+    ax.legend(fontsize=TICK_SIZE - 1)
     if not own:
         return None
     fig.tight_layout()

@@ -369,8 +369,21 @@ def test_pages_load_offline_without_errors(tab, pages):
 
 
 def test_sorting_types_by_V2_puts_the_hottest_type_first(tab, pages, runs):
+    from normfast.engine.report.ranking import rank_types
+
     page = tab.open(pages["corpus"])
     agg = aggregate(runs["corpus"], by="token")
+    # at first, ranked as every list is: relative heat, types seen twice or more, no punctuation
+    ranking = rank_types(agg, min_count=2)
+    rows = page.locator("#nf-types tbody tr")
+    assert rows.first.locator("td").first.inner_text() == ranking.labels[ranking.order[0]]
+    assert rows.count() == min(len(ranking.order), 200)  # the first page of rows
+    assert page.locator("#nf-type-min").input_value() == "2"
+    note = page.locator("#nf-type-rank").inner_text()
+    assert "relative heat" in note and "seen at least 2 times" in note
+    assert f"{ranking.below_min_count} types seen fewer times and {ranking.punctuation} punctuation" in note
+    page.fill("#nf-type-min", "1")
+    page.check("#nf-type-punct")
     v2 = agg.column("V2_mean").to_numpy()
     hottest = int(np.nanargmax(v2))
     page.click("#nf-types th[data-key='V2']")

@@ -199,7 +199,10 @@ def _rows_payload(
     return out
 
 
-def _types_payload(agg: dict[str, Any], quantities: Sequence[str], min_count: int) -> dict[str, Any]:
+def _types_payload(agg: dict[str, Any], quantities: Sequence[str], min_count: int, rank_min: int) -> dict[str, Any]:
+    """The type tables; ``rank_min``: the minimum count the page ranks by at first (the summary's)."""
+    from normfast.engine.report.ranking import is_punctuation
+
     out = {}
     for by, got in agg.items():
         t: pa.Table = got["table"]
@@ -211,6 +214,8 @@ def _types_payload(agg: dict[str, Any], quantities: Sequence[str], min_count: in
             "count": _ints(t.column("count").to_numpy()),
             "occurrences": _ints(t.column("occurrences").to_numpy()),
             "min_count": min_count,
+            "rank": {"key": "heat_rel" if "heat_rel" in quantities else quantities[0], "min": rank_min},
+            "punct": [int(is_punctuation(x)) for x in label],
             "q": {},
         }
         if by == "word":
@@ -279,8 +284,19 @@ def page_data(
         for q in ("norm", result.heat_column, result.drift_column, "kappa", "r_eq", "r_eq_heat")
         if q in result.column_names
     ]
+    from normfast.engine.report.ranking import default_min_count
+
+    # the type tables add the relative heat, ranked by it as every list is (normfast.engine.report.ranking)
+    type_quantities = (["heat_rel"] if "heat_rel" in result.column_names else [result.heat_column]) + [
+        q for q in quantities if q != result.heat_column
+    ]
+    if "heat_rel" in type_quantities:
+        type_quantities.insert(1, result.heat_column)
+    rank_min = max(min_count, default_min_count(meta, result.column_names))
     types = (
-        _types_payload(collect.type_tables(result, quantities, min_count, max_types), quantities, min_count)
+        _types_payload(
+            collect.type_tables(result, type_quantities, min_count, max_types), type_quantities, min_count, rank_min
+        )
         if not pooled
         else {}
     )
@@ -304,6 +320,7 @@ def page_data(
         },
         "types": types,
         "quantities": quantities,
+        "type_quantities": type_quantities,
         "hist": collect.heat_histogram(scanned),
         "totals": {k: scanned[k] for k in ("rows", "valid", "special")},
     }
