@@ -4,56 +4,61 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
+# nothing here imports torch at import time: `normfast probe --help` builds this parser
+from normfast.apps.corpus import CORPUS_BATCH_SIZE, CORPUS_BATCHES, CORPUS_CHUNK, CORPUS_TEMPERATURE
 from normfast.data.records import read_jsonl, read_lines, read_tsv
-from normfast.engine.config import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODES, ProbeConfig
-from normfast.engine.directions.presets import PRESETS
-from normfast.engine.probe import probe
-from normfast.engine.runner.distributed import current_shard
+from normfast.engine.defaults import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODES, PRESETS
 
-probe_description = """\
+probe_description = f"""\
 Probe a contrastive encoder: for every input (--pooled) or every token
 (--tokens) measure radial drift D, stochastic heat V2, damping kappa and the
 predicted equilibrium norm R_eq, on M virtual batches of a scale-invariant
 objective (nothing is trained). Rows stream to a Parquet file chunk by chunk;
 an interrupted run continues with --resume.
 
-Under torchrun the probe items are sharded over the ranks (gloo on CPU, NCCL
-on GPU; directions are computed once on rank 0 and broadcast); the output is
-then OUT.manifest.json naming one Parquet part per rank, which `normfast
-report` reads as one table. --resume works with any number of ranks.
-
 examples:
+  normfast probe all-MiniLM-L6-v2 --corpus lee.txt --out runs/lee.parquet
   normfast probe minilm --probes words.txt --objective simcse --tokens \\
       --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
   normfast probe open_clip:ViT-B-32 --tower image --probes imgs.txt \\
       --pairs pairs.tsv --objective clip --params head --out runs/clip.parquet
-  normfast probe mpnet --corpus news.txt --params 'encoder\\.layer\\.11\\.' \\
-      --out runs/news.parquet
   torchrun --nproc-per-node 4 -m normfast probe minilm --probes words.txt \\
       --tokens --params 'encoder\\.layer\\.5\\.' --out runs/words.parquet
 
-probes file: .txt (one item per line), .jsonl (--text-key, default "text";
-optional "id"), or .tsv (first column). Probes and pairs files are UTF-8 (a
-byte-order mark is dropped); lines end at \\n, \\r\\n or \\r and hold at most
-1 MiB each.
+corpus (--corpus FILE, the corpus recipe, as normfast.probe_corpus in Python):
+every token of every document probed in its context. Each document is
+tokenized whole and cut into windows of at most --window tokens that end at
+word boundaries; with --stride < --window the windows overlap and each token
+is owned by the window where it is nearer the middle (column `primary`).
+Token rows add doc_id, window, doc_position, is_special, word_id, word and
+primary. The recipe's defaults, each changed by its option: SimCSE at
+temperature {CORPUS_TEMPERATURE} (at 0.05 distinct sentences saturate the
+objective) on the corpus's own sentences (NLTK Punkt, trained on the corpus;
+--pairs to give others), the last transformer layer (--params), M =
+{CORPUS_BATCHES} batches of {CORPUS_BATCH_SIZE} sentences (half the sentences
+when the corpus has fewer), the drift of those batches (--drift-batches N for
+the mean direction over N), {CORPUS_CHUNK} windows per chunk. Then: normfast
+aggregate RUN.parquet --by word, or normfast view RUN.parquet. The file:
+.jsonl (--text-key, --id-key) or plain text, one document per line
+(--doc-layout lines, default) or blank-line separated (--doc-layout blank).
 
-corpus file (--corpus, token rows): .jsonl (--text-key, --id-key) or plain
-text, one document per line (--doc-layout lines, default) or blank-line
-separated (--doc-layout blank). Each document is tokenized whole and cut into
-windows of at most --window tokens that end at word boundaries; with --stride
-< --window the windows overlap and each token is owned by the window where it
-is nearer the middle (column `primary`). Token rows add doc_id, window,
-doc_position, is_special, word_id, word and primary. Without --pairs, simcse
-uses the corpus's sentences (NLTK Punkt, trained on the corpus itself) as its
-virtual-batch items. Then: normfast aggregate RUN.parquet --by token|word. For image towers each item is an
-image path. pairs file: .jsonl with --anchor-key/--positive-key (or
---label-key for supcon, items under --text-key), or .tsv with two columns.
-SimCSE needs no pairs file: it uses the probes themselves. Given --pairs, it
-reads plain items from it: .txt one item per line, .tsv the first column,
-.jsonl --text-key; a pairs file works too and gives SimCSE its anchors (the
-first column, or --anchor-key when the records have no --text-key)."""
+probes file: .txt (one item per line), .jsonl (--text-key, default "text";
+optional "id"), or .tsv (first column); for image towers each item is an
+image path. Probes and pairs files are UTF-8 (a byte-order mark is dropped);
+lines end at \\n, \\r\\n or \\r and hold at most 1 MiB each.
+
+pairs file: .jsonl with --anchor-key/--positive-key (or --label-key for
+supcon, items under --text-key), or .tsv with two columns. SimCSE needs no
+pairs file: it uses the probes themselves (with --corpus: the corpus's
+sentences). Given --pairs, it reads plain items from it: .txt one item per
+line, .tsv the first column, .jsonl --text-key; a pairs file works too and
+gives SimCSE its anchors (the first column, or --anchor-key when the records
+have no --text-key).
+
+Under torchrun the probe items are sharded over the ranks (gloo on CPU, NCCL
+on GPU; directions are computed once on rank 0 and broadcast); the output is
+then OUT.manifest.json naming one Parquet part per rank, which `normfast
+report` reads as one table. --resume works with any number of ranks."""
 
 
 def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | None]:
@@ -152,15 +157,24 @@ def probe_arguments(p) -> None:
         help="virtual-batch source (.jsonl / .tsv); optional for simcse, which reads plain "
         "items from it (.txt / .tsv / .jsonl) or a pairs file's anchors",
     )
-    p.add_argument("--anchor-key", default="anchor")
-    p.add_argument("--positive-key", default="positive")
+    p.add_argument("--anchor-key", default="anchor", help="--pairs .jsonl: key of the anchors (default: anchor)")
+    p.add_argument(
+        "--positive-key", default="positive", help="--pairs .jsonl: key of the positives (default: positive)"
+    )
     p.add_argument("--label-key", default=None, help="jsonl key of class labels (supcon)")
-    p.add_argument("--objective", default="simcse", choices=["simcse", "infonce", "clip", "supcon"])
+    p.add_argument(
+        "--objective",
+        default="simcse",
+        choices=["simcse", "infonce", "clip", "supcon"],
+        help="the virtual objective: simcse (dropout views of items, no labels; default), infonce (pairs), "
+        "clip (symmetric, image-text pairs), supcon (class labels)",
+    )
     p.add_argument(
         "--temperature",
         type=float,
         default=None,
-        help="objective temperature (default: the objective's own: infonce/simcse 0.05, clip 0.07, supcon 0.1)",
+        help=f"objective temperature (default: the objective's own: infonce/simcse 0.05, clip 0.07, supcon 0.1; "
+        f"with --corpus simcse {CORPUS_TEMPERATURE}). A higher one lifts a saturated objective (loss near 0)",
     )
     p.add_argument(
         "--symmetric",
@@ -184,16 +198,19 @@ def probe_arguments(p) -> None:
         help="head: closed form for a final linear head; jvp: general; auto (default)",
     )
     p.add_argument(
-        "--params", default="all", help="probed parameters: all, head, or a regex over parameter names (default: all)"
+        "--params",
+        default=None,
+        help="probed parameters: all, head, last (the last transformer layer), or a regex over parameter "
+        "names (default: all; with --corpus: last)",
     )
-    p.add_argument("--batches", type=int, default=16, help="M, virtual batches (>= 2; default 16)")
+    p.add_argument("--batches", type=int, default=None, help=f"M, virtual batches (>= 2; default {CORPUS_BATCHES})")
     p.add_argument(
         "--drift-batches",
         type=int,
-        default=DEFAULT_DRIFT_BATCHES,
+        default=None,
         help=f"M_D, virtual batches of the drift, taken from their mean update direction (one more "
-        f"directional pass per batch group; >= M; default {DEFAULT_DRIFT_BATCHES}); 0: the "
-        f"drift from the M heat batches, per batch",
+        f"directional pass per batch group; >= M; default {DEFAULT_DRIFT_BATCHES}; with --corpus 0); 0: "
+        f"the drift from the M heat batches, per batch",
     )
     p.add_argument(
         "--groups",
@@ -202,21 +219,44 @@ def probe_arguments(p) -> None:
         help=f"K, batch groups behind every error bar (se_D, sign stability, se_V2, se_Q, R_eq "
         f"intervals; t with K-1 dof; default {DEFAULT_GROUPS})",
     )
-    p.add_argument("--batch-size", type=int, default=32, help="pairs per virtual batch (default 32)")
-    p.add_argument("--optimizer", default="sgd", choices=list(PRESETS))
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"pairs (or items) per virtual batch, at most as many as the source holds (default "
+        f"{CORPUS_BATCH_SIZE}; with --corpus and fewer sentences: half of them)",
+    )
+    p.add_argument(
+        "--optimizer",
+        default="sgd",
+        choices=list(PRESETS),
+        help="optimizer preset of the law: sgd (the scale-invariant branch) or adamw (the scale-free "
+        "branch, a heuristic; default sgd)",
+    )
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate eta of the law (default 1e-3)")
     p.add_argument("--wd", type=float, default=1e-2, help="decoupled weight decay lambda (default 1e-2)")
     p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (heuristic eta/(1-beta))")
     p.add_argument("--no-decay", default=None, help="regex of probed parameters without weight decay")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the virtual batches and of dropout (default 0)")
     p.add_argument(
         "--chunk-size",
         type=int,
         default=None,
         help="probe items per streamed chunk (default 64; with --corpus 8 windows)",
     )
-    p.add_argument("--directions-per-pass", type=int, default=None, help="K directions per JVP pass")
-    p.add_argument("--memory-budget-mb", type=float, default=2048)
+    p.add_argument(
+        "--directions-per-pass",
+        type=int,
+        default=None,
+        help="update directions carried by one forward-mode (jvp) pass (default: as many as the memory budget allows)",
+    )
+    p.add_argument(
+        "--memory-budget-mb",
+        type=float,
+        default=2048,
+        help="memory the update directions and the directions per pass may take, in MB (default 2048): "
+        "beyond it the directions are computed in groups (directions-outer loop order)",
+    )
     p.add_argument(
         "--no-uncertainty",
         action="store_true",
@@ -231,8 +271,8 @@ def probe_arguments(p) -> None:
         "--target-rse",
         type=float,
         default=None,
-        help="adaptive M: add K batches at a time until the --target-quantile of se(V2)/V2 over the "
-        "first chunk is at most this (e.g. 0.1), up to --max-batches",
+        help="adaptive M: add one batch per group (--groups) at a time until the --target-quantile of "
+        "se(V2)/V2 over the first chunk is at most this (e.g. 0.1), up to --max-batches",
     )
     p.add_argument("--max-batches", type=int, default=256, help="cap of the adaptive M (default 256)")
     p.add_argument(
@@ -258,14 +298,12 @@ def probe_arguments(p) -> None:
     p.add_argument("--no-projection", action="store_true", help="open_clip / sentence-transformers without the head")
     p.add_argument("--pooling", default=None, help="HF pooling (mean, cls, ...)")
     p.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="cpu, cuda, cuda:N or mps (default: cuda when a GPU is visible, else cpu)",
+        "--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when a GPU is visible, else cpu)"
     )
     p.add_argument("--out", required=True, help="output .parquet")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run at --out")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (e.g. for a log file)")
     p.add_argument("--plots", action="store_true", help="also write the report figures next to --out")
 
 
@@ -276,12 +314,18 @@ def probe_main(args) -> int:
     from normfast.core.checks import check_device
     from normfast.engine.runner.distributed import init_from_env
 
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:  # before anything is loaded: a missing GPU is one line, not a driver error in the first transfer
         check_device("--device", args.device)
     except ValueError as exc:
         if os.environ.get("RANK", "0") == "0":  # under torchrun, said once
             print(f"normfast probe: error: {exc}", file=sys.stderr)
         return 2
+    from normfast.engine.runner.distributed import current_shard
+
     # under torchrun: join the process group (gloo on CPU, NCCL on GPU) and shard the run
     device, created = init_from_env(args.device)
     shard = current_shard()
@@ -295,16 +339,69 @@ def probe_main(args) -> int:
             dist.destroy_process_group()
 
 
+def _settings(args, output: str) -> dict:
+    """The ProbeConfig settings the command line sets; those not given keep ProbeConfig's defaults (a
+    plain probe) or the corpus recipe's (:func:`normfast.apps.corpus.probe_corpus`)."""
+    given = {
+        "params": args.params,
+        "batches": args.batches,
+        "batch_size": args.batch_size,
+        "chunk_size": args.chunk_size,
+    }
+    settings = {k: v for k, v in given.items() if v is not None}
+    if args.drift_batches is not None:  # 0: the per-batch drift of the heat batches
+        settings["drift_batches"] = args.drift_batches or None
+    settings.update(
+        output=output,
+        mode=args.mode,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        weight_decay=args.wd,
+        momentum=args.momentum,
+        no_decay=args.no_decay,
+        groups=args.groups,
+        seed=args.seed,
+        directions_per_pass=args.directions_per_pass,
+        memory_budget_mb=args.memory_budget_mb,
+        uncertainty=not args.no_uncertainty,
+        radial_spread=args.per_batch,
+        target_rse=args.target_rse,
+        max_batches=args.max_batches,
+        target_quantile=args.target_quantile,
+        snapshot=args.snapshot or args.snapshot_steps is not None,
+        snapshot_steps=args.snapshot_steps,
+    )
+    return settings
+
+
+def _objective(args, corpus: bool):
+    """The objective the options name (with --corpus, the recipe's: SimCSE at its temperature)."""
+    from normfast.apps.corpus import corpus_objective
+    from normfast.engine.directions.objectives import get_objective
+
+    kw = {} if args.temperature is None else {"temperature": args.temperature}
+    if args.symmetric:
+        if args.objective != "infonce":
+            raise ValueError(
+                f"--symmetric applies to --objective infonce, got --objective {args.objective}"
+                + (" (clip is symmetric already)" if args.objective == "clip" else "")
+            )
+        kw["symmetric"] = True
+    return corpus_objective(args.objective, **kw) if corpus else get_objective(args.objective, **kw)
+
+
 def _probe_cli(args, device: str, root: bool) -> int:
     import sys
 
-    from normfast.data.pairs import PairSource
-    from normfast.encoders import load_encoder
-    from normfast.engine.directions.objectives import get_objective
+    from normfast.core.paths import check_outputs
+    from normfast.engine.config import ProbeConfig
 
+    load_options = {"projection": not args.no_projection, "device": device}
+    if args.tower:
+        load_options["tower"] = args.tower
+    if args.pooling:
+        load_options["pooling"] = args.pooling
     try:
-        from normfast.core.paths import check_outputs
-
         check_outputs(
             inputs=[args.probes, args.corpus, args.pairs],
             owned=[f"{args.out}.parts"],
@@ -315,91 +412,36 @@ def _probe_cli(args, device: str, root: bool) -> int:
             raise ValueError("--corpus probes every token in context; --pooled does not apply")
         if not args.corpus and (args.window is not None or args.stride is not None):
             raise ValueError("--window and --stride apply to --corpus only")
+        objective = _objective(args, bool(args.corpus))
+        pairs = _read_pairs_file(Path(args.pairs), args, objective.needs) if args.pairs else None
+        settings = _settings(args, output)
+        run = dict(out=args.out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
         if args.corpus:
-            from normfast.data.corpus import read_documents
-
-            documents = read_documents(args.corpus, layout=args.doc_layout, text_key=args.text_key, id_key=args.id_key)
-        else:
-            items, ids = _read_probe_file(Path(args.probes), args.text_key)
-        kw = {}
-        if args.tower:
-            kw["tower"] = args.tower
-        if args.pooling:
-            kw["pooling"] = args.pooling
-        encoder = load_encoder(args.model, projection=not args.no_projection, device=device, **kw)
-        corpus_pairs = None
-        if args.corpus:
-            from normfast.data.corpus import CorpusWindows, split_sentences
-
-            items = CorpusWindows.from_encoder(
-                documents, encoder, window=args.window, stride=args.stride, progress=root and not args.no_progress
-            )
-            ids = items.ids()
-            corpus_pairs = split_sentences([d.text for d in documents])
-        if encoder.modality == "image":
-            items = _load_images(items)
-        obj_kw = {} if args.temperature is None else {"temperature": args.temperature}
-        if args.symmetric:
-            if args.objective != "infonce":
-                raise ValueError(
-                    f"--symmetric applies to --objective infonce, got --objective {args.objective}"
-                    + (" (clip is symmetric already)" if args.objective == "clip" else "")
-                )
-            obj_kw["symmetric"] = True
-        objective = get_objective(args.objective, **obj_kw)
-        pairs = None
-        pair_encoder = None
-        if args.pairs:
-            pairs = _read_pairs_file(Path(args.pairs), args, objective.needs)
-        elif corpus_pairs is not None:
-            if objective.needs != "items":
+            if pairs is None and objective.needs != "items":
                 raise ValueError(
                     f"--objective {objective.name} needs --pairs; with --corpus only simcse "
                     f"can use the corpus's own sentences"
                 )
-            pairs = PairSource.from_iterable(corpus_pairs, kind="items")
-        if objective.name == "clip" and hasattr(encoder, "with_tower"):
-            pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")
-        chunk_size = args.chunk_size if args.chunk_size is not None else (8 if args.corpus else 64)
-        config = ProbeConfig(
-            params=args.params,
-            mode=args.mode,
-            output=output,
-            optimizer=args.optimizer,
-            lr=args.lr,
-            weight_decay=args.wd,
-            momentum=args.momentum,
-            no_decay=args.no_decay,
-            batches=args.batches,
-            drift_batches=args.drift_batches or None,
-            groups=args.groups,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            chunk_size=chunk_size,
-            directions_per_pass=args.directions_per_pass,
-            memory_budget_mb=args.memory_budget_mb,
-            uncertainty=not args.no_uncertainty,
-            radial_spread=args.per_batch,
-            target_rse=args.target_rse,
-            max_batches=args.max_batches,
-            target_quantile=args.target_quantile,
-            snapshot=args.snapshot or args.snapshot_steps is not None,
-            snapshot_steps=args.snapshot_steps,
-        )
-        result = probe(
-            encoder,
-            items,
-            objective,
-            pairs,
-            config,
-            out=args.out,
-            resume=args.resume,
-            overwrite=args.overwrite,
-            pair_encoder=pair_encoder,
-            ids=ids,
-            progress=not args.no_progress,
-            model_name=args.model,
-        )
+            from normfast.apps.corpus import probe_corpus
+
+            # the same function as Python's normfast.probe_corpus: it checks every setting before loading the model
+            result = probe_corpus(
+                args.model,
+                args.corpus,
+                objective,
+                pairs,
+                layout=args.doc_layout,
+                text_key=args.text_key,
+                id_key=args.id_key,
+                window=args.window,
+                stride=args.stride,
+                load_options=load_options,
+                model_name=args.model,
+                **run,
+                **settings,
+            )
+        else:
+            result = _probe_items(args, objective, pairs, ProbeConfig(**settings), load_options, run)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError) as exc:
         if root:
             print(f"normfast probe: error: {exc}", file=sys.stderr)
@@ -411,4 +453,40 @@ def _probe_cli(args, device: str, root: bool) -> int:
     if args.plots:
         for pth in result.plots(Path(args.out).parent, prefix=Path(args.out).stem):
             print(f"wrote {pth}")
+    print(next_steps(result.path, corpus=bool(args.corpus)))
     return 0
+
+
+def _probe_items(args, objective, pairs, config, load_options: dict, run: dict):
+    """A probe of the items of --probes (the plain probe), every setting checked before the model loads."""
+    from normfast.data.pairs import PairSource, check_batch_size
+    from normfast.encoders import load_encoder
+    from normfast.engine.probe import probe
+
+    items, ids = _read_probe_file(Path(args.probes), args.text_key)
+    config.validate()
+    if pairs is None and objective.needs != "items":
+        raise ValueError(f"--objective {objective.name} needs --pairs (a .jsonl or .tsv of pairs)")
+    if config.batch_indices is None:  # before the model is loaded: the pairs, or the probes for SimCSE
+        source = pairs if pairs is not None else PairSource.from_iterable(items, kind="items")
+        if pairs is None:
+            source.what = "probe items (SimCSE draws its batches from the probes themselves)"
+        check_batch_size("probe", config.batch_size, source)
+    encoder = load_encoder(args.model, **load_options)
+    if encoder.modality == "image":
+        items = _load_images(items)
+    pair_encoder = None
+    if objective.name == "clip" and hasattr(encoder, "with_tower"):
+        pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")
+    return probe(
+        encoder, items, objective, pairs, config, pair_encoder=pair_encoder, ids=ids, model_name=args.model, **run
+    )
+
+
+def next_steps(path, corpus: bool) -> str:
+    """What to run next on a finished run (printed after "wrote")."""
+    lines = ["\nnext:", f"  normfast view {path}    # the run's page: the text colored by heat, the type tables"]
+    if corpus:
+        lines.append(f"  normfast aggregate {path} --by word    # one row per word, hottest and coldest")
+    lines.append(f"  normfast report {path}    # this summary again, with the figures")
+    return "\n".join(lines)

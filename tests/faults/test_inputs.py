@@ -361,8 +361,8 @@ def test_a_beir_split_and_a_module_path_cannot_leave_their_folder(tiny_bert_fold
 @pytest.fixture
 def read_items(monkeypatch):
     """Run `normfast probe` up to the probe itself, with no model: returns the items it would probe."""
-    import normfast.apps.probe_command as command
     import normfast.encoders
+    import normfast.engine.probe as engine
 
     seen = {}
 
@@ -374,10 +374,11 @@ def read_items(monkeypatch):
         raise ValueError("stopped before probing")
 
     monkeypatch.setattr(normfast.encoders, "load_encoder", lambda *a, **k: Reader())
-    monkeypatch.setattr(command, "probe", stop)
+    monkeypatch.setattr(engine, "probe", stop)  # the command imports the engine when it runs
 
     def read(probes, tmp_path, *extra) -> dict:
-        assert main(_probe("m", probes, tmp_path / "run.parquet", *extra)) == 2
+        # batches of 2: the command checks a batch against its source before anything is loaded
+        assert main(_probe("m", probes, tmp_path / "run.parquet", *extra, "--batch-size", "2")) == 2
         return seen
 
     return read

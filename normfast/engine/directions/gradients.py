@@ -47,8 +47,8 @@ def resolve_parameters(encoder: Encoder, selector: str | Sequence[str] = "all") 
     """Names of the probed parameters ``P``.
 
     ``selector``: ``"all"`` (every trainable parameter), ``"head"`` (the final
-    linear map), a regular expression searched in each parameter name, or an
-    explicit list of names.
+    linear map), ``"last"`` (the last transformer layer, :func:`last_layer_pattern`),
+    a regular expression searched in each parameter name, or an explicit list of names.
     """
     fn = "resolve_parameters"
     trainable = [n for n, p in encoder.named_parameters() if p.requires_grad]
@@ -60,6 +60,8 @@ def resolve_parameters(encoder: Encoder, selector: str | Sequence[str] = "all") 
     if isinstance(selector, str):
         if selector == "all":
             return trainable
+        if selector == "last":
+            selector = last_layer_pattern(trainable, fn)
         if selector == "head":
             head = encoder.head()
             if head is None:
@@ -83,6 +85,19 @@ def resolve_parameters(encoder: Encoder, selector: str | Sequence[str] = "all") 
     if unknown or not names:
         raise ValueError(f"{fn}: unknown or frozen parameter names {unknown or names}")
     return names
+
+
+def last_layer_pattern(names: Sequence[str], fn: str = "resolve_parameters") -> str:
+    """The regular expression of the last transformer layer among parameter ``names``
+    (``encoder\\.layer\\.5\\.`` for all-MiniLM-L6-v2); ``ValueError`` when no name has ``encoder.layer.N.``."""
+    found = [int(m.group(1)) for n in names if (m := re.search(r"encoder\.layer\.(\d+)\.", n))]
+    if not found:
+        raise ValueError(
+            f"{fn}: params='last' means the last transformer layer, but no trainable parameter is named "
+            f"'encoder.layer.N.' (names look like: {', '.join(list(names)[:4])}); pass params='all' or a regex "
+            f"(CLI --params)"
+        )
+    return rf"encoder\.layer\.{max(found)}\."
 
 
 def adam_second_moments(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, torch.Tensor]:
