@@ -187,11 +187,14 @@ class DriftMeans:
     def M(self) -> int:
         return int(sum(self.counts))
 
-    def stacked(self, names: Sequence[str], branch_of: Mapping[str, str], branch: str) -> dict[str, torch.Tensor]:
-        """``{name: [K, *shape]}``: the group means, zeros for parameters of the other branch."""
+    def stacked(
+        self, names: Sequence[str], branch_of: Mapping[str, str], branch: str, groups: Sequence[int] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """``{name: [k, *shape]}``: the means of ``groups`` (default all K), zeros for the other branch's parameters."""
+        means = self.means if groups is None else [self.means[g] for g in groups]
         out = {}
         for n in names:
-            stack = torch.stack([m[n] for m in self.means])
+            stack = torch.stack([m[n] for m in means])
             out[n] = stack if branch_of[n] == branch else torch.zeros_like(stack)
         return out
 

@@ -206,7 +206,7 @@ def _objective_label(meta: dict[str, Any]) -> str:
 def run_line(meta: dict[str, Any]) -> str:
     """The first line of a summary: model, objective, preset, M (M_D, K), mode and output."""
     return (
-        f"normfast probe: {meta.get('model')} | objective {_objective_label(meta)} | {meta.get('optimizer')} "
+        f"probe run: {meta.get('model')} | objective {_objective_label(meta)} | {meta.get('optimizer')} "
         f"lr={meta.get('lr')} wd={meta.get('weight_decay')} | M={meta.get('M')} x {meta.get('batch_size')} "
         + (f"(drift: M_D={meta['M_D']}, K={meta.get('groups')}) " if meta.get("M_D") else "")
         + f"| mode {meta.get('mode')} | {meta.get('output')}"

@@ -238,9 +238,15 @@ class ProbeRun:
         return self.direction_group_for(self.M)
 
     def direction_group_for(self, m: int) -> int:
-        """How many of ``m`` directions fit in half the memory budget together."""
-        budget = self.config.memory_budget_mb * 2**20 / 2
-        return int(max(1, min(m, budget // max(self.direction_bytes(), 1))))
+        """How many of ``m`` directions fit in half the memory budget together, beside the drift's K group
+        means (held for the whole run when the drift comes from its own batches)."""
+        per = max(self.direction_bytes(), 1)
+        budget = self.config.memory_budget_mb * 2**20 / 2 - self.drift_bytes()
+        return int(max(1, min(m, budget // per)))
+
+    def drift_bytes(self) -> int:
+        """Memory of the drift's K group-mean directions (0 with the per-batch drift)."""
+        return self.groups * self.direction_bytes() if self.config.drift_from_mean else 0
 
     def k_per_pass(self, n_rows: int, dim: int) -> int:
         if self.config.directions_per_pass is not None:
@@ -248,8 +254,9 @@ class ProbeRun:
         if not self.encoder.batched_directions:  # the encoder runs faster one direction per pass
             return 1
         tail_stages = max(1, self.encoder.n_stages - self.cut)
-        # heuristic: a tangent carries ~16 activations of width d per row and tail stage (fp32)
-        per_direction = n_rows * dim * tail_stages * 16 * 4
+        # heuristic: a tangent carries ~16 activations of width d per row and tail stage (fp32), and the
+        # pass stacks its directions over the probed parameters once more
+        per_direction = n_rows * dim * tail_stages * 16 * 4 + self.direction_bytes()
         budget = self.config.memory_budget_mb * 2**20 / 2
         return int(max(1, min(self.M, budget // max(per_direction, 1))))
 
@@ -265,9 +272,9 @@ class ProbeRun:
         step = min(self.k_per_pass(z.shape[0], z.shape[-1]), drift.K)
         out: dict[str, Any] = {}
         for b in self.branches:
-            tangents = drift.stacked(dirs.names, dirs.branch_of, b)
+            # stacked a pass at a time: the K means are not copied whole
             parts = [
-                tail.jvp(front, {n: t[lo : lo + step] for n, t in tangents.items()}, rows)
+                tail.jvp(front, drift.stacked(dirs.names, dirs.branch_of, b, range(lo, min(lo + step, drift.K))), rows)
                 for lo in range(0, drift.K, step)
             ]
             stats = drift_from_groups(-torch.cat(parts), z, drift.counts, branch=b)
@@ -305,8 +312,7 @@ class ChunkBar:
         self.bar = tqdm(
             total=total,
             desc=desc,
-            unit="item",
-            unit_scale=True,
+            unit="item",  # whole items: no unit scaling, which would show "8.00/30.0"
             disable=not run.progress,
             smoothing=0.05,
             dynamic_ncols=True,

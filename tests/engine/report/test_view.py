@@ -134,7 +134,7 @@ def test_view_writes_the_page_of_every_kind_of_run(runs, kind, tmp_path, capsys)
     np.testing.assert_allclose(np.array(data["rows"]["v"]["V2"], float), table.column("V2").to_numpy(), rtol=6e-4)
     assert data["rows"]["item"] == table.column("item").to_pylist()
     header = " ".join(data["header"]["lines"])
-    assert header.startswith("normfast probe: ") and "regime: " in header
+    assert header.startswith("probe run: ") and "regime: " in header
     assert "where each norm would settle" in data["header"]["reading"]
     if kind == "pooled":
         assert data["types"] == {} and data["rows"]["text"][0] == table.column("text")[0].as_py()
@@ -176,7 +176,7 @@ def test_to_html_view_and_the_notebook_summary(runs, tmp_path):
     inline = run.view(height=500)._repr_html_()
     assert inline.startswith("<iframe srcdoc=") and "height:500px" in inline and "&lt;script" in inline
     summary = run._repr_html_()
-    assert "<table>" in summary and "normfast probe: " in summary and "median" in summary
+    assert "<table>" in summary and "probe run: " in summary and "median" in summary
     assert (
         "regime: LAW APPLICABLE" in summary
         or "regime: HEAT-DOMINATED" in summary

@@ -127,7 +127,11 @@ def _header(
         )
     facts = [
         ("model", meta.get("model")),
-        ("objective", meta.get("objective")),
+        (
+            "objective",
+            f"{meta.get('objective')}"
+            + (f" (temperature {meta['temperature']})" if meta.get("temperature") is not None else ""),
+        ),
         (
             "preset",
             f"{meta.get('optimizer')} lr={meta.get('lr')} wd={meta.get('weight_decay')}"
