@@ -387,11 +387,9 @@ def share_text(f: float) -> str:
     return f"{f:.0%}"
 
 
-def headline(regime: Mapping[str, Any], health: Mapping[str, Any] | None = None) -> list[str]:
-    """Plain-words lines for the top of a summary (what the law can and cannot say here).
-
-    ``health``: the run's objective health (metadata ``objective_health``), quoted when the
-    objective is saturated."""
+def headline(regime: Mapping[str, Any]) -> list[str]:
+    """Plain-words lines for the top of a summary (what the law can and cannot say here); the
+    objective's health follows them (:func:`normfast.engine.diagnostics.health.health_line`)."""
     fr = regime["fractions"]
     name = regime["regime"]
     # the saturated class is the run's objective, all or nothing: named only when it is there
@@ -407,12 +405,6 @@ def headline(regime: Mapping[str, Any], health: Mapping[str, Any] | None = None)
         else f"regime: {name.upper()} (no valid rows)"
     ]
     lines.append(f"  {regime['explanation']}.")
-    if name == SATURATED and health and health.get("batches"):
-        lines.append(
-            f"  The virtual loss is {health['loss_mean']:.2g} = {health['loss_to_chance']:.2g} of its chance level "
-            f"log({health['batch_size']}) (saturated below {health['saturated_below']:.0e}); median gradient "
-            f"norm {health['grad_norm']['median']:.2g}."
-        )
     if name in (NOT_APPLICABLE, SATURATED):
         lines.append("  R_eq, and any fit of norms against it, are not predictions of the law for these rows.")
     return lines

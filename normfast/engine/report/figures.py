@@ -56,7 +56,7 @@ def _make_plots(result, outdir: Path, prefix: str) -> list[Path]:
 
     regime = result_regime(result)
     applies = applicable_rows(result)[valid]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 5.0))
     names = result.column_names
     for ax, col, label in ((axes[0], "r_eq", "full law"), (axes[1], "r_eq_heat", "heat-only law (D = 0)")):
         x = result.column(col)[valid]
@@ -98,7 +98,9 @@ def _make_plots(result, outdir: Path, prefix: str) -> list[Path]:
                 lw=1,
                 label=f"slope {fit['slope']:.2f}, r {fit['pearson_r']:.2f}",
             )
-            ax.legend(loc="best")
+        # below the axes: a legend never covers the points
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1, frameon=False)
+        _plain_log_ticks(ax)
         ax.set_xlabel(f"predicted R_eq ({label})")
         ax.set_ylabel("observed norm")
     fig.suptitle(
@@ -164,6 +166,19 @@ def _make_plots(result, outdir: Path, prefix: str) -> list[Path]:
     return paths
 
 
+def _plain_log_ticks(ax: Any) -> None:
+    """Log axes labelled 0.1, 0.2, 0.5, 1, 2, 5, ... in plain numbers, without crowded minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        lo, hi = sorted(abs(v) for v in axis.get_view_interval())
+        decades = math.log10(hi / lo) if lo > 0 and hi > 0 else 99.0
+        subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)  # wide ranges: the decades alone
+        axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=12))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
 def _plot_tokens(result, path: Path) -> Path | None:
     """The hottest and coldest tokens, ranked as in the summary (:mod:`normfast.engine.report.ranking`)."""
     import matplotlib.pyplot as plt
@@ -185,8 +200,10 @@ def _plot_tokens(result, path: Path) -> Path | None:
     ax.set_xlabel("mean relative heat (log V2 minus the run's median)" if relative else f"{ranking.measure}")
     if not relative:
         ax.set_xscale("log")
-    title = f"coldest (blue) and hottest (red) tokens; ×n: occurrences\n{ranking.note()}"
-    ax.set_title(title, fontsize=TICK_SIZE)
+    import textwrap
+
+    note = "\n".join(textwrap.wrap(ranking.note(), 70))
+    ax.set_title(f"coldest (blue) and hottest (red) tokens; ×n: occurrences\n{note}", fontsize=TICK_SIZE)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

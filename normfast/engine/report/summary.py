@@ -222,7 +222,7 @@ def format_summary(result, top: int = 8) -> str:
     if regime is None or "regime" not in regime:
         lines.append("regime: not checked (the run lacks the columns the check needs)")
     else:
-        lines += headline(regime, meta.get("objective_health"))
+        lines += headline(regime)
     health = health_line(meta.get("objective_health"))
     if health is not None:
         lines.append(health)

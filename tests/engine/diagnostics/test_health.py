@@ -82,7 +82,7 @@ def test_an_objective_with_no_task_left_is_reported_saturated(tmp_path):
     text = saturated.format_summary()
     lines = text.splitlines()
     assert lines[1].startswith("regime: OBJECTIVE SATURATED for")
-    assert "of its chance level log(12)" in text and "virtual objective: loss" in text
+    assert lines[4].startswith("virtual objective: loss") and "SATURATED" in lines[4] and "(log 12 =" in lines[4]
     assert "Here the virtual objective is saturated: the fit tests nothing" in text
     assert not schema.check_metadata(saturated.metadata)
     # pairs of different items: a task, and a loss near its chance level
@@ -94,13 +94,15 @@ def test_an_objective_with_no_task_left_is_reported_saturated(tmp_path):
     assert "objective saturated" not in healthy.format_summary().splitlines()[1]
 
 
-def test_headline_quotes_the_loss_of_a_saturated_run():
+def test_the_headline_of_a_saturated_run_says_what_to_change():
     regime = {
         "regime": SATURATED,
+        "reason": "objective_saturated",
         "fractions": {LAW: 0.0, SATURATED: 1.0, NOT_APPLICABLE: 0.0},
-        "explanation": "the virtual objective is saturated",
+        "explanation": "the virtual objective is saturated (...); a higher --temperature ...",
     }
-    health = objective_health({b: (2e-5, 1e-3) for b in range(16)}, batch_size=30, groups=8)
-    lines = headline(regime, health)
-    assert lines[0].startswith("regime: OBJECTIVE SATURATED for 100% of rows")
-    assert "log(30)" in lines[2] and "not predictions" in lines[3]
+    lines = headline(regime)
+    assert lines[0] == "regime: OBJECTIVE SATURATED for 100% of rows (law applicable 0%, not applicable 0%)"
+    assert "--temperature" in lines[1] and "not predictions" in lines[2]
+    healthy = dict(regime, regime=LAW, fractions={LAW: 1.0, SATURATED: 0.0, NOT_APPLICABLE: 0.0})
+    assert "saturated" not in headline(healthy)[0]  # the class is named only when it is there

@@ -93,7 +93,7 @@ def _header(
     if regime is None or "regime" not in regime:
         lines.append("regime: not checked (the run lacks the columns the check needs)")
     else:
-        lines += [ln.strip() for ln in headline(regime, meta.get("objective_health"))]
+        lines += [ln.strip() for ln in headline(regime)]
     health = health_line(meta.get("objective_health"))
     if health is not None:
         lines.append(health)
@@ -453,6 +453,7 @@ SUMMARY_ROWS_LIMIT = 2_000_000
 
 def summary_html(result) -> str:
     """The notebook view of a result: the summary's header lines and its table of quantiles."""
+    from normfast.engine.diagnostics.health import health_line
     from normfast.engine.diagnostics.regime import headline
     from normfast.engine.report.summary import run_line, summarize
 
@@ -468,7 +469,7 @@ def summary_html(result) -> str:
     regime = meta.get("regime")
     if n > SUMMARY_ROWS_LIMIT or not isinstance(regime, dict) or "regime" not in regime:
         if isinstance(regime, dict) and "regime" in regime:
-            parts += [f"<div>{esc(ln.strip())}</div>" for ln in headline(regime, meta.get("objective_health"))]
+            parts += [f"<div>{esc(ln.strip())}</div>" for ln in headline(regime)]
         if n > SUMMARY_ROWS_LIMIT:
             parts.append(
                 f"<div>(over {SUMMARY_ROWS_LIMIT:,} rows: call <code>result.summary()</code> for the "
@@ -477,7 +478,10 @@ def summary_html(result) -> str:
             return "<div class='normfast-result'>" + "".join(parts) + "</div>"
     s = summarize(result)
     if s["regime"] is not None and "regime" in s["regime"]:
-        parts += [f"<div>{esc(ln.strip())}</div>" for ln in headline(s["regime"], meta.get("objective_health"))]
+        parts += [f"<div>{esc(ln.strip())}</div>" for ln in headline(s["regime"])]
+    health = health_line(meta.get("objective_health"))
+    if health is not None:
+        parts.append(f"<div>{esc(health)}</div>")
     cols = ("norm", result.drift_column, result.heat_column, "kappa", "r_eq", "r_eq_heat")
     body = "".join(
         f"<tr><td>{esc(c)}</td>" + "".join(f"<td>{s[c][q]:.4g}</td>" for q in ("p10", "median", "p90")) + "</tr>"

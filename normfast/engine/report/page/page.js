@@ -305,7 +305,8 @@
       el("nf-type-rank").textContent = "Ranked by " + (T.rank.key === "heat_rel" ? "the mean relative heat (log " +
         DATA.heat + " minus the run's median)" : "the mean " + T.rank.key) + ", hottest first, over the types seen at least " +
         m + " time" + (m === 1 ? "" : "s") + ", as the summary and normfast aggregate rank them: " + left +
-        " types seen fewer times" + (punctBox.checked ? "" : " and " + punct + " punctuation types") + " are hidden.";
+        " type" + (left === 1 ? "" : "s") + " seen fewer times" +
+        (punctBox.checked ? "" : " and " + punct + " punctuation type" + (punct === 1 ? "" : "s")) + " are hidden.";
     }
     function select(by) {
       typeBy = by;
