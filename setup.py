@@ -54,11 +54,12 @@ setup(
         "normfast.kernels",
     ],
     package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
-    # the page's template, script and style (normfast view) are read from the installed package
+    # the pages' templates, scripts and style (normfast view, normfast compare) are read from the installed package
     package_data={
         "normfast": ["py.typed"],
         "normfast.core": ["*.pyi"],
         "normfast.engine.report.page": ["*.j2", "*.js", "*.css"],
+        "normfast.engine.monitor": ["*.j2", "*.js"],
     },
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},

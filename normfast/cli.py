@@ -31,7 +31,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "normfast.apps.aggregate",
         "per-type statistics of a token-level run: by vocabulary entry or by whole word",
     ),
-    "view": ("normfast.apps.view", "one self-contained HTML page of a run: text colored by heat, type tables, figures"),
+    "view": (
+        "normfast.apps.view",
+        "one self-contained HTML page of a run (text colored by heat, type tables, figures) or a monitor folder",
+    ),
+    "compare": (
+        "normfast.apps.compare",
+        "two runs over the same inputs, type by type: what changed, with error bars and a multiple-testing flag",
+    ),
     "retrieval": (
         "normfast.apps.retrieval.command",
         "norm-discounted retrieval: alpha sweep with baselines on a BEIR collection",

@@ -34,3 +34,62 @@ def tiny_clip(seed: int = 0):
         text_cfg=dict(context_length=16, vocab_size=49408, width=32, heads=2, layers=2),
     )
     return model.eval()
+
+
+def st_folder(root, tokenizer, dense_specs, normalize=True, weights="safetensors", seed=0):
+    """A small sentence-transformers folder: tiny BERT, mean pooling, Dense layers, Normalize."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    model = tiny_bert(tokenizer, seed=seed)
+    model.save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    kind = "sentence_transformers.models."
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": kind + "Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": kind + "Pooling"},
+    ]
+    with open(os.path.join(root, "sentence_bert_config.json"), "w") as fh:
+        json.dump({"max_seq_length": 48, "do_lower_case": False}, fh)
+    os.makedirs(os.path.join(root, "1_Pooling"))
+    with open(os.path.join(root, "1_Pooling", "config.json"), "w") as fh:
+        json.dump(
+            {
+                "word_embedding_dimension": 32,
+                "pooling_mode_mean_tokens": True,
+                "pooling_mode_cls_token": False,
+                "pooling_mode_max_tokens": False,
+            },
+            fh,
+        )
+    g = torch.Generator().manual_seed(seed + 1)
+    width = 32
+    for i, (out, activation) in enumerate(dense_specs):
+        path = f"{i + 2}_Dense"
+        os.makedirs(os.path.join(root, path))
+        with open(os.path.join(root, path, "config.json"), "w") as fh:
+            json.dump({"in_features": width, "out_features": out, "bias": True, "activation_function": activation}, fh)
+        state = {
+            "linear.weight": torch.randn(out, width, generator=g) / width**0.5,
+            "linear.bias": torch.randn(out, generator=g),
+        }
+        if weights == "safetensors":
+            save_file(state, os.path.join(root, path, "model.safetensors"))
+        else:
+            torch.save(state, os.path.join(root, path, "pytorch_model.bin"))
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": kind + "Dense"})
+        width = out
+    if normalize:
+        modules.append(
+            {
+                "idx": len(modules),
+                "name": str(len(modules)),
+                "path": f"{len(modules)}_Normalize",
+                "type": kind + "Normalize",
+            }
+        )
+    with open(os.path.join(root, "modules.json"), "w") as fh:
+        json.dump(modules, fh)
+    return root

@@ -77,6 +77,8 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
         "tests/data/test_corpus.py::test_corpus_run_shards_over_ranks",
         "tests/faults/test_runs.py::",
     ),
+    # the resume-key table: its scenarios' small runs (module fixtures) are built once, on one worker
+    "resume_key": ("tests/faults/test_resume.py::",),
     "e5": (
         "tests/experiments/test_e5.py::",
         "tests/apps/test_outputs.py::test_quick_path_leaves_the_repository_clean[e5_quick]",
@@ -114,6 +116,8 @@ WORK_UNITS: dict[str, tuple[str, ...]] = {
     "finetune_resume": ("tests/experiments/test_training.py::test_an_interrupted_run_resumes",),
     # module fixtures of small real runs (and one browser) shared by every test of the module
     "view": ("tests/engine/report/test_view.py::",),
+    "compare": ("tests/engine/report/test_compare.py::",),
+    "monitor_page": ("tests/engine/monitor/test_page.py::",),
     "parquet_readers": ("tests/data/test_parquet_readers.py::",),
 }
 #: quick-run fixture -> the unit of every test that reads it (checked at collection)

@@ -1,5 +1,6 @@
-"""``normfast view``: a run's page, one self-contained HTML file (driver over
-:mod:`normfast.engine.report.page`); ``--screenshot`` also renders it to PNG in headless Chromium."""
+"""``normfast view``: a run's page, or a training monitor folder's, one self-contained HTML file (driver
+over :mod:`normfast.engine.report.page` and :mod:`normfast.engine.monitor.page`); ``--screenshot`` also
+renders it to PNG in headless Chromium."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from normfast.engine.monitor.page import DEFAULT_SERIES, DEFAULT_STEPS
 from normfast.engine.report.page.collect import DEFAULT_DOCS, DEFAULT_MAX_ROWS, DEFAULT_MAX_TYPES
 
 view_description = """\
@@ -26,17 +28,33 @@ row table show a seeded sample of documents (--docs, --max-rows), the type
 tables hold the --max-types most frequent types, the heat's distribution is a
 histogram of every row.
 
+A training monitor folder (normfast.TrainingMonitor(..., out=FOLDER)) gets
+the page of the same family: the norms of chosen items over training with
+the law's R_eq, the budget terms (task, decay, remainder) over training, and
+a sortable table of the items' window means ± standard errors (batch means
+over the window's steps). Its size is bounded whatever the run's length:
+--steps points per plotted series, the trajectories of --series items.
+
 examples:
   normfast view runs/demo/demo.parquet                 # writes runs/demo/demo.html
   normfast view runs/news.parquet --stat D --min-count 3 --out news.html
   normfast view runs/run.manifest.json                 # a sharded run
   normfast view runs/demo                              # the folder holding one run
-  normfast view runs/demo/demo.parquet --screenshot runs/demo/demo.png"""
+  normfast view runs/demo/demo.parquet --screenshot runs/demo/demo.png
+  normfast view runs/train_monitor                     # writes runs/train_monitor/monitor.html"""
 
 
 def view_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="a run: its .parquet file, a sharded run's .manifest.json, or the folder holding one")
-    p.add_argument("--out", default=None, help="output .html (default: next to the run, RUN.html)")
+    p.add_argument(
+        "run",
+        help="a run: its .parquet file, a sharded run's .manifest.json, or the folder holding one; or a "
+        "training monitor folder",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output .html (default: next to the run, RUN.html; a monitor folder's page: FOLDER/monitor.html)",
+    )
     p.add_argument(
         "--stat",
         default=None,
@@ -70,15 +88,27 @@ def view_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the document sample (default 0)")
     p.add_argument(
-        "--screenshot",
-        default=None,
-        metavar="PNG",
-        help="also render the page in headless Chromium and save its top as a PNG (needs playwright "
-        "and a Chromium: `pip install playwright`, Debian `apt install chromium`, or the "
-        "browser's executable in NORMFAST_CHROMIUM)",
+        "--window",
+        type=float,
+        default=0.5,
+        help="monitor folders: the last fraction of the recorded steps the window means and the law average "
+        "over (default 0.5, as normfast report)",
     )
-    p.add_argument("--width", type=int, default=1280, help="--screenshot: window width in pixels (default 1280)")
-    p.add_argument("--height", type=int, default=1500, help="--screenshot: height in pixels (default 1500)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"monitor folders: at most this many points per plotted series, each the mean over consecutive "
+        f"recorded steps when there are more (default {DEFAULT_STEPS})",
+    )
+    p.add_argument(
+        "--series",
+        type=int,
+        default=DEFAULT_SERIES,
+        help=f"monitor folders: the items whose trajectories are on the page, spread over the range of "
+        f"window-mean norms (default {DEFAULT_SERIES}; every item of the table is listed)",
+    )
+    screenshot_arguments(p)
 
 
 def default_output(run: Path) -> Path:
@@ -141,32 +171,68 @@ def screenshot(page: Path, png: Path, width: int = 1280, height: int = 1500, bro
             launched.close()
 
 
+def _monitor_page(args: argparse.Namespace) -> Path:
+    from normfast.engine.monitor.page import write_monitor_page
+
+    if args.stat is not None:
+        raise ValueError("--stat colors a probe run's text; a training monitor folder has none")
+    folder = Path(args.run) if Path(args.run).is_dir() else Path(args.run).parent
+    out = Path(args.out) if args.out else folder / "monitor.html"
+    return write_monitor_page(args.run, out, window=args.window, steps=args.steps, series=args.series)
+
+
 def view_main(args: argparse.Namespace) -> int:
     from normfast.data.manifest import resolve_run
+    from normfast.engine.monitor.analysis import is_monitor
     from normfast.engine.result import ProbeResult
 
     try:
-        run = resolve_run(args.run)
-        result = ProbeResult.load(run)
-        out = Path(args.out) if args.out else default_output(run)
-        result.to_html(
-            out,
-            stat=args.stat,
-            docs=args.docs,
-            min_count=args.min_count,
-            max_rows=args.max_rows,
-            max_types=args.max_types,
-            seed=args.seed,
-        )
+        if is_monitor(args.run):
+            out = _monitor_page(args)
+            what = "a training monitor folder"
+        else:
+            run = resolve_run(args.run)
+            result = ProbeResult.load(run)
+            out = Path(args.out) if args.out else default_output(run)
+            result.to_html(
+                out,
+                stat=args.stat,
+                docs=args.docs,
+                min_count=args.min_count,
+                max_rows=args.max_rows,
+                max_types=args.max_types,
+                seed=args.seed,
+            )
+            what = f"{len(result):,} rows"
     except (ValueError, TypeError, FileNotFoundError, KeyError) as exc:
         print(f"normfast view: error: {str(exc).removeprefix('normfast view: ')}", file=sys.stderr)
         return 2
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(result):,} rows)")
-    if args.screenshot:
-        try:
-            png = screenshot(out, Path(args.screenshot), args.width, args.height)
-        except (ImportError, FileNotFoundError) as exc:
-            print(f"normfast view: error: {exc}", file=sys.stderr)
-            return 2
-        print(f"wrote {png} ({png.stat().st_size / 1e3:.0f} KB)")
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {what})")
+    return write_screenshot(args, out, "view")
+
+
+def write_screenshot(args: argparse.Namespace, page: Path, command: str) -> int:
+    """``--screenshot``: the top of the written page as a PNG (0, or 2 with a one-line error)."""
+    if not args.screenshot:
+        return 0
+    try:
+        png = screenshot(page, Path(args.screenshot), args.width, args.height)
+    except (ImportError, FileNotFoundError) as exc:
+        print(f"normfast {command}: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {png} ({png.stat().st_size / 1e3:.0f} KB)")
     return 0
+
+
+def screenshot_arguments(p: argparse.ArgumentParser) -> None:
+    """``--screenshot PNG`` with its ``--width`` and ``--height``."""
+    p.add_argument(
+        "--screenshot",
+        default=None,
+        metavar="PNG",
+        help="also render the page in headless Chromium and save its top as a PNG (needs playwright "
+        "and a Chromium: `pip install playwright`, Debian `apt install chromium`, or the "
+        "browser's executable in NORMFAST_CHROMIUM)",
+    )
+    p.add_argument("--width", type=int, default=1280, help="--screenshot: window width in pixels (default 1280)")
+    p.add_argument("--height", type=int, default=1500, help="--screenshot: height in pixels (default 1500)")

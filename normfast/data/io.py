@@ -3,7 +3,8 @@
 :func:`read_table`, :func:`read_metadata`, :func:`count_rows` and
 :func:`iter_batches` read a run's rows and metadata from a Parquet file or a
 sharded run's manifest (:mod:`normfast.data.manifest`), always with the Parquet
-page checksums verified; :func:`fingerprint` hashes the arguments that define a
+page checksums verified; :func:`open_run` opens a run for a reader, its format's
+version and its columns' types checked; :func:`fingerprint` hashes the arguments that define a
 run, and :func:`describe_spec_change` names, in words, those that differ between
 two runs (for a refused resume). The run's work folder and its chunks are
 :mod:`normfast.data.runwriter`'s.
@@ -22,15 +23,19 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from normfast.core.checks import first_line
+from normfast.data.formats import check_column_types, run_metadata
 from normfast.data.manifest import data_files, is_manifest, read_manifest
 from normfast.data.schema import METADATA_KEY
 
 __all__ = [
+    "check_columns",
     "count_rows",
     "describe_spec_change",
     "fingerprint",
     "iter_batches",
     "json_ready",
+    "open_run",
     "read_metadata",
     "read_table",
 ]
@@ -52,6 +57,13 @@ _SPEC_LABELS = {
     "input_fingerprints.ids": "the item ids (ids)",
     "input_fingerprints.second_moments": "the given second moments (second_moments)",
     "model_fingerprint": "the model's weights",
+    "tokenizer_fingerprint": "the tokenizer",
+    "encoder_settings.lowercase": "the tokenizer's lowercasing (encoder_settings.lowercase)",
+    "encoder_settings.modules": "the model's modules (encoder_settings.modules: their types and sizes)",
+    "encoder_settings.config": "the model's configuration (encoder_settings.config)",
+    "encoder_settings.preprocess": "the image preprocessing (encoder_settings.preprocess)",
+    "pair_encoder.model_fingerprint": "the pair encoder's weights",
+    "pair_encoder.tokenizer_fingerprint": "the pair encoder's tokenizer",
     "model": "the model",
     "n_items": "the number of probe items",
     "n_pairs": "the size of the pair source",
@@ -74,13 +86,20 @@ def _short(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _is_hash(key: str) -> bool:
+    """Whether a flattened spec key holds a content hash (named, its values not shown)."""
+    return key.startswith("input_fingerprints.") or key.endswith(("fingerprint", ".modules", ".config", ".preprocess"))
+
+
 def describe_spec_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     """The arguments that differ between two run specs, in words (for a refused resume).
 
     Settings are named as the user sets them, with their old and new values
-    (``config.lr 0.001 -> 0.01``, ``objective_settings.temperature 0.05 -> 0.2``);
-    inputs stored as hashes are named (``the probe items (probes)``). A top-level
-    copy of a setting that changed the same way (``lr``, ``M``) is not repeated.
+    (``config.lr 0.001 -> 0.01``, ``objective_settings.temperature 0.05 -> 0.2``,
+    ``encoder_settings.pooling ["mean"] -> ["cls"]``); inputs, weights and tokenizers stored as
+    hashes are named only (``the probe items (probes)``, ``the model's weights``, ``the
+    tokenizer``). A top-level copy of a setting that changed the same way (``lr``, ``M``) is not
+    repeated.
     """
     a = _flatten(json.loads(json.dumps(dict(old), default=str)))
     b = _flatten(json.loads(json.dumps(dict(new), default=str)))
@@ -93,8 +112,8 @@ def describe_spec_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
         label = _SPEC_LABELS.get(k)
         if k not in a:
             out.append(f"{label or k} (not recorded by the earlier run)")
-        elif label is not None and (k.startswith("input_fingerprints") or k == "model_fingerprint"):
-            out.append(label)
+        elif _is_hash(k):
+            out.append(label or k)
         else:
             out.append(f"{label or k} {_short(a.get(k))} -> {_short(b.get(k))}")
     return ", ".join(out) if out else "nothing that can be named (the run file is unreadable or from another version)"
@@ -104,19 +123,49 @@ def describe_spec_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 # reading
 # ----------------------------------------------------------------------------
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The run metadata of a normfast Parquet file (schema metadata) or manifest."""
+    """The run metadata of a normfast Parquet file (schema metadata) or manifest.
+
+    Every reader of a run comes through here, so the format is checked here, once
+    (:func:`normfast.data.schema.run_metadata`): metadata that is not a JSON object, or whose
+    ``schema_version`` is not an integer, is a one-line ``ValueError`` naming the file; a newer
+    version is refused (upgrade normfast), an older one read with a warning that says so.
+    """
     if is_manifest(path):
-        return dict(read_manifest(path, check=False)["metadata"])
+        return run_metadata(read_manifest(path, check=False)["metadata"], path)
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowInvalid, OSError) as exc:
         if Path(path).is_dir():
             raise
-        raise ValueError(f"{path}: not a normfast run (not a Parquet file: {str(exc).splitlines()[0]})") from None
+        raise ValueError(f"{path}: not a normfast run (not a Parquet file: {first_line(exc)})") from None
     blob = (schema.metadata or {}).get(METADATA_KEY)
     if blob is None:
         raise ValueError(f"{path}: not a normfast run (no {METADATA_KEY.decode()!r} schema metadata)")
-    return json.loads(blob)
+    try:
+        parsed = json.loads(blob)
+    except ValueError as exc:
+        raise ValueError(
+            f"{path}: its normfast metadata is not JSON ({first_line(exc)}): the file is damaged or was not "
+            f"written by normfast"
+        ) from None
+    return run_metadata(parsed, path)
+
+
+def check_columns(paths: Iterable[str | os.PathLike]) -> None:
+    """Refuse a run file whose registered columns hold values of another type (``V2`` as strings): one
+    ``ValueError`` line naming the file and the column (from the footers; no data is read)."""
+    for p in paths:
+        check_column_types(pq.read_schema(p), p)
+
+
+def open_run(path: str | os.PathLike) -> tuple[list[Path], dict[str, Any]]:
+    """``(the Parquet files holding the run's rows in item order, its metadata)`` of a run file or
+    manifest, checked: the format's version (:func:`read_metadata`) and the columns' types
+    (:func:`check_columns`). What ``ProbeResult.load`` and ``aggregate`` open a run with."""
+    metadata = read_metadata(path)
+    files = data_files(path)
+    check_columns(files)
+    return files, metadata
 
 
 def read_table(

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from normfast.core.paths import inside_folder
 from normfast.data.atomic import write_text_atomically
+from normfast.data.formats import format_version
 from normfast.data.schema import METADATA_KEY
 from normfast.data.textfiles import read_text
 
@@ -114,10 +115,14 @@ def read_manifest(path: str | os.PathLike, *, check: bool = True) -> dict[str, A
         raise ValueError(f"{fn}: {path} is not valid JSON ({exc})") from None
     if not isinstance(blob, dict) or blob.get("format") != MANIFEST_FORMAT:
         raise ValueError(f"{fn}: {path} is not a normfast manifest (expected format={MANIFEST_FORMAT!r})")
-    if blob.get("version") != MANIFEST_VERSION:
-        raise ValueError(
-            f"{fn}: {path} has manifest version {blob.get('version')!r}, this normfast reads version {MANIFEST_VERSION}"
-        )
+    format_version(
+        blob,
+        f"{fn}: {path}",
+        key="version",
+        current=MANIFEST_VERSION,
+        what="manifest format",
+        older="its fields are read as this version's",
+    )
     parts = blob.get("parts")
     if not isinstance(parts, list) or not parts or not all(isinstance(p, dict) for p in parts):
         raise ValueError(f"{fn}: {path} names no parts")

@@ -5,9 +5,11 @@ work folder next to the output (``RUN.parquet.parts/``), each written to a
 temporary name and renamed into place, so a crash can never leave a
 half-written chunk behind. ``finalize`` concatenates the chunks in order into
 the final file (one row group per chunk), again through a temporary name and
-an atomic rename, then removes the work folder. A run restarted with the
-same arguments finds the finished chunks and skips them; a run restarted with
-different arguments is refused instead of mixing two runs in one table.
+an atomic rename, then removes the files it wrote in the work folder, and the
+folder when nothing else is in it (a file the user put there is left, and
+named in a warning). A run restarted with the same arguments finds the
+finished chunks and skips them; a run restarted with different arguments is
+refused instead of mixing two runs in one table.
 
 Sharded runs (``normfast.engine.runner.distributed``) share the same work folder: every
 rank writes the chunks it computed there, and each writes its part
@@ -35,6 +37,7 @@ Memory: nothing here holds more than one chunk of rows at a time.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -169,11 +172,13 @@ class ChunkedParquetWriter:
             except (OSError, RunFolderLocked):
                 continue  # another process is creating it right now
             lock.release()
-            shutil.rmtree(tmp, ignore_errors=True)
+            left = remove_work_files(tmp)
+            if left:
+                warnings.warn(f"{tmp}: left {describe_left(left)}", RuntimeWarning, stacklevel=4)
 
     def _discard(self) -> None:
         """Delete an unfinished run's work folder (overwrite): only files normfast writes there."""
-        strays = [p.name for p in self.parts.iterdir() if not _is_work_file(p.name)]
+        strays = sorted(p.name for p in self.parts.iterdir() if not _is_work_file(p))
         if strays:
             self.release()
             raise FileExistsError(
@@ -243,7 +248,7 @@ class ChunkedParquetWriter:
 
     # -- chunks ---------------------------------------------------------------------
     def _chunk_path(self, index: int) -> Path:
-        return self.parts / f"chunk-{index:07d}.parquet"
+        return chunk_file(self.parts, index)
 
     def done(self) -> set[int]:
         """Indices of chunks already written (complete files only)."""
@@ -353,9 +358,13 @@ class ChunkedParquetWriter:
         return self.out
 
     def cleanup(self) -> None:
-        """Remove the work folder (after every part of the run has been written), then the lock."""
-        shutil.rmtree(self.parts, ignore_errors=True)
+        """Remove the files normfast wrote in the work folder (after every part of the run has been
+        written), then the lock, then the folder when nothing else is in it. Anything else (a file the
+        user put there) is left, and named in one warning."""
+        left = remove_work_files(self.parts)
         self.release()
+        if left:
+            warnings.warn(f"{self.parts}: left {describe_left(left)}; the folder stays", RuntimeWarning, stacklevel=3)
 
     def abandon(self) -> None:
         """The run failed in a way that its own resume would meet again: remove the work folder if this
@@ -367,6 +376,18 @@ class ChunkedParquetWriter:
             self.release()
 
 
+def chunk_file(parts: str | os.PathLike, index: int) -> Path:
+    """The file of finished chunk ``index`` in the work folder ``parts``."""
+    return Path(parts) / f"chunk-{index:07d}.parquet"
+
+
+def holds_unfinished_run(out: str | os.PathLike) -> bool:
+    """Whether the work folder of the output ``out`` holds an unfinished run (its ``run.json``); a folder
+    left holding only files normfast did not write does not."""
+    out = Path(out)
+    return (out.with_name(out.name + ".parts") / _RUN_FILE).exists()
+
+
 def glob_escape(name: str) -> str:
     """``name`` with glob's special characters taken literally."""
     import glob
@@ -374,14 +395,36 @@ def glob_escape(name: str) -> str:
     return glob.escape(name)
 
 
-def _is_work_file(name: str) -> bool:
-    """Whether a file in a work folder is one normfast writes there."""
-    return (
+def _is_work_file(path: Path) -> bool:
+    """Whether an entry of a work folder is a file normfast writes there (a folder never is)."""
+    name = path.name
+    return (path.is_symlink() or not path.is_dir()) and (
         name in (_RUN_FILE, _LOCK_FILE)
-        or re.fullmatch(r"chunk-\d+\.parquet(\.sha256)?", name) is not None
+        or re.fullmatch(r"(chunk-\d+\.parquet(\.sha256)?|outer-\d+\.pt)", name) is not None
         or (name.startswith(".") and name.endswith(".tmp"))
-        or name.startswith("outer-")
     )
+
+
+def remove_work_files(folder: Path) -> list[str]:
+    """Delete the files normfast writes in a work folder (the lock file last) and then the folder
+    when it is empty; returns the names of the entries left (sorted): those normfast did not write."""
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    left = [p.name for p in sorted(folder.iterdir()) if not _is_work_file(p)]
+    for p in sorted(folder.iterdir(), key=lambda p: p.name == _LOCK_FILE):
+        if p.name not in left:
+            with contextlib.suppress(OSError):  # as the removal of a finished run's folder always was
+                p.unlink()
+    if not left:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    return left
+
+
+def describe_left(names: Sequence[str]) -> str:
+    """``notes.txt, plots (2 files normfast did not write)``: the entries a removal left, for a warning."""
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"{shown} ({len(names)} file{'s' if len(names) != 1 else ''} normfast did not write)"
 
 
 def verify_chunk(path: str | os.PathLike) -> str | None:

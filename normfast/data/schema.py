@@ -33,7 +33,7 @@ import pyarrow as pa
 
 #: version of the output format written by this normfast (``metadata["schema_version"]``).
 #: Files without the key predate versioning (version 1).
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: the Parquet schema metadata key under which a run's metadata (:data:`METADATA_KEYS`) is stored, as JSON
 METADATA_KEY = b"normfast"
@@ -54,7 +54,9 @@ CHANGES = {
     "(the run's common level and its standard error); norm_continued beside r_eq_snapshot",
     8: "intervals of the snapshot predictor: r_eq_snapshot_lo/hi and norm_continued_lo/hi columns; "
     "interval_segments in the snapshot metadata",
-    9: "the virtual objective's health: objective_health and pair_source metadata; the regime "
+    9: "the resume fingerprint made sound: tokenizer_fingerprint, encoder_settings and pair_encoder metadata; "
+    "model_fingerprint hashes every byte of every parameter and buffer (it sampled the values)",
+    10: "the virtual objective's health: objective_health and pair_source metadata; the regime "
     "`objective saturated` (reason `objective_saturated`)",
 }
 
@@ -269,7 +271,27 @@ COLUMNS: tuple[Column, ...] = (
 METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("schema_version", "version of this format (an int; absent: 1)"),
     MetadataKey("model", "the model as given (spec string or class name)"),
-    MetadataKey("model_fingerprint", "hash of the model's parameter names, shapes and values (sampled)"),
+    MetadataKey(
+        "model_fingerprint",
+        "content hash of the model: every parameter and buffer, by name, with its shape, dtype and every byte",
+    ),
+    MetadataKey(
+        "tokenizer_fingerprint",
+        "content hash of the tokenizer's whole state (a transformers tokenizer's saved files: vocabulary, "
+        "normalizer, lowercasing, special tokens); null without a tokenizer",
+    ),
+    MetadataKey(
+        "encoder_settings",
+        "every choice of the adapter that changes an embedding (`Encoder.settings()`): the adapter, the head, "
+        "a hash of its module tree, and per family the pooling, lowercasing, staging and configuration hash "
+        "(transformers), the projection and the modules.json modules not run (sentence-transformers), the "
+        "tower, projection and preprocessing hash (open_clip), the pooling and collate functions (nn.Module)",
+    ),
+    MetadataKey(
+        "pair_encoder",
+        "the encoder of the positive side, when it is another model (open_clip's other tower): its "
+        "`settings`, `model_fingerprint` and `tokenizer_fingerprint`; null otherwise",
+    ),
     MetadataKey(
         "encoder_note",
         "how the model was wrapped, when normfast decided something for the user "
@@ -374,7 +396,8 @@ RELEASED = {
     6: "e06d2ab48ed9b48d",
     7: "feb8b2f21ad06ca2",
     8: "859ee96b1536b587",
-    9: "ec01f64598041aaa",
+    9: "04665bbe53caa7ae",
+    10: "ef88da408c8bc9d4",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

@@ -1,7 +1,10 @@
-"""The encoder protocol: :class:`Encoder` (staged forward, ``prepare``) and :class:`LinearHead`."""
+"""The encoder protocol: :class:`Encoder` (staged forward, ``prepare``, ``settings``) and :class:`LinearHead`."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -83,6 +86,30 @@ def special_token_ids(tokenizer: Any) -> set[int]:
     return out
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def describe(obj: Any) -> str:
+    """``repr(obj)`` on one line and without memory addresses: the same text in every process."""
+    return _ADDRESS.sub("", " ".join(repr(obj).split()))
+
+
+def short_hash(text: str) -> str:
+    """16 hex digits of the SHA-256 of ``text``."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def callable_name(fn: Any) -> str | None:
+    """``module.qualname`` of a function or class, or of a callable object's class (None for None):
+    the same text in every process."""
+    if fn is None:
+        return None
+    if isinstance(fn, functools.partial):
+        return f"partial({callable_name(fn.func)}, {describe(fn.args)}, {describe(sorted(fn.keywords.items()))})"
+    target = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
+
+
 class Encoder(nn.Module):
     """Base class of all adapters (see the module docstring for the contract)."""
 
@@ -121,6 +148,19 @@ class Encoder(nn.Module):
     def head(self) -> LinearHead | None:
         """The final linear map ``z = W a + b`` (projection / Dense head), if the encoder ends in one."""
         return None
+
+    def settings(self) -> dict[str, Any]:
+        """Every choice of this adapter that changes an embedding, besides the values of the weights and
+        the tokenizer (hashed apart), as plain JSON: the adapter, its head, and a hash of its module tree
+        (``repr``: module types and sizes, activations, norms' eps, dropout rates). Adapters add
+        theirs (pooling, lowercasing, tower, projection, ...). A probe run records it in its metadata
+        (``encoder_settings``) and its resume key, so that a resume with other settings is refused."""
+        head = self.head()
+        return {
+            "adapter": f"{type(self).__module__}.{type(self).__qualname__}",
+            "head": None if head is None else list(head.parameter_names),
+            "modules": short_hash(describe(self)),
+        }
 
     def head_hint(self) -> str:
         """Why :meth:`head` is None and what to pass instead (error messages); empty when unknown."""

@@ -156,6 +156,11 @@ class CachedFrontEncoder(Encoder):
         """The wrapped encoder (its tail modules are shared with this one)."""
         return self._base[0]
 
+    def settings(self) -> dict[str, Any]:
+        """:meth:`Encoder.settings` plus the cut, the length groups and the base encoder's settings."""
+        base = self.base.settings()
+        return {**super().settings(), "cut": self.cut, "group_lengths": self.group_lengths, "base": base}
+
     # -- construction -----------------------------------------------------------
     def _attach_tail(self, fn: str, base: Encoder, names: list[str]) -> None:
         tail = set(names)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import json
 import warnings
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from .base import TRUNCATED, Encoder, LinearHead, State
+from .base import TRUNCATED, Encoder, LinearHead, State, describe, short_hash
 from .pooling import DenseLayer, pool_tokens, pooling_modes
 from .staging import block_index, check_texts, stage_list
 from .tokenizing import tokenize_truncated
@@ -232,6 +233,20 @@ class HFEncoder(Encoder):
     @property
     def n_stages(self) -> int:
         return len(self.model.encoder.layer) + 2 if self.staged else 1
+
+    def settings(self) -> dict[str, Any]:
+        """:meth:`Encoder.settings` plus the pooling, the lowercasing, whether the model runs in stages,
+        and a hash of the model's configuration (less where it was loaded from and the library version)."""
+        config = getattr(self.model, "config", None)
+        values = config.to_dict() if callable(getattr(config, "to_dict", None)) else {}
+        values = {k: v for k, v in values.items() if k not in ("_name_or_path", "transformers_version")}
+        return {
+            **super().settings(),
+            "pooling": list(self.pooling_modes),
+            "lowercase": self.lowercase,
+            "staged": self.staged,
+            "config": short_hash(describe(json.dumps(values, sort_keys=True, default=str))),
+        }
 
     @property
     def stages(self) -> list[tuple[str, nn.Module]]:

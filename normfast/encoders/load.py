@@ -38,16 +38,29 @@ def _minilm_source() -> str:
     return minilm_source() or MINILM_HUB_ID
 
 
+# named, not lambdas: a run's encoder settings tell the poolings apart by their qualified names
+def _mean_over_positions(x: torch.Tensor) -> torch.Tensor:
+    return x.mean(dim=1)
+
+
+def _max_over_positions(x: torch.Tensor) -> torch.Tensor:
+    return x.max(dim=1).values
+
+
+def _first_position(x: torch.Tensor) -> torch.Tensor:
+    return x[:, 0]
+
+
 def _module_pooling(fn: str, pooling: Any) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, bool]:
     """``(pooling function, whether it commutes with a final linear map)``."""
     if pooling is None or callable(pooling):
         return pooling, True
     if pooling == "mean":
-        return (lambda x: x.mean(dim=1)), True
+        return _mean_over_positions, True
     if pooling == "max":
-        return (lambda x: x.max(dim=1).values), False
+        return _max_over_positions, False
     if pooling == "cls":
-        return (lambda x: x[:, 0]), True
+        return _first_position, True
     raise ValueError(
         f"{fn}: unsupported pooling {pooling!r} for an nn.Module; expected a "
         f"callable, None or one of {_MODULE_POOLINGS}"

@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from .base import Encoder, LinearHead, State
+from .base import Encoder, LinearHead, State, callable_name
 
 
 class ModuleEncoder(Encoder):
@@ -71,6 +71,10 @@ class ModuleEncoder(Encoder):
         else:
             where = f"no head (its last module is {type(last).__name__}, not an nn.Linear)"
         return f"nn.Sequential split into {len(self._stage_list)} stages; {where}"
+
+    def settings(self) -> dict[str, Any]:
+        """:meth:`Encoder.settings` plus the pooling and collate functions (by their qualified names)."""
+        return {**super().settings(), "pooling": callable_name(self.pooling), "collate": callable_name(self.collate)}
 
     def head_hint(self) -> str:
         """What to pass to get a head, for error messages."""

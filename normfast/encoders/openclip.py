@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .base import TRUNCATED, Encoder, LinearHead, State
+from .base import TRUNCATED, Encoder, LinearHead, State, describe, short_hash
 from .staging import block_index, check_texts, stage_list
 
 # ---------------------------------------------------------------------------
@@ -149,6 +149,17 @@ class OpenCLIPEncoder(Encoder):
     @property
     def _transformer(self) -> nn.Module:
         return (self.visual if self.tower == "image" else self.text).transformer
+
+    def settings(self) -> dict[str, Any]:
+        """:meth:`Encoder.settings` plus the tower, the projection, whether it runs in stages, and a hash
+        of the image preprocessing (its transforms and their sizes, means and deviations)."""
+        return {
+            **super().settings(),
+            "tower": self.tower,
+            "projection": self.projection,
+            "staged": self._staged,
+            "preprocess": None if self.preprocess is None else short_hash(describe(self.preprocess)),
+        }
 
     def with_tower(self, tower: str, projection: bool | None = None) -> "OpenCLIPEncoder":
         """An encoder for ``tower`` of the same model (shared weights)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -130,9 +130,15 @@ class SentenceTransformerEncoder(HFEncoder):
         self.name = source
         self.source = source
         self.folder_pooling = folder_modes
+        #: whether the Dense (and inner Normalize) modules after the pooling run (projection=True)
+        self.projection = bool(projection)
         #: module types from modules.json that this encoder does not run
         self.skipped_modules = skipped
         self.to(device)
+
+    def settings(self) -> dict[str, Any]:
+        """:meth:`HFEncoder.settings` plus the projection choice and the modules.json modules not run."""
+        return {**super().settings(), "projection": self.projection, "skipped_modules": list(self.skipped_modules)}
 
     @staticmethod
     def _load_dense(fn: str, files: ModelFiles, path: str, trust_remote_code: bool) -> DenseLayer:

@@ -82,7 +82,15 @@ from normfast.engine.result import ProbeResult
 from normfast.engine.runner.chunks import run_chunks
 from normfast.engine.runner.distributed import chunks_for_rank, current_shard
 from normfast.engine.runner.files import finish_sharded, open_output
-from normfast.engine.runner.provenance import device_name, hash_items, hash_model, library_versions
+from normfast.engine.runner.provenance import (
+    device_name,
+    encoder_tokenizer,
+    hash_items,
+    hash_model,
+    hash_pairs,
+    hash_tokenizer,
+    library_versions,
+)
 from normfast.engine.runner.state import ProbeRun
 
 
@@ -196,14 +204,18 @@ def probe(
     n_chunks = math.ceil(n_items / config.chunk_size)
     inputs = {  # what the rows depend on besides the settings; named when a resume is refused
         "probes": hash_items(probes),
-        "pairs": hash_items([pairs.batch(np.array([i])) for i in range(min(len(pairs), 4096))]),
+        # the pairs the virtual batches draw (every pair with the snapshot, whose trajectory draws its own)
+        "pairs": hash_pairs(pairs, None if config.snapshot else np.concatenate([np.ravel(b) for b in run.batches])),
         "ids": hash_items(ids) if ids is not None else None,
-        "second_moments": hash_items(list(second_moments.values())) if second_moments else None,
+        "second_moments": hash_items(sorted(second_moments.items())) if second_moments else None,
     }
     metadata = {
         "schema_version": SCHEMA_VERSION,
         "model": str(model_name),
         "model_fingerprint": hash_model(encoder),
+        "tokenizer_fingerprint": hash_tokenizer(encoder_tokenizer(encoder)),
+        "encoder_settings": encoder.settings(),
+        "pair_encoder": None if pair_encoder is None else _identity(pair_encoder),
         "encoder_note": getattr(encoder, "note", None),
         "objective": objective.name,
         "temperature": getattr(objective, "temperature", None),
@@ -315,6 +327,15 @@ def _abandoned_if_not_finite(writer: Any) -> Iterator[None]:
         if writer is not None:
             writer.abandon()
         raise
+
+
+def _identity(encoder: Encoder) -> dict[str, Any]:
+    """What makes an encoder's embeddings: its settings, weights and tokenizer (for the pair encoder)."""
+    return {
+        "settings": encoder.settings(),
+        "model_fingerprint": hash_model(encoder),
+        "tokenizer_fingerprint": hash_tokenizer(encoder_tokenizer(encoder)),
+    }
 
 
 def _as_probe_sequence(probes: Any) -> Sequence[Any]:

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from normfast.data.io import read_metadata
+from normfast.data.io import open_run
 
 
 class ProbeResult:
@@ -43,10 +43,10 @@ class ProbeResult:
     def load(cls, path: str | Path) -> "ProbeResult":
         """Open a run: a Parquet file written by :func:`probe`, a sharded run's ``.manifest.json``,
         or a folder holding one of them."""
-        from normfast.data.manifest import data_files, resolve_run
+        from normfast.data.manifest import resolve_run
 
         path = resolve_run(path)
-        return cls.from_files(data_files(path), read_metadata(path), path)
+        return cls.from_files(*open_run(path), path)
 
     @property
     def files(self) -> list[Path] | None:
@@ -166,6 +166,19 @@ class ProbeResult:
         from normfast.engine.report.page import InlinePage, page_html
 
         return InlinePage(page_html(self, **options), height=height)
+
+    def compare(self, other: "ProbeResult", **options: Any) -> pa.Table:
+        """This run (A) against ``other`` (B) over the same inputs, type by type: the differences
+        ``B − A`` of ``heat_rel``, the drift and ``r_eq`` with their standard errors, z and p, and the
+        Benjamini-Hochberg flags of what changed (``normfast compare``; refused in one line when the
+        runs' inputs differ).
+
+        ``options``: ``q`` (the false-discovery rate, default 0.05), ``min_count`` (see
+        :func:`normfast.engine.report.compare.compare`). Returns the table (a ``pyarrow.Table``).
+        """
+        from normfast.engine.report.compare import compare
+
+        return compare(self, other, **options)
 
     def _repr_html_(self) -> str:
         from normfast.engine.report.page import summary_html

@@ -52,6 +52,13 @@ def blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
 
 
+def block(marker: str) -> str:
+    """The one Python block of the page that contains ``marker`` (blocks move when the page grows)."""
+    found = [b for b in blocks("python") if marker in b]
+    assert len(found) == 1, f"{len(found)} Python blocks of {DOC.name} contain {marker!r}"
+    return found[0]
+
+
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory, minilm_tokenizer, monkeypatch_module) -> Path:
     """``runs/news.parquet`` (a corpus run, one row group per chunk of 3 windows), ``runs/big.*``
@@ -134,7 +141,7 @@ def _as_run_table(table: pa.Table, like: pa.Table) -> pa.Table:
 
 def test_the_python_api_block_writes_pages(inside):
     ns: dict = {}
-    exec(blocks("python")[0], ns)
+    exec(block("result.to_html("), ns)
     for name in ("sentences.html", "sentences-drift.html"):
         page = (inside / "runs" / name).read_text(encoding="utf-8")
         assert page.startswith("<!DOCTYPE html>") and '<script id="nf-data"' in page
@@ -142,7 +149,7 @@ def test_the_python_api_block_writes_pages(inside):
 
 def test_duckdb_recipes_give_the_runs_rows_and_types(inside):
     ns: dict = {}
-    exec(blocks("python")[1], ns)  # the DuckDB block
+    exec(block("import duckdb"), ns)
     expected = _expected(inside)
     for name, want in expected.items():
         rel = ns[name]
@@ -157,7 +164,7 @@ def test_polars_recipes_give_the_runs_rows_and_types(inside):
     from polars.testing import assert_frame_equal
 
     ns: dict = {}
-    exec(blocks("python")[2], ns)  # the Polars block
+    exec(block("import polars"), ns)
     expected = _expected(inside)
     for name in ("news", "big", "live"):
         want = pl.from_arrow(expected[name])
@@ -168,7 +175,7 @@ def test_polars_recipes_give_the_runs_rows_and_types(inside):
 
 def test_pandas_recipes_give_the_runs_rows_and_types(inside):
     ns: dict = {}
-    exec(blocks("python")[3], ns)  # the pandas block
+    exec(block("import pandas"), ns)
     expected = _expected(inside)
     for name in ("news", "big"):
         want = ProbeResult.load(inside / "runs" / "news.parquet").to_pandas()

@@ -24,7 +24,7 @@ from normfast.encoders import (
     pool_tokens,
 )
 from tests._encoder_checks import check_cuts, check_stage_cover, check_tail_jvp, check_vmap_over_tangents, rel_err
-from tests._models import tiny_bert, tiny_clip
+from tests._models import st_folder, tiny_bert, tiny_clip
 
 transformers = pytest.importorskip("transformers")
 open_clip = pytest.importorskip("open_clip")
@@ -314,67 +314,11 @@ def test_minilm_cuts_and_cover(minilm_encoder):
     check_stage_cover(minilm_encoder)
 
 
-def _write_st_folder(root, tokenizer, dense_specs, normalize=True, weights="safetensors", seed=0):
-    """A small sentence-transformers folder: tiny BERT, mean pooling, Dense layers, Normalize."""
-    from safetensors.torch import save_file
-
-    model = tiny_bert(tokenizer, seed=seed)
-    model.save_pretrained(root)
-    tokenizer.save_pretrained(root)
-    kind = "sentence_transformers.models."
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": kind + "Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": kind + "Pooling"},
-    ]
-    with open(os.path.join(root, "sentence_bert_config.json"), "w") as fh:
-        json.dump({"max_seq_length": 48, "do_lower_case": False}, fh)
-    os.makedirs(os.path.join(root, "1_Pooling"))
-    with open(os.path.join(root, "1_Pooling", "config.json"), "w") as fh:
-        json.dump(
-            {
-                "word_embedding_dimension": 32,
-                "pooling_mode_mean_tokens": True,
-                "pooling_mode_cls_token": False,
-                "pooling_mode_max_tokens": False,
-            },
-            fh,
-        )
-    g = torch.Generator().manual_seed(seed + 1)
-    width = 32
-    for i, (out, activation) in enumerate(dense_specs):
-        path = f"{i + 2}_Dense"
-        os.makedirs(os.path.join(root, path))
-        with open(os.path.join(root, path, "config.json"), "w") as fh:
-            json.dump({"in_features": width, "out_features": out, "bias": True, "activation_function": activation}, fh)
-        state = {
-            "linear.weight": torch.randn(out, width, generator=g) / width**0.5,
-            "linear.bias": torch.randn(out, generator=g),
-        }
-        if weights == "safetensors":
-            save_file(state, os.path.join(root, path, "model.safetensors"))
-        else:
-            torch.save(state, os.path.join(root, path, "pytorch_model.bin"))
-        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": kind + "Dense"})
-        width = out
-    if normalize:
-        modules.append(
-            {
-                "idx": len(modules),
-                "name": str(len(modules)),
-                "path": f"{len(modules)}_Normalize",
-                "type": kind + "Normalize",
-            }
-        )
-    with open(os.path.join(root, "modules.json"), "w") as fh:
-        json.dump(modules, fh)
-    return root
-
-
 @pytest.mark.parametrize("weights", ["safetensors", "bin"])
 def test_sentence_transformers_dense_head(tmp_path, tokenizer, weights):
     from sentence_transformers import SentenceTransformer
 
-    root = _write_st_folder(
+    root = st_folder(
         str(tmp_path / "st"),
         tokenizer,
         [(24, "torch.nn.modules.activation.Tanh"), (12, "torch.nn.modules.linear.Identity")],
@@ -404,7 +348,7 @@ def test_sentence_transformers_dense_head(tmp_path, tokenizer, weights):
 
 
 def test_sentence_transformers_nonlinear_last_dense_has_no_head(tmp_path, tokenizer):
-    root = _write_st_folder(str(tmp_path / "st"), tokenizer, [(8, "torch.nn.modules.activation.Tanh")])
+    root = st_folder(str(tmp_path / "st"), tokenizer, [(8, "torch.nn.modules.activation.Tanh")])
     enc = SentenceTransformerEncoder(root)
     assert enc.head() is None
     with pytest.raises(ValueError, match="linear head"):
@@ -412,7 +356,7 @@ def test_sentence_transformers_nonlinear_last_dense_has_no_head(tmp_path, tokeni
 
 
 def test_sentence_transformers_folder_errors(tmp_path, tokenizer):
-    root = _write_st_folder(str(tmp_path / "st"), tokenizer, [(8, "os.system")], normalize=False)
+    root = st_folder(str(tmp_path / "st"), tokenizer, [(8, "os.system")], normalize=False)
     with pytest.raises(ValueError, match="trust_remote_code"):
         SentenceTransformerEncoder(root)
     with open(os.path.join(root, "modules.json")) as fh:

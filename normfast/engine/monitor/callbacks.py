@@ -13,6 +13,7 @@ records (``state.is_world_process_zero``).
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Sequence
 
 from transformers import TrainerCallback
@@ -23,10 +24,15 @@ from normfast.data.torchfiles import load_plain, save_plain
 STATE_FILE = "normfast_monitor.pt"
 
 
-def probe_items(source: Any, n_probes: int, column: str | None = None) -> list[Any]:
-    """The first ``n_probes`` items of ``source``: a sequence of items, or a dataset of rows (a
+#: how many rows of a probe *dataset* the callback takes when ``n_probes`` is not given
+DATASET_PROBES = 64
+
+
+def probe_items(source: Any, n_probes: int | None = None, column: str | None = None) -> list[Any]:
+    """The probe items of ``source``: every item of a sequence, or the first rows of a dataset (a
     ``datasets.Dataset`` or a dict of columns) whose ``column`` (default: the first column of strings)
-    holds them."""
+    holds them, :data:`DATASET_PROBES` of them unless ``n_probes`` says. Whenever items are left out,
+    one warning says how many of how many, and why."""
     fn = "MonitorCallback"
     names = getattr(source, "column_names", None)
     if names is None and isinstance(source, dict):
@@ -39,10 +45,28 @@ def probe_items(source: Any, n_probes: int, column: str | None = None) -> list[A
                 raise ValueError(f"{fn}: the probe dataset has no column of strings ({names}); pass column=")
         elif column not in names:
             raise ValueError(f"{fn}: column={column!r} is not a column of the probe dataset ({names})")
-        return list(source[:n_probes][column]) if hasattr(source, "column_names") else list(source[column][:n_probes])
+        n = DATASET_PROBES if n_probes is None else n_probes
+        total = len(source) if hasattr(source, "column_names") else len(source[column])
+        items = list(source[:n][column]) if hasattr(source, "column_names") else list(source[column][:n])
+        _say_left_out(len(items), total, n_probes is None, "rows of the probe dataset")
+        return items
     if isinstance(source, (str, bytes)) or not hasattr(source, "__len__"):
         raise TypeError(f"{fn}: expected probes to be a sequence of items or a dataset, got {type(source).__name__}")
-    return list(source[:n_probes]) if hasattr(source, "__getitem__") else list(source)[:n_probes]
+    items = list(source)
+    if n_probes is not None and len(items) > n_probes:
+        _say_left_out(n_probes, len(items), False, "probe items")
+        items = items[:n_probes]
+    return items
+
+
+def _say_left_out(kept: int, total: int, default: bool, what: str) -> None:
+    if kept < total:
+        why = f"the default for a dataset, {DATASET_PROBES}" if default else "n_probes"
+        warnings.warn(
+            f"MonitorCallback: probing the first {kept} of {total} {what} ({why}); pass n_probes= for more",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 class MonitorCallback(TrainerCallback):
@@ -56,10 +80,11 @@ class MonitorCallback(TrainerCallback):
         trainer.train()          # then: normfast report runs/train_monitor
 
     Args:
-        probes: the probe items, or a dataset whose first ``n_probes`` rows are the probe set
-            (``column``: which column; default the first column of strings). The trainer does not
-            show its datasets to callbacks before it evaluates, so pass the evaluation set here.
-        n_probes: how many rows of a dataset to take.
+        probes: the probe items (every one is probed), or a dataset whose first ``n_probes`` rows are
+            the probe set (``column``: which column; default the first column of strings). The trainer
+            does not show its datasets to callbacks before it evaluates, so pass the evaluation set here.
+        n_probes: how many items to take: default every item of a sequence, the first 64 rows of a
+            dataset; a warning says how many were left out.
         column: the dataset column holding the items.
         encoder: a normfast ``Encoder`` sharing the trained model's parameters; default: the
             trainer's model, wrapped by :func:`normfast.load_encoder` (a ``SentenceTransformer``
@@ -72,10 +97,16 @@ class MonitorCallback(TrainerCallback):
     """
 
     def __init__(
-        self, probes: Any, *, n_probes: int = 64, column: str | None = None, encoder: Any = None, **monitor: Any
+        self,
+        probes: Any,
+        *,
+        n_probes: int | None = None,
+        column: str | None = None,
+        encoder: Any = None,
+        **monitor: Any,
     ):
-        if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < 1:
-            raise ValueError(f"MonitorCallback: expected n_probes to be an int >= 1, got {n_probes!r}")
+        if n_probes is not None and (isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < 1):
+            raise ValueError(f"MonitorCallback: expected n_probes to be None or an int >= 1, got {n_probes!r}")
         self.items: Sequence[Any] = probe_items(probes, n_probes, column)
         if not self.items:
             raise ValueError("MonitorCallback: the probe set is empty")

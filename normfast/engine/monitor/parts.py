@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from normfast.engine.monitor.realized import StepRule
+from normfast.engine.monitor.realized import DecaySplit, StepRule
 
 
 def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -42,6 +43,30 @@ def eval_mode(module: torch.nn.Module) -> Iterator[None]:
     finally:
         for m, flag in flags:
             m.training = flag
+
+
+def start_buffers(
+    encoder: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    theta: Mapping[str, torch.Tensor],
+    buffered: Mapping[str, StepRule],
+    decay: DecaySplit,
+) -> str:
+    """How heavy-ball SGD's shadow decay buffer starts, at the first step the monitor sees: ``exact`` when
+    the optimizer's momentum buffers do not exist yet, else ``warm-started`` (from an estimate, warned)."""
+    named = dict(encoder.named_parameters())
+    started = [n for n in buffered if optimizer.state.get(named[n], {}).get("momentum_buffer") is not None]
+    if started:
+        warnings.warn(
+            "TrainingMonitor: the optimizer's momentum buffers already exist (the monitor joined a "
+            "running heavy-ball SGD with weight decay): the decay part of its steps starts from an "
+            "estimate whose error decays as momentum^t (metadata decay_buffer='warm-started')",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        decay.warm_start(theta, {n: buffered[n] for n in started})
+        return "warm-started"
+    return "exact"
 
 
 def device_of(model: torch.nn.Module) -> torch.device:

@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from normfast.engine.monitor import state as monitor_state
 from normfast.engine.monitor.parts import (
     as_encoder,
     check_settings,
@@ -41,12 +42,12 @@ from normfast.engine.monitor.parts import (
     device_of,
     eval_mode,
     optimizer_info,
+    start_buffers,
     unwrap_optimizer,
     virtual_probe,
 )
 from normfast.engine.monitor.realized import DecaySplit, StepRule, parameters_as, step_rules, step_terms
-from normfast.engine.monitor.schema import MONITOR_FILE, MONITOR_FORMAT, SUMMARY_FILE, row_schema, rows_table
-from normfast.engine.monitor.state import STATE_VERSION, check_state, monitor_spec, pack_rows, unpack_rows
+from normfast.engine.monitor.schema import MONITOR_FILE, SUMMARY_FILE, row_schema, rows_table
 
 
 class TrainingMonitor:
@@ -133,7 +134,7 @@ class TrainingMonitor:
         self.flush_every, self.dtype, self.overwrite = flush_every, dtype, overwrite
         self.model_name = model_name or str(getattr(self.encoder, "name", "") or type(model).__name__)
         self._optimizer = None if optimizer is None else unwrap_optimizer(optimizer)
-        self._spec = monitor_spec(
+        self._spec = monitor_state.monitor_spec(
             self.model_name,
             probes,
             self.ids,
@@ -162,6 +163,7 @@ class TrainingMonitor:
         self._monitor_since_last = 0.0
         self._t_last: float | None = None
         self._names: list[str] | None = None  # monitored parameters (set up at the first step)
+        self._resumed: list[list[Any]] | None = None  # [name, shape, dtype] of a loaded state's parameters
         self._current: tuple[int, dict | None, dict, dict | None] | None = None
         self._writer: Any = None
         self._closed = False
@@ -187,6 +189,10 @@ class TrainingMonitor:
                 f"TrainingMonitor: the optimizer updates none of the parameters of the monitored "
                 f"{type(enc).__name__} (does the encoder share the trained model's parameters?)"
             )
+        mismatch = monitor_state.monitored_mismatch(self._resumed, names)
+        if mismatch is not None:
+            self.release()
+            raise ValueError(f"TrainingMonitor.before_step: {mismatch}; resume with the optimizer it was made with")
         stage = enc.stage_of_parameters()
         self._names = names
         chosen = set(names)
@@ -245,7 +251,7 @@ class TrainingMonitor:
         theta = self._params() if (record or buffered) else None
         if buffered:
             if self._decay_mode is None:
-                self._decay_mode = self._start_buffers(opt, theta, buffered)
+                self._decay_mode = start_buffers(self.encoder, opt, theta, buffered, self._decay)
             self._decay.before_step(theta, buffered)
         virtual = None
         if record and self.virtual:
@@ -255,21 +261,6 @@ class TrainingMonitor:
             t0 += time.perf_counter() - t1  # the virtual probe's time is counted apart
         self._current = (s, theta if record else None, rules, virtual)
         self._timing["terms_seconds"] += time.perf_counter() - t0
-
-    def _start_buffers(self, opt: torch.optim.Optimizer, theta: dict, buffered: Mapping[str, StepRule]) -> str:
-        named = dict(self.encoder.named_parameters())
-        started = [n for n in buffered if opt.state.get(named[n], {}).get("momentum_buffer") is not None]
-        if started:
-            warnings.warn(
-                "TrainingMonitor: the optimizer's momentum buffers already exist (the monitor joined a "
-                "running heavy-ball SGD with weight decay): the decay part of its steps starts from an "
-                "estimate whose error decays as momentum^t (metadata decay_buffer='warm-started')",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            self._decay.warm_start(theta, {n: buffered[n] for n in started})
-            return "warm-started"
-        return "exact"
 
     def after_step(self, optimizer: Any = None) -> None:
         """Call right after ``optimizer.step()``, on every step."""
@@ -449,15 +440,18 @@ class TrainingMonitor:
 
         if self._current is not None:
             raise RuntimeError("TrainingMonitor.state_dict: called between before_step() and after_step()")
+        named = dict(self.encoder.named_parameters())
         return {
-            "format": MONITOR_FORMAT,
-            "state_version": STATE_VERSION,
+            **monitor_state.state_header(),
+            "parameters": self._resumed
+            if self._names is None
+            else monitor_state.parameter_signature((n, named[n]) for n in self._names),
             "spec_fingerprint": fingerprint(self._spec),
             "next_step": self.next_step,
             "steps_seen": self.steps_seen,
             "recorded": self.recorded,
             "chunks": self.chunks,
-            "pending": pack_rows(self._pending),
+            "pending": monitor_state.pack_rows(self._pending),
             "decay_buffers": self._decay.state_dict(),
             "decay_buffer": self._decay_mode,
             "info": json.dumps(self._info),
@@ -468,27 +462,36 @@ class TrainingMonitor:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue a monitor from a checkpoint's :meth:`state_dict` (call before the first step of the
-        resumed run). The monitor must have the same settings, probes and ``out``."""
+        resumed run). The monitor must have the same settings, probes, model and ``out``; the state is
+        checked whole, against the model and against the blocks in ``out``, before anything is used or
+        touched (:mod:`normfast.engine.monitor.state`): a refusal is one ``ValueError`` line that deletes
+        nothing."""
         from normfast.data.io import fingerprint
 
         fn = "TrainingMonitor.load_state_dict"
-        check_state(fn, state, fingerprint(self._spec))
         if self._names is not None:
             raise RuntimeError(f"{fn}: call it before the first step of the resumed run")
-        self.next_step, self.steps_seen = int(state["next_step"]), int(state["steps_seen"])
-        self.recorded, self.chunks = int(state["recorded"]), int(state["chunks"])
-        self._pending = unpack_rows(state["pending"])
-        self._decay.load_state_dict(state["decay_buffers"], device_of(self.encoder))
-        self._decay_mode = state["decay_buffer"]
-        self._info = json.loads(state["info"])
-        self._first_step, self._last_step = state["first_step"], state["last_step"]
-        self._timing = dict(state["timing"])
+        n = len(self.probes)
+        st = monitor_state.check_state(
+            fn,
+            state,
+            fingerprint(self._spec),
+            n_items=n,
+            every=self.every,
+            flush_every=self.flush_every,
+            columns=self._schema().names,
+        )
+        monitor_state.check_model(fn, st["parameters"], self.encoder)
+        if self.out is not None:
+            monitor_state.check_blocks(
+                fn, self.out / (MONITOR_FILE + ".parts"), st, n_items=n, flush_every=self.flush_every
+            )
+        self.next_step, self.steps_seen, self.recorded, self.chunks = (
+            st[k] for k in ("next_step", "steps_seen", "recorded", "chunks")
+        )
+        self._pending, self._info, self._resumed = st["pending"], st["info"], st["parameters"]
+        self._decay.load_state_dict(st["decay_buffers"], device_of(self.encoder))
+        self._decay_mode, self._timing = st["decay_buffer"], st["timing"]
+        self._first_step, self._last_step = st["first_step"], st["last_step"]
         if self.out is not None:
             self._open_writer(resume=True)
-            missing = sorted(set(range(self.chunks)) - self._writer.done())
-            if missing:
-                self.release()
-                raise ValueError(
-                    f"{fn}: {self.out} lacks blocks {missing[:5]} written before the checkpoint; "
-                    f"the folder does not belong to this checkpoint"
-                )

@@ -17,7 +17,7 @@ REPORT_FILE = "report.json"
 ITEMS_FILE = "report_items.csv"
 FIGURE_FILE = "monitor_norms.png"
 
-_FIT_LABELS = {
+FIT_LABELS = {
     "realized_law": "law from the realized terms",
     "realized_law_no_remainder": "  the same without the curvature remainder",
     "virtual_law": "law from the virtual estimates (window mean)",
@@ -52,7 +52,7 @@ def format_report(result: dict[str, Any], *, top: int = 8) -> str:
         lines.append("|---|---|---|---|")
         for key, fit in r["fits"].items():
             lines.append(
-                f"| {_FIT_LABELS.get(key, key).strip()} | {fit['slope']:.3f} | {fit['pearson_r']:.3f} | "
+                f"| {FIT_LABELS.get(key, key).strip()} | {fit['slope']:.3f} | {fit['pearson_r']:.3f} | "
                 f"{fit['n_no_prediction']} |"
             )
     if r["dominant"]:

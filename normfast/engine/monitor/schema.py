@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from normfast.data.formats import format_version
 from normfast.data.schema import Column, MetadataKey, column_rows, key_rows, registry_problems, unregistered_keys
 
 #: the ``format`` metadata value of a monitor folder's Parquet file
@@ -181,6 +182,30 @@ def check_table(schema: Any) -> list[str]:
 def check_metadata(metadata: dict[str, Any]) -> list[str]:
     """Problems with a monitor's metadata keys against the registry (empty: it conforms)."""
     return unregistered_keys(metadata, METADATA_KEYS, "normfast/engine/monitor/schema.py METADATA_KEYS")
+
+
+def monitor_metadata(blob: Any, source: Any) -> dict[str, Any]:
+    """A monitor's metadata (``monitor.parquet``'s, or an unfinished folder's settings) as read from
+    ``source``, checked once for every reader: a JSON object of this format, of a version this normfast
+    reads (a newer one is refused: upgrade normfast; see :func:`normfast.data.schema.format_version`).
+    Every refusal is one ``ValueError`` line naming ``source``."""
+    if not isinstance(blob, dict):
+        raise ValueError(
+            f"{source}: its normfast metadata is a {type(blob).__name__}, not a JSON object: the file is damaged "
+            f"or was not written by normfast"
+        )
+    if blob.get("format") != MONITOR_FORMAT:
+        raise ValueError(f"{source}: not a training monitor's file (format {blob.get('format')!r})")
+    format_version(
+        blob,
+        source,
+        key="monitor_version",
+        current=MONITOR_VERSION,
+        what="monitor format",
+        older="what later versions added is absent (normfast.engine.monitor.schema.CHANGES lists it)",
+        stacklevel=2,
+    )
+    return blob
 
 
 def render_markdown() -> str:

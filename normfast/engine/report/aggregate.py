@@ -81,8 +81,7 @@ def _source(run: Any) -> tuple[Any, list[str], int, list[Path], dict[str, Any]]:
 
 def _files(run: Any) -> tuple[list[Path], dict[str, Any]]:
     """``(Parquet files in item order, run metadata)`` of a path, manifest, file list or file-backed ProbeResult."""
-    from normfast.data.io import read_metadata
-    from normfast.data.manifest import data_files
+    from normfast.data.io import check_columns, open_run, read_metadata
 
     if hasattr(run, "files") and hasattr(run, "metadata"):
         return run.files, dict(run.metadata)
@@ -90,14 +89,16 @@ def _files(run: Any) -> tuple[list[Path], dict[str, Any]]:
         path = Path(run)
         if not path.exists():
             raise FileNotFoundError(f"aggregate: run {path} does not exist")
-        return data_files(path), read_metadata(path)
+        return open_run(path)
     files = [Path(p) for p in run]
     if not files:
         raise ValueError("aggregate: expected at least one Parquet file, got none")
     for f in files:
         if not f.exists():
             raise FileNotFoundError(f"aggregate: run file {f} does not exist")
-    return files, read_metadata(files[0])
+    metadata = read_metadata(files[0])
+    check_columns(files)
+    return files, metadata
 
 
 class _Merged:

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 
 from normfast.data.manifest import manifest_path, part_path, write_manifest
-from normfast.data.runwriter import ChunkedParquetWriter
+from normfast.data.runwriter import ChunkedParquetWriter, holds_unfinished_run
 from normfast.data.schema import METADATA_KEY
 from normfast.data.torchfiles import load_plain, save_plain
 from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
@@ -64,9 +64,14 @@ def _finished_run(
 ) -> ProbeResult | None:
     """With ``resume``: the finished run at ``out`` if it was made with the same arguments."""
     existing = _existing_output(out)
-    if not resume or existing is None or out.with_name(out.name + ".parts").exists():
+    if not resume or existing is None or holds_unfinished_run(out):
         return None
-    result = ProbeResult.load(existing)
+    try:
+        result = ProbeResult.load(existing)
+    except ValueError:
+        if overwrite:
+            return None  # unreadable here (damaged, or of a newer format): replaced
+        raise
     previous = result.metadata.get("spec_fingerprint")
     if previous == key:
         return result

@@ -320,3 +320,27 @@ def test_lightning_adapter_without_lightning(monkeypatch):
     finally:
         monkeypatch.undo()
         importlib.reload(adapter)
+
+
+def test_the_callback_keeps_every_probe_item_of_a_list_and_says_what_it_leaves_out():
+    """A plain list of 256 items is probed whole (it used to keep 64 silently); a dataset takes its
+    first 64 rows by default and says so; n_probes cuts either, saying how many were left out."""
+    pytest.importorskip("transformers")
+    import warnings
+
+    from normfast.engine.monitor.callbacks import probe_items
+
+    items = [f"w{i}" for i in range(256)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert probe_items(items) == items
+    with pytest.warns(UserWarning, match=r"first 10 of 256 probe items \(n_probes\)"):
+        assert probe_items(items, 10) == items[:10]
+    rows = {"text": items[:100], "label": list(range(100))}
+    with pytest.warns(
+        UserWarning, match=r"first 64 of 100 rows of the probe dataset \(the default for a dataset, 64\)"
+    ):
+        assert probe_items(rows) == items[:64]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert probe_items(rows, 100) == items[:100]

@@ -228,6 +228,23 @@ def test_a_resumed_run_writes_the_same_parquet(toy_data, tmp_path):
         other.load_state_dict(checkpoint["monitor"])
 
 
+def test_close_keeps_the_files_the_user_put_in_the_parts_folder(toy_data, tmp_path):
+    n = toy_data.x.shape[0]
+    enc = build_encoder("mlp", TOY, toy_data)
+    mon = normfast.TrainingMonitor(enc, list(range(n)), every=1, out=tmp_path / "m", flush_every=2)
+    train_toy(
+        "mlp", toy_data, 5, lambda step, before, o: mon.before_step(o) if before else mon.after_step(), encoder=enc
+    )
+    parts = tmp_path / "m" / "monitor.parquet.parts"
+    (parts / "notes.txt").write_text("mine")
+    with pytest.warns(
+        RuntimeWarning, match=r"monitor\.parquet\.parts: left notes\.txt \(1 file normfast did not write\)"
+    ):
+        path = mon.close()
+    assert pq.read_table(path).num_rows == 5 * n
+    assert sorted(p.name for p in parts.iterdir()) == ["notes.txt"]  # the blocks, run.json and the lock went
+
+
 def _clone(state):
     if isinstance(state, dict):
         return {k: _clone(v) for k, v in state.items()}

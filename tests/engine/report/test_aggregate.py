@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from normfast.data.manifest import write_manifest
-from normfast.data.schema import METADATA_KEY
+from normfast.data.schema import METADATA_KEY, SCHEMA_VERSION
 from normfast.engine.report.aggregate import QUANTITIES, aggregate, write_table
 from normfast.engine.report.figures import plot_type_heat
 
@@ -81,7 +81,8 @@ def synthetic_run(rng: np.random.Generator, n_items: int = 9) -> pa.Table:
 
 
 def write_parts(table: pa.Table, folder, n_parts: int = 3, metadata=None) -> list:
-    meta = {METADATA_KEY: json.dumps(metadata or {"output": "tokens", "model": "synthetic"}).encode()}
+    default = {"schema_version": SCHEMA_VERSION, "output": "tokens", "model": "synthetic"}
+    meta = {METADATA_KEY: json.dumps(metadata or default).encode()}
     items = table.column("item").to_numpy()
     bounds = np.linspace(0, items.max() + 1, n_parts + 1).astype(int)
     paths = []
@@ -173,7 +174,7 @@ def test_by_token_matches_brute_force_over_several_files(tmp_path, rng, batch_si
             {"path": str(p), "rows": pq.ParquetFile(p).metadata.num_rows, "chunks": [k, k + 1]}
             for k, p in enumerate(paths)
         ],
-        {"output": "tokens"},
+        {"schema_version": SCHEMA_VERSION, "output": "tokens"},
         "key",
     )
     again = aggregate(manifest, by="token", min_count=3, batch_size=batch_size)
@@ -224,7 +225,7 @@ def test_aggregate_errors(tmp_path, rng):
     pooled = tmp_path / "pooled"
     pooled.mkdir()
     with pytest.raises(ValueError, match="token-level"):
-        aggregate(write_parts(table, pooled, 1, {"output": "pooled"}), by="token")
+        aggregate(write_parts(table, pooled, 1, {"schema_version": SCHEMA_VERSION, "output": "pooled"}), by="token")
 
 
 def test_a_token_run_without_corpus_columns(tmp_path, rng):
@@ -298,7 +299,9 @@ def test_type_level_relative_heat_and_its_batch_error_bar(tmp_path):
     table = table.append_column("heat_loo", pa.ListArray.from_arrays(offsets, pa.array(loo.reshape(-1))))
     ref = heat_reference([table])
     table = with_relative_heat(table, ref)
-    paths = write_parts(table, tmp_path, 3, {"output": "tokens", "heat_reference": ref})
+    paths = write_parts(
+        table, tmp_path, 3, {"schema_version": SCHEMA_VERSION, "output": "tokens", "heat_reference": ref}
+    )
     got = aggregate(paths, by="token", batch_size=5)
     assert "heat_rel_mean" in got.column_names and "heat_rel_se_batches" in got.column_names
     assert not any(c.startswith("_") for c in got.column_names)

@@ -29,8 +29,9 @@ from normfast.engine.report.aggregate import aggregate
 from normfast.engine.report.page import page_data
 from normfast.engine.result import ProbeResult
 from normfast.engine.runner.distributed import part_blocks
+from tests._browser import Tab, assert_not_blank, launch
 from tests._models import tiny_bert
-from tests.conftest import REQUIRE_DATA, ROOT
+from tests.conftest import ROOT
 from tests.data.test_corpus import DOCS  # a few sentences: words of several pieces, punctuation, an apostrophe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -272,33 +273,9 @@ def test_the_page_is_one_file_that_loads_nothing(runs, tmp_path):
 # in a real browser
 
 
-def _browser_missing() -> str | None:
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "playwright is not installed (pip install playwright)"
-    from normfast.apps.view import chromium_executable
-
-    if chromium_executable() is None:
-        return "no Chromium for the browser tests (Debian: apt install chromium)"
-    return None
-
-
 @pytest.fixture(scope="module")
 def browser():
-    reason = _browser_missing()
-    if reason is not None:
-        if REQUIRE_DATA:
-            pytest.fail(f"NORMFAST_REQUIRE_DATA=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
-    from normfast.apps.view import chromium_executable
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium_executable(), args=["--no-sandbox"])
-        yield b
-        b.close()
+    yield from launch()
 
 
 def tiled(run: Path, k: int, out: Path) -> Path:
@@ -322,31 +299,6 @@ def pages(runs, tmp_path_factory) -> dict[str, Path]:
     assert _view(tiled(runs["words"], 200, folder / "large.parquet"), "--docs", "500", "--out", out["large"]) == 0
     assert not embedded(out["large"])["sample"]["all"]
     return out
-
-
-class Tab:
-    """One browser tab that records console errors, page errors and every request."""
-
-    def __init__(self, browser):
-        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
-        self.errors: list[str] = []
-        self.requests: list[str] = []
-        self.page.on(
-            "console",
-            lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type in ("error", "warning") else None,
-        )
-        self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
-        self.page.on("request", lambda r: self.requests.append(r.url))
-
-    def open(self, path: Path):
-        url = path.resolve().as_uri()
-        self.errors.clear()
-        self.requests.clear()
-        self.page.goto(url)
-        self.page.wait_for_selector("body[data-ready='1']", timeout=15_000)
-        assert self.errors == [], self.errors
-        assert [u for u in self.requests if u != url] == [], self.requests
-        return self.page
 
 
 @pytest.fixture(scope="module")
@@ -442,16 +394,12 @@ def test_switching_the_statistic_recolors_the_text(tab, pages):
 
 def test_the_screenshot_is_not_blank(browser, pages):
     """The top of the page as a PNG under runs/ (what `normfast view --screenshot` saves), with content."""
-    from PIL import Image
-
     from normfast.apps.view import screenshot
 
     png = ROOT / "runs" / "view-tests" / "corpus.png"
     png.unlink(missing_ok=True)
     assert screenshot(pages["corpus"], png, 1280, 900, browser=browser) == png
-    pixels = np.asarray(Image.open(png).convert("L"), float)
-    assert pixels.shape == (900, 1280)
-    assert pixels.std() > 20 and (pixels < 128).mean() > 0.01  # text, colors and figures, not a blank page
+    assert_not_blank(png, 1280, 900)  # text, colors and figures, not a blank page
 
 
 def test_the_screenshot_option_is_wired(runs, tmp_path, monkeypatch, capsys):

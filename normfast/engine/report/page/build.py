@@ -10,8 +10,6 @@ bounded for runs of any size, and the figures need only points, bars and axes.
 from __future__ import annotations
 
 import html
-import json
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from normfast.engine.report.page import collect
+from normfast.engine.report.page.frame import InlinePage, data_size, html_path, render_page, rounded, write_html
 
-ASSETS = Path(__file__).parent  # page.html.j2, page.js, page.css (package data)
 #: significant digits kept on the page: per-type means (sortable, compared with the Parquet) and the rest
 TYPE_DIGITS, ROW_DIGITS, SE_DIGITS = 6, 4, 3
 #: characters kept of a token or type label, and of a pooled row's input text
@@ -30,9 +28,7 @@ MAX_DATA_BYTES = 9_500_000
 
 
 def _nums(values: Any, digits: int) -> list[float | None]:
-    """Floats rounded to ``digits`` significant digits; NaN and infinities become null."""
-    arr = np.asarray(values, dtype=float)
-    return [float(f"{v:.{digits}g}") if math.isfinite(v) else None for v in arr.tolist()]
+    return rounded(values, digits)
 
 
 def _ints(values: Any) -> list[int]:
@@ -339,7 +335,7 @@ def page_data(
 
 
 def _size(data: Any) -> int:
-    return len(_json_for_script(data).encode("utf-8"))
+    return data_size(data)
 
 
 def _fit(data: dict[str, Any], budget: int) -> str:
@@ -387,33 +383,9 @@ def _cut_lists(d: dict[str, Any], n: int, keep: int) -> None:
             d[k] = v[:keep]
 
 
-def _json_for_script(data: Any) -> str:
-    """JSON that is safe inside <script>: no '</' can end the element, no '<!--' can open a comment."""
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-
-
-def _environment():
-    import jinja2
-
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(ASSETS)),
-        autoescape=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        undefined=jinja2.StrictUndefined,
-    )
-
-
 def render(data: dict[str, Any]) -> str:
     """The page's HTML for ``page_data``'s output."""
-    env = _environment()
-    return env.get_template("page.html.j2").render(
-        data=data,
-        payload=_json_for_script(data),
-        script=(ASSETS / "page.js").read_text(encoding="utf-8"),
-        style=(ASSETS / "page.css").read_text(encoding="utf-8"),
-    )
+    return render_page(data, template="page.html.j2", script="page.js", generator="normfast view")
 
 
 def page_html(result, **options: Any) -> str:
@@ -423,28 +395,11 @@ def page_html(result, **options: Any) -> str:
 
 def write_page(result, path: str | Path, **options: Any) -> Path:
     """Write the page of ``result`` to ``path`` (``.html``); returns the path."""
-    path = Path(path)
-    if path.suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"normfast view: expected an output path ending in .html, got {str(path)!r}")
-    text = page_html(result, **options)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    path = html_path(path, "normfast view")
+    return write_html(page_html(result, **options), path)
 
 
-class InlinePage:
-    """A page shown inline by a notebook: ``_repr_html_`` puts it in an iframe (its script and ids
-    stay apart from the notebook's)."""
-
-    def __init__(self, page: str, height: int = 900):
-        self.html = page
-        self.height = int(height)
-
-    def _repr_html_(self) -> str:
-        return (
-            f'<iframe srcdoc="{html.escape(self.html, quote=True)}" style="width:100%;'
-            f'height:{self.height}px;border:1px solid #ddd" sandbox="allow-scripts"></iframe>'
-        )
+__all__ = ["InlinePage", "page_data", "page_html", "render", "summary_html", "write_page"]
 
 
 #: results with more rows show only their header in a notebook (the quantiles read every row)

@@ -1,0 +1,78 @@
+"""Headless Chromium for the tests of the pages normfast writes (playwright driving the system
+browser, Debian's ``chromium``): a module fixture starts one browser with :func:`launch`, a
+:class:`Tab` opens a page from ``file://`` and records every console error and request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REQUIRE_DATA
+
+
+def browser_missing() -> str | None:
+    """Why the browser tests cannot run here (None: they can)."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install playwright)"
+    from normfast.apps.view import chromium_executable
+
+    if chromium_executable() is None:
+        return "no Chromium for the browser tests (Debian: apt install chromium)"
+    return None
+
+
+def launch():
+    """A generator for a module fixture: yields one launched browser, closes it after. Skips with the
+    reason when there is none (fails instead under NORMFAST_REQUIRE_DATA=1)."""
+    reason = browser_missing()
+    if reason is not None:
+        if REQUIRE_DATA:
+            pytest.fail(f"NORMFAST_REQUIRE_DATA=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    from normfast.apps.view import chromium_executable
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium_executable(), args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+class Tab:
+    """One browser tab that records console errors, page errors and every request."""
+
+    def __init__(self, browser):
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on(
+            "console",
+            lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type in ("error", "warning") else None,
+        )
+        self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+
+    def open(self, path: Path):
+        """Open the page from file:// and wait until its script is done; no error, no other request."""
+        url = path.resolve().as_uri()
+        self.errors.clear()
+        self.requests.clear()
+        self.page.goto(url)
+        self.page.wait_for_selector("body[data-ready='1']", timeout=15_000)
+        assert self.errors == [], self.errors
+        assert [u for u in self.requests if u != url] == [], self.requests
+        return self.page
+
+
+def assert_not_blank(png: Path, width: int, height: int) -> None:
+    """A screenshot with text, colours and figures in it, not a blank page."""
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(png).convert("L"), float)
+    assert pixels.shape == (height, width)
+    assert pixels.std() > 20 and (pixels < 128).mean() > 0.01
