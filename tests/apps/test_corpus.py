@@ -76,6 +76,11 @@ def test_the_command_line_and_python_run_the_same_recipe(folder, corpus, tmp_pat
     assert meta["params"] == r"encoder\.layer\.1\." and meta["M_D"] is None and meta["batch_size"] == 3
     assert meta["temperature"] == CORPUS_TEMPERATURE and meta["chunk_size"] == 8
     assert meta["pair_source"] == {"kind": "items", "n": 7, "what": "sentences of the corpus"}
+    # the run stores its virtual loss, and the summary says it beside the verdict on saturation
+    health = meta["objective_health"]
+    assert health["batches"] == 2 and health["batch_size"] == 3 and health["loss_mean"] >= 0
+    assert health["saturated"] == (health["loss_to_chance"] < health["saturated_below"])
+    assert any(ln.startswith("virtual objective: loss ") for ln in printed.out.splitlines())
     assert meta["model"] == str(folder) == normfast.read_metadata(out)["model"]
     words = result.types("word")
     assert "heat_rel_mean" in words.column_names and words.num_rows > 10

@@ -4,6 +4,7 @@ regime class, on models built to saturate or not."""
 
 from __future__ import annotations
 
+import html
 import math
 
 import numpy as np
@@ -85,6 +86,10 @@ def test_an_objective_with_no_task_left_is_reported_saturated(tmp_path):
     assert lines[4].startswith("virtual objective: loss") and "SATURATED" in lines[4] and "(log 12 =" in lines[4]
     assert "Here the virtual objective is saturated: the fit tests nothing" in text
     assert not schema.check_metadata(saturated.metadata)
+    # the run's page says it too, with what to change, and the stored loss
+    page = saturated.to_html(tmp_path / "saturated.html").read_text()
+    assert "regime: OBJECTIVE SATURATED for" in page and "A higher --temperature" in page
+    assert html.escape(lines[4]) in page
     # pairs of different items: a task, and a loss near its chance level
     healthy = _run(lambda n: [(i, (i + 1) % n) for i in range(n)], 0.1, tmp_path, "healthy")
     h = healthy.metadata["objective_health"]
