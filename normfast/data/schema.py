@@ -1,12 +1,11 @@
 """The Parquet output contract: every column and metadata key of a probe run, in one registry.
 
-Other frontends read normfast's output, so its shape is versioned. This module
-is the single place that lists it: :data:`COLUMNS` (name, Arrow type, when the
-column is present, meaning) and :data:`METADATA_KEYS` (the keys of the JSON
-object stored under the schema metadata key ``normfast``). The docs' "Output
-format" page is rendered from it when the site is built (:func:`render_markdown`,
-called by docs/hooks.py), and the tests check that what the engine writes is
-exactly what is registered.
+Other frontends read normfast's output, so its shape is versioned. This module is the single
+place that lists it: :data:`COLUMNS` (name, Arrow type, when the column is present, meaning) and
+:data:`METADATA_KEYS` (the keys of the JSON object stored under the schema metadata key
+``normfast``). The docs' "Output format" page is rendered from it when the site is built
+(:func:`render_markdown`, called by docs/hooks.py), and the tests check that what the engine
+writes is exactly what is registered.
 
 Adding, removing, renaming or retyping a column or a metadata key:
 
@@ -374,11 +373,10 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     ),
     MetadataKey(
         "objective_health",
-        "the virtual objective's health over every batch the run computed: `batches`, `groups`, "
-        "`loss_mean` ± `loss_se` (over the K groups), `batch_size`, `chance` (log batch size), "
-        "`loss_to_chance`, `grad_norm` (p10/median/p90 of the gradient norm over the probed "
-        "parameters), `saturated` and its threshold `saturated_below` (see "
-        "`normfast.engine.diagnostics.health`)",
+        "the virtual objective's health over every batch the run computed: `batches`, `groups`, `loss_mean` "
+        "± `loss_se` (over the K groups), `batch_size`, `chance` (log batch size), `loss_to_chance`, `grad_norm` "
+        "(p10/median/p90 of the gradient norm over the probed parameters), `saturated` and its threshold "
+        "`saturated_below` (see `normfast.engine.diagnostics.health`)",
     ),
     MetadataKey(
         "pair_source",
