@@ -11,14 +11,14 @@ calls it with the command line's settings. The recipe:
   windows has almost nothing to tell apart;
 * **temperature 0.1** -- at SimCSE's usual 0.05, distinct sentences are told apart so easily
   that the virtual loss is 3e-5 of its chance level and the run is "objective saturated" (the
-  regime check): no task is left for the batches to push on. 0.1 gives 3e-3 to 4e-3 of chance on
-  the two corpora measured (the docs, Getting started: "Probe your own corpus");
+  regime check): no task is left for the batches to push on. 0.1 gives 3e-3 to 6e-3 of chance on
+  the two corpora measured (``python -m bench run corpus_recipe``; the docs' Concepts page);
 * **the last transformer layer** (``encoder.layer.{L-1}.``), **M = 16** heat batches of **32**
   sentences (fewer when the corpus has fewer than 32: half of them, said in a warning) and the
   **per-batch drift** of those 16 batches (``drift_batches=None``): the heat and the norm are
   the job's targets, and neither depends on the drift estimator, while 1024 drift batches would
   multiply the cost of the directions by 64; every parameter instead of the last layer costs
-  several times the time and memory (measured on the same page);
+  about twice the CPU time and memory (``python -m bench run corpus_recipe``);
 * 8 windows per streamed chunk.
 
 Every setting can be changed (``**settings`` are :class:`~normfast.engine.config.ProbeConfig`

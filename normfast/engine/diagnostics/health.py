@@ -17,11 +17,12 @@ forces -- but it describes the virtual training's lack of a task, not the items.
 * ``grad_norm`` quantiles (p10, median, p90) of ``‖ĝ_B‖`` over the probed parameters;
 * ``saturated``: ``loss_to_chance`` below :attr:`RegimeThresholds.saturated_loss_ratio`
   (3e-4). The threshold sits between the cases measured on all-MiniLM-L6-v2 (last layer,
-  SimCSE at temperature 0.05, 16 batches): distinct sentences give 2.8e-5 to 6.6e-5 of chance
-  (30 sentences of mixed topics at batch size 15 or 30, the Lee corpus's 2 683 sentences at
-  32; median gradient norm 7e-4 to 3e-3), isolated common words 1.1e-3 (the demo's words,
-  median gradient norm 0.04, where the heat is 10⁴ times larger): 3e-4 is about a factor 4
-  from either side. At temperature 0.1 the same sentences give 2.8e-3 to 4.4e-3.
+  SimCSE at temperature 0.05, 16 batches; ``python -m bench run corpus_recipe``): 30 distinct
+  sentences of mixed topics give 3.1e-5 of chance at batch size 15 and 6.6e-5 at 30 (median
+  gradient norm 1e-3 to 3e-3), isolated common words 1.4e-3 (the demo's words, median gradient
+  norm 0.07, where the heat is 10⁴ times larger). The mean is sensitive to a rare hard batch:
+  the Lee corpus's 2 683 sentences give 7.7e-4 ± 7.7e-4 of chance with the saturated cases'
+  median gradient norm (0.0011). At temperature 0.1 the same sentences give 3.4e-3 and 5.5e-3.
 
 The regime check (:mod:`.regime`) then classifies every row it would have called "law
 applicable" or "heat-dominated" as ``"objective saturated"``.
