@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from normfast.engine.result import ProbeResult
 
 __all__ = [
     "CORPUS_BATCHES",
@@ -112,7 +115,7 @@ def probe_corpus(
     model_name: str | None = None,
     progress: bool = True,
     **settings: Any,
-):
+) -> ProbeResult:
     """Probe every token of a corpus in its context with the corpus recipe (module docstring).
 
     Args:
