@@ -64,6 +64,7 @@ EXPERIMENTS = (
     "heat_coverage",
     "adaptive_m",
     "monitor",
+    "monitor_every",
     "monitor_transient",
     "streaming",
     "quartic",

@@ -7,6 +7,7 @@ A page asks for generated content with a marker on a line of its own:
                               (cli:main: `normfast --help`; cli:commands: every command, one section each)
     <!-- schema:output -->    the Parquet columns and metadata keys (normfast.data.schema)
     <!-- schema:monitor -->   a training monitor folder's columns and keys (normfast.engine.monitor.schema)
+    <!-- schema:monitor-report --> the files `normfast report` writes there (normfast.engine.monitor.report_schema)
     <!-- api:NAME NAME ... --> mkdocstrings blocks for public names of `import normfast`
                               (api:ops: the array backend, normfast.ops)
     <!-- stable:modules -->   the stable internals and what each offers (normfast.stable)
@@ -91,9 +92,10 @@ def cli_help(command: str) -> str:
 
 def schema_tables(which: str = "output") -> str:
     from normfast.data import schema
+    from normfast.engine.monitor import report_schema
     from normfast.engine.monitor import schema as monitor_schema
 
-    return (monitor_schema if which == "monitor" else schema).render_markdown()
+    return {"monitor": monitor_schema, "monitor-report": report_schema}.get(which, schema).render_markdown()
 
 
 def _public_path(name: str) -> str:
@@ -178,8 +180,8 @@ def render(kind: str, arg: str) -> str:
     if kind == "cli":
         return cli_help(arg)
     if kind == "schema":
-        if arg not in ("output", "monitor"):
-            raise MarkerError(f"schema:{arg}: only schema:output and schema:monitor exist")
+        if arg not in ("output", "monitor", "monitor-report"):
+            raise MarkerError(f"schema:{arg}: only schema:output, schema:monitor and schema:monitor-report exist")
         return schema_tables(arg)
     if kind == "api":
         return api_blocks(arg)

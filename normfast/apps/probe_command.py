@@ -114,10 +114,41 @@ def _read_pairs_file(path: Path, args, needs: str):
     return PairSource.from_iterable(items, kind="items")
 
 
-def _load_images(paths: list[str]):
-    from PIL import Image
+def _load_images(paths: list[str], what: str = "probe"):
+    from PIL import Image, UnidentifiedImageError
 
-    return [Image.open(p).convert("RGB") for p in paths]
+    images = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                images.append(image.convert("RGB"))
+        except (OSError, UnidentifiedImageError) as exc:
+            raise ValueError(f"{what} {path!r}: cannot read it as an image ({exc})") from None
+    return images
+
+
+def _image_pairs(source, positives_are_images: bool):
+    """A pairs file's image paths, opened when a virtual batch draws them: the anchors (or items) for an
+    image tower, the positives too unless CLIP's text tower encodes them. (The class is made here: pair
+    sources import torch, which `normfast probe --help` never loads.)"""
+    from normfast.data.pairs import PairSource
+
+    class _ImagePairs(PairSource):
+        def __init__(self, source: PairSource):
+            self.__dict__.update(source.__dict__)
+            self.positives_are_images = positives_are_images
+
+        def batch(self, indices):
+            drawn = super().batch(indices)
+            if self.kind == "items":
+                return _load_images(drawn, "pairs file: item")
+            first, second = drawn
+            first = _load_images(first, "pairs file: anchor" if self.kind == "pairs" else "pairs file: item")
+            if self.kind == "pairs" and self.positives_are_images:
+                second = _load_images(second, "pairs file: positive")
+            return first, second
+
+    return _ImagePairs(source)
 
 
 def probe_arguments(p) -> None:
@@ -475,6 +506,9 @@ def _probe_items(args, objective, pairs, config, load_options: dict, run: dict):
     encoder = load_encoder(args.model, **load_options)
     if encoder.modality == "image":
         items = _load_images(items)
+        if pairs is not None:
+            # the file holds image paths; under clip the positives are captions for the text tower
+            pairs = _image_pairs(pairs, positives_are_images=objective.name != "clip")
     pair_encoder = None
     if objective.name == "clip" and hasattr(encoder, "with_tower"):
         pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")

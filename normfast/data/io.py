@@ -42,9 +42,21 @@ __all__ = [
 
 
 def fingerprint(spec: Mapping[str, Any]) -> str:
-    """Stable hash of the arguments that determine a run's rows."""
-    blob = json.dumps(spec, sort_keys=True, default=str).encode()
+    """Stable hash of the arguments that determine a run's rows. A number is hashed by its value:
+    ``2048`` and ``2048.0`` are one setting (the command line parses floats where Python passes ints)."""
+    blob = json.dumps(_by_value(spec), sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _by_value(value: Any) -> Any:
+    """``value`` with every integral float written as an int, in nested dicts, lists and tuples."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {k: _by_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_by_value(v) for v in value]
+    return value
 
 
 # ----------------------------------------------------------------------------

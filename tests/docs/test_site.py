@@ -37,6 +37,8 @@ def test_every_marker_renders(page):
             assert hooks.result_tables()[arg] in rendered
         if kind == "cli" and arg not in ("main", "commands"):
             assert f"usage: normfast {arg}" in rendered
+        if kind == "schema":  # the registry's tables, e.g. every key of a monitor's report.json
+            assert hooks.schema_tables(arg) in rendered
 
 
 def test_an_unknown_marker_fails_the_build():

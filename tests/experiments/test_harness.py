@@ -254,6 +254,8 @@ def test_monitor_quick(tmp_path):
     """The training monitor's end-to-end example at toy size: SentenceTransformerTrainer fine-tunes a head on
     the real MiniLM with normfast.MonitorCallback on; the report's fits, the monitor's own clock and the
     control run's are in the JSON, the report's figure beside it."""
+    from normfast.engine.monitor.report_schema import check_report
+
     for extra in ("sentence_transformers", "datasets", "accelerate"):
         pytest.importorskip(extra, reason="the monitor experiment needs normfast[train]")
     out, printed = quick(tmp_path, "monitor")
@@ -268,8 +270,11 @@ def test_monitor_quick(tmp_path):
     assert clock["steps"] == 6 and clock["terms_seconds"] > 0 and clock["virtual_seconds"] > 0
     assert d["timing"]["control"]["seconds_per_step_without"] > 0
     assert (tmp_path / "runs" / "monitor" / "quick_monitor" / "monitor.parquet").is_file()
+    # with the virtual probe: the report's files hold its columns too, all registered
+    report = json.loads((tmp_path / "runs" / "monitor" / "quick_monitor" / "report.json").read_text())
+    assert check_report(report) == [] and {"r_eq_virtual", "virtual_kappa"} <= set(report["items"])
     assert (out / "monitor.png").stat().st_size > 10_000
-    assert "| law from the realized terms (window means) |" in printed and "| per recorded step (s) |" in printed
+    assert "| law from the realized terms (window means) |" in printed and "| per stored row (s) |" in printed
 
 
 def quick_in_process(tmp_path: Path, name: str, capsys) -> tuple[Path, str]:

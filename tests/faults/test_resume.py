@@ -541,3 +541,33 @@ def test_the_pair_encoders_weights_are_in_the_key(tmp_path):
         table[[320, 321]] = table[[321, 320]].clone()
     with pytest.raises(ValueError, match=r"changed: the pair encoder's weights\. "):
         _api_run(tmp_path, encoder, images, pairs, "clip", resume=True, pair_encoder=encoder.with_tower("text"))
+
+
+def test_a_number_is_in_the_key_by_its_value(tmp_path):
+    """``2048`` from Python and ``2048.0`` from the command line are one setting: the resume finds the
+    finished run instead of refusing it; another value is still refused."""
+    import dataclasses
+
+    import normfast
+
+    items, a, p = _toy()
+    encoder = normfast.load_encoder(_toy_net(), pooling="mean")
+    pairs = normfast.PairSource.from_tensors(a, p)
+    cfg = normfast.ProbeConfig(batches=3, drift_batches=None, batch_size=6, chunk_size=3, memory_budget_mb=2048)
+    first = normfast.probe(encoder, items, "infonce", pairs, cfg, out=tmp_path / "run.parquet", progress=False)
+    as_float = dataclasses.replace(cfg, memory_budget_mb=2048.0)
+    again = normfast.probe(
+        encoder, items, "infonce", pairs, as_float, out=tmp_path / "run.parquet", resume=True, progress=False
+    )
+    assert again.table.equals(first.table)
+    with pytest.raises(ValueError, match="cannot resume"):
+        normfast.probe(
+            encoder,
+            items,
+            "infonce",
+            pairs,
+            dataclasses.replace(cfg, memory_budget_mb=1024.0),
+            out=tmp_path / "run.parquet",
+            resume=True,
+            progress=False,
+        )

@@ -16,18 +16,8 @@ from tests.kernels._helpers import DEVICE, ON_GPU, TOL, gpu, rand, sign_ok, skip
 
 skip_without_kernels()
 
-from normfast.core.reference import (  # noqa: E402
-    accumulate_reference,
-    brute_force_stats,
-    stat_errors,
-)
-from normfast.kernels import (  # noqa: E402
-    MAX_FUSED_DIM,
-    accumulate,
-    block_sizes,
-    capture_launches,
-    head_configs,
-)
+from normfast.core.reference import accumulate_reference, brute_force_stats, stat_errors  # noqa: E402
+from normfast.kernels import MAX_FUSED_DIM, accumulate, block_sizes, capture_launches, head_configs  # noqa: E402
 from normfast.kernels.utils import MAX_BLOCK_ROWS, accumulate_configs  # noqa: E402
 from normfast.ops import ProbeAccumulator  # noqa: E402
 

@@ -13,16 +13,8 @@ from tests.kernels._helpers import DEVICE, TOL, rand, skip_without_kernels
 
 skip_without_kernels()
 
-from normfast.core.reference import (  # noqa: E402
-    allowed_error,
-    head_stack_errors,
-    head_stack_reference,
-)
-from normfast.kernels import (  # noqa: E402
-    capture_launches,
-    head_configs,
-    head_stack,
-)
+from normfast.core.reference import allowed_error, head_stack_errors, head_stack_reference  # noqa: E402
+from normfast.kernels import capture_launches, head_configs, head_stack  # noqa: E402
 from normfast.kernels.head_stack import head_stack_operands  # noqa: E402
 
 STACK_CASES = [  # n, d_in, d_out, k1, k2, bias

@@ -21,10 +21,7 @@ from normfast.core.reference import (  # noqa: E402
     project_reference,
     stat_errors,
 )
-from normfast.kernels import (  # noqa: E402
-    head_stats,
-    project,
-)
+from normfast.kernels import head_stats, project  # noqa: E402
 from normfast.ops import ProbeAccumulator, prepare_head  # noqa: E402
 from normfast.ops import head_stats as ops_head_stats  # noqa: E402
 

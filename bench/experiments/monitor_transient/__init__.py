@@ -62,7 +62,7 @@ from bench.harness import Context, JsonStyle, UsageError
 
 RESULTS = ("monitor_transient.json", "seed1/monitor_transient.json")
 FIGURES = ("monitor_transient.png", "seed1/monitor_transient.png")
-TABLES = ("monitor-transient",)
+TABLES = ("monitor-transient", "monitor-transient-seed1", "monitor-transient-verdict")
 JSON = JsonStyle(newline=False, strict=False)
 
 MODELS = ("mlp", "mlp_bias", "mlp_adamw", "head")
@@ -166,6 +166,32 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
     helps = [f"{v['model']} {v['change']}: {v['law_helps_from_T']}" for v in result["verdict"]]
     rows += ["", "The monitor's law beats the present norm and the extrapolation from T = " + "; ".join(helps) + "."]
     return {"monitor-transient": "\n".join(rows)}
+
+
+def blocks(committed: Any) -> dict[str, str | None]:
+    """Each seed's table, and the verdict of both seeds side by side (only what is committed)."""
+    runs = {name: committed(name) for name in RESULTS}
+    seed0, seed1 = (runs[name] for name in RESULTS)
+    out: dict[str, str | None] = {
+        "monitor-transient": tables(seed0)["monitor-transient"] if seed0 else None,
+        "monitor-transient-seed1": tables(seed1)["monitor-transient"] if seed1 else None,
+    }
+    if seed0 and seed1:
+        first = {(v["model"], v["change"]): v["law_helps_from_T"] for v in seed1["verdict"]}
+        fmt = lambda t: "never" if t is None else f"{t:g}"  # noqa: E731
+        rows = ["| model | change | seed 0 | seed 1 |", "|---|---|---|---|"]
+        for v in seed0["verdict"]:
+            rows.append(
+                f"| {v['model']} | {v['change']} | {fmt(v['law_helps_from_T'])} | "
+                f"{fmt(first.get((v['model'], v['change'])))} |"
+            )
+        rows += [
+            "",
+            "The smallest T (in relaxation times) at which the monitor's law beats both the present norm "
+            "and the extrapolation on skill; never: at no T up to 1.",
+        ]
+        out["monitor-transient-verdict"] = "\n".join(rows)
+    return out
 
 
 def figures(result: dict[str, Any], out: Path) -> list[Path]:

@@ -9,6 +9,7 @@
 * :mod:`.schema` -- the monitor folder's contract (columns, metadata, versions);
 * :mod:`.analysis` -- what a monitor folder says: the law's window-averaged prediction per item;
 * :mod:`.report` -- ``normfast report FOLDER`` on a monitor folder: text, figure and files;
+* :mod:`.report_schema` -- every key and column of the report's files;
 * :mod:`.page` -- ``normfast view FOLDER``: the folder's self-contained HTML page;
 * :mod:`.callbacks` -- :class:`MonitorCallback`, a ``transformers.TrainerCallback``;
 * :mod:`.lightning` -- :class:`LightningMonitor`, a Lightning callback (optional extra).
@@ -16,12 +17,13 @@
 The two adapters import their trainer libraries: they are loaded on first use.
 """
 
-from normfast.engine.monitor.analysis import analyze, is_monitor, load_monitor
+from normfast.engine.monitor.analysis import analyze, analyze_table, is_monitor, load_monitor, stationarity
 from normfast.engine.monitor.page import write_monitor_page
 from normfast.engine.monitor.realized import (
     TERMS,
     DecaySplit,
     StepRule,
+    StepSums,
     estimated_terms,
     parameters_as,
     realized_law,
@@ -30,7 +32,8 @@ from normfast.engine.monitor.realized import (
     with_sums,
 )
 from normfast.engine.monitor.recorder import TrainingMonitor
-from normfast.engine.monitor.report import FIGURE_FILE, REPORT_FILE, monitor_report
+from normfast.engine.monitor.report import monitor_report
+from normfast.engine.monitor.report_schema import FIGURE_FILE, ITEMS_FILE, REPORT_FILE
 
 #: the trainer adapters, imported on first use (each imports its trainer library)
 _ADAPTERS = {
@@ -49,6 +52,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "FIGURE_FILE",
+    "ITEMS_FILE",
     "REPORT_FILE",
     "TERMS",
     "parameters_as",
@@ -57,13 +61,16 @@ __all__ = [
     "MonitorCallback",
     "DecaySplit",
     "StepRule",
+    "StepSums",
     "TrainingMonitor",
     "analyze",
+    "analyze_table",
     "estimated_terms",
     "is_monitor",
     "load_monitor",
     "monitor_report",
     "realized_law",
+    "stationarity",
     "step_rules",
     "step_terms",
     "write_monitor_page",

@@ -6,8 +6,10 @@ window (the last ``window`` fraction of the recorded steps), gives per item:
 * ``observed``: the mean norm over the window;
 * ``r_eq_realized``: the law solved with coefficients read off the window means of the
   realized terms (:func:`normfast.engine.monitor.realized.realized_law`). When the window is
-  stationary the realized balance closes, so this reproduces the observed norm (E1's
-  ledger: slope ≈ 1): it says that the law's form holds for this run, term by term;
+  stationary and the terms complete, the means balance (they add up to the mean ΔR², ≈ 0) and
+  this reproduces the observed norm by construction, whatever the split between heat and drift:
+  its fit checks that the recorded terms add up over the window, not that the law predicts
+  (a prediction is a later window's norm, or the norm after a change: ``monitor_transient``);
 * ``r_eq_virtual`` (with ``virtual=M``): the law from the engine's own estimates of drift,
   heat and κ at the recorded states, averaged over the window (what a user without the
   training run's steps would predict), and its heat-only form;
@@ -17,9 +19,11 @@ window (the last ``window`` fraction of the recorded steps), gives per item:
   split moves most of the heat into the first-order term (E1's ledger), so the split is then
   taken from the virtual estimate when there is one.
 
-The window is checked for stationarity: the median over items of ``|⟨ΔR²⟩| / |⟨decay⟩|``
-(0 when the norms have stopped moving on average) and the relative change of the mean norm
-between the window's halves.
+The window's means weigh each row by the steps it averages (``n_steps``). The window is
+checked for stationarity (:func:`stationarity`): the net change of R² per step between the
+window's first and last quarters against the decay term, the old balance ``|⟨ΔR²⟩| / |⟨decay⟩|``
+(noise at ``every > 1`` without averaging), and the relative change of the mean norm between
+the window's halves.
 """
 
 from __future__ import annotations
@@ -125,19 +129,61 @@ def _beta1(metadata: dict[str, Any]) -> float:
     return 0.0
 
 
+def stationarity(norms: np.ndarray, steps: np.ndarray, means: dict[str, np.ndarray]) -> dict[str, float]:
+    """How far the window is from stationary, against the decay term (median over items; 0: stationary).
+
+    ``net_change_median``: the change of R² per step between the means over the window's first and
+    last quarters of recorded steps, over the mean decay term per step. It comes from the recorded
+    norms alone, and ΔR² telescopes, so it does not depend on how many steps were recorded.
+    ``balance_median``: the mean realized ΔR² per step over the mean decay term. With every step's
+    terms (``every=1``, or ``average=True``) it telescopes too, to the change between the window's
+    ends; with sampled steps (``average=False``, ``every > 1``) it is a mean of a few noisy ΔR² draws,
+    mostly sampling noise.
+    """
+    q = max(1, len(steps) // 4)
+    r2 = np.square(norms)
+    span = float(np.mean(steps[-q:]) - np.mean(steps[:q]))
+    decay = np.maximum(np.abs(means["decay"]), 1e-300)
+    net = (r2[-q:].mean(0) - r2[:q].mean(0)) / span if span > 0 else np.full(r2.shape[1], np.nan)
+    return {
+        "net_change_median": float(np.median(np.abs(net) / decay)),
+        "balance_median": float(np.median(np.abs(means["delta_r2"]) / decay)),
+    }
+
+
 def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     """The monitor folder's report (see the module docstring): settings, window, stationarity, fits, the
     per-item columns (``items``) and the trajectories (``trajectory``: the recorded steps, and
     ``[steps, items]`` matrices of the norms, of each realized term (``terms``, empty without them)
-    and of the virtual snapshot ``virtual_r_eq`` (None without it), the learning rate per step, the
-    folder's metadata; not JSON-ready: the caller drops it)."""
+    and of the virtual snapshot ``virtual_r_eq`` (None without it), the learning rate per step, the steps
+    each row's terms average (``n_steps``), the folder's metadata; not JSON-ready: the caller drops it)."""
+    if not 0 < window <= 1:
+        raise ValueError(f"analyze: expected 0 < window <= 1 (a fraction of the recorded steps), got {window!r}")
+    table, meta, summary, finished = load_monitor(path)
+    unreadable = read_summary(Path(path) if Path(path).is_dir() else Path(path).parent)[1]
+    return analyze_table(
+        table, meta, window=window, summary=summary, finished=finished, path=path, unreadable=unreadable
+    )
+
+
+def analyze_table(
+    table: pa.Table,
+    meta: dict[str, Any],
+    *,
+    window: float = 0.5,
+    summary: dict[str, Any] | None = None,
+    finished: bool = True,
+    path: str | Path = "",
+    unreadable: str | None = None,
+) -> dict[str, Any]:
+    """:func:`analyze` of rows already read: a monitor's ``table`` (every column of ``monitor.parquet``,
+    e.g. :meth:`TrainingMonitor.table`) and its ``meta`` (:meth:`TrainingMonitor.metadata`); ``summary``:
+    its clock, ``unreadable``: why ``summary.json`` could not be read, ``path``: the name reports give."""
     from normfast.core.equilibrium import equilibrium_norm
     from normfast.engine.monitor.realized import estimated_terms, realized_law
 
     if not 0 < window <= 1:
         raise ValueError(f"analyze: expected 0 < window <= 1 (a fraction of the recorded steps), got {window!r}")
-    table, meta, summary, finished = load_monitor(path)
-    unreadable = read_summary(Path(path) if Path(path).is_dir() else Path(path).parent)[1]
     table = table.sort_by([("step", "ascending"), ("item", "ascending")])
     steps = np.unique(table["step"].to_numpy())
     n_items = int(meta.get("n_items") or len(np.unique(table["item"].to_numpy())))
@@ -204,12 +250,20 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
     realized_split = None
     terms = {k: _matrix(table, k, S, n_items) for k in WINDOW_TERMS} if has_terms else {}
     if has_terms:
-        means = {k: terms[k][win].mean(0) for k in WINDOW_TERMS}
+        # a row averages n_steps steps (average=True; 1 otherwise and in version 1 files): weigh it by them
+        weights = _matrix(table, "n_steps", S, n_items)[win, 0] if "n_steps" in names else np.ones(w)
+        means = {k: np.average(terms[k][win], axis=0, weights=weights) for k in WINDOW_TERMS}
         means["R2"] = np.square(norms[win]).mean(0)
         means["R"] = observed
         items.update({k: means[k] for k in WINDOW_TERMS})
-        decay = np.abs(means["decay"])
-        out["stationarity"]["balance_median"] = float(np.median(np.abs(means["delta_r2"]) / np.maximum(decay, 1e-300)))
+        out["stationarity"].update(stationarity(norms[win], steps[win], means))
+        out["window"]["term_steps"] = int(weights.sum())
+        if (meta.get("every") or 1) > 1 and weights.max() == 1:
+            notes.append(
+                f"the realized terms are the recorded steps' alone (1 step in {meta.get('every')}): their window "
+                "means sample the steps, so they do not add up to the window's net change and the law from them "
+                "is noisier; average=True (the default) averages every step"
+            )
         if wd > 0:
             for key, rem in (("r_eq_realized", True), ("r_eq_realized_no_remainder", False)):
                 items[key] = realized_law(
@@ -270,6 +324,7 @@ def analyze(path: str | Path, *, window: float = 0.5) -> dict[str, Any]:
         "terms": terms,
         "virtual_r_eq": _matrix(table, "virtual_r_eq", S, n_items) if "virtual_r_eq" in names else None,
         "lr": _matrix(table, "lr", S, n_items)[:, 0],
+        "n_steps": _matrix(table, "n_steps", S, n_items)[:, 0] if "n_steps" in names else np.ones(S),
         "metadata": meta,
     }
     return out

@@ -88,15 +88,20 @@ def trailing_law(result: dict[str, Any], ends: Sequence[int], items: np.ndarray)
     out = np.full((len(ends), len(items)), np.nan)
     if not traj["terms"] or not result["weight_decay"] or len(items) == 0:
         return out
-    mats = {k: v[:, items] for k, v in traj["terms"].items()}
+    weights = traj["n_steps"][:, None]  # the terms of a row average n_steps steps: weigh them, as the report does
+    mats = {k: v[:, items] * weights for k, v in traj["terms"].items()}
     mats["R"] = traj["norms"][:, items]
     mats["R2"] = np.square(mats["R"])
     lr = traj["lr"]
     csum = {k: np.vstack([np.zeros((1, len(items))), np.cumsum(v, 0)]) for k, v in mats.items()}
+    cw = np.concatenate([[0.0], np.cumsum(traj["n_steps"])])
     for j, end in enumerate(ends):
         if end + 1 < w:
             continue
-        means = {k: (c[end + 1] - c[end + 1 - w]) / w for k, c in csum.items()}
+        means = {
+            k: (c[end + 1] - c[end + 1 - w]) / (w if k in ("R", "R2") else cw[end + 1] - cw[end + 1 - w])
+            for k, c in csum.items()
+        }
         eta = float(np.mean(lr[end + 1 - w : end + 1]))
         out[j] = realized_law(
             means,

@@ -111,6 +111,37 @@ def optimizer_info(
     }
 
 
+def folder_metadata(
+    spec: Mapping[str, Any],
+    info: Mapping[str, Any] | None,
+    *,
+    decay_buffer: str | None,
+    names: Sequence[str] | None,
+    cut_stage: int | None,
+    steps: tuple[int | None, int | None, int],
+) -> dict[str, Any]:
+    """The metadata of ``monitor.parquet`` (:data:`normfast.engine.monitor.schema.METADATA_KEYS`): the
+    monitor's settings ``spec``, the optimizer's ``info`` and ``steps`` = (first, last, number) recorded."""
+    from normfast.data.io import fingerprint
+    from normfast.engine.runner.provenance import library_versions
+
+    info = info or {}
+    first, last, recorded = steps
+    return {
+        **spec,
+        **{k: info.get(k) for k in ("optimizer", "law", "lr", "weight_decay", "momentum", "param_groups")},
+        "decay_buffer": decay_buffer,
+        "n_trained_parameters": len(names or ()),
+        "trained_parameters": list(names or ())[:50],
+        "cut_stage": cut_stage,
+        "first_step": first,
+        "last_step": last,
+        "recorded_steps": recorded,
+        "spec_fingerprint": fingerprint(spec),
+        "versions": library_versions(),
+    }
+
+
 def virtual_probe(
     monitor: Any, optimizer: torch.optim.Optimizer, rules: Mapping[str, StepRule], step: int, names: Sequence[str]
 ) -> dict[str, np.ndarray]:
@@ -228,8 +259,47 @@ def as_encoder(model: Any) -> Any:
     return load_encoder(model, device=device_of(model))
 
 
+class MonitorClock:
+    """The monitor's own time against the training's, as :meth:`TrainingMonitor.summary` reports it.
+
+    The monitor's time is what runs inside its hooks (``before_step``, ``after_step``, the blocks
+    flushed there) and inside ``close()`` (the last block and ``monitor.parquet``): ``terms_seconds``
+    for norms and realized terms, ``virtual_seconds`` for the virtual probes. The training's time is
+    the wall time between consecutive ``after_step`` calls with the monitor's own time taken out. What
+    it cannot see: training steps made slower by the monitor (caches, memory, threads), so its overhead
+    is a lower bound of the wall-time overhead measured against a run without the monitor
+    (``docs/monitor.md``, "What the monitor costs").
+    """
+
+    def __init__(self) -> None:
+        self.timing: dict[str, float] = {
+            "train_seconds": 0.0,
+            "terms_seconds": 0.0,
+            "virtual_seconds": 0.0,
+            "timed_steps": 0,
+        }
+        self._t_last: float | None = None
+        self._own_at_last = 0.0
+
+    def add(self, key: str, seconds: float) -> None:
+        """``seconds`` of the monitor's own time (``terms_seconds`` or ``virtual_seconds``)."""
+        self.timing[key] += seconds
+
+    def step_done(self, now: float) -> None:
+        """At the end of an ``after_step``: the wall time since the previous one, less the monitor's own, trained."""
+        own = self.timing["terms_seconds"] + self.timing["virtual_seconds"]
+        if self._t_last is not None:
+            self.timing["train_seconds"] += max(0.0, (now - self._t_last) - (own - self._own_at_last))
+            self.timing["timed_steps"] += 1
+        self._t_last, self._own_at_last = now, own
+
+    def summary(self, *, steps: int, recorded: int) -> dict[str, Any]:
+        """What ``summary.json`` holds (:data:`normfast.engine.monitor.schema.SUMMARY_KEYS`)."""
+        return clock_summary(self.timing, steps=steps, recorded=recorded)
+
+
 def clock_summary(timing: Mapping[str, float], *, steps: int, recorded: int) -> dict[str, Any]:
-    """The monitor's time against the training's: what ``summary.json`` holds."""
+    """The monitor's time against the training's: what ``summary.json`` holds (:class:`MonitorClock`)."""
     t = timing
     train = t["train_seconds"]
 
@@ -242,6 +312,8 @@ def clock_summary(timing: Mapping[str, float], *, steps: int, recorded: int) -> 
         "train_seconds": train,
         "terms_seconds": t["terms_seconds"],
         "virtual_seconds": t["virtual_seconds"],
+        "monitor_seconds": t["terms_seconds"] + t["virtual_seconds"],
+        "wall_seconds": train + t["terms_seconds"] + t["virtual_seconds"],
         "overhead_terms": frac(t["terms_seconds"]),
         "overhead_virtual": frac(t["virtual_seconds"]),
         "overhead": frac(t["terms_seconds"] + t["virtual_seconds"]),

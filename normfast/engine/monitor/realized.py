@@ -169,6 +169,39 @@ class DecaySplit:
         self.buffers = {n: b.to(device) if device is not None else b.clone() for n, b in state.items()}
 
 
+class StepSums:
+    """Per-item sums of the realized terms over the steps since the last stored row.
+
+    With ``TrainingMonitor(average=True)`` every step's terms are computed and summed here, and a
+    stored row holds their mean over every step since the previous stored one (itself included):
+    the window means then use every step, and ``delta_r2`` telescopes, while the table keeps one
+    row per ``every`` steps. The sums are float64 and go into the monitor's resume state.
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.steps = 0
+
+    def add(self, terms: Mapping[str, torch.Tensor]) -> None:
+        for k, v in terms.items():
+            v = v.detach().to(torch.float64)
+            self.sums[k] = self.sums[k] + v if k in self.sums else v.clone()
+        self.steps += 1
+
+    def take(self) -> tuple[dict[str, torch.Tensor], int]:
+        """The means since the last take and the number of steps they average; the sums start again."""
+        means, n = {k: v / self.steps for k, v in self.sums.items()}, self.steps
+        self.sums, self.steps = {}, 0
+        return means, n
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sums": {k: v.detach().cpu().clone() for k, v in self.sums.items()}, "steps": self.steps}
+
+    def load_state_dict(self, state: Mapping[str, Any], device: torch.device | None = None) -> None:
+        self.sums = {k: v.to(device) if device is not None else v.clone() for k, v in state["sums"].items()}
+        self.steps = int(state["steps"])
+
+
 def parameters_as(
     named: Iterable[tuple[str, torch.Tensor]], names: Iterable[str] | None = None, dtype: torch.dtype = torch.float64
 ) -> dict[str, torch.Tensor]:

@@ -2,9 +2,10 @@
 
 :class:`TrainingMonitor` hooks around ``optimizer.step()`` of any training loop and,
 at every ``every``-th step, records for each probe item its norm and the realized
-terms of that step's change of ``R²`` (:mod:`normfast.engine.monitor.realized`: a jvp of the
+terms of the steps' change of ``R²`` (:mod:`normfast.engine.monitor.realized`: a jvp of the
 item forward along the optimizer's actual step, split into its task and weight-decay
-parts as torch's SGD, heavy-ball SGD and AdamW applied them, with AdamW's real state),
+parts as torch's SGD, heavy-ball SGD and AdamW applied them, with AdamW's real state;
+by default computed at every step and averaged over the steps since the last row),
 optionally beside the engine's virtual drift and heat at that state
 (:func:`normfast.engine.probe.probe` with ``M`` virtual batches). Rows stream to
 Parquet in blocks of recorded steps; the monitor's :meth:`~TrainingMonitor.state_dict`
@@ -12,10 +13,11 @@ goes into the training run's checkpoint, and a run resumed from it writes the sa
 file as an uninterrupted one. ``normfast report FOLDER`` turns the folder into the
 law's window-averaged prediction per item (:mod:`normfast.engine.monitor`).
 
-Cost per recorded step: the trained parameters copied in float64 (twice), two jvps
-and one forward of the probe items through the trained tail (the frozen front --
-the stages before the first trained parameter -- runs once, when the monitor
-starts); with ``virtual=M`` also one probe of ``M`` virtual batches. Heavy-ball SGD
+Cost per step whose terms are computed (every step with ``average=True``, the stored
+ones without): the trained parameters copied in float64 (twice), two jvps and one
+forward of the probe items through the trained tail (the frozen front -- the stages
+before the first trained parameter -- runs once, when the monitor starts); with
+``virtual=M`` also one probe of ``M`` virtual batches per stored step. Heavy-ball SGD
 with weight decay also needs a float64 copy of its parameters at every step (the
 shadow decay buffer). Everything runs in eval mode (no dropout) under
 ``torch.no_grad``; the training's random streams are not touched.
@@ -36,17 +38,18 @@ import torch
 
 from normfast.engine.monitor import state as monitor_state
 from normfast.engine.monitor.parts import (
+    MonitorClock,
     as_encoder,
     check_settings,
-    clock_summary,
     device_of,
     eval_mode,
+    folder_metadata,
     optimizer_info,
     start_buffers,
     unwrap_optimizer,
     virtual_probe,
 )
-from normfast.engine.monitor.realized import DecaySplit, StepRule, parameters_as, step_rules, step_terms
+from normfast.engine.monitor.realized import DecaySplit, StepRule, StepSums, parameters_as, step_rules, step_terms
 from normfast.engine.monitor.schema import MONITOR_FILE, SUMMARY_FILE, row_schema, rows_table
 
 
@@ -71,7 +74,13 @@ class TrainingMonitor:
             :func:`~normfast.encoders.load_encoder` (an ``nn.Module`` mapping a batch of probe
             items to embeddings; a ``sentence_transformers.SentenceTransformer``).
         probes: the probe items (texts, tensors, ids: whatever the encoder's ``prepare`` takes).
-        every: record steps ``0, every, 2·every, ...``.
+        every: store a row at steps ``0, every, 2·every, ...``.
+        average: the realized terms of a stored row are their mean over every step since the
+            previous stored row, the stored step included (the column ``n_steps`` says how many):
+            the terms are computed at every step, so the window means use every step and the
+            balance closes, at the cost of ``every=1`` and the table of ``every``. False: the terms
+            of the stored step alone (``1/every`` of the cost; the window means then sample the
+            steps, and the law from them is noisier: ``docs/monitor.md``).
         out: the monitor folder (``monitor.parquet``, ``summary.json``); None keeps the rows in
             memory (:meth:`table`).
         terms: compute the realized terms (False: norms only, one forward per recorded step).
@@ -98,6 +107,7 @@ class TrainingMonitor:
         probes: Sequence[Any],
         *,
         every: int = 10,
+        average: bool = True,
         out: str | os.PathLike | None = "runs/train_monitor",
         terms: bool = True,
         virtual: int = 0,
@@ -128,7 +138,7 @@ class TrainingMonitor:
         self.encoder = as_encoder(model)
         self.probes = probes
         self.ids = ids if ids is not None else [str(i) for i in range(len(probes))]
-        self.every, self.terms, self.virtual = every, bool(terms), virtual
+        self.every, self.terms, self.virtual, self.average = every, bool(terms), virtual, bool(average)
         self.objective, self.pairs = objective, pairs
         self.virtual_batch_size, self.virtual_seed = virtual_batch_size, int(virtual_seed)
         self.flush_every, self.dtype, self.overwrite = flush_every, dtype, overwrite
@@ -139,6 +149,7 @@ class TrainingMonitor:
             probes,
             self.ids,
             every=every,
+            average=self.average,
             terms=self.terms,
             virtual=virtual,
             objective=objective,
@@ -159,9 +170,7 @@ class TrainingMonitor:
         self._info: dict[str, Any] | None = None  # optimizer settings at the first recorded step
         self._first_step: int | None = None
         self._last_step: int | None = None
-        self._timing = {"train_seconds": 0.0, "terms_seconds": 0.0, "virtual_seconds": 0.0, "timed_steps": 0}
-        self._monitor_since_last = 0.0
-        self._t_last: float | None = None
+        self._clock, self._sums = MonitorClock(), StepSums()
         self._names: list[str] | None = None  # monitored parameters (set up at the first step)
         self._resumed: list[list[Any]] | None = None  # [name, shape, dtype] of a loaded state's parameters
         self._current: tuple[int, dict | None, dict, dict | None] | None = None
@@ -247,8 +256,9 @@ class TrainingMonitor:
         s = self.next_step if step is None else int(step)
         rules = step_rules(opt, self._param_names)
         record = s % self.every == 0
+        measure = record or (self.terms and self.average)  # averaged: every step's terms
         buffered = {n: r for n, r in rules.items() if r.shadow_buffer}
-        theta = self._params() if (record or buffered) else None
+        theta = self._params() if (measure or buffered) else None
         if buffered:
             if self._decay_mode is None:
                 self._decay_mode = start_buffers(self.encoder, opt, theta, buffered, self._decay)
@@ -257,10 +267,10 @@ class TrainingMonitor:
         if record and self.virtual:
             t1 = time.perf_counter()
             virtual = virtual_probe(self, opt, rules, s, self._names)
-            self._timing["virtual_seconds"] += time.perf_counter() - t1
+            self._clock.add("virtual_seconds", time.perf_counter() - t1)
             t0 += time.perf_counter() - t1  # the virtual probe's time is counted apart
-        self._current = (s, theta if record else None, rules, virtual)
-        self._timing["terms_seconds"] += time.perf_counter() - t0
+        self._current = (s, theta if measure else None, rules, virtual, record)
+        self._clock.add("terms_seconds", time.perf_counter() - t0)
 
     def after_step(self, optimizer: Any = None) -> None:
         """Call right after ``optimizer.step()``, on every step."""
@@ -269,21 +279,15 @@ class TrainingMonitor:
         t0 = time.perf_counter()
         if optimizer is not None:
             self._bind(optimizer)
-        s, theta, rules, virtual = self._current
+        s, theta, rules, virtual, record = self._current
         self._current = None
         if theta is not None:
-            self._record(s, theta, rules, virtual)
+            self._record(s, theta, rules, virtual, record)
         self.next_step = s + 1
         self.steps_seen += 1
         now = time.perf_counter()
-        spent = now - t0
-        self._timing["terms_seconds"] += spent
-        # the step's wall time without the monitor: from the end of the previous after_step to now
-        monitor_total = self._timing["terms_seconds"] + self._timing["virtual_seconds"]
-        if self._t_last is not None:
-            self._timing["train_seconds"] += max(0.0, (now - self._t_last) - (monitor_total - self._monitor_since_last))
-            self._timing["timed_steps"] += 1
-        self._t_last, self._monitor_since_last = now, monitor_total
+        self._clock.add("terms_seconds", now - t0)
+        self._clock.step_done(now)
 
     def step(self, optimizer: Any, closure: Any = None) -> Any:
         """``before_step``, ``optimizer.step(closure)``, ``after_step``; returns what the step returns."""
@@ -293,7 +297,7 @@ class TrainingMonitor:
         return out
 
     @torch.no_grad()
-    def _record(self, s: int, theta: dict, rules: Mapping[str, StepRule], virtual: dict | None) -> None:
+    def _record(self, s: int, theta: dict, rules: Mapping[str, StepRule], virtual: dict | None, record: bool) -> None:
         from normfast.encoders import forward_ad_safe
 
         n = len(self.probes)
@@ -303,9 +307,14 @@ class TrainingMonitor:
                 cols = {k: t[k] for k in ("task1", "task2", "decay", "remainder")}
                 cols["delta_r2"] = t["r2_new"] - t["r2"]
                 r2 = t["r2"]
+                self._sums.add(cols)  # averaged or not, a stored row holds the mean of the steps since the last
             else:
                 cols = {}
                 r2 = self._f(theta).square().sum(-1)
+        if not record:
+            return
+        if self.terms:
+            cols, steps = self._sums.take()
         first = rules[self._names[0]]
         row: dict[str, Any] = {
             "step": np.full(n, s, dtype=np.int64),
@@ -315,6 +324,8 @@ class TrainingMonitor:
             "norm": r2.sqrt().double().cpu().numpy(),
         }
         row.update({k: v.double().cpu().numpy() for k, v in cols.items()})
+        if self.terms:
+            row["n_steps"] = np.full(n, steps, dtype=np.int64)
         if virtual is not None:
             row.update(virtual)
         if self._info is None:
@@ -347,32 +358,18 @@ class TrainingMonitor:
 
     def metadata(self) -> dict[str, Any]:
         """The settings written into ``monitor.parquet`` (no clock: see :meth:`summary`)."""
-        from normfast.data.io import fingerprint
-        from normfast.engine.runner.provenance import library_versions
-
-        info = self._info or {}
-        return {
-            **self._spec,
-            "optimizer": info.get("optimizer"),
-            "law": info.get("law"),
-            "lr": info.get("lr"),
-            "weight_decay": info.get("weight_decay"),
-            "momentum": info.get("momentum"),
-            "param_groups": info.get("param_groups"),
-            "decay_buffer": self._decay_mode,
-            "n_trained_parameters": len(self._names or ()),
-            "trained_parameters": list(self._names or ())[:50],
-            "cut_stage": getattr(self, "_cut", None),
-            "first_step": self._first_step,
-            "last_step": self._last_step,
-            "recorded_steps": self.recorded,
-            "spec_fingerprint": fingerprint(self._spec),
-            "versions": library_versions(),
-        }
+        return folder_metadata(
+            self._spec,
+            self._info,
+            decay_buffer=self._decay_mode,
+            names=self._names,
+            cut_stage=getattr(self, "_cut", None),
+            steps=(self._first_step, self._last_step, self.recorded),
+        )
 
     def summary(self) -> dict[str, Any]:
         """The run's clock: the monitor's time against the training's (``summary.json``)."""
-        return clock_summary(self._timing, steps=self.steps_seen, recorded=self.recorded)
+        return self._clock.summary(steps=self.steps_seen, recorded=self.recorded)
 
     def table(self) -> pa.Table:
         """Every row recorded so far (from memory, or the blocks written and the pending ones; after
@@ -396,6 +393,7 @@ class TrainingMonitor:
             return None if self.out is None else self.out / MONITOR_FILE
         if self._current is not None:
             raise RuntimeError("TrainingMonitor.close: before_step() without its after_step()")
+        t0 = time.perf_counter()
         self._flush()
         self._closed = True
         if self.out is None:
@@ -408,6 +406,7 @@ class TrainingMonitor:
                 return None
             self._open_writer(resume=False)
         path = self._writer.finalize(self.chunks, self.metadata())
+        self._clock.add("terms_seconds", time.perf_counter() - t0)  # the monitor's own time, as its hooks'
         tmp = self.out / (SUMMARY_FILE + ".tmp")
         from normfast.data.io import json_ready
 
@@ -457,7 +456,8 @@ class TrainingMonitor:
             "info": json.dumps(self._info),
             "first_step": self._first_step,
             "last_step": self._last_step,
-            "timing": dict(self._timing),
+            "timing": dict(self._clock.timing),
+            "term_sums": self._sums.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -491,7 +491,8 @@ class TrainingMonitor:
         )
         self._pending, self._info, self._resumed = st["pending"], st["info"], st["parameters"]
         self._decay.load_state_dict(st["decay_buffers"], device_of(self.encoder))
-        self._decay_mode, self._timing = st["decay_buffer"], st["timing"]
+        self._decay_mode, self._clock.timing = st["decay_buffer"], st["timing"]
+        self._sums.load_state_dict(st["term_sums"], device_of(self.encoder))
         self._first_step, self._last_step = st["first_step"], st["last_step"]
         if self.out is not None:
             self._open_writer(resume=True)

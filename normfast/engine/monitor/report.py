@@ -1,5 +1,6 @@
 """``normfast report FOLDER`` for a monitor folder: the text, ``report.json``, ``report_items.csv`` and
-``monitor_norms.png`` (what the numbers are: :mod:`normfast.engine.monitor.analysis`)."""
+``monitor_norms.png`` (what the numbers are: :mod:`normfast.engine.monitor.analysis`; every key and
+column of the files: :mod:`normfast.engine.monitor.report_schema`)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,7 @@ from typing import Any
 import numpy as np
 
 from normfast.engine.monitor.analysis import analyze
-
-REPORT_FILE = "report.json"
-ITEMS_FILE = "report_items.csv"
-FIGURE_FILE = "monitor_norms.png"
+from normfast.engine.monitor.report_schema import FIGURE_FILE, ITEMS_FILE, REPORT_FILE
 
 FIT_LABELS = {
     "realized_law": "law from the realized terms",
@@ -39,12 +37,16 @@ def format_report(result: dict[str, Any], *, top: int = 8) -> str:
         + (f", momentum {r['momentum']:g}" if r["momentum"] else "")
         + (f", beta1 {r['beta1']:g}" if r.get("beta1") else "")
         + f"; {r['n_items']} items, {r['recorded_steps']} recorded steps (every {r['every']})",
-        f"  window: the last {w['recorded_steps']} recorded steps (steps {w['first_step']}-{w['last_step']})",
+        f"  window: the last {w['recorded_steps']} recorded steps (steps {w['first_step']}-{w['last_step']})"
+        + (f"; realized terms from {w['term_steps']} steps" if "term_steps" in w else ""),
     ]
     st = r["stationarity"]
     line = f"  stationarity: mean norm moved {_pct(st['norm_halves_median_rel_change'])} between the window's halves"
-    if "balance_median" in st:
-        line += f"; |mean ΔR²| / |mean decay| = {st['balance_median']:.3f} (median over items; 0: stationary)"
+    if "net_change_median" in st:
+        line += (
+            f"; net change of R² per step (first to last quarter) / |mean decay| = {st['net_change_median']:.3f} "
+            f"(median over items; 0: stationary)"
+        )
     lines.append(line)
     if r["fits"]:
         lines.append("")
@@ -64,7 +66,8 @@ def format_report(result: dict[str, Any], *, top: int = 8) -> str:
         lines.append(
             f"monitor overhead: realized terms {_pct(t.get('overhead_terms'))} of the training time, "
             f"virtual probes {_pct(t.get('overhead_virtual'))} ({t.get('steps')} steps, "
-            f"{t.get('recorded_steps')} recorded)"
+            f"{t.get('recorded_steps')} recorded); the monitor's own time (its hooks and close()) against the "
+            f"training's between them: a lower bound, since training steps the monitor slows down count as training"
         )
     items = r["items"]
     if top > 0 and "r_eq_realized" in items:

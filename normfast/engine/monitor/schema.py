@@ -39,12 +39,16 @@ from normfast.data.schema import Column, MetadataKey, column_rows, key_rows, reg
 #: the ``format`` metadata value of a monitor folder's Parquet file
 MONITOR_FORMAT = "normfast-monitor"
 #: version of the monitor format (``metadata["monitor_version"]``)
-MONITOR_VERSION = 1
+MONITOR_VERSION = 2
 #: the files of a monitor folder
 MONITOR_FILE = "monitor.parquet"
 SUMMARY_FILE = "summary.json"
 
-CHANGES = {1: "the first monitor format"}
+CHANGES = {
+    1: "the first monitor format",
+    2: "the column n_steps and the metadata key average: a row's realized terms may be the mean over every step since "
+    "the previous row",
+}
 
 _TERMS = "`terms=True` (the default)"
 _VIRTUAL = "`virtual=M` (M ≥ 2)"
@@ -67,10 +71,19 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column("norm", "double", "always", "R = ‖z‖ before the step"),
     Column(
+        "n_steps",
+        "int64",
+        _TERMS,
+        "how many steps the row's realized terms average: with `average=True` (the default) every step since "
+        "the previous row, this one included (`every`, the first row 1); with `average=False` 1, the row's own "
+        "step (version 1 files have no such column: their terms are the row's step alone)",
+    ),
+    Column(
         "task1",
         "double",
         _TERMS,
-        "first-order task term 2 z·J Δθ_t of the step (Δθ_t: the step without its weight-decay part)",
+        "first-order task term 2 z·J Δθ_t of a step (Δθ_t: the step without its weight-decay part), averaged "
+        "over the row's `n_steps` steps, as are the other terms",
     ),
     Column("task2", "double", _TERMS, "second-order task term ‖J Δθ_t‖²"),
     Column(
@@ -81,7 +94,13 @@ COLUMNS: tuple[Column, ...] = (
         "weight-decay part, as the optimizer applied it)",
     ),
     Column("remainder", "double", _TERMS, "curvature remainder ‖z'‖² − ‖z + J Δθ‖²: what the linearization misses"),
-    Column("delta_r2", "double", _TERMS, "R'² − R², the realized change (the sum of the four terms)"),
+    Column(
+        "delta_r2",
+        "double",
+        _TERMS,
+        "R'² − R², the realized change (the sum of the four terms); averaged over `n_steps` steps it telescopes to "
+        "the change of R² over them divided by `n_steps`",
+    ),
     Column(
         "virtual_D",
         "double",
@@ -106,7 +125,12 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("model", "the model as given (class name or `model_name=`)"),
     MetadataKey("n_items", "number of probe items"),
     MetadataKey("probes_fingerprint", "hash of the probe items and their ids"),
-    MetadataKey("every", "a step is recorded when `step % every == 0`"),
+    MetadataKey("every", "a step is recorded (a row stored) when `step % every == 0`"),
+    MetadataKey(
+        "average",
+        "whether a row's realized terms are their mean over every step since the previous row (true: computed at "
+        "every step) or the row's own step's (false)",
+    ),
     MetadataKey("terms", "whether the realized terms were computed (false: norms only)"),
     MetadataKey("virtual", "M, the virtual batches of the engine's probe at each recorded step (0: none)"),
     MetadataKey("virtual_settings", "the virtual probe's objective, batch size, seed and drift estimator"),
@@ -151,17 +175,31 @@ SUMMARY_KEYS: tuple[MetadataKey, ...] = (
         "wall time of the training steps, the monitor's own time taken out (measured "
         "between consecutive `after_step` calls)",
     ),
-    MetadataKey("terms_seconds", "the monitor's time for norms and realized terms"),
-    MetadataKey("virtual_seconds", "the monitor's time for the virtual probes"),
-    MetadataKey("overhead_terms", "terms_seconds / train_seconds: the realized terms' cost as a fraction of training"),
+    MetadataKey(
+        "terms_seconds",
+        "the monitor's own time for norms and realized terms: inside its hooks (the blocks flushed there "
+        "included) and inside `close()`",
+    ),
+    MetadataKey("virtual_seconds", "the monitor's own time for the virtual probes"),
+    MetadataKey("monitor_seconds", "terms_seconds + virtual_seconds"),
+    MetadataKey("wall_seconds", "train_seconds + monitor_seconds: the wall time the clock saw"),
+    MetadataKey(
+        "overhead_terms",
+        "terms_seconds / train_seconds: the realized terms' own time as a fraction of training. A lower bound of "
+        "the wall-time overhead: training steps the monitor slows down (caches, memory) count as training",
+    ),
     MetadataKey("overhead_virtual", "virtual_seconds / train_seconds"),
-    MetadataKey("overhead", "the two together"),
-    MetadataKey("seconds_per_recorded_step", "the monitor's mean time per recorded step (terms, virtual)"),
+    MetadataKey("overhead", "monitor_seconds / train_seconds (the same lower bound)"),
+    MetadataKey(
+        "seconds_per_recorded_step",
+        "the monitor's own time per recorded step (terms: with `average=True` the terms of every step "
+        "since the last row; virtual)",
+    ),
     MetadataKey("seconds_per_train_step", "the mean training step"),
 )
 
 #: monitor version -> fingerprint of the registry it was released with
-RELEASED = {1: "83c9bdc138359920"}
+RELEASED = {1: "83c9bdc138359920", 2: "afeb325b245a3f05"}
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)
 
@@ -240,7 +278,7 @@ if __name__ == "__main__":
 
 
 #: the row columns of the realized terms and of the virtual probe (present when recorded)
-TERM_COLUMNS = ("task1", "task2", "decay", "remainder", "delta_r2")
+TERM_COLUMNS = ("n_steps", "task1", "task2", "decay", "remainder", "delta_r2")
 VIRTUAL_COLUMNS = ("virtual_D", "virtual_Q", "virtual_kappa", "virtual_r_eq", "virtual_r_eq_heat")
 _TYPES = {"int64": pa.int64(), "string": pa.string(), "double": pa.float64()}
 

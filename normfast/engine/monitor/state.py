@@ -23,6 +23,7 @@ import torch
 from normfast.core.checks import first_line
 from normfast.data.formats import format_version
 from normfast.data.runwriter import chunk_file, verify_chunk
+from normfast.engine.monitor.schema import CHANGES as MONITOR_CHANGES
 from normfast.engine.monitor.schema import MONITOR_FORMAT, MONITOR_VERSION
 
 __all__ = [
@@ -39,14 +40,15 @@ __all__ = [
 ]
 
 #: the version of the state dict's layout
-STATE_VERSION = 2
+STATE_VERSION = 3
 #: state version -> what changed (one line each)
 CHANGES = {
     1: "the first state layout",
     2: "monitor_version and the monitored parameters (names, shapes, dtypes), checked on resume",
+    3: "term_sums: the realized terms summed over the steps since the last stored row (average=True)",
 }
 _TIMING = ("train_seconds", "terms_seconds", "virtual_seconds", "timed_steps")
-_INTEGER_COLUMNS = ("step", "item")
+_INTEGER_COLUMNS = ("step", "item", "n_steps")
 
 
 def pack_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -104,6 +106,20 @@ def _pending(fn: str, rows: Any, *, n_items: int, columns: Sequence[str]) -> lis
         if not bool((row["step"] == row["step"][0]).all()):
             raise ValueError(f"{where}: its 'step' values differ (one recorded step per row)")
     return unpack_rows(rows)
+
+
+def _term_sums(fn: str, value: Any, *, n_items: int) -> dict[str, Any]:
+    """The state's running sums of the realized terms (state version 3; before it, none), checked."""
+    where = f"{fn}: the state's 'term_sums'"
+    if not isinstance(value, dict) or set(value) != {"sums", "steps"} or not isinstance(value["sums"], dict):
+        raise ValueError(f"{where} is not a dict of 'sums' (term -> tensor) and 'steps'")
+    steps = _count(fn, value, "steps")
+    for k, v in value["sums"].items():
+        if not torch.is_tensor(v) or v.shape != (n_items,) or v.dtype != torch.float64:
+            raise ValueError(f"{where}: {k!r} is not a float64 tensor of {n_items} values")
+    if (steps == 0) != (not value["sums"]):
+        raise ValueError(f"{where}: {steps} steps summed but {len(value['sums'])} sums")
+    return value
 
 
 def _info(fn: str, text: Any) -> dict[str, Any] | None:
@@ -193,13 +209,15 @@ def check_state(
         stacklevel=3,
     )
     if version >= 2:
-        format_version(
-            state,
-            fn,
-            key="monitor_version",
-            current=MONITOR_VERSION,
-            what="monitor format",
-            older="its rows continue in this version's format",
+        written = state.get("monitor_version")
+        if isinstance(written, int) and not isinstance(written, bool) and 1 <= written < MONITOR_VERSION:
+            raise ValueError(
+                f"{fn}: the checkpoint's monitor writes monitor format version {written}, this normfast "
+                f"{MONITOR_VERSION} ({MONITOR_CHANGES[MONITOR_VERSION]}): finish that run with the normfast that "
+                f"started it, or start a new monitor folder"
+            )
+        format_version(  # a newer version, or a damaged one
+            state, fn, key="monitor_version", current=MONITOR_VERSION, what="monitor format", older=""
         )
     if state.get("spec_fingerprint") != spec_fingerprint:
         raise ValueError(
@@ -221,6 +239,9 @@ def check_state(
     if state.get("decay_buffer") not in (None, "exact", "warm-started"):
         raise ValueError(f"{fn}: the state's 'decay_buffer' is {state.get('decay_buffer')!r}")
     out["pending"] = _pending(fn, state.get("pending"), n_items=n_items, columns=columns)
+    out["term_sums"] = _term_sums(fn, state.get("term_sums", {"sums": {}, "steps": 0}), n_items=n_items)
+    if out["term_sums"]["steps"] >= every:
+        raise ValueError(f"{fn}: the state's 'term_sums' hold {out['term_sums']['steps']} steps, a row every {every}")
     out["info"] = _info(fn, state.get("info"))
     out["parameters"] = _parameters(fn, state.get("parameters")) if version >= 2 else None
     _steps(fn, out, out["pending"], every=every, flush_every=flush_every)
@@ -318,6 +339,7 @@ def monitor_spec(
     ids: list[str],
     *,
     every: int,
+    average: bool,
     terms: bool,
     virtual: int,
     objective: Any,
@@ -347,6 +369,7 @@ def monitor_spec(
         "n_items": len(probes),
         "probes_fingerprint": hash_items([*probes, *ids]),
         "every": every,
+        "average": average,
         "terms": terms,
         "virtual": virtual,
         "virtual_settings": virtual_settings,

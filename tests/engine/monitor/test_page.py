@@ -101,6 +101,9 @@ def test_the_page_holds_the_folders_numbers(folders):
     law = np.array(data["series"]["r_eq"], float)
     np.testing.assert_allclose(law[:, -1], result["items"]["r_eq_realized"], rtol=1e-4)
     assert np.isnan(law[:, : w - 1]).all() and np.isfinite(law[:, w - 1 :]).all()
+    # over the whole run the first row (its own step) and the others (EVERY steps each) weigh by their steps
+    whole = np.array(monitor_page_data(folder, window=1.0)["series"]["r_eq"], float)[:, -1]
+    np.testing.assert_allclose(whole, analyze(folder, window=1.0)["items"]["r_eq_realized"], rtol=1e-4)
     # the budget: each term's mean over every item, per recorded step
     task = matrix(folder, "task1") + matrix(folder, "task2")
     np.testing.assert_allclose(data["mean_terms"]["task"], task.mean(1), rtol=1e-3, atol=1e-12)

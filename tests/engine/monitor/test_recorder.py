@@ -62,71 +62,100 @@ def train_toy(variant: str, data, steps: int, hooks, *, start: int = 0, encoder=
 @pytest.mark.parametrize("variant", ["mlp", "mlp_heavyball", "mlp_adamw"])
 def test_realized_terms_are_the_ledgers(toy_data, tmp_path, variant):
     """Same loop, same steps: the monitor (settings read off the optimizer, rows through Parquet) and
-    E1's ledger (settings from the config) find the same terms at every recorded step."""
+    E1's ledger (settings from the config, every step) find the same terms: a monitor with
+    average=False those of every recorded step, the default (average=True) their mean over the steps
+    since the previous row."""
     torch.manual_seed(0)
     n = toy_data.x.shape[0]
     every, steps = 3, 45
     holder = {}
 
     def hooks(step, before, opt):
-        if "mon" not in holder:
+        if "led" not in holder:
             enc = holder["enc"]
             holder["led"] = RealizedLedger(enc, enc.prepare(list(range(n))), VARIANT_SPECS[variant], TOY)
-            holder["mon"] = normfast.TrainingMonitor(
-                enc, list(range(n)), every=every, out=tmp_path / "m", flush_every=4
-            )
-        led, mon = holder["led"], holder["mon"]
+            holder["mons"] = [
+                normfast.TrainingMonitor(
+                    enc, list(range(n)), every=every, average=average, out=tmp_path / f"m{average}", flush_every=4
+                )
+                for average in (False, True)
+            ]
+        led, mons = holder["led"], holder["mons"]
         if before:
-            led.before_step(record=step % every == 0)
-            mon.before_step(opt)
+            led.before_step(record=True)
+            for mon in mons:
+                mon.before_step(opt)
         else:
-            led.after_step(record=step % every == 0)
-            mon.after_step()
+            led.after_step(record=True)
+            for mon in mons:
+                mon.after_step()
 
     v = VARIANT_SPECS[variant]
     holder["enc"] = build_encoder(v, TOY, toy_data)
     train_toy(variant, toy_data, steps, hooks, encoder=holder["enc"])
-    path = holder["mon"].close()
-    table = pq.read_table(path).sort_by([("step", "ascending"), ("item", "ascending")])
-    assert monitor_schema.check_table(table.schema) == []
-    meta = normfast.read_metadata(path)
-    assert monitor_schema.check_metadata(meta) == []
-    assert meta["recorded_steps"] == len(holder["led"].blocks) == steps // every
-    assert meta["decay_buffer"] == ("exact" if variant == "mlp_heavyball" else None)
-    assert meta["law"] == ("adamw" if variant == "mlp_adamw" else "sgd")
-    assert sorted(set(table["step"].to_pylist())) == list(range(0, steps, every))
+    ledger = {
+        k: np.stack([b[k].numpy() for b in holder["led"].blocks]) for k in ("task1", "task2", "decay", "remainder")
+    }
     S = steps // every
-    for k in ("task1", "task2", "decay", "remainder"):
-        mine = np.asarray(table[k]).reshape(S, n)
-        ledger = np.stack([b[k].numpy() for b in holder["led"].blocks])
-        np.testing.assert_allclose(mine, ledger, rtol=1e-12, atol=1e-15, err_msg=k)
-    mine_r2 = np.asarray(table["norm"]).reshape(S, n) ** 2
-    np.testing.assert_allclose(mine_r2, np.stack([b["R2"].numpy() for b in holder["led"].blocks]), rtol=1e-12)
-    total = sum(np.asarray(table[k]) for k in ("task1", "task2", "decay", "remainder"))
-    np.testing.assert_allclose(total, np.asarray(table["delta_r2"]), rtol=1e-9, atol=1e-14)
-    # the lr column is the optimizer's: heavy-ball runs at E1's heavyball_lr
-    assert set(table["lr"].to_pylist()) == {v.lr(TOY)}
+    for average, mon in zip((False, True), holder["mons"]):
+        path = mon.close()
+        table = pq.read_table(path).sort_by([("step", "ascending"), ("item", "ascending")])
+        assert monitor_schema.check_table(table.schema) == []
+        meta = normfast.read_metadata(path)
+        assert monitor_schema.check_metadata(meta) == []
+        assert meta["recorded_steps"] == S and meta["average"] is average
+        assert meta["decay_buffer"] == ("exact" if variant == "mlp_heavyball" else None)
+        assert meta["law"] == ("adamw" if variant == "mlp_adamw" else "sgd")
+        assert sorted(set(table["step"].to_pylist())) == list(range(0, steps, every))
+        counts = np.asarray(table["n_steps"]).reshape(S, n)[:, 0]
+        assert counts.tolist() == ([1] + [every] * (S - 1) if average else [1] * S)
+        for k in ("task1", "task2", "decay", "remainder"):
+            mine = np.asarray(table[k]).reshape(S, n)
+            if average:  # the row of step s: the mean over steps s - every + 1 .. s
+                want = np.stack([ledger[k][max(0, s - every + 1) : s + 1].mean(0) for s in range(0, steps, every)])
+            else:
+                want = ledger[k][::every]
+            np.testing.assert_allclose(mine, want, rtol=1e-12, atol=1e-15, err_msg=f"{k}, average={average}")
+        mine_r2 = np.asarray(table["norm"]).reshape(S, n) ** 2
+        ledger_r2 = np.stack([b["R2"].numpy() for b in holder["led"].blocks])[::every]
+        np.testing.assert_allclose(mine_r2, ledger_r2, rtol=1e-12)
+        total = sum(np.asarray(table[k]) for k in ("task1", "task2", "decay", "remainder"))
+        np.testing.assert_allclose(total, np.asarray(table["delta_r2"]), rtol=1e-9, atol=1e-14)
+        # the lr column is the optimizer's: heavy-ball runs at E1's heavyball_lr
+        assert set(table["lr"].to_pylist()) == {v.lr(TOY)}
 
 
-def test_law_from_the_realized_means_on_a_stationary_window(toy_data, tmp_path, capsys):
+def test_the_realized_terms_add_up_over_a_stationary_window(toy_data, tmp_path, capsys):
     """E1's bias-free MLP with SGD, trained for 12 relaxation times of R² and recorded at every step: over
-    the late half the law solved from the monitor's realized window means predicts the window-mean norms
-    (E1's target), and ``normfast report`` on the folder says so."""
+    the late half the law solved from the monitor's realized window means reproduces the window-mean
+    norms (slope and r inside E1's target), and ``normfast report`` on the folder says so.
+
+    What this shows: that the window is stationary and the recorded terms are complete, so that their
+    means balance. In a stationary window the law from the realized means gives back the mean norm by
+    construction (an identity of a closed balance: any split of the same total between heat and drift
+    fits as well), so this is no evidence that the law predicts a norm it has not seen.
+
+    Beside it, on the same steps: a monitor at ``every=10`` that averages every step's terms (the
+    default) closes the balance as well, and the stationarity measure from the recorded norms
+    (``net_change_median``) agrees with the every-step value within 0.02 both for it and for a monitor
+    that samples one step in ten (``average=False``), whose old measure (``balance_median``, a mean of
+    ten-times-fewer noisy ΔR² draws) does not."""
     from normfast.cli import main
     from normfast.engine.monitor.analysis import analyze
 
     torch.manual_seed(0)
     n = toy_data.x.shape[0]
-    holder = {}
+    enc = build_encoder("mlp", TOY, toy_data)
+    settings = {"run": {"every": 1}, "averaged": {"every": 10}, "sampled": {"every": 10, "average": False}}
+    mons = [normfast.TrainingMonitor(enc, list(range(n)), out=tmp_path / k, **kw) for k, kw in settings.items()]
 
     def hooks(step, before, opt):
-        mon = holder["mon"]
-        mon.before_step(opt) if before else mon.after_step()
+        for mon in mons:
+            mon.before_step(opt) if before else mon.after_step()
 
-    enc = build_encoder("mlp", TOY, toy_data)
-    holder["mon"] = normfast.TrainingMonitor(enc, list(range(n)), every=1, out=tmp_path / "run")
     train_toy("mlp", toy_data, 600, hooks, encoder=enc)
-    holder["mon"].close()
+    for mon in mons:
+        mon.close()
     result = analyze(tmp_path / "run", window=0.5)
     fit = result["fits"]["realized_law"]
     assert 0.85 <= fit["slope"] <= 1.15 and fit["pearson_r"] >= 0.93, fit
@@ -144,12 +173,23 @@ def test_law_from_the_realized_means_on_a_stationary_window(toy_data, tmp_path, 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 600 and summary["recorded_steps"] == 600 and summary["overhead_terms"] > 0
 
+    every_step = result["stationarity"]
+    averaged, sampled = (analyze(tmp_path / k, window=0.5) for k in ("averaged", "sampled"))
+    assert averaged["window"]["term_steps"] == 300 and sampled["window"]["term_steps"] == 30
+    fit10 = averaged["fits"]["realized_law"]
+    assert 0.85 <= fit10["slope"] <= 1.15 and fit10["pearson_r"] >= 0.93, fit10
+    for other in (averaged, sampled):
+        assert abs(other["stationarity"]["net_change_median"] - every_step["net_change_median"]) <= 0.02
+    assert abs(sampled["stationarity"]["balance_median"] - every_step["balance_median"]) > 0.2
+    assert any("1 step in 10" in note for note in sampled["notes"]) and not averaged["notes"]
+
 
 @pytest.mark.parametrize("variant, weight_decay", [("mlp_heavyball", 0.1), ("mlp_adamw", 0.5)])
-def test_the_law_holds_with_momentum_and_adamw(toy_data, tmp_path, variant, weight_decay):
+def test_the_realized_terms_add_up_with_momentum_and_adamw(toy_data, tmp_path, variant, weight_decay):
     """The same check for heavy-ball SGD (lr 0.005, momentum 0.9) and AdamW (lr 0.01; weight decay 0.5, so
-    that 600 steps are six relaxation times of R², as for SGD), recorded at every second step: the law from
-    the realized window means predicts the window-mean norms within E1's target."""
+    that 600 steps are six relaxation times of R², as for SGD), a row every second step averaging both
+    steps' terms (the default): the law from the realized window means reproduces the window-mean norms
+    within E1's target (the balance closes: an identity in a stationary window, as above)."""
     from dataclasses import replace
 
     from normfast.engine.monitor.analysis import analyze

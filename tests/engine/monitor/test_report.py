@@ -122,3 +122,34 @@ def test_an_unreadable_timing_still_gives_the_report(folders, tmp_path, summary,
     assert "note: the timing in summary.json is unreadable (" in printed and "monitor overhead" not in printed
     report = json.loads((folder / "report.json").read_text())
     assert report["timing"] is None and report["recorded_steps"] == 8
+
+
+def test_the_report_files_hold_what_is_registered(folders, tmp_path):
+    """report.json and report_items.csv hold exactly the keys and columns of
+    normfast.engine.monitor.report_schema (the docs render them from there), in its order; a key the
+    registry does not know is named."""
+    import csv
+
+    from normfast.engine.monitor.report_schema import ITEM_COLUMNS, REPORT_KEYS, check_items, check_report
+
+    folder = _copy(folders, "finished", tmp_path)
+    assert main(["report", str(folder), "--no-plots"]) == 0
+    report = json.loads((folder / "report.json").read_text())
+    assert check_report(report) == []
+    with open(folder / "report_items.csv", newline="") as fh:
+        header = next(csv.reader(fh))
+    assert check_items(header) == [] and header == list(report["items"])
+    # SGD with realized terms and weight decay, no virtual probe: every column that applies, and only those
+    assert header == [
+        c.name
+        for c in ITEM_COLUMNS
+        if c.when in ("always", "with realized terms", "with realized terms and weight decay") or c.name == "dominant"
+    ]
+    top = {k.name for k in REPORT_KEYS if "." not in k.name}
+    assert set(report) == top
+    report["window"]["width"] = 3
+    report["surprise"] = 1
+    report["items"]["extra"] = [0]
+    problems = check_report(report)
+    assert any("'window.width'" in p for p in problems) and any("'surprise'" in p for p in problems)
+    assert any("'extra' is not registered" in p for p in problems)

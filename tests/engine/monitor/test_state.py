@@ -14,6 +14,7 @@ import torch
 
 import normfast
 from bench.experiments.e1.data import VARIANT_SPECS, build_encoder, make_concepts, variant_optimizer
+from normfast.engine.monitor.schema import MONITOR_VERSION
 from normfast.engine.monitor.state import STATE_VERSION
 from tests.engine.monitor.test_recorder import TOY, train_toy
 
@@ -64,7 +65,7 @@ def _refused(mon, state, folder: Path, match: str) -> str:
 
 def test_the_state_records_the_monitored_parameters(data, tmp_path):
     state, _ = _stopped(data, tmp_path / "m")
-    assert state["state_version"] == STATE_VERSION and state["monitor_version"] == 1
+    assert state["state_version"] == STATE_VERSION and state["monitor_version"] == MONITOR_VERSION
     assert state["parameters"] == [["blocks.0.weight", [16, 8], "float32"], ["blocks.2.weight", [8, 16], "float32"]]
 
 
@@ -129,6 +130,22 @@ DAMAGE = {
     "next-step-skip": ("next_step", lambda s: s["last_step"] + 4, r"next_step=10 .* would skip steps 7 to 9"),
     "first-step": ("first_step", 1, r"first_step=1 .* block 0 starts at step 0"),
     "monitor-version": ("monitor_version", 99, r"monitor format version 99, .*upgrade normfast"),
+    "monitor-version-older": (
+        "monitor_version",
+        1,
+        r"writes monitor format version 1, this normfast 2 \(the column n_steps .*\): finish that run",
+    ),
+    "term-sums": ("term_sums", "x", r"'term_sums' is not a dict of 'sums' \(term -> tensor\) and 'steps'"),
+    "term-sums-short": (
+        "term_sums",
+        {"sums": {"task1": torch.zeros(3, dtype=torch.float64)}, "steps": 1},
+        r"'term_sums': 'task1' is not a float64 tensor of 32 values",
+    ),
+    "term-sums-count": (
+        "term_sums",
+        {"sums": {"task1": torch.zeros(32, dtype=torch.float64)}, "steps": 1},
+        r"'term_sums' hold 1 steps, a row every 1",
+    ),
     "state-version": ("state_version", 99, r"state version 99, .*upgrade normfast"),
     "timing": ("timing", "fast", r"'timing' .* dict"),
     "decay-buffers": ("decay_buffers", {"blocks.0.weight": "x"}, r"'decay_buffers'"),
