@@ -6,7 +6,7 @@ from pathlib import Path
 
 # nothing here imports torch at import time: `normfast probe --help` builds this parser
 from normfast.apps.corpus import CORPUS_BATCH_SIZE, CORPUS_BATCHES, CORPUS_CHUNK, CORPUS_TEMPERATURE
-from normfast.data.records import read_jsonl, read_lines, read_tsv
+from normfast.apps.probe_inputs import image_pairs, load_images, read_pairs_file, read_probe_file
 from normfast.engine.defaults import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODES, PRESETS
 
 probe_description = f"""\
@@ -59,96 +59,6 @@ Under torchrun the probe items are sharded over the ranks (gloo on CPU, NCCL
 on GPU; directions are computed once on rank 0 and broadcast); the output is
 then OUT.manifest.json naming one Parquet part per rank, which `normfast
 report` reads as one table. --resume works with any number of ranks."""
-
-
-def _read_probe_file(path: Path, text_key: str) -> tuple[list[str], list[str] | None]:
-    fn = "probes file"
-    if path.is_dir():
-        raise ValueError(
-            f"{fn}: {path} is a folder; expected a file of probe items (.txt one per line, .jsonl or .tsv)"
-        )
-    if path.suffix == ".jsonl":
-        records = [rec for _, rec in read_jsonl(path, fn=fn, text_fields=(text_key,), key_fields=("id",))]
-        items = [rec[text_key] for rec in records]
-        has_ids = any("id" in rec for rec in records)
-        ids = [str(rec.get("id", i)) for i, rec in enumerate(records)]
-    elif path.suffix == ".tsv":
-        items, ids, has_ids = [fields[0] for _, fields in read_tsv(path, fn=fn, columns=[0])], [], False
-    else:
-        items, ids, has_ids = [line for _, line in read_lines(path, fn=fn)], [], False
-    if not items:
-        raise ValueError(f"probes file {path} holds no probe items")
-    return items, (ids if has_ids else None)
-
-
-def _read_pairs_file(path: Path, args, needs: str):
-    """The virtual-batch source of ``--pairs``, as the objective needs it (``"pairs"``, ``"labels"`` or
-    ``"items"``); for items (SimCSE), a pairs file gives its anchors."""
-    from normfast.data.pairs import PairSource
-
-    fn = "pairs file"
-    if path.is_dir():
-        raise ValueError(
-            f"{fn}: {path} is a folder; expected a file (.jsonl or .tsv; for simcse also .txt, one item per line)"
-        )
-    if path.suffix == ".jsonl":
-        if needs != "items":
-            return PairSource.from_jsonl(
-                path,
-                anchor_key=args.anchor_key,
-                positive_key=args.positive_key,
-                label_key=args.label_key,
-                text_key=args.text_key,
-                kind=needs,
-            )
-        first = next(read_jsonl(path, fn=fn), (0, {}))[1]
-        key = args.anchor_key if args.text_key not in first and args.anchor_key in first else args.text_key
-        return PairSource.from_jsonl(path, text_key=key, kind="items")
-    if needs != "items":
-        return PairSource.from_tsv(path, kind=needs)
-    if path.suffix == ".tsv":  # one column of items, or the anchors of a pairs file
-        return PairSource.from_tsv(path, columns=(0,), kind="items")
-    items = [line for _, line in read_lines(path, fn=fn)]
-    if not items:
-        raise ValueError(f"{fn} {path} holds no items")
-    return PairSource.from_iterable(items, kind="items")
-
-
-def _load_images(paths: list[str], what: str = "probe"):
-    from PIL import Image, UnidentifiedImageError
-
-    images = []
-    for path in paths:
-        try:
-            with Image.open(path) as image:
-                images.append(image.convert("RGB"))
-        except (OSError, UnidentifiedImageError) as exc:
-            raise ValueError(f"{what} {path!r}: cannot read it as an image ({exc})") from None
-    return images
-
-
-def _image_pairs(source, positives_are_images: bool):
-    """A pairs file's image paths, opened when a virtual batch draws them: the anchors (or items) for an
-    image tower, the positives too unless CLIP's text tower encodes them. (The class is made here: pair
-    sources import torch, which `normfast probe --help` never loads.)"""
-    from normfast.data.pairs import PairSource
-
-    class _ImagePairs(PairSource):
-        def __init__(self, source: PairSource):
-            self.__dict__.update(source.__dict__)
-            self.positives_are_images = positives_are_images
-
-        def batch(self, indices):
-            drawn = super().batch(indices)
-            if self.kind == "items":
-                return _load_images(drawn, "pairs file: item")
-            first, second = drawn
-            first = _load_images(first, "pairs file: anchor" if self.kind == "pairs" else "pairs file: item")
-            if self.kind == "pairs" and self.positives_are_images:
-                second = _load_images(second, "pairs file: positive")
-            return first, second
-
-    return _ImagePairs(source)
 
 
 def probe_arguments(p) -> None:
@@ -444,7 +354,7 @@ def _probe_cli(args, device: str, root: bool) -> int:
         if not args.corpus and (args.window is not None or args.stride is not None):
             raise ValueError("--window and --stride apply to --corpus only")
         objective = _objective(args, bool(args.corpus))
-        pairs = _read_pairs_file(Path(args.pairs), args, objective.needs) if args.pairs else None
+        pairs = read_pairs_file(Path(args.pairs), args, objective.needs) if args.pairs else None
         settings = _settings(args, output)
         run = dict(out=args.out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
         if args.corpus:
@@ -494,7 +404,7 @@ def _probe_items(args, objective, pairs, config, load_options: dict, run: dict):
     from normfast.encoders import load_encoder
     from normfast.engine.probe import probe
 
-    items, ids = _read_probe_file(Path(args.probes), args.text_key)
+    items, ids = read_probe_file(Path(args.probes), args.text_key)
     config.validate()
     if pairs is None and objective.needs != "items":
         raise ValueError(f"--objective {objective.name} needs --pairs (a .jsonl or .tsv of pairs)")
@@ -505,10 +415,10 @@ def _probe_items(args, objective, pairs, config, load_options: dict, run: dict):
         check_batch_size("probe", config.batch_size, source)
     encoder = load_encoder(args.model, **load_options)
     if encoder.modality == "image":
-        items = _load_images(items)
+        items = load_images(items)
         if pairs is not None:
             # the file holds image paths; under clip the positives are captions for the text tower
-            pairs = _image_pairs(pairs, positives_are_images=objective.name != "clip")
+            pairs = image_pairs(pairs, positives_are_images=objective.name != "clip")
     pair_encoder = None
     if objective.name == "clip" and hasattr(encoder, "with_tower"):
         pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")

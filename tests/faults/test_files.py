@@ -117,7 +117,7 @@ def test_the_cli_pairs_file_refuses_a_pair_that_is_not_text(tiny_bert_folder, tm
 
 
 def test_simcse_reads_a_plain_items_file_or_the_anchors_of_a_pairs_file(tmp_path):
-    from normfast.apps.probe_command import _read_pairs_file
+    from normfast.apps.probe_inputs import read_pairs_file
 
     args = SimpleNamespace(text_key="text", anchor_key="anchor", positive_key="positive", label_key=None)
     pairs = [("a cat", "a kitten"), ("red", "crimson"), ("big\tdog", "hound")]
@@ -136,13 +136,13 @@ def test_simcse_reads_a_plain_items_file_or_the_anchors_of_a_pairs_file(tmp_path
     }
     for name, (content, want) in files.items():
         (tmp_path / name).write_text(content)
-        source = _read_pairs_file(tmp_path / name, args, "items")
+        source = read_pairs_file(tmp_path / name, args, "items")
         assert source.kind == "items" and source.batch(list(range(len(want)))) == want, name
     # the other objectives read pairs as before
-    assert _read_pairs_file(tmp_path / "pairs.tsv", args, "pairs").batch([1]) == (["red"], ["crimson"])
+    assert read_pairs_file(tmp_path / "pairs.tsv", args, "pairs").batch([1]) == (["red"], ["crimson"])
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(ValueError, match="pairs file .*empty.txt holds no items"):
-        _read_pairs_file(tmp_path / "empty.txt", args, "items")
+        read_pairs_file(tmp_path / "empty.txt", args, "items")
 
 
 def test_simcse_runs_with_a_two_column_pairs_file(tiny_bert_folder, tmp_path, capsys):
@@ -242,7 +242,7 @@ def test_a_probes_or_corpus_file_that_is_not_utf8_is_named_with_its_line(
 
 @pytest.mark.parametrize("name", ["p.jsonl", "p.tsv", "p.txt"])
 def test_a_pairs_file_that_is_not_utf8_is_named_with_its_line(tmp_path, name):
-    from normfast.apps.probe_command import _read_pairs_file
+    from normfast.apps.probe_inputs import read_pairs_file
 
     path = tmp_path / name
     line = json.dumps({"anchor": "a", "positive": "b", "text": "c"}) if name.endswith("jsonl") else "a\tb"
@@ -250,7 +250,7 @@ def test_a_pairs_file_that_is_not_utf8_is_named_with_its_line(tmp_path, name):
     args = SimpleNamespace(text_key="text", anchor_key="anchor", positive_key="positive", label_key=None)
     for needs in ("pairs", "items"):
         with pytest.raises(ValueError, match=rf"{name}: line 2 \(byte \d+\) is not UTF-8"):
-            _read_pairs_file(path, args, needs)
+            read_pairs_file(path, args, needs)
 
 
 # ---------------------------------------------------------------------------
