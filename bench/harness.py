@@ -58,6 +58,7 @@ EXPERIMENTS = (
     "e4",
     "e5",
     "corpus",
+    "corpus_recipe",
     "judgments",
     "calibration",
     "heat_coverage",

@@ -4,7 +4,8 @@ The stable public surface is what ``import normfast`` exposes (``__all__``);
 every name is imported lazily, on first use, so ``import normfast`` stays light:
 
 * probing: :func:`probe`, :class:`Prober` (the directions once, then probes in seconds),
-  :class:`ProbeConfig`, :class:`ProbeResult`;
+  :class:`ProbeConfig`, :class:`ProbeResult`; :func:`probe_corpus` (every token of a corpus in
+  context, the ``--corpus`` recipe; ``result.types("word")`` per word);
 * models: :func:`load_encoder`, :class:`Encoder`, :class:`ModuleEncoder`;
 * virtual batches: :class:`PairSource` (:func:`virtual_batches`, the default draw) and the
   objectives :class:`InfoNCE`, :class:`CLIPLoss`, :class:`SupCon`, :class:`SimCSE`
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "probe": "normfast.engine.probe",
     "Prober": "normfast.engine.prober",
+    "probe_corpus": "normfast.apps.corpus",
     "ProbeConfig": "normfast.engine.config",
     "ProbeResult": "normfast.engine.result",
     "load_encoder": "normfast.encoders",

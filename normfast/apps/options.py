@@ -5,14 +5,25 @@ from them (the encoder, the pair source, the objective, the pair encoder, the co
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from normfast.data.records import read_jsonl, read_lines
-from normfast.engine.config import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS
-from normfast.engine.directions.presets import PRESETS
+from normfast.apps.probe_inputs import read_pairs_file
+from normfast.engine.defaults import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, PRESETS
+
+__all__ = [
+    "direction_arguments",
+    "direction_settings",
+    "encoder_arguments",
+    "load_model",
+    "make_objective",
+    "model_arguments",
+    "objective_arguments",
+    "pair_encoder_for",
+    "pairs_arguments",
+    "read_pairs_file",
+]
 
 
 def model_arguments(p: argparse.ArgumentParser) -> None:
@@ -146,36 +157,3 @@ def pair_encoder_for(encoder: Any, objective: Any) -> Any:
     if objective.name == "clip" and hasattr(encoder, "with_tower"):
         return encoder.with_tower("text" if encoder.modality == "image" else "image")
     return None
-
-
-def read_pairs_file(path: Path, args: argparse.Namespace, needs: str) -> Any:
-    """The virtual-batch source of ``--pairs``, as the objective needs it (``"pairs"``, ``"labels"`` or
-    ``"items"``); for items (SimCSE), a pairs file gives its anchors."""
-    from normfast.data.pairs import PairSource
-
-    fn = "pairs file"
-    if path.is_dir():
-        raise ValueError(
-            f"{fn}: {path} is a folder; expected a file (.jsonl or .tsv; for simcse also .txt, one item per line)"
-        )
-    if path.suffix == ".jsonl":
-        if needs != "items":
-            return PairSource.from_jsonl(
-                path,
-                anchor_key=args.anchor_key,
-                positive_key=args.positive_key,
-                label_key=args.label_key,
-                text_key=args.text_key,
-                kind=needs,
-            )
-        first = next(read_jsonl(path, fn=fn), (0, {}))[1]
-        key = args.anchor_key if args.text_key not in first and args.anchor_key in first else args.text_key
-        return PairSource.from_jsonl(path, text_key=key, kind="items")
-    if needs != "items":
-        return PairSource.from_tsv(path, kind=needs)
-    if path.suffix == ".tsv":  # one column of items, or the anchors of a pairs file
-        return PairSource.from_tsv(path, columns=(0,), kind="items")
-    items = [line for _, line in read_lines(path, fn=fn)]
-    if not items:
-        raise ValueError(f"{fn} {path} holds no items")
-    return PairSource.from_iterable(items, kind="items")

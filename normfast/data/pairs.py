@@ -24,7 +24,7 @@ from normfast.core.checks import as_tensor
 from normfast.data.batches import virtual_batches
 from normfast.data.records import read_jsonl, read_tsv
 
-__all__ = ["KINDS", "PairSource", "as_pair_source"]
+__all__ = ["KINDS", "PairSource", "as_pair_source", "check_batch_size"]
 
 KINDS = ("pairs", "labels", "items")
 
@@ -203,6 +203,18 @@ class PairSource:
         return _DatasetSource(dataset, kind, collate)
 
     # -- access -----------------------------------------------------------------
+    _what: str | None = None
+
+    @property
+    def what(self) -> str:
+        """What the source's elements are, in the plural, for messages: ``"pairs"``, ``"items"``, or
+        what a caller set (``"sentences of the corpus"``)."""
+        return self._what or {"pairs": "pairs", "labels": "labelled items"}.get(self.kind, "items")
+
+    @what.setter
+    def what(self, value: str) -> None:
+        self._what = str(value)
+
     def __len__(self) -> int:
         return len(self._first)
 
@@ -383,7 +395,9 @@ def as_pair_source(pairs: Any, objective: Any, probes: Sequence[Any]) -> "PairSo
         return PairSource.from_dataset(pairs, kind=objective.needs)
     if pairs is None:
         if objective.needs == "items":
-            return PairSource.from_iterable(list(probes), kind="items")
+            source = PairSource.from_iterable(list(probes), kind="items")
+            source.what = "probe items (SimCSE draws its batches from the probes themselves)"
+            return source
         raise ValueError(f"probe: objective {objective.name!r} needs {objective.needs}; pass pairs=")
     return PairSource.from_iterable(pairs, kind=objective.needs)
 
@@ -432,3 +446,18 @@ def _encode_labels(labels: list[Any]) -> tuple[list[Any], list[int]]:
             classes.append(label)
         codes.append(code)
     return classes, codes
+
+
+def check_batch_size(fn: str, batch_size: int, source: "PairSource") -> None:
+    """Refuse a virtual batch larger than its source, naming the setting and what the source counts.
+
+    A virtual batch holds distinct elements of the source, so ``batch_size <= len(source)``; checked
+    before any model is loaded or run."""
+    n = len(source)
+    if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size > n:
+        what = getattr(source, "what", None) or "elements"
+        raise ValueError(
+            f"{fn}: batch_size={batch_size} (CLI --batch-size) is larger than the virtual batches' source, "
+            f"which holds {n} {what}; a batch holds distinct ones: pass batch_size <= {n} "
+            f"(e.g. {max(2, n // 2)}), or a larger source"
+        )

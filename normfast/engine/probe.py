@@ -62,7 +62,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from normfast.core.checks import check_finite_weights
-from normfast.data.pairs import as_pair_source
+from normfast.data.pairs import as_pair_source, check_batch_size
 from normfast.encoders import Encoder
 from normfast.engine.config import ProbeConfig
 from normfast.engine.prober import Prober
@@ -139,21 +139,24 @@ def probe(
 
     config = config or ProbeConfig()
     config.validate()
-    if model_name is None:
-        model_name = encoder if isinstance(encoder, str) else type(encoder).__name__
-    if not isinstance(encoder, Encoder):
-        encoder = load_encoder(encoder)
-    # a NaN or infinite weight makes every row NaN: said now, before the run's folder exists
-    check_finite_weights("probe", encoder)
-    if pair_encoder is not None:
-        check_finite_weights("probe", pair_encoder, "the pair encoder")
     if isinstance(objective, str):
         objective = get_objective(objective)
     probes = as_probe_sequence(probes)
     if len(probes) == 0:
         raise ValueError("probe: expected at least one probe item, got an empty probe set")
-    # SimCSE without pairs draws its batches from the probes: this call's Prober is bound to them
+    # SimCSE without pairs draws its batches from the probes: this call's Prober is bound to them.
+    # The source, and whether a batch fits in it, are said before the model is touched.
     pairs = as_pair_source(pairs, objective, probes)
+    if config.batch_indices is None:
+        check_batch_size("probe", config.batch_size, pairs)
+    if not isinstance(encoder, Encoder):
+        encoder = load_encoder(encoder)
+    if model_name is None:
+        model_name = encoder.spec or type(encoder).__name__
+    # a NaN or infinite weight makes every row NaN: said now, before the run's folder exists
+    check_finite_weights("probe", encoder)
+    if pair_encoder is not None:
+        check_finite_weights("probe", pair_encoder, "the pair encoder")
     prober = Prober(
         encoder,
         objective,

@@ -109,10 +109,10 @@ class Prober:
 
         config = config or ProbeConfig()
         config.validate()
-        if model_name is None:
-            model_name = encoder if isinstance(encoder, str) else type(encoder).__name__
         if not isinstance(encoder, Encoder):
             encoder = load_encoder(encoder)
+        if model_name is None:
+            model_name = encoder.spec or type(encoder).__name__
         # a NaN or infinite weight makes every row NaN: said now, before anything is computed or written
         check_finite_weights("probe", encoder)
         if pair_encoder is not None:
@@ -339,6 +339,13 @@ class Prober:
         # the world size is not part of the spec: a run may be resumed with any number of ranks
         key = fingerprint(spec)
         metadata["spec_fingerprint"] = key
+        # in words, for the summary and the page (not part of the spec: the same source may be named otherwise)
+        pairs = self.pairs
+        metadata["pair_source"] = {
+            "kind": getattr(pairs, "kind", None),
+            "n": len(pairs),
+            "what": getattr(pairs, "what", None),
+        }
         metadata["world_size"] = 1 if shard is None else shard.world_size
         if shard is not None:
             shard.check_agree(key, "arguments")
@@ -456,6 +463,7 @@ class Prober:
             failure = exc
         seconds = round(time.perf_counter() - t0, 3)
         metadata["M"] = run.M
+        metadata["objective_health"] = run.objective_health()
         if run.adaptive is not None:
             metadata["adaptive"] = run.adaptive
         if shard is None:

@@ -124,6 +124,17 @@ class ProbeResult:
     def drift_column(self) -> str:
         return "D" if "D" in self.column_names else "D_w"
 
+    def types(self, by: str = "token", *, min_count: int = 1, casefold: bool = False, **options: Any) -> pa.Table:
+        """Per-type statistics of a token-level run: one row per vocabulary entry (``by="token"``) or
+        whole word (``by="word"``, corpus runs), with the count of occurrences and the mean, spread
+        and standard error of every quantity and of the relative heat -- the table ``normfast
+        aggregate RUN --by token|word`` writes (:func:`normfast.engine.report.aggregate.aggregate`;
+        ``options``: ``quantities``, ``batch_size``, ``progress``). Most frequent first; rank it by
+        ``heat_rel_mean`` (see :func:`normfast.engine.report.ranking.rank_types`)."""
+        from normfast.engine.report.aggregate import aggregate
+
+        return aggregate(self, by=by, min_count=min_count, casefold=casefold, **options)
+
     def summary(self) -> dict[str, Any]:
         from normfast.engine.report.summary import summarize
 

@@ -30,6 +30,69 @@ def test_help_lists_every_command(capsys):
     assert __version__ in capsys.readouterr().out
 
 
+def test_the_commands_are_listed_once(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for name, (_, summary) in COMMANDS.items():
+        assert out.count(summary) == 1, name
+
+
+def _command_parser(name: str):
+    import argparse
+
+    from normfast.cli import build_parser
+
+    parser = build_parser(name)
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_option_of_every_command_says_what_it_does(name):
+    import re
+
+    sub = _command_parser(name)
+    bare = [a.option_strings or [a.dest] for a in sub._actions if not (a.help or "").strip()]
+    assert not bare, f"normfast {name}: options without help: {bare}"
+    texts = [sub.description or ""] + [a.help for a in sub._actions]
+    markup = [t for t in texts if re.search(r"``|:(func|class|mod|meth|attr):", t)]
+    assert not markup, f"normfast {name}: Sphinx markup in its help: {markup}"
+
+
+def test_probe_help_needs_no_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, contextlib, io\n"
+        "from normfast.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['probe', '--help'])\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_a_command_warns_in_one_line_once_without_a_source_path():
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings\n"
+        "from normfast.cli import one_line_warnings\n"
+        "def twice(where):\n"
+        "    warnings.warn('probe: 3 probed parameter(s) receive\\n  no gradient', UserWarning)\n"
+        "with one_line_warnings('normfast probe'):\n"
+        "    twice(1); twice(2)\n"
+        "    warnings.warn('another one', UserWarning, stacklevel=1)\n"
+    )
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert err.splitlines() == [
+        "normfast probe: warning: probe: 3 probed parameter(s) receive no gradient",
+        "normfast probe: warning: another one",
+    ]
+
+
 def test_probe_help_teaches(capsys):
     with pytest.raises(SystemExit):
         main(["probe", "--help"])
@@ -131,6 +194,8 @@ def test_probe_cli_errors(tmp_path, bert_folder, capsys):
             str(words),
             "--params",
             "no_such_param",
+            "--batch-size",  # a batch fits in the 3 probes (checked first), so the parameters are next
+            "2",
             "--out",
             str(tmp_path / "x.parquet"),
             "--no-progress",

@@ -242,7 +242,7 @@ def test_demo_reads_the_regime_first_and_never_shows_a_bare_slope(demo_run):
     demo_run, folder = demo_run
     assert demo_run.returncode == 0, demo_run.stderr[-3000:]
     lines = demo_run.stdout.splitlines()
-    head = next(i for i, ln in enumerate(lines) if ln.startswith("normfast probe:"))
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("probe run:"))
     assert lines[head + 1].startswith("regime: ")
     fit = next(i for i, ln in enumerate(lines) if "observed norm vs R_eq" in ln)
     assert "comparison, not a test of the law" in lines[fit - 1]

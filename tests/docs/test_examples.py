@@ -132,7 +132,7 @@ def test_example_runs(where, tmp_path, monkeypatch, capsys):
         exec(compile(code, where, "exec"), {})
     printed = capsys.readouterr().out
     if "format_summary" in code:
-        assert "normfast probe:" in printed and "quantity" in printed
+        assert "probe run:" in printed and "quantity" in printed
     if "runs/words.parquet" in code:
         assert (tmp_path / "runs" / "words.parquet").is_file()
         assert sorted(p.name for p in (tmp_path / "runs").glob("*.png")) == [

@@ -290,6 +290,23 @@ def test_sentence_transformers_folder_matches_package(minilm_encoder, minilm_pat
     torch.testing.assert_close(torch.nn.functional.normalize(z, dim=-1), reference.cpu(), rtol=0, atol=1e-5)
 
 
+def test_the_hub_id_of_a_packaged_model_loads_offline(minilm_encoder, minilm_path, monkeypatch):
+    import huggingface_hub
+
+    import normfast.encoders.load as load
+
+    def network(*a, **k):
+        raise AssertionError("the hub was asked for a model installed as a package")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(load, "_load_hub", network)
+    enc = load_encoder("sentence-transformers/all-MiniLM-L6-v2")
+    assert isinstance(enc, SentenceTransformerEncoder) and enc.name == minilm_encoder.name == minilm_path
+    # the run records the model as it was named, whether the probe got the name or the object
+    assert enc.spec == "sentence-transformers/all-MiniLM-L6-v2" and minilm_encoder.spec == "all-MiniLM-L6-v2"
+    assert load_encoder(nn.Linear(3, 2)).spec == "Linear"
+
+
 def test_minilm_cuts_and_cover(minilm_encoder):
     state = minilm_encoder.prepare(TEXTS[:2])
     assert minilm_encoder.n_stages == 8  # embeddings, 6 layers, pooling

@@ -117,7 +117,7 @@ def test_the_cli_pairs_file_refuses_a_pair_that_is_not_text(tiny_bert_folder, tm
 
 
 def test_simcse_reads_a_plain_items_file_or_the_anchors_of_a_pairs_file(tmp_path):
-    from normfast.apps.options import read_pairs_file
+    from normfast.apps.probe_inputs import read_pairs_file
 
     args = SimpleNamespace(text_key="text", anchor_key="anchor", positive_key="positive", label_key=None)
     pairs = [("a cat", "a kitten"), ("red", "crimson"), ("big\tdog", "hound")]
@@ -242,7 +242,7 @@ def test_a_probes_or_corpus_file_that_is_not_utf8_is_named_with_its_line(
 
 @pytest.mark.parametrize("name", ["p.jsonl", "p.tsv", "p.txt"])
 def test_a_pairs_file_that_is_not_utf8_is_named_with_its_line(tmp_path, name):
-    from normfast.apps.options import read_pairs_file
+    from normfast.apps.probe_inputs import read_pairs_file
 
     path = tmp_path / name
     line = json.dumps({"anchor": "a", "positive": "b", "text": "c"}) if name.endswith("jsonl") else "a\tb"

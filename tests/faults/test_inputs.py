@@ -234,8 +234,9 @@ def test_an_uncached_hub_id_fails_at_once(monkeypatch):
     monkeypatch.setattr(load, "load_transformers", network)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     t0 = time.perf_counter()
-    with pytest.raises(ValueError, match=r"not in the Hugging Face cache .*HF_HUB_OFFLINE=1 is set"):
+    with pytest.raises(ValueError, match=r"not in the Hugging Face cache .*HF_HUB_OFFLINE=1 is set") as exc:
         load_encoder("normfast-tests/certainly-not-a-cached-model")
+    assert "'all-MiniLM-L6-v2' or 'minilm'" in str(exc.value)  # what does load offline
     # online, but the hub cannot be reached: said at once, with the way to work offline
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(
@@ -321,8 +322,8 @@ def test_a_beir_split_and_a_module_path_cannot_leave_their_folder(tiny_bert_fold
 @pytest.fixture
 def read_items(monkeypatch):
     """Run `normfast probe` up to the probe itself, with no model: returns the items it would probe."""
-    import normfast.apps.probe_command as command
     import normfast.encoders
+    import normfast.engine.probe as engine
 
     seen = {}
 
@@ -334,10 +335,11 @@ def read_items(monkeypatch):
         raise ValueError("stopped before probing")
 
     monkeypatch.setattr(normfast.encoders, "load_encoder", lambda *a, **k: Reader())
-    monkeypatch.setattr(command, "probe", stop)
+    monkeypatch.setattr(engine, "probe", stop)  # the command imports the engine when it runs
 
     def read(probes, tmp_path, *extra) -> dict:
-        assert main(probe_args("m", probes, tmp_path / "run.parquet", *extra)) == 2
+        # batches of 2: the command checks a batch against its source before anything is loaded
+        assert main(probe_args("m", probes, tmp_path / "run.parquet", *extra, "--batch-size", "2")) == 2
         return seen
 
     return read

@@ -246,11 +246,13 @@ def test_a_non_finite_weight_is_refused_by_the_api(tmp_path):
     from torch import nn
 
     from normfast.encoders import ModuleEncoder
+    from normfast.engine.config import ProbeConfig
     from normfast.engine.probe import probe
 
     enc = ModuleEncoder([nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 8)])
     with torch.no_grad():
         enc.blocks[0].bias[2] = float("-inf")
+    config = ProbeConfig(batch_size=2)  # a batch fits in the 4 probes (checked first): the weights are next
     with pytest.raises(ValueError, match=r"blocks\.0\.bias holds 1 non-finite value \(-inf\)"):
-        probe(enc, [torch.zeros(6)] * 4, "simcse", out=tmp_path / "run.parquet", progress=False)
+        probe(enc, [torch.zeros(6)] * 4, "simcse", config=config, out=tmp_path / "run.parquet", progress=False)
     assert list(tmp_path.iterdir()) == []

@@ -31,7 +31,7 @@ tolerance, in the JSON); a method that fails its check is not timed.
 sections (--only, comma separated; 'jvp' = jacrev,minilm):
   head     head mode vs per-sample-gradient pipelines (torch.func, BackPACK, Opacus)
   jacrev   jvp mode vs per-probe Jacobians (torch.func.jacrev) on a small MLP
-  minilm   MiniLM last layer, token level: K directions per pass vs one at a time
+  minilm   MiniLM last layer, token level: several directions per pass vs one at a time
            (same cached front / whole model per direction); engine tokens/s
   scaling  engine wall time and peak memory as N grows, a fresh process per N
 
@@ -63,7 +63,7 @@ def throughput_arguments(p: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=0, help="torch threads (0: torch's default); the jacrev section always uses 1"
     )
     p.add_argument("--head-n", type=int, default=None, help="probes of the head section (default 100000)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (e.g. for a log file)")
 
 
 def _parse_only(fn: str, only: str | None) -> list[str]:

@@ -17,6 +17,12 @@ each row, from quantities the engine already measures, as
     decay does not grip the scale; the law has no equilibrium, ``r_eq`` is no
     prediction. The heat ``V2`` (and the drift ``D``) are still measured
     correctly: they describe the update noise, not an equilibrium.
+``"objective saturated"``
+    decay grips the scale, but the virtual objective has no task left (its
+    loss is near 0: :mod:`normfast.engine.diagnostics.health`), so drift and
+    heat come from near-zero gradients and ``r_eq`` is far below any present
+    norm: the law's answer for that virtual training, not a finding about the
+    items (the relative heat still ranks them).
 
 and the run as a whole (the class of most valid rows, with the shares of the
 three). The checks, in order (the first that fires gives the row's reason):
@@ -46,6 +52,8 @@ three). The checks, in order (the first that fires gives the row's reason):
   homogeneous cases the law is built on, κ is 1 (a linear head, an embedding
   table, a final LayerNorm whose gain and bias are decayed) or the depth ``L``
   of a bias-free ReLU network;
+* ``objective_saturated`` (run level, checked after the κ checks): the run's mean
+  virtual loss is below 3e-4 of its chance level ``log(batch_size)``;
 * ``drift_small`` (heat-dominated): ``drift_to_heat < 0.3``, where
   ``drift_to_heat = |D| / sqrt(2λκη Q)`` (``η`` with the momentum heuristic
   ``η/(1−β)``; the scale-free branch uses ``D_w`` and ``Q_w``; with both, the
@@ -75,7 +83,10 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 LAW, HEAT, NOT_APPLICABLE = "law applicable", "heat-dominated", "not applicable"
-REGIMES = (LAW, HEAT, NOT_APPLICABLE)
+SATURATED = "objective saturated"
+REGIMES = (LAW, HEAT, NOT_APPLICABLE, SATURATED)
+#: the classes whose r_eq is a prediction of the law (fits of present norms against r_eq use these rows)
+PREDICTIVE = (LAW, HEAT)
 
 #: reason code -> (regime, plain words for a row or a run whose rows mostly have it)
 REGIME_REASONS: dict[str, tuple[str, str]] = {
@@ -109,6 +120,14 @@ REGIME_REASONS: dict[str, tuple[str, str]] = {
         "typically a normalization sits between them and the output): the law has no "
         "equilibrium here; heat V2 is still meaningful",
     ),
+    "objective_saturated": (
+        SATURATED,
+        "the virtual objective is saturated (its loss is near 0, far below its chance level log(batch "
+        "size)): the drift and the heat come from near-zero gradients and are negligible against weight "
+        "decay, so r_eq is the law's answer for a virtual training with no task left, not a finding "
+        "about the items; the relative heat still ranks them. A higher --temperature, or a harder pair "
+        "source (--pairs), gives the batches a task",
+    ),
     "drift_small": (
         HEAT,
         "the drift is small against the heat: R_eq is within ~15% of the heat-only R_eq, and the heat sets it",
@@ -136,6 +155,8 @@ class RegimeThresholds:
     kappa_min: float = 0.25
     heat_dominated_below: float = 0.3
     drift_sigmas: float = 2.0
+    #: the objective is saturated below this mean loss / log(batch size) (:mod:`.health`)
+    saturated_loss_ratio: float = 3e-4
 
 
 THRESHOLDS = RegimeThresholds()
@@ -167,8 +188,12 @@ def classify_rows(
     weight_decay: float,
     momentum: float = 0.0,
     thresholds: RegimeThresholds = THRESHOLDS,
+    saturated: bool = False,
 ) -> dict[str, np.ndarray]:
     """The regime of every row from a probe table's columns.
+
+    ``saturated``: the run's virtual objective is saturated (:func:`.health.objective_health`); rows
+    that decay grips are then ``"objective saturated"`` instead of law applicable or heat-dominated.
 
     ``columns`` holds ``valid``, ``kappa``, ``kappa_exempt`` (0 when no probed
     parameter is exempt from decay) and, per branch present, ``D``, ``se_D``,
@@ -222,6 +247,8 @@ def classify_rows(
         assign(share < thresholds.decayed_share_min, "undecayed_sets_scale")
     assign(~np.isfinite(kappa) | (kappa <= 0), "kappa_nonpositive")
     assign(kappa < thresholds.kappa_min, "kappa_small")
+    if saturated:
+        assign(np.ones(n, dtype=bool), "objective_saturated")
     with np.errstate(invalid="ignore"):
         assign(ratio < thresholds.heat_dominated_below, "drift_small")
     assign(drift_resolved, "drift_resolved")
@@ -361,10 +388,16 @@ def share_text(f: float) -> str:
 
 
 def headline(regime: Mapping[str, Any]) -> list[str]:
-    """Plain-words lines for the top of a summary (what the law can and cannot say here)."""
+    """Plain-words lines for the top of a summary (what the law can and cannot say here); the
+    objective's health follows them (:func:`normfast.engine.diagnostics.health.health_line`)."""
     fr = regime["fractions"]
     name = regime["regime"]
-    others = ", ".join(f"{r} {share_text(fr[r])}" for r in REGIMES if r != name and fr[r] == fr[r])
+    # the saturated class is the run's objective, all or nothing: named only when it is there
+    others = ", ".join(
+        f"{r} {share_text(fr[r])}"
+        for r in REGIMES
+        if r != name and fr.get(r, math.nan) == fr.get(r, math.nan) and (r != SATURATED or fr[r] > 0)
+    )
     share = fr.get(name, math.nan)
     lines = [
         f"regime: {name.upper()} for {share_text(share)} of rows ({others})"
@@ -372,7 +405,7 @@ def headline(regime: Mapping[str, Any]) -> list[str]:
         else f"regime: {name.upper()} (no valid rows)"
     ]
     lines.append(f"  {regime['explanation']}.")
-    if name == NOT_APPLICABLE:
+    if name in (NOT_APPLICABLE, SATURATED):
         lines.append("  R_eq, and any fit of norms against it, are not predictions of the law for these rows.")
     return lines
 
@@ -389,6 +422,8 @@ def fit_context(regime: Mapping[str, Any] | None, meta: Mapping[str, Any]) -> st
     )
     if regime is not None and regime.get("regime") == NOT_APPLICABLE:
         text += " Here the law does not apply to most rows: the fit tests nothing."
+    elif regime is not None and regime.get("regime") == SATURATED:
+        text += " Here the virtual objective is saturated: the fit tests nothing."
     return text
 
 

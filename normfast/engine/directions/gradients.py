@@ -47,8 +47,8 @@ def resolve_parameters(encoder: Encoder, selector: str | Sequence[str] = "all") 
     """Names of the probed parameters ``P``.
 
     ``selector``: ``"all"`` (every trainable parameter), ``"head"`` (the final
-    linear map), a regular expression searched in each parameter name, or an
-    explicit list of names.
+    linear map), ``"last"`` (the last transformer layer, :func:`last_layer_pattern`),
+    a regular expression searched in each parameter name, or an explicit list of names.
     """
     fn = "resolve_parameters"
     trainable = [n for n, p in encoder.named_parameters() if p.requires_grad]
@@ -60,6 +60,8 @@ def resolve_parameters(encoder: Encoder, selector: str | Sequence[str] = "all") 
     if isinstance(selector, str):
         if selector == "all":
             return trainable
+        if selector == "last":
+            selector = last_layer_pattern(trainable, fn)
         if selector == "head":
             head = encoder.head()
             if head is None:
@@ -83,6 +85,19 @@ def resolve_parameters(encoder: Encoder, selector: str | Sequence[str] = "all") 
     if unknown or not names:
         raise ValueError(f"{fn}: unknown or frozen parameter names {unknown or names}")
     return names
+
+
+def last_layer_pattern(names: Sequence[str], fn: str = "resolve_parameters") -> str:
+    """The regular expression of the last transformer layer among parameter ``names``
+    (``encoder\\.layer\\.5\\.`` for all-MiniLM-L6-v2); ``ValueError`` when no name has ``encoder.layer.N.``."""
+    found = [int(m.group(1)) for n in names if (m := re.search(r"encoder\.layer\.(\d+)\.", n))]
+    if not found:
+        raise ValueError(
+            f"{fn}: params='last' means the last transformer layer, but no trainable parameter is named "
+            f"'encoder.layer.N.' (names look like: {', '.join(list(names)[:4])}); pass params='all' or a regex "
+            f"(CLI --params)"
+        )
+    return rf"encoder\.layer\.{max(found)}\."
 
 
 def adam_second_moments(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -172,11 +187,14 @@ class DriftMeans:
     def M(self) -> int:
         return int(sum(self.counts))
 
-    def stacked(self, names: Sequence[str], branch_of: Mapping[str, str], branch: str) -> dict[str, torch.Tensor]:
-        """``{name: [K, *shape]}``: the group means, zeros for parameters of the other branch."""
+    def stacked(
+        self, names: Sequence[str], branch_of: Mapping[str, str], branch: str, groups: Sequence[int] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """``{name: [k, *shape]}``: the means of ``groups`` (default all K), zeros for the other branch's parameters."""
+        means = self.means if groups is None else [self.means[g] for g in groups]
         out = {}
         for n in names:
-            stack = torch.stack([m[n] for m in self.means])
+            stack = torch.stack([m[n] for m in means])
             out[n] = stack if branch_of[n] == branch else torch.zeros_like(stack)
         return out
 
@@ -199,6 +217,11 @@ class Directions:
     drift: DriftMeans | None = None
     second_moments: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     first_batch: int = 0  # global index of directions[0] (it sets the batch's group)
+    #: global batch index -> (objective value, gradient norm over the probed parameters), for every
+    #: batch the pass went through (the drift's M_D included): the virtual objective's health
+    batch_stats: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: probed parameters that no batch of this pass reached (their displacement is zero)
+    unused: list[str] = field(default_factory=list)
 
     @property
     def M(self) -> int:
@@ -314,6 +337,7 @@ def compute_directions(
     second_moments: Mapping[str, torch.Tensor] | None = None,
     keep: int | None = None,
     drift_groups: int = 0,
+    warn_unused: bool = True,
 ) -> Directions:
     """Gradients of the objective on each virtual batch, mapped to update directions.
 
@@ -327,7 +351,9 @@ def compute_directions(
     (default: all). ``drift_groups`` K > 0: also sum the directions of ALL the
     batches per group (batch ``batch_offset + b`` in group ``(batch_offset + b)
     mod K``) into :attr:`Directions.drift`, one running sum per group, so that
-    ``M_D`` batches cost K gradients of memory, not ``M_D``.
+    ``M_D`` batches cost K gradients of memory, not ``M_D``. ``warn_unused``: warn here about probed
+    parameters no batch reaches (a run that computes directions several times warns once itself,
+    from :attr:`Directions.unused`).
     """
     keep = len(batches) if keep is None else keep
     if drift_groups:
@@ -351,6 +377,7 @@ def compute_directions(
     sums: list[dict[str, torch.Tensor]] = [dict() for _ in range(drift_groups)]
     square_sum: dict[str, torch.Tensor] = {}
     touched: set[str] = set()
+    batch_stats: dict[int, tuple[float, float]] = {}
     for gb, g, loss in iter_gradients(
         encoder,
         objective,
@@ -365,6 +392,7 @@ def compute_directions(
         check_invariance=check_invariance,
     ):
         b = gb - batch_offset
+        batch_stats[gb] = (loss, gradient_norm(g))
         if b < keep:
             grads.append(g)
             losses.append(loss)
@@ -382,12 +410,8 @@ def compute_directions(
                 touched.add(n)
 
     unused = [n for n in names if n not in touched]
-    if unused:
-        warnings.warn(
-            f"compute_directions: parameters {unused[:5]} receive no gradient from the objective; "
-            f"their displacement is zero",
-            stacklevel=2,
-        )
+    if unused and warn_unused:
+        warnings.warn(unused_warning(unused), stacklevel=2)
 
     estimated: dict[str, torch.Tensor] = {}
     for n in adam:
@@ -413,7 +437,9 @@ def compute_directions(
 
     decayed = decayed_parameters(encoder, names, no_decay)
     branch_of = {n: presets[n].branch for n in names}
-    return Directions(list(names), branch_of, grads, decayed, losses, drift, estimated or None, batch_offset)
+    return Directions(
+        list(names), branch_of, grads, decayed, losses, drift, estimated or None, batch_offset, batch_stats, unused
+    )
 
 
 def decayed_parameters(encoder: Encoder, names: Sequence[str], no_decay: str | None) -> dict[str, torch.Tensor]:
@@ -426,6 +452,23 @@ def decayed_parameters(encoder: Encoder, names: Sequence[str], no_decay: str | N
             f"decay; the equilibrium law needs decay (kappa would be 0)"
         )
     return decayed
+
+
+def gradient_norm(grads: Mapping[str, torch.Tensor]) -> float:
+    """``‖ĝ_B‖``: the Euclidean norm of one batch's gradient over all the probed parameters (float64)."""
+    total = 0.0
+    for g in grads.values():
+        total += float(g.double().square().sum())
+    return total**0.5
+
+
+def unused_warning(unused: Sequence[str]) -> str:
+    """The one-line warning for probed parameters no virtual batch reaches."""
+    shown = ", ".join(unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+    return (
+        f"probe: {len(unused)} probed parameter(s) receive no gradient from the objective ({shown}); their "
+        f"displacement is zero (e.g. a pooler the embedding does not use: leave it out of params)"
+    )
 
 
 def _warn_if_not_scale_invariant(

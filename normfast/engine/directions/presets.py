@@ -16,7 +16,8 @@ from typing import Mapping
 
 import torch
 
-PRESETS = ("sgd", "adamw")
+from normfast.engine.defaults import PRESETS
+
 BRANCH_OF_PRESET = {"sgd": "u", "adamw": "w"}
 
 

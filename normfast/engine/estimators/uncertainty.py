@@ -38,10 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
+# Default K, the batch groups behind every error bar (chosen by ``python -m bench run calibration``).
+from normfast.engine.defaults import DEFAULT_GROUPS  # noqa: F401 - re-exported: the estimators' default
+
 #: Two-sided confidence of the reported intervals.
 CONFIDENCE = 0.95
-#: Default K, the batch groups behind every error bar (chosen by ``python -m bench run calibration``).
-DEFAULT_GROUPS = 8
 
 
 def group_of(batch: int, groups: int) -> int:

@@ -56,22 +56,35 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 QUANTITIES = ("norm", "V2", "D", "kappa", "r_eq", "r_eq_heat")
+#: special-token texts, for runs written before the ``is_special`` column existed
+SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>", "<start_of_text>", "<end_of_text>"}
 BY = ("token", "word")
 _VAR0 = pc.VarianceOptions(ddof=0)
 
 
+def _source(run: Any) -> tuple[Any, list[str], int, list[Path], dict[str, Any]]:
+    """``(batch reader, column names, rows, Parquet files, run metadata)`` of a path, manifest, file
+    list or ProbeResult (file-backed or in memory). The reader: ``reader(columns=, batch_size=)``."""
+    import pyarrow.parquet as pq
+
+    from normfast.data.io import count_rows, iter_batches
+
+    if hasattr(run, "files") and hasattr(run, "metadata") and run.files is None:
+        return run.iter_batches, list(run.column_names), len(run), [], dict(run.metadata)
+    files, metadata = _files(run)
+
+    def reader(columns: Sequence[str], batch_size: int) -> Iterable[pa.RecordBatch]:
+        return iter_batches(files, columns=columns, batch_size=batch_size)
+
+    return reader, list(pq.read_schema(files[0]).names), count_rows(files), files, metadata
+
+
 def _files(run: Any) -> tuple[list[Path], dict[str, Any]]:
-    """``(Parquet files in item order, run metadata)`` of a path, manifest, file list or ProbeResult."""
+    """``(Parquet files in item order, run metadata)`` of a path, manifest, file list or file-backed ProbeResult."""
     from normfast.data.io import check_columns, open_run, read_metadata
 
     if hasattr(run, "files") and hasattr(run, "metadata"):
-        files = run.files
-        if files is None:
-            raise ValueError(
-                "aggregate: expected a run written to Parquet (probe(..., out=...)) or its path; "
-                "got an in-memory ProbeResult"
-            )
-        return files, dict(run.metadata)
+        return run.files, dict(run.metadata)
     if isinstance(run, (str, os.PathLike)):
         path = Path(run)
         if not path.exists():
@@ -153,8 +166,6 @@ def _prepared(batch: pa.RecordBatch, quantities: Sequence[str]) -> pa.Table | No
     if "is_special" in t.column_names:
         keep = pc.and_(keep, pc.invert(t.column("is_special")))
     elif "token" in t.column_names:
-        from normfast.engine.report.summary import SPECIAL_TOKENS
-
         keep = pc.and_(keep, pc.invert(pc.is_in(t.column("token"), value_set=pa.array(sorted(SPECIAL_TOKENS)))))
     if "primary" in t.column_names:
         keep = pc.and_(keep, t.column("primary"))
@@ -227,15 +238,11 @@ def _word_part(occ: pa.Table, quantities: Sequence[str]) -> pa.Table:
     )
 
 
-def _batches_with_whole_words(
-    files: Sequence[Path], columns: Sequence[str], batch_size: int
-) -> Iterable[pa.RecordBatch]:
+def _batches_with_whole_words(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
     """Batches in item order in which no word occurrence is split: the rows of a batch's last
     (item, word_id) are held back and prepended to the next batch."""
-    from normfast.data.io import iter_batches
-
     held: pa.RecordBatch | None = None
-    for batch in iter_batches(files, columns=columns, batch_size=batch_size):
+    for batch in batches:
         if held is not None and held.num_rows:
             batch = pa.Table.from_batches([held, batch.cast(held.schema)]).combine_chunks().to_batches()[0]
         n = batch.num_rows
@@ -266,7 +273,7 @@ def aggregate(
 
     Args:
         run: a run's Parquet file or manifest, a list of its Parquet files (in item order),
-            or a file-backed :class:`~normfast.engine.result.ProbeResult`.
+            or a :class:`~normfast.engine.result.ProbeResult` (file-backed or in memory).
         by: ``"token"`` (vocabulary entries, keyed by ``token_id``) or ``"word"``
             (whole words, keyed by their text; needs a corpus run's word columns).
         min_count: keep types with at least this many valid occurrences.
@@ -285,7 +292,6 @@ def aggregate(
 
     from tqdm.auto import tqdm
 
-    from normfast.data.io import count_rows, iter_batches
     from normfast.data.schema import METADATA_KEY
     from normfast.engine.diagnostics.relative_heat import (
         batch_error_bar,
@@ -303,10 +309,8 @@ def aggregate(
     quantities = list(quantities)
     if not quantities:
         raise ValueError(f"{fn}: expected at least one quantity to aggregate")
-    files, metadata = _files(run)
-    import pyarrow.parquet as pq
-
-    names = set(pq.read_schema(files[0]).names)
+    reader, names, total, files, metadata = _source(run)
+    names = set(names)
     if default and "heat_rel" in names:
         quantities.append("heat_rel")
     missing = [q for q in quantities if q not in names]
@@ -334,15 +338,12 @@ def aggregate(
     public = list(quantities)
     quantities = public + [replicate_name(g) for g in range(len(replicates))]
     columns = sorted(need)
-    total = count_rows(files)
     merged = _Merged(quantities, ["occurrences", "count"] + (["pieces"] if by == "word" else []))
     key = "token_id" if by == "token" else "word"
-    batches = (
-        _batches_with_whole_words(files, columns, batch_size)
-        if by == "word"
-        else iter_batches(files, columns=columns, batch_size=batch_size)
-    )
-    bar = tqdm(total=total, desc=f"aggregating by {by}", unit="row", unit_scale=True, disable=not progress)
+    batches = reader(columns=columns, batch_size=batch_size)
+    if by == "word":
+        batches = _batches_with_whole_words(batches)
+    bar = tqdm(total=total, desc=f"aggregating by {by}", unit="row", unit_scale=total >= 10_000, disable=not progress)
     rows_read = 0
     for batch in batches:
         rows_read += batch.num_rows

@@ -13,7 +13,18 @@ import pyarrow as pa
 
 from normfast.core.stats import loglog_fit
 from normfast.engine.diagnostics.regime import describe_short
-from normfast.engine.report.summary import applicable_rows, result_regime, token_label, token_ranking, used_rows
+from normfast.engine.report.ranking import run_ranking
+from normfast.engine.report.summary import applicable_rows, result_regime, used_rows
+
+#: font sizes of the figures (points): readable at the size the pages show them
+LABEL_SIZE, TICK_SIZE, TITLE_SIZE = 11, 10, 11
+RC = {
+    "axes.labelsize": LABEL_SIZE,
+    "xtick.labelsize": TICK_SIZE,
+    "ytick.labelsize": TICK_SIZE,
+    "legend.fontsize": TICK_SIZE - 1,
+    "axes.titlesize": TITLE_SIZE,
+}
 
 
 def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
@@ -30,7 +41,13 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    outdir = Path(outdir)
+    with plt.rc_context(RC):
+        return _make_plots(result, Path(outdir), prefix)
+
+
+def _make_plots(result, outdir: Path, prefix: str) -> list[Path]:
+    import matplotlib.pyplot as plt
+
     outdir.mkdir(parents=True, exist_ok=True)
     heat, drift = result.heat_column, result.drift_column
     valid = used_rows(result)
@@ -39,7 +56,7 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
 
     regime = result_regime(result)
     applies = applicable_rows(result)[valid]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 5.0))
     names = result.column_names
     for ax, col, label in ((axes[0], "r_eq", "full law"), (axes[1], "r_eq_heat", "heat-only law (D = 0)")):
         x = result.column(col)[valid]
@@ -53,7 +70,7 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
                 ms=3,
                 alpha=0.4,
                 color="0.6",
-                label="law not applicable (no prediction)",
+                label="no prediction (law not applicable, or objective saturated)",
             )
         if f"{col}_lo" in names:
             lo, hi = result.column(f"{col}_lo")[valid], result.column(f"{col}_hi")[valid]
@@ -81,14 +98,16 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
                 lw=1,
                 label=f"slope {fit['slope']:.2f}, r {fit['pearson_r']:.2f}",
             )
-            ax.legend(loc="upper left", fontsize=8)
+        # below the axes: a legend never covers the points
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1, frameon=False)
+        _plain_log_ticks(ax)
         ax.set_xlabel(f"predicted R_eq ({label})")
         ax.set_ylabel("observed norm")
     fig.suptitle(
         f"{result.metadata.get('model')}: observed norm vs equilibrium prediction\n"
         f"{describe_short(regime)}; R_eq = where norms settle if trained at the probe's "
         f"settings",
-        fontsize=9,
+        fontsize=TITLE_SIZE,
     )
     fig.tight_layout()
     p = outdir / f"{prefix}_norm_vs_req.png"
@@ -141,24 +160,54 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     paths.append(p)
 
     if "token" in result.column_names and result.column("position").max() >= 0:
-        ranking = token_ranking(result, heat)
-        k = min(15, len(ranking) // 2)
-        if k > 0:
-            pick = ranking[::-1][:k] + ranking[:k][::-1]  # bottom to top: coldest ..., then ... hottest
-            fig, ax = plt.subplots(figsize=(7, 0.25 * len(pick) + 1))
-            colors = ["tab:blue"] * k + ["tab:red"] * k
-            ax.barh(range(len(pick)), [v for _, v, _, _ in pick], color=colors)
-            ax.set_yticks(range(len(pick)))
-            ax.set_yticklabels([token_label(t, n, "") for t, _, n, _ in pick], fontsize=7)
-            ax.set_xscale("log")
-            ax.set_xlabel(f"mean {heat} per distinct token")
-            ax.set_title("coldest (blue) and hottest (red) tokens; special tokens left out", fontsize=9)
-            fig.tight_layout()
-            p = outdir / f"{prefix}_tokens.png"
-            fig.savefig(p, dpi=120)
-            plt.close(fig)
+        p = _plot_tokens(result, outdir / f"{prefix}_tokens.png")
+        if p is not None:
             paths.append(p)
     return paths
+
+
+def _plain_log_ticks(ax: Any) -> None:
+    """Log axes labelled 0.1, 0.2, 0.5, 1, 2, 5, ... in plain numbers, without crowded minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        lo, hi = sorted(abs(v) for v in axis.get_view_interval())
+        decades = math.log10(hi / lo) if lo > 0 and hi > 0 else 99.0
+        subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)  # wide ranges: the decades alone
+        axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=12))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
+def _plot_tokens(result, path: Path) -> Path | None:
+    """The hottest and coldest tokens, ranked as in the summary (:mod:`normfast.engine.report.ranking`)."""
+    import matplotlib.pyplot as plt
+
+    ranked = run_ranking(result)
+    if ranked is None:
+        return None
+    _, ranking = ranked
+    k = min(15, len(ranking.order) // 2)
+    if k == 0:
+        return None
+    pick = list(ranking.coldest(k)) + list(ranking.hottest(k))[::-1]  # bottom to top: coldest ..., ... hottest
+    fig, ax = plt.subplots(figsize=(7.5, 0.3 * len(pick) + 1.4))
+    ax.barh(range(len(pick)), [ranking.values[i] for i in pick], color=["tab:blue"] * k + ["tab:red"] * k)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(pick)))
+    ax.set_yticklabels([ranking.label(int(i)) for i in pick])
+    relative = ranking.key == "heat_rel_mean"
+    ax.set_xlabel("mean relative heat (log V2 minus the run's median)" if relative else f"{ranking.measure}")
+    if not relative:
+        ax.set_xscale("log")
+    import textwrap
+
+    note = "\n".join(textwrap.wrap(ranking.note(), 70))
+    ax.set_title(f"coldest (blue) and hottest (red) tokens; ×n: occurrences\n{note}", fontsize=TICK_SIZE)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def plot_type_heat(
@@ -220,8 +269,8 @@ def plot_type_heat(
     ax.set_xlabel("corpus frequency (valid occurrences)")
     ax.set_ylabel(f"mean {quantity} per type")
     if title:
-        ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+        ax.set_title(title, fontsize=TITLE_SIZE)
+    ax.legend(fontsize=TICK_SIZE - 1)
     if not own:
         return None
     fig.tight_layout()

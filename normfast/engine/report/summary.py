@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 
 from normfast.core.stats import loglog_fit, quantiles, spearman
-from normfast.engine.diagnostics.regime import NOT_APPLICABLE, classify_rows, fit_context, headline, run_regime
+from normfast.engine.diagnostics.health import health_line
+from normfast.engine.diagnostics.regime import PREDICTIVE, classify_rows, fit_context, headline, run_regime
 from normfast.engine.diagnostics.relative_heat import RESOLUTION_RANK, ranking_resolution
-
-#: special-token texts, for runs written before the ``is_special`` column existed
-SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>", "<start_of_text>", "<end_of_text>"}
+from normfast.engine.report.aggregate import SPECIAL_TOKENS
+from normfast.engine.report.ranking import run_ranking
 
 
 def _is_special(result) -> np.ndarray:
@@ -66,7 +66,7 @@ def applicable_rows(result) -> np.ndarray:
     used = used_rows(result)
     if "regime" not in result.column_names:
         return used
-    return used & (result.column("regime") != NOT_APPLICABLE)
+    return used & np.isin(result.column("regime").astype(str), PREDICTIVE)
 
 
 def summarize(result) -> dict[str, Any]:
@@ -203,39 +203,10 @@ def _objective_label(meta: dict[str, Any]) -> str:
     return f"{meta.get('objective')}" + (f" ({inner})" if inner else "")
 
 
-def token_ranking(result, column: str | None = None) -> list[tuple[str, float, int, str]]:
-    """Distinct tokens of a token run ranked by their mean ``column`` (default: the heat), hottest first.
-
-    Valid rows of non-special tokens only, grouped by the token text. Each entry is
-    ``(token, mean value, rows averaged, an example input text)``.
-    """
-    column = column or result.heat_column
-    use = used_rows(result)
-    tok = result.column("token")[use]
-    val = result.column(column)[use].astype(float)
-    txt = result.column("text")[use]
-    ok = np.isfinite(val)
-    tok, val, txt = tok[ok], val[ok], txt[ok]
-    if tok.size == 0:
-        return []
-    keys, first, inverse, counts = np.unique(
-        tok.astype(str), return_index=True, return_inverse=True, return_counts=True
-    )
-    means = np.bincount(inverse.reshape(-1), weights=val, minlength=len(keys)) / counts
-    order = np.lexsort((keys, -means))  # hottest first; ties by token text, so the order is stable
-    return [(str(keys[i]), float(means[i]), int(counts[i]), str(txt[first[i]])) for i in order]
-
-
-def token_label(token: str, count: int, example: str) -> str:
-    if count > 1:
-        return f"{token} ×{count}"
-    return token + (f" ({example})" if example and example != token else "")
-
-
 def run_line(meta: dict[str, Any]) -> str:
     """The first line of a summary: model, objective, preset, M (M_D, K), mode and output."""
     return (
-        f"normfast probe: {meta.get('model')} | objective {_objective_label(meta)} | {meta.get('optimizer')} "
+        f"probe run: {meta.get('model')} | objective {_objective_label(meta)} | {meta.get('optimizer')} "
         f"lr={meta.get('lr')} wd={meta.get('weight_decay')} | M={meta.get('M')} x {meta.get('batch_size')} "
         + (f"(drift: M_D={meta['M_D']}, K={meta.get('groups')}) " if meta.get("M_D") else "")
         + f"| mode {meta.get('mode')} | {meta.get('output')}"
@@ -252,6 +223,9 @@ def format_summary(result, top: int = 8) -> str:
         lines.append("regime: not checked (the run lacks the columns the check needs)")
     else:
         lines += headline(regime)
+    health = health_line(meta.get("objective_health"))
+    if health is not None:
+        lines.append(health)
     if meta.get("encoder_note"):
         lines.append(f"encoder: {meta['encoder_note']}")
     lines.append(
@@ -321,15 +295,47 @@ def format_summary(result, top: int = 8) -> str:
     if "norm_vs_r_eq_snapshot" in s:
         lines += _snapshot_lines(s, meta.get("snapshot") or {})
     if "token" in result.column_names and result.column("position").max() >= 0:
-        ranking = token_ranking(result, heat)
-        hottest = [token_label(t, n, x) for t, _, n, x in ranking[:top]]
-        coldest = [token_label(t, n, x) for t, _, n, x in ranking[::-1][:top]]
-        lines += [
-            "",
-            f"hottest tokens (mean {heat}; ×n: rows averaged): " + ", ".join(hottest),
-            f"coldest tokens (mean {heat}): " + ", ".join(coldest),
-        ]
+        lines += _type_lines(result, top)
     return "\n".join(lines)
+
+
+def _type_lines(result, top: int) -> list[str]:
+    """The hottest and coldest tokens, ranked as everywhere else (:mod:`normfast.engine.report.ranking`)."""
+    ranked = run_ranking(result)
+    if ranked is None:
+        return []
+    table, ranking = ranked
+    examples = {} if result.metadata.get("corpus") else _examples(result, table, ranking, top)
+
+    def label(i: int) -> str:
+        text = ranking.label(i)
+        example = examples.get(i)
+        return f"{text} ({example})" if example and example != ranking.labels[i] else text
+
+    return [
+        "",
+        f"tokens {ranking.note()}; ×n: occurrences averaged (every type: normfast aggregate RUN)",
+        "hottest tokens: " + ", ".join(label(int(i)) for i in ranking.hottest(top)),
+        "coldest tokens: " + ", ".join(label(int(i)) for i in ranking.coldest(top)),
+    ]
+
+
+def _examples(result, table, ranking, top: int) -> dict[int, str]:
+    """For the listed types seen once in a run of separate inputs: the input they come from (short ones)."""
+    if "token_id" not in table.column_names or "text" not in result.column_names:
+        return {}
+    listed = [int(i) for i in list(ranking.hottest(top)) + list(ranking.coldest(top)) if ranking.counts[i] == 1]
+    if not listed:
+        return {}
+    wanted = {int(table.column("token_id")[i].as_py()): i for i in listed}
+    use = used_rows(result)
+    ids, texts = result.column("token_id")[use], result.column("text")[use]
+    out = {}
+    for tid, i in wanted.items():
+        hit = np.flatnonzero(ids == tid)
+        if hit.size and len(str(texts[hit[0]])) <= 40:
+            out[i] = str(texts[hit[0]])
+    return out
 
 
 def _snapshot_lines(s: dict[str, Any], info: dict[str, Any]) -> list[str]:

@@ -59,8 +59,19 @@ def _concat(parts: Sequence[Directions]) -> Directions:
     first = parts[0]
     dirs = [d for p in parts for d in p.directions]
     losses = [x for p in parts for x in p.losses]
+    stats = {b: v for p in parts for b, v in p.batch_stats.items()}
+    unused = [n for n in first.unused if all(n in p.unused for p in parts)]
     return Directions(
-        first.names, first.branch_of, dirs, first.decayed, losses, first.drift, first.second_moments, first.first_batch
+        first.names,
+        first.branch_of,
+        dirs,
+        first.decayed,
+        losses,
+        first.drift,
+        first.second_moments,
+        first.first_batch,
+        stats,
+        unused,
     )
 
 

@@ -186,6 +186,8 @@ class ArtifactReader:
         self.M = int(d["M"])
         self.losses = list(d["losses"])
         self.drift_counts = d["drift_counts"]
+        #: every batch's (objective value, gradient norm), the drift's included: the objective's health
+        self.batch_stats = {int(b): (float(loss), float(norm)) for b, loss, norm in d.get("batch_stats", ())}
 
     def read(self, batch_ids: Sequence[int], with_drift: bool, device: torch.device) -> Directions:
         batch_ids = list(batch_ids)
@@ -214,6 +216,7 @@ class ArtifactReader:
             drift,
             None,
             batch_ids[0] if batch_ids else 0,
+            dict(self.batch_stats),
         )
 
     def _load(self, name: str, device: torch.device) -> dict[str, torch.Tensor]:
@@ -279,6 +282,11 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
     if plan is not None:
         run.M = plan.M
     losses: list[float] = []  # filled as the heat directions are written, before the manifest is
+    batch_stats: list[list[float]] = []  # (batch, objective value, gradient norm) of every batch, likewise
+
+    def note_stats() -> None:
+        batch_stats[:] = [[b, loss, norm] for b, (loss, norm) in sorted(run.batch_stats.items())]
+
     if plan is not None and plan.directions is not None:
         full = plan.directions
     elif plan is None and run.fits():
@@ -289,6 +297,7 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
         losses += full.losses
         heat = [(b, full.directions[b]) for b in range(full.M)]
         drift = full.drift
+        note_stats()
     else:  # the directions-outer order: computed (or read) and written a group at a time
         group = run.direction_group()
 
@@ -297,6 +306,7 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
                 part = run.directions(list(range(lo, min(lo + group, run.M))))
                 losses.extend(part.losses)
                 yield from ((lo + i, d) for i, d in enumerate(part.directions))
+            note_stats()
 
         heat = groups()
         drift = None
@@ -322,6 +332,7 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
             "M": run.M,
             "drift_counts": None if drift is None else list(drift.counts),
             "losses": losses,
+            "batch_stats": batch_stats,
             "adaptive": store.adaptive if plan is not None else None,
             "mode": run.mode,
             "cut_stage": run.cut,

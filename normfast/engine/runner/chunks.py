@@ -85,12 +85,15 @@ def run_chunks(
             bar.close()
             return
         # directions-outer: the directions do not fit in the budget together
-        per_batch = run.direction_bytes()
+        per_batch = run.direction_bytes() / 2**20
+        beside = f" beside the drift's {run.groups} group means ({run.drift_bytes() / 2**20:.3g} MB)"
         warnings.warn(
-            f"probe: {run.M} directions of {per_batch / 2**20:.0f} MB each exceed the memory "
-            f"budget; computing them in groups of {group} (directions-outer loop order: the "
-            f"per-probe state of every chunk is kept in memory across the groups, and output is "
-            f"written at the end)",
+            f"probe: {run.M} update directions of {per_batch:.3g} MB each (the probed parameters' size) do not "
+            f"fit in half the memory budget ({cfg.memory_budget_mb:.4g} MB, --memory-budget-mb)"
+            + (beside if run.drift_bytes() else "")
+            + f"; computing them in groups of {group}, the directions-outer loop: every chunk's state is kept "
+            f"across the groups and the output written at the end (fewer probed parameters, e.g. the last "
+            f"layer, keep the run streaming)",
             stacklevel=3,
         )
         groups = [list(range(lo, min(lo + group, run.M))) for lo in range(0, run.M, group)]

@@ -172,6 +172,8 @@ class Shard:
                 "names": list(dirs.names),
                 "branch_of": dict(dirs.branch_of),
                 "losses": list(dirs.losses),
+                "batch_stats": dict(dirs.batch_stats),
+                "unused": list(dirs.unused),
                 "M": dirs.M,
                 "drift_counts": None if dirs.drift is None else list(dirs.drift.counts),
                 "first_batch": dirs.first_batch,
@@ -201,6 +203,8 @@ class Shard:
             header["losses"],
             drift,
             first_batch=header["first_batch"],
+            batch_stats=header["batch_stats"],
+            unused=header["unused"],
         )
 
     def _broadcast_tensors(

@@ -175,7 +175,8 @@ def finish_table(
     cols["valid"] = valid
     cols["reason"] = reason.tolist()
     cols["kappa_exempt"] = to_np(kappa_exempt)
-    rows = classify_rows(cols, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
+    saturated = bool(run.objective_health().get("saturated", False))
+    rows = classify_rows(cols, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum, saturated=saturated)
     cols["drift_to_heat"] = rows["drift_to_heat"]
     cols["regime"] = rows["regime"].tolist()
     cols["regime_reason"] = rows["regime_reason"].tolist()

@@ -6,6 +6,7 @@ directions a :class:`~normfast.engine.prober.Prober` keeps for its next calls.""
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -14,11 +15,13 @@ from tqdm.auto import tqdm
 
 from normfast.encoders import Encoder
 from normfast.engine.config import ProbeConfig
+from normfast.engine.diagnostics.health import objective_health
 from normfast.engine.directions.gradients import (
     Directions,
     compute_directions,
     estimate_second_moments,
     resolve_parameters,
+    unused_warning,
 )
 from normfast.engine.estimators.accumulator import ProbeAccumulator
 from normfast.engine.estimators.drift import drift_from_groups
@@ -46,6 +49,9 @@ class DirectionStore:
         self.adaptive: dict[str, Any] | None = None
         self.second_moments: dict[str, torch.Tensor] | None = None
         self.reader = reader
+        #: every virtual batch's (objective value, gradient norm) seen by any run: the objective's health,
+        #: so that a later run (whose directions come from here) reports and classifies as the first did
+        self.batch_stats: dict[int, tuple[float, float]] = {}
 
 
 class ProbeRun:
@@ -109,6 +115,9 @@ class ProbeRun:
         self.snapshot = None  # the single-snapshot predictor (config.snapshot), for every item at once
         self.writer = None  # set by probe when it writes files (the resume state lives beside them)
         self.truncation_warned = False  # inputs cut at the model's maximum length: warned once per run
+        #: every virtual batch's (objective value, gradient norm) seen so far: the objective's health
+        self.batch_stats: dict[int, tuple[float, float]] = {} if store is None else store.batch_stats
+        self.unused_warned = False  # probed parameters no batch reaches: warned once per run
 
     def _choose_mode(self) -> str:
         mode = self.config.mode
@@ -140,6 +149,7 @@ class ProbeRun:
             return store.directions
         if store is not None and store.reader is not None:
             dirs = store.reader.read(range(self.M), self.config.drift_from_mean, self.device)
+            self.batch_stats.update(dirs.batch_stats)
         else:
             dirs = self._shared(lambda: self.compute_directions(list(range(self.M)), self.config.drift_from_mean))
         if store is not None:
@@ -153,6 +163,7 @@ class ProbeRun:
             return store.drift
         if store is not None and store.reader is not None:
             dirs = store.reader.read([], True, self.device)
+            self.batch_stats.update(dirs.batch_stats)
         else:
             dirs = self._shared(lambda: self.compute_directions([], True))
         if store is not None:
@@ -164,7 +175,9 @@ class ProbeRun:
         directions-outer order is for directions that do not fit in memory together)."""
         store = self.store
         if store is not None and store.reader is not None:
-            return store.reader.read(batch_ids, False, self.device)
+            dirs = store.reader.read(batch_ids, False, self.device)
+            self.batch_stats.update(dirs.batch_stats)
+            return dirs
         return self._shared(lambda: self.compute_directions(batch_ids, False))
 
     def fits(self) -> bool:
@@ -174,7 +187,7 @@ class ProbeRun:
     def _shared(self, compute: Callable[[], Directions]) -> Directions:
         """Sharded: computed on rank 0 only and broadcast (a collective: every rank calls it)."""
         if self.shard is None:
-            return compute()
+            return self._noted(compute())
         dirs, failure = None, None
         if self.shard.is_root:
             try:
@@ -182,7 +195,20 @@ class ProbeRun:
             except Exception as exc:  # noqa: BLE001 - re-raised on every rank
                 failure = exc
         self.shard.raise_if_root_failed(failure)
-        return self.shard.share_directions(dirs, self.device)
+        return self._noted(self.shard.share_directions(dirs, self.device))
+
+    def _noted(self, dirs: Directions) -> Directions:
+        """Keep the batches' objective values and gradient norms; warn once about unreached parameters."""
+        self.batch_stats.update(dirs.batch_stats)
+        if dirs.unused and not self.unused_warned:
+            self.unused_warned = True
+            if self.shard is None or self.shard.is_root:
+                warnings.warn(unused_warning(dirs.unused), UserWarning, stacklevel=2)
+        return dirs
+
+    def objective_health(self) -> dict[str, Any]:
+        """The virtual objective's health over every batch seen (:mod:`normfast.engine.diagnostics.health`)."""
+        return objective_health(self.batch_stats, self.config.batch_size, self.groups)
 
     def checkpoint(self, failure: BaseException | None) -> None:
         """Sharded: every rank learns whether any rank failed (a collective); raise if one did."""
@@ -215,6 +241,7 @@ class ProbeRun:
                 keep=len(batch_ids),
                 drift_groups=self.groups,
                 check_invariance=True,
+                warn_unused=False,
                 **common,
             )
             if dirs.second_moments:
@@ -250,6 +277,7 @@ class ProbeRun:
             batch_offset=batch_ids[0],
             check_invariance=batch_ids[0] == 0 and not cfg.drift_from_mean,
             second_moments=second,
+            warn_unused=False,
             **common,
         )
 
@@ -275,9 +303,15 @@ class ProbeRun:
         return self.direction_group_for(self.M)
 
     def direction_group_for(self, m: int) -> int:
-        """How many of ``m`` directions fit in half the memory budget together."""
-        budget = self.config.memory_budget_mb * 2**20 / 2
-        return int(max(1, min(m, budget // max(self.direction_bytes(), 1))))
+        """How many of ``m`` directions fit in half the memory budget together, beside the drift's K group
+        means (held for the whole run when the drift comes from its own batches)."""
+        per = max(self.direction_bytes(), 1)
+        budget = self.config.memory_budget_mb * 2**20 / 2 - self.drift_bytes()
+        return int(max(1, min(m, budget // per)))
+
+    def drift_bytes(self) -> int:
+        """Memory of the drift's K group-mean directions (0 with the per-batch drift)."""
+        return self.groups * self.direction_bytes() if self.config.drift_from_mean else 0
 
     def k_per_pass(self, n_rows: int, dim: int) -> int:
         if self.config.directions_per_pass is not None:
@@ -285,8 +319,9 @@ class ProbeRun:
         if not self.encoder.batched_directions:  # the encoder runs faster one direction per pass
             return 1
         tail_stages = max(1, self.encoder.n_stages - self.cut)
-        # heuristic: a tangent carries ~16 activations of width d per row and tail stage (fp32)
-        per_direction = n_rows * dim * tail_stages * 16 * 4
+        # heuristic: a tangent carries ~16 activations of width d per row and tail stage (fp32), and the
+        # pass stacks its directions over the probed parameters once more
+        per_direction = n_rows * dim * tail_stages * 16 * 4 + self.direction_bytes()
         budget = self.config.memory_budget_mb * 2**20 / 2
         return int(max(1, min(self.M, budget // max(per_direction, 1))))
 
@@ -302,9 +337,9 @@ class ProbeRun:
         step = min(self.k_per_pass(z.shape[0], z.shape[-1]), drift.K)
         out: dict[str, Any] = {}
         for b in self.branches:
-            tangents = drift.stacked(dirs.names, dirs.branch_of, b)
+            # stacked a pass at a time: the K means are not copied whole
             parts = [
-                tail.jvp(front, {n: t[lo : lo + step] for n, t in tangents.items()}, rows)
+                tail.jvp(front, drift.stacked(dirs.names, dirs.branch_of, b, range(lo, min(lo + step, drift.K))), rows)
                 for lo in range(0, drift.K, step)
             ]
             stats = drift_from_groups(-torch.cat(parts), z, drift.counts, branch=b)
@@ -342,8 +377,7 @@ class ChunkBar:
         self.bar = tqdm(
             total=total,
             desc=desc,
-            unit="item",
-            unit_scale=True,
+            unit="item",  # whole items: no unit scaling, which would show "8.00/30.0"
             disable=not run.progress,
             smoothing=0.05,
             dynamic_ncols=True,

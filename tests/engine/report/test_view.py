@@ -135,7 +135,7 @@ def test_view_writes_the_page_of_every_kind_of_run(runs, kind, tmp_path, capsys)
     np.testing.assert_allclose(np.array(data["rows"]["v"]["V2"], float), table.column("V2").to_numpy(), rtol=6e-4)
     assert data["rows"]["item"] == table.column("item").to_pylist()
     header = " ".join(data["header"]["lines"])
-    assert header.startswith("normfast probe: ") and "regime: " in header
+    assert header.startswith("probe run: ") and "regime: " in header
     assert "where each norm would settle" in data["header"]["reading"]
     if kind == "pooled":
         assert data["types"] == {} and data["rows"]["text"][0] == table.column("text")[0].as_py()
@@ -177,7 +177,7 @@ def test_to_html_view_and_the_notebook_summary(runs, tmp_path):
     inline = run.view(height=500)._repr_html_()
     assert inline.startswith("<iframe srcdoc=") and "height:500px" in inline and "&lt;script" in inline
     summary = run._repr_html_()
-    assert "<table>" in summary and "normfast probe: " in summary and "median" in summary
+    assert "<table>" in summary and "probe run: " in summary and "median" in summary
     assert (
         "regime: LAW APPLICABLE" in summary
         or "regime: HEAT-DOMINATED" in summary
@@ -321,8 +321,21 @@ def test_pages_load_offline_without_errors(tab, pages):
 
 
 def test_sorting_types_by_V2_puts_the_hottest_type_first(tab, pages, runs):
+    from normfast.engine.report.ranking import rank_types
+
     page = tab.open(pages["corpus"])
     agg = aggregate(runs["corpus"], by="token")
+    # at first, ranked as every list is: relative heat, types seen twice or more, no punctuation
+    ranking = rank_types(agg, min_count=2)
+    rows = page.locator("#nf-types tbody tr")
+    assert rows.first.locator("td").first.inner_text() == ranking.labels[ranking.order[0]]
+    assert rows.count() == min(len(ranking.order), 200)  # the first page of rows
+    assert page.locator("#nf-type-min").input_value() == "2"
+    note = page.locator("#nf-type-rank").inner_text()
+    assert "relative heat" in note and "seen at least 2 times" in note
+    assert f"{ranking.below_min_count} types seen fewer times and {ranking.punctuation} punctuation" in note
+    page.fill("#nf-type-min", "1")
+    page.check("#nf-type-punct")
     v2 = agg.column("V2_mean").to_numpy()
     hottest = int(np.nanargmax(v2))
     page.click("#nf-types th[data-key='V2']")

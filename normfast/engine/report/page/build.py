@@ -75,6 +75,7 @@ def _stat_specs(result, stats: Sequence[str]) -> list[dict[str, Any]]:
 def _header(
     result, scanned: dict[str, Any], shown_docs: int, all_docs: bool, cut: bool, seed: int, notes: str | None
 ) -> dict[str, Any]:
+    from normfast.engine.diagnostics.health import health_line, loss_text
     from normfast.engine.diagnostics.regime import fit_context, headline
     from normfast.engine.report.summary import result_regime, run_line
 
@@ -89,6 +90,9 @@ def _header(
         lines.append("regime: not checked (the run lacks the columns the check needs)")
     else:
         lines += [ln.strip() for ln in headline(regime)]
+    health = health_line(meta.get("objective_health"))
+    if health is not None:
+        lines.append(health)
     if meta.get("encoder_note"):
         lines.append(f"encoder: {meta['encoder_note']}")
     lines.append(
@@ -119,7 +123,11 @@ def _header(
         )
     facts = [
         ("model", meta.get("model")),
-        ("objective", meta.get("objective")),
+        (
+            "objective",
+            f"{meta.get('objective')}"
+            + (f" (temperature {meta['temperature']})" if meta.get("temperature") is not None else ""),
+        ),
         (
             "preset",
             f"{meta.get('optimizer')} lr={meta.get('lr')} wd={meta.get('weight_decay')}"
@@ -129,6 +137,8 @@ def _header(
         ("M_D (drift batches)", meta.get("M_D") or "per batch of M"),
         ("K (batch groups)", meta.get("groups")),
         ("batch size", meta.get("batch_size")),
+        ("batches drawn from", "{n:,} {what}".format(**meta["pair_source"]) if meta.get("pair_source") else None),
+        ("virtual loss", loss_text(meta.get("objective_health"))),
         ("mode", meta.get("mode")),
         ("output", meta.get("output")),
         ("probed", meta.get("params")),
@@ -189,7 +199,10 @@ def _rows_payload(
     return out
 
 
-def _types_payload(agg: dict[str, Any], quantities: Sequence[str], min_count: int) -> dict[str, Any]:
+def _types_payload(agg: dict[str, Any], quantities: Sequence[str], min_count: int, rank_min: int) -> dict[str, Any]:
+    """The type tables; ``rank_min``: the minimum count the page ranks by at first (the summary's)."""
+    from normfast.engine.report.ranking import is_punctuation
+
     out = {}
     for by, got in agg.items():
         t: pa.Table = got["table"]
@@ -201,6 +214,8 @@ def _types_payload(agg: dict[str, Any], quantities: Sequence[str], min_count: in
             "count": _ints(t.column("count").to_numpy()),
             "occurrences": _ints(t.column("occurrences").to_numpy()),
             "min_count": min_count,
+            "rank": {"key": "heat_rel" if "heat_rel" in quantities else quantities[0], "min": rank_min},
+            "punct": [int(is_punctuation(x)) for x in label],
             "q": {},
         }
         if by == "word":
@@ -269,8 +284,19 @@ def page_data(
         for q in ("norm", result.heat_column, result.drift_column, "kappa", "r_eq", "r_eq_heat")
         if q in result.column_names
     ]
+    from normfast.engine.report.ranking import default_min_count
+
+    # the type tables add the relative heat, ranked by it as every list is (normfast.engine.report.ranking)
+    type_quantities = (["heat_rel"] if "heat_rel" in result.column_names else [result.heat_column]) + [
+        q for q in quantities if q != result.heat_column
+    ]
+    if "heat_rel" in type_quantities:
+        type_quantities.insert(1, result.heat_column)
+    rank_min = max(min_count, default_min_count(meta, result.column_names))
     types = (
-        _types_payload(collect.type_tables(result, quantities, min_count, max_types), quantities, min_count)
+        _types_payload(
+            collect.type_tables(result, type_quantities, min_count, max_types), type_quantities, min_count, rank_min
+        )
         if not pooled
         else {}
     )
@@ -294,6 +320,7 @@ def page_data(
         },
         "types": types,
         "quantities": quantities,
+        "type_quantities": type_quantities,
         "hist": collect.heat_histogram(scanned),
         "totals": {k: scanned[k] for k in ("rows", "valid", "special")},
     }
@@ -381,6 +408,7 @@ SUMMARY_ROWS_LIMIT = 2_000_000
 
 def summary_html(result) -> str:
     """The notebook view of a result: the summary's header lines and its table of quantiles."""
+    from normfast.engine.diagnostics.health import health_line
     from normfast.engine.diagnostics.regime import headline
     from normfast.engine.report.summary import run_line, summarize
 
@@ -406,6 +434,9 @@ def summary_html(result) -> str:
     s = summarize(result)
     if s["regime"] is not None and "regime" in s["regime"]:
         parts += [f"<div>{esc(ln.strip())}</div>" for ln in headline(s["regime"])]
+    health = health_line(meta.get("objective_health"))
+    if health is not None:
+        parts.append(f"<div>{esc(health)}</div>")
     cols = ("norm", result.drift_column, result.heat_column, "kappa", "r_eq", "r_eq_heat")
     body = "".join(
         f"<tr><td>{esc(c)}</td>" + "".join(f"<td>{s[c][q]:.4g}</td>" for q in ("p10", "median", "p90")) + "</tr>"

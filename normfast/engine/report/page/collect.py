@@ -18,13 +18,13 @@ Memory: one batch of rows plus the sample and a few numbers per document and typ
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from normfast.engine.diagnostics.regime import REGIMES as REGIME_CLASSES
 
 DEFAULT_DOCS = 2000
 DEFAULT_MAX_ROWS = 20_000
@@ -33,7 +33,7 @@ DEFAULT_MAX_TYPES = 20_000
 HIST_LO, HIST_STEP, HIST_BINS = -16.0, 0.05, 640
 #: columns a table must have to be viewed as a probe run
 REQUIRED = ("item", "position", "norm", "valid", "kappa", "r_eq")
-REGIMES = ("law applicable", "heat-dominated", "not applicable")
+REGIMES = REGIME_CLASSES  # the row regimes, in the order the page's data indexes them
 
 
 def _fail(msg: str) -> None:
@@ -199,25 +199,10 @@ def type_tables(result, quantities: Sequence[str], min_count: int, max_types: in
     if result.metadata.get("output") == "pooled" or "token_id" not in result.column_names:
         return {}
     by = ["token"] + (["word"] if {"word_id", "word"} <= set(result.column_names) else [])
-    with tempfile.TemporaryDirectory(prefix="normfast-view-") as tmp:
-        run = result
-        if result.files is None:  # an in-memory result: aggregate streams files, so write it once
-            import json
-
-            import pyarrow.parquet as pq
-
-            from normfast.data.schema import METADATA_KEY
-
-            path = Path(tmp) / "run.parquet"
-            table = result.table.replace_schema_metadata(
-                {METADATA_KEY: json.dumps(result.metadata, default=str).encode()}
-            )
-            pq.write_table(table, path)
-            run = [path]
-        out = {}
-        for b in by:
-            t = aggregate(run, by=b, min_count=min_count, quantities=list(quantities))
-            out[b] = {"types": t.num_rows, "table": t.slice(0, max_types)}
+    out = {}
+    for b in by:
+        t = aggregate(result, by=b, min_count=min_count, quantities=list(quantities))
+        out[b] = {"types": t.num_rows, "table": t.slice(0, max_types)}
     return out
 
 

@@ -189,10 +189,11 @@
                   html: function (i) { return esc(T.label[i]); } },
                 { key: "count", label: "count", title: "valid occurrences (the means are over these)",
                   value: function (i) { return T.count[i]; }, html: function (i) { return T.count[i].toLocaleString(); } }];
-    DATA.quantities.forEach(function (q) {
+    (DATA.type_quantities || DATA.quantities).forEach(function (q) {
       var Q = T.q[q];
-      cols.push({ key: q, label: (STATS[q] || { label: q }).label.replace(/ \(.*\)$/, ""),
-                  title: "mean ± standard error over the type's occurrences",
+      cols.push({ key: q, label: q === "heat_rel" ? "relative heat" : (STATS[q] || { label: q }).label.replace(/ \(.*\)$/, ""),
+                  title: q === "heat_rel" ? "mean of log " + DATA.heat + " minus the run's median, ± its standard error: the ranking" :
+                    "mean ± standard error over the type's occurrences",
                   value: function (i) { return Q.mean[i]; }, html: function (i) { return pmCell(Q.mean[i], Q.se[i]); } });
     });
     if (T.zipf) {
@@ -206,17 +207,31 @@
     if (!tabs) return;
     var kinds = Object.keys(DATA.types);
     if (!kinds.length) { el("nf-types-section").hidden = true; return; }
-    var filterBox = el("nf-type-filter"), minBox = el("nf-type-min");
+    var filterBox = el("nf-type-filter"), minBox = el("nf-type-min"), punctBox = el("nf-type-punct");
+    function note(T) {
+      var m = +minBox.value || 0, left = 0, punct = 0;
+      for (var i = 0; i < T.n; i++) {
+        if (T.count[i] < m) left++;
+        else if (T.punct[i] && !punctBox.checked) punct++;
+      }
+      el("nf-type-rank").textContent = "Ranked by " + (T.rank.key === "heat_rel" ? "the mean relative heat (log " +
+        DATA.heat + " minus the run's median)" : "the mean " + T.rank.key) + ", hottest first, over the types seen at least " +
+        m + " time" + (m === 1 ? "" : "s") + ", as the summary and normfast aggregate rank them: " + left +
+        " type" + (left === 1 ? "" : "s") + " seen fewer times" +
+        (punctBox.checked ? "" : " and " + punct + " punctuation type" + (punct === 1 ? "" : "s")) + " are hidden.";
+    }
     function select(by) {
       typeBy = by;
       var T = DATA.types[by];
-      minBox.value = Math.max(+minBox.value || 0, T.min_count);
+      minBox.value = Math.max(+minBox.value || 0, T.rank.min, T.min_count);
       Array.prototype.forEach.call(tabs.children, function (b) { b.classList.toggle("nf-on", b.dataset.by === by); });
+      if (typeTable.sort === null) { typeTable.sort = T.rank.key; typeTable.desc = true; }
       typeTable.configure(typeColumns(T), T.n, function (i) {
         var f = filterBox.value.toLowerCase(), m = +minBox.value || 0;
-        return T.count[i] >= m && (!f || T.label[i].toLowerCase().indexOf(f) >= 0);
+        return T.count[i] >= m && (punctBox.checked || !T.punct[i]) && (!f || T.label[i].toLowerCase().indexOf(f) >= 0);
       }, "types" + (T.total > T.n ? "; the " + T.n.toLocaleString() + " most frequent of " +
                     T.total.toLocaleString() + " are on this page" : "")).refresh();
+      note(T);
     }
     typeTable = new Table(el("nf-types"), el("nf-type-status"), el("nf-types-more"));
     kinds.forEach(function (by) {
@@ -227,7 +242,8 @@
       tabs.appendChild(b);
     });
     filterBox.addEventListener("input", function () { typeTable.limit = LIMIT; typeTable.refresh(); });
-    minBox.addEventListener("input", function () { typeTable.limit = LIMIT; typeTable.refresh(); });
+    minBox.addEventListener("input", function () { typeTable.limit = LIMIT; typeTable.refresh(); note(DATA.types[typeBy]); });
+    punctBox.addEventListener("change", function () { typeTable.limit = LIMIT; typeTable.refresh(); note(DATA.types[typeBy]); });
     select(kinds[0]);
   }
 
@@ -310,16 +326,18 @@
           "predicted r_eq (log)", "observed norm (log)", xa, ya);
     // the identity, where norms would sit if the model were at its equilibrium
     var a = Math.max(lo, Math.pow(10, Math.max(xa.lo, ya.lo))), b = Math.min(hi, Math.pow(10, Math.min(xa.hi, ya.hi)));
-    if (b > a) svg(box, "path", { d: "M" + xa.map(a) + " " + ya.map(a) + "L" + xa.map(b) + " " + ya.map(b),
-                                  stroke: "#999", "stroke-dasharray": "4 3", fill: "none" });
+    var identity = b > a;
+    if (identity) svg(box, "path", { d: "M" + xa.map(a) + " " + ya.map(a) + "L" + xa.map(b) + " " + ya.map(b),
+                                     stroke: "#999", "stroke-dasharray": "4 3", fill: "none" });
     var mp = function (p) { return [xa.map(p[0]), ya.map(p[1])]; };
     dots(box, other.map(mp), "#b5bbc1", 3.2, 0.7);
     dots(box, heatDom.map(mp), "#e08214", 3.6, 0.8);
     dots(box, applies.map(mp), "#b2182b", 3.6, 0.8);
     cap.innerHTML = chipText("#b2182b", "law applicable (" + applies.length + ")") + " &nbsp; " +
       chipText("#e08214", "heat-dominated (" + heatDom.length + ")") + " &nbsp; " +
-      chipText("#b5bbc1", "law not applicable, greyed (" + other.length + ")") +
-      " &nbsp; dashed: norm = r_eq. " + (DATA.sample.all ? "All rows" : "The sampled rows") +
+      chipText("#b5bbc1", "no prediction (law not applicable, or objective saturated), greyed (" + other.length + ")") +
+      (identity ? " &nbsp; dashed: norm = r_eq. " : " &nbsp; (norm = r_eq lies outside these axes: r_eq and the norms do not overlap.) ") +
+      (DATA.sample.all ? "All rows" : "The sampled rows") +
       " with valid statistics, special tokens left out.";
   }
 

@@ -1,0 +1,20 @@
+"""The engine's defaults and choices, as plain values: nothing here imports torch, so a command
+line can show them in its ``--help`` without loading the engine (``normfast probe --help`` stays fast).
+
+The modules that use them import them from here: :mod:`normfast.engine.config` (``MODES``,
+``DEFAULT_DRIFT_BATCHES``), :mod:`normfast.engine.directions.presets` (``PRESETS``) and
+:mod:`normfast.engine.estimators.uncertainty` (``DEFAULT_GROUPS``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_DRIFT_BATCHES", "DEFAULT_GROUPS", "MODES", "PRESETS"]
+
+#: transmission modes: closed form for a final linear head, forward-mode AD, or the cheaper that applies
+MODES = ("auto", "jvp", "head")
+#: M_D, the virtual batches of the drift's mean direction
+DEFAULT_DRIFT_BATCHES = 1024
+#: K, the batch groups behind every error bar
+DEFAULT_GROUPS = 8
+#: optimizer presets
+PRESETS = ("sgd", "adamw")
