@@ -177,18 +177,29 @@ def blocks(committed: Any) -> dict[str, str | None]:
         "monitor-transient-seed1": tables(seed1)["monitor-transient"] if seed1 else None,
     }
     if seed0 and seed1:
+        fmt = lambda t: "never" if t is None else f"{t:.2f}"  # noqa: E731
+        moved = {
+            (seed, r["model"], c["change"]): c["final_over_start_median"]
+            for seed, d in ((0, seed0), (1, seed1))
+            for r in d["results"]
+            for c in r["changes"]
+        }
         first = {(v["model"], v["change"]): v["law_helps_from_T"] for v in seed1["verdict"]}
-        fmt = lambda t: "never" if t is None else f"{t:g}"  # noqa: E731
-        rows = ["| model | change | seed 0 | seed 1 |", "|---|---|---|---|"]
+        rows = [
+            "| model | change | law helps from T, seed 0 | seed 1 | final / at the change, seed 0 | seed 1 |",
+            "|---|---|---|---|---|---|",
+        ]
         for v in seed0["verdict"]:
+            key = (v["model"], v["change"])
             rows.append(
-                f"| {v['model']} | {v['change']} | {fmt(v['law_helps_from_T'])} | "
-                f"{fmt(first.get((v['model'], v['change'])))} |"
+                f"| {v['model']} | {v['change']} | {fmt(v['law_helps_from_T'])} | {fmt(first.get(key))} | "
+                f"{moved[(0, *key)]:.2f} | {moved.get((1, *key), float('nan')):.2f} |"
             )
         rows += [
             "",
-            "The smallest T (in relaxation times) at which the monitor's law beats both the present norm "
-            "and the extrapolation on skill; never: at no T up to 1.",
+            "Law helps from T: the smallest T (relaxation times after the change) at which the monitor's law beats "
+            "both the present norm and the extrapolation on skill (never: at no T up to 1). Final / at the change: "
+            "the median over items of the final norm over the norm at the change.",
         ]
         out["monitor-transient-verdict"] = "\n".join(rows)
     return out
