@@ -1,6 +1,6 @@
 """Monitor: the radial budget of every probe item while sentence-transformers fine-tunes MiniLM's head.
 
-    python -m bench run monitor --out bench/results/monitor   # the committed example (94 min, 2 cores shared with other jobs)
+    python -m bench run monitor --out bench/results/monitor   # the committed run (94 min, 2 shared cores)
     python -m bench run monitor --quick               # toy size: only exercises the code
 
 The end-to-end example of :class:`normfast.TrainingMonitor` (``docs/monitor.md``): a user's
