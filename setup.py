@@ -1,8 +1,7 @@
 """Build the one compiled piece, the batched quartic solver ``normfast.core._quartic``.
 
-Everything else is pure Python; packages are listed explicitly because the
-``kernels/`` folder is installed as ``normfast.kernels`` and setuptools'
-auto-discovery mishandles such remaps in editable installs.
+Everything else is pure Python; packages are listed explicitly (a sub-package missing here
+would be missing from the wheel; tests/test_api.py checks the list).
 """
 
 import sys
@@ -54,7 +53,6 @@ setup(
         "normfast.engine.transmission.head",
         "normfast.kernels",
     ],
-    package_dir={"normfast": "normfast", "normfast.kernels": "kernels"},
     # the pages' templates, scripts and style (normfast view, normfast compare, normfast serve) are read from the
     # installed package
     package_data={

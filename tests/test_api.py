@@ -529,8 +529,8 @@ def test_a_refused_resume_names_what_changed(tmp_path, change, named):
 
 
 def test_every_sub_package_is_listed_in_setup_py():
-    """setup.py lists packages explicitly (kernels/ is remapped); a sub-package missing there is
-    importable from a checkout but absent from an installed wheel."""
+    """setup.py lists packages explicitly; a sub-package missing there is importable from a checkout
+    but absent from an installed wheel."""
     import ast
     from pathlib import Path
 
@@ -542,5 +542,4 @@ def test_every_sub_package_is_listed_in_setup_py():
         ".".join(("normfast", *p.parent.relative_to(root / "normfast").parts)).rstrip(".")
         for p in (root / "normfast").rglob("__init__.py")
     }
-    on_disk.add("normfast.kernels")
     assert on_disk <= listed, f"add to setup.py packages: {sorted(on_disk - listed)}"

@@ -48,8 +48,6 @@ def stage_package(root: Path) -> Path:
     for entry in (REPO / "normfast").iterdir():
         if entry.name != "__pycache__":
             (pkg / entry.name).symlink_to(entry.resolve())
-    if not (pkg / "kernels").exists():
-        (pkg / "kernels").symlink_to((REPO / "kernels").resolve())
     if not any(pkg.glob("_quartic*")):
         # no in-place build: use the extension of an installed normfast, if any
         import importlib.util
@@ -66,8 +64,8 @@ def stage_package(root: Path) -> Path:
 def child_env(site: Path, dry_run: bool, cache: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site)] + [p for p in [env.get("PYTHONPATH")] if p])
-    # No current directory on the import path: the source tree's normfast (without
-    # .kernels) and its top-level kernels/ folder must not shadow the staged package.
+    # No current directory on the import path: the source tree's normfast (without its
+    # built extension) must not shadow the staged package.
     env["PYTHONSAFEPATH"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env["TRITON_INTERPRET"] = "1" if dry_run else "0"

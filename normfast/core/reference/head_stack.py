@@ -1,4 +1,4 @@
-"""Reference of the stacked head products (``kernels/head_stack.py``), the primitive of the grouped head
+"""Reference of the stacked head products (``normfast/kernels/head_stack.py``), the primitive of the grouped head
 statistics."""
 
 from __future__ import annotations
