@@ -160,6 +160,34 @@ def read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
+def resumable(ctx: Context, unit: str, key: Any, compute: Callable[[], Any], style: JsonStyle = JsonStyle()) -> Any:
+    """One unit of a long study, kept in ``OUT/partial/UNIT.json`` until the whole result is written.
+
+    A rerun with the same ``--out`` reads a finished unit back instead of computing it again when the
+    file's ``key`` (the settings that shape the unit) equals ``key``; a unit of other settings, or one
+    interrupted before its file was written, is computed again. Files are written aside and renamed,
+    so an interruption never leaves half a unit. :func:`drop_partial` removes them once the result
+    that assembles them is written.
+    """
+    path = ctx.out / "partial" / f"{unit}.json"
+    kept = read_json(path)
+    if "result" in kept and kept.get("key") == json.loads(dumps(key)):
+        print(f"{unit}: kept from {path}", flush=True)
+        return kept["result"]
+    result = compute()
+    write_json(path, {"key": key, "result": result}, style)
+    return result
+
+
+def drop_partial(ctx: Context, units: list[str]) -> None:
+    """Remove the named units of ``OUT/partial/`` (and the folder once it is empty)."""
+    folder = ctx.out / "partial"
+    for unit in units:
+        (folder / f"{unit}.json").unlink(missing_ok=True)
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+
+
 def seed_everything(seed: int) -> None:
     """Python's, numpy's and torch's global generators (experiments seed their own as well)."""
     import numpy as np

@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import names_in
-from bench.harness import Context
+from bench.harness import Context, drop_partial, resumable
 
 RESULTS = ("monitor_every.json",)
 FIGURES = ("monitor_every.png",)
@@ -288,35 +288,45 @@ def decide(rows: list[dict[str, Any]], costs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(cfg: Config, ctx: Context) -> dict[str, Any]:
+def unit(name: str, seed: int, cfg: Config) -> dict[str, Any]:
+    """Protocol steps 2-5 for one model and seed."""
     import torch
 
     from bench.experiments.e1 import e1_setup
+
+    e1cfg, data = e1_setup(cfg.size, seed)
+    torch.manual_seed(seed)
+    t1 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        table, meta = record(name, e1cfg, data, Path(tmp) / "every1")
+    total = e1cfg.steps - int(e1cfg.steps * (1 - e1cfg.window))
+    return {
+        "model": name,
+        "seed": seed,
+        "monitored_steps": total,
+        "lr": meta["lr"],
+        "weight_decay": meta["weight_decay"],
+        "rows": fits(table, meta, cfg, total),
+        "seconds": round(time.perf_counter() - t1, 1),
+    }
+
+
+def run(cfg: Config, ctx: Context) -> dict[str, Any]:
+    import torch
+
     from normfast.engine.runner import library_versions
 
     cfg.validate()
+    torch.set_num_threads(1)  # E1's small models: one thread, and the study runs beside other work
     t0 = time.perf_counter()
-    results = []
-    for name in cfg.model_names():
-        for seed in cfg.seeds:
-            e1cfg, data = e1_setup(cfg.size, seed)
-            torch.manual_seed(seed)
-            t1 = time.perf_counter()
-            with tempfile.TemporaryDirectory() as tmp:
-                table, meta = record(name, e1cfg, data, Path(tmp) / "every1")
-            total = e1cfg.steps - int(e1cfg.steps * (1 - e1cfg.window))
-            results.append(
-                {
-                    "model": name,
-                    "seed": seed,
-                    "monitored_steps": total,
-                    "lr": meta["lr"],
-                    "weight_decay": meta["weight_decay"],
-                    "rows": fits(table, meta, cfg, total),
-                    "seconds": round(time.perf_counter() - t1, 1),
-                }
-            )
-    costs = cost(cfg)
+    # one (model, seed) a unit, and the cost a unit of its own, each kept in OUT/partial/ as it
+    # finishes: an interrupted run (hours here) repeats only what it had not finished
+    fit_key = {k: v for k, v in asdict(cfg).items() if k not in ("cost_steps", "cost_rounds", "seeds", "models")}
+    units = [(f"{name}_seed{seed}", name, seed) for name in cfg.model_names() for seed in cfg.seeds]
+    results = [resumable(ctx, u, fit_key, lambda n=name, s=seed: unit(n, s, cfg)) for u, name, seed in units]
+    cost_key = {"size": cfg.size, "cost_steps": cfg.cost_steps, "cost_rounds": cfg.cost_rounds}
+    costs = resumable(ctx, "cost", cost_key, lambda: cost(cfg))
+    drop_partial(ctx, [u for u, _, _ in units] + ["cost"])
     rows = [r for res in results for r in res["rows"]]
     return {
         "experiment": "monitor every: the law from the realized terms against the recording interval",

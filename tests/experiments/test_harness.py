@@ -66,8 +66,11 @@ def test_catalog_covers_every_committed_file_and_block():
     assert "--screenshot bench/results/demo/demo_view.png" in (ROOT / "docs" / "view.md").read_text()
     claimed = {f"{r['name']}/{f}" for r in rows for f in r["results"] + r["figures"]}
     claimed |= {"demo/demo_output.txt", "demo/demo_view.png", "README.md", ".gitignore"}
+    # (a study in progress keeps its finished units in OUT/partial/, ignored by git)
     committed = {
-        p.relative_to(RESULTS_DIR).as_posix() for p in RESULTS_DIR.rglob("*") if p.is_file() and p.parent.name != QUICK
+        p.relative_to(RESULTS_DIR).as_posix()
+        for p in RESULTS_DIR.rglob("*")
+        if p.is_file() and p.parent.name not in (QUICK, "partial")
     }
     assert not committed - claimed, f"committed results no experiment writes: {sorted(committed - claimed)}"
     blocks = {b for r in rows for b in r["tables"]}
@@ -408,3 +411,30 @@ def test_e1_ledger_table_says_na_for_a_lag_the_window_cannot_hold():
         r["drift_time_structure"]["block_autocorrelation_by_lag"].pop("5", None)
     text = table_e1_ledger(ledger)
     assert " / n/a, r " in text and "MLP, no biases" in text
+
+
+def test_a_resumable_unit_is_kept_until_the_result_is_written(tmp_path):
+    """An interrupted study repeats only its unfinished units: a unit's result is kept in
+    OUT/partial/, reused for the same key and recomputed for another; drop_partial clears it."""
+    from bench.harness import Context, drop_partial, resumable
+
+    ctx = Context(out=tmp_path)
+    calls = []
+
+    def compute(value):
+        def go():
+            calls.append(value)
+            return {"model": "mlp", "value": value}
+
+        return go
+
+    key = {"size": "quick", "steps": 600, "seeds": (0, 1)}
+    assert resumable(ctx, "mlp", key, compute(1)) == {"model": "mlp", "value": 1}
+    assert (tmp_path / "partial" / "mlp.json").is_file()
+    assert resumable(ctx, "mlp", dict(key), compute(2)) == {"model": "mlp", "value": 1}  # kept (tuples too)
+    assert resumable(ctx, "mlp", {**key, "steps": 700}, compute(3)) == {"model": "mlp", "value": 3}
+    (tmp_path / "partial" / "other.json").write_text("{trunc")  # an interrupted write: recomputed
+    assert resumable(ctx, "other", key, compute(4)) == {"model": "mlp", "value": 4}
+    assert calls == [1, 3, 4]
+    drop_partial(ctx, ["mlp", "other"])
+    assert not (tmp_path / "partial").exists()

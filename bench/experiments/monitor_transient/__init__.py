@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Context, JsonStyle, UsageError
+from bench.harness import Context, JsonStyle, UsageError, drop_partial, resumable
 
 RESULTS = ("monitor_transient.json", "seed1/monitor_transient.json")
 FIGURES = ("monitor_transient.png", "seed1/monitor_transient.png")
@@ -101,11 +101,12 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     names = config.model_names()
     torch.set_num_threads(1)  # tiny models: one thread is faster and the runs are compared number for number
     t0 = time.perf_counter()
-    results = [model_result(name, config, ctx, lambda n=name: run_model(n, config, ctx.progress)) for name in names]
-    for name in names:  # the whole result is returned now; the harness writes it
-        (ctx.out / "partial" / f"{name}.json").unlink(missing_ok=True)
-    if (ctx.out / "partial").is_dir() and not any((ctx.out / "partial").iterdir()):
-        (ctx.out / "partial").rmdir()
+    # one model a unit, kept in OUT/partial/ so that an interrupted run repeats only the models it had
+    # not finished (each model's run is deterministic at one thread)
+    results = [
+        resumable(ctx, name, config.__dict__, lambda n=name: run_model(n, config, ctx.progress), JSON) for name in names
+    ]
+    drop_partial(ctx, names)  # the whole result is returned now; the harness writes it
     out = {
         "experiment": "monitor transient",
         "config": {**config.__dict__, "t_relaxations": T_RELAXATIONS, "burn_in": BURN_IN, "window": WINDOW},
@@ -117,22 +118,6 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     if not results:
         raise UsageError("monitor_transient: no model to run")
     return out
-
-
-def model_result(name: str, config: Config, ctx: Context, compute: Any) -> dict[str, Any]:
-    """One model's result, kept in ``OUT/partial/NAME.json`` until the whole run is written, so that an
-    interrupted run repeats only the models it had not finished (each model's run is deterministic at
-    one thread; a file of another config is recomputed, not reused)."""
-    from bench.harness import read_json, write_json
-
-    path = ctx.out / "partial" / f"{name}.json"
-    kept = read_json(path)
-    if kept.get("config") == config.__dict__ and "result" in kept:
-        print(f"monitor_transient: {name}: kept from {path}")
-        return kept["result"]
-    result = compute()
-    write_json(path, {"config": config.__dict__, "result": result}, JSON)
-    return result
 
 
 def verdict(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
