@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from normfast.engine.monitor.realized import DecaySplit, StepRule
+from normfast.engine.monitor.schema import TIMING_KEYS
 
 
 def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -265,19 +266,21 @@ class MonitorClock:
     The monitor's time is what runs inside its hooks (``before_step``, ``after_step``, the blocks
     flushed there) and inside ``close()`` (the last block and ``monitor.parquet``): ``terms_seconds``
     for norms and realized terms, ``virtual_seconds`` for the virtual probes. The training's time is
-    the wall time between consecutive ``after_step`` calls with the monitor's own time taken out. What
-    it cannot see: training steps made slower by the monitor (caches, memory, threads), so its overhead
-    is a lower bound of the wall-time overhead measured against a run without the monitor
-    (``docs/monitor.md``, "What the monitor costs").
+    the wall time between consecutive ``after_step`` calls with the monitor's own time taken out.
+
+    That training time is not the training's time without the monitor: interleaved with the
+    monitor's work, the training's own steps run slower (cold caches, a busy allocator; on E1's small
+    MLP by half). So the clock also times *clean* steps, whose training follows no monitor work:
+    the steps after one the monitor did not measure (with ``average=False``, most of them), and,
+    at its third step and every :data:`CLOCK_EVERY` steps after, the step after one whose work the
+    monitor defers to the next ``before_step`` (the numbers do not change); ``clean_seconds`` over
+    ``clean_steps``. The overhead is the wall
+    time the clock saw against that many clean steps; without a clean step (a run of two steps) it
+    falls back on the hooks' time against the training's (a lower bound).
     """
 
     def __init__(self) -> None:
-        self.timing: dict[str, float] = {
-            "train_seconds": 0.0,
-            "terms_seconds": 0.0,
-            "virtual_seconds": 0.0,
-            "timed_steps": 0,
-        }
+        self.timing: dict[str, float] = {k: 0.0 for k in TIMING_KEYS}
         self._t_last: float | None = None
         self._own_at_last = 0.0
 
@@ -285,12 +288,17 @@ class MonitorClock:
         """``seconds`` of the monitor's own time (``terms_seconds`` or ``virtual_seconds``)."""
         self.timing[key] += seconds
 
-    def step_done(self, now: float) -> None:
-        """At the end of an ``after_step``: the wall time since the previous one, less the monitor's own, trained."""
+    def step_done(self, now: float, *, clean: bool = False) -> None:
+        """At the end of an ``after_step``: the wall time since the previous one, less the monitor's own,
+        trained; ``clean``: that step's training followed no monitor work (a clean step)."""
         own = self.timing["terms_seconds"] + self.timing["virtual_seconds"]
         if self._t_last is not None:
-            self.timing["train_seconds"] += max(0.0, (now - self._t_last) - (own - self._own_at_last))
+            trained = max(0.0, (now - self._t_last) - (own - self._own_at_last))
+            self.timing["train_seconds"] += trained
             self.timing["timed_steps"] += 1
+            if clean:
+                self.timing["clean_seconds"] += trained
+                self.timing["clean_steps"] += 1
         self._t_last, self._own_at_last = now, own
 
     def summary(self, *, steps: int, recorded: int) -> dict[str, Any]:
@@ -298,13 +306,21 @@ class MonitorClock:
         return clock_summary(self.timing, steps=steps, recorded=recorded)
 
 
+#: a clean step is timed at the monitor's third step and every this many steps after
+CLOCK_FIRST, CLOCK_EVERY = 2, 50
+
+
 def clock_summary(timing: Mapping[str, float], *, steps: int, recorded: int) -> dict[str, Any]:
     """The monitor's time against the training's: what ``summary.json`` holds (:class:`MonitorClock`)."""
-    t = timing
+    t = {k: 0.0 for k in TIMING_KEYS} | dict(timing)
     train = t["train_seconds"]
+    own = t["terms_seconds"] + t["virtual_seconds"]
+    clean_step = t["clean_seconds"] / t["clean_steps"] if t["clean_steps"] else math.nan
+    # the training alone: as many clean steps as were timed; without any, the training's time as seen
+    base = clean_step * t["timed_steps"] if t["clean_steps"] and t["timed_steps"] else train
 
     def frac(x: float) -> float:
-        return x / train if train > 0 else math.nan
+        return x / base if base > 0 else math.nan
 
     return {
         "steps": steps,
@@ -312,11 +328,14 @@ def clock_summary(timing: Mapping[str, float], *, steps: int, recorded: int) -> 
         "train_seconds": train,
         "terms_seconds": t["terms_seconds"],
         "virtual_seconds": t["virtual_seconds"],
-        "monitor_seconds": t["terms_seconds"] + t["virtual_seconds"],
-        "wall_seconds": train + t["terms_seconds"] + t["virtual_seconds"],
+        "monitor_seconds": own,
+        "wall_seconds": train + own,
+        "clean_steps": int(t["clean_steps"]),
+        "clean_step_seconds": clean_step,
         "overhead_terms": frac(t["terms_seconds"]),
         "overhead_virtual": frac(t["virtual_seconds"]),
-        "overhead": frac(t["terms_seconds"] + t["virtual_seconds"]),
+        "overhead_interference": frac(train) - 1 if base > 0 else math.nan,
+        "overhead": frac(train + own) - 1 if base > 0 else math.nan,
         "seconds_per_recorded_step": {
             "terms": t["terms_seconds"] / recorded if recorded else math.nan,
             "virtual": t["virtual_seconds"] / recorded if recorded else math.nan,

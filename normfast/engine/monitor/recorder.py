@@ -38,6 +38,8 @@ import torch
 
 from normfast.engine.monitor import state as monitor_state
 from normfast.engine.monitor.parts import (
+    CLOCK_EVERY,
+    CLOCK_FIRST,
     MonitorClock,
     as_encoder,
     check_settings,
@@ -174,6 +176,9 @@ class TrainingMonitor:
         self._names: list[str] | None = None  # monitored parameters (set up at the first step)
         self._resumed: list[list[Any]] | None = None  # [name, shape, dtype] of a loaded state's parameters
         self._current: tuple[int, dict | None, dict, dict | None] | None = None
+        #: a clock step's work, deferred to the next before_step (MonitorClock: its next step is clean)
+        self._deferred: tuple | None = None
+        self._clean_next = False  # the step being trained follows a deferred one
         self._writer: Any = None
         self._closed = False
 
@@ -253,6 +258,7 @@ class TrainingMonitor:
         opt = self._bind(optimizer)
         if self._names is None:
             self._setup(opt)
+        self._run_deferred()
         s = self.next_step if step is None else int(step)
         rules = step_rules(opt, self._param_names)
         record = s % self.every == 0
@@ -281,13 +287,28 @@ class TrainingMonitor:
             self._bind(optimizer)
         s, theta, rules, virtual, record = self._current
         self._current = None
-        if theta is not None:
+        clean, self._clean_next = self._clean_next, False
+        if theta is None:  # nothing measured at this step: the next one trains as without the monitor
+            self._clean_next = self.steps_seen >= CLOCK_FIRST
+        elif self.steps_seen >= CLOCK_FIRST and (self.steps_seen - CLOCK_FIRST) % CLOCK_EVERY == 0:
+            # a clock step: its work waits for the next before_step, so the next step trains as without
+            # the monitor and is timed apart (MonitorClock); the state it needs is copied now
+            self._deferred = (s, theta, self._params(), self._decay.decay(theta, rules), rules, virtual, record)
+            self._clean_next = True
+        else:
             self._record(s, theta, rules, virtual, record)
         self.next_step = s + 1
         self.steps_seen += 1
         now = time.perf_counter()
         self._clock.add("terms_seconds", now - t0)
-        self._clock.step_done(now)
+        self._clock.step_done(now, clean=clean)
+
+    def _run_deferred(self) -> None:
+        """The deferred clock step's work (at the next before_step, or before a state or the end)."""
+        if self._deferred is not None:
+            s, theta, new, decay, rules, virtual, record = self._deferred
+            self._deferred = None
+            self._record(s, theta, rules, virtual, record, new=new, decay=decay)
 
     def step(self, optimizer: Any, closure: Any = None) -> Any:
         """``before_step``, ``optimizer.step(closure)``, ``after_step``; returns what the step returns."""
@@ -297,13 +318,27 @@ class TrainingMonitor:
         return out
 
     @torch.no_grad()
-    def _record(self, s: int, theta: dict, rules: Mapping[str, StepRule], virtual: dict | None, record: bool) -> None:
+    def _record(
+        self,
+        s: int,
+        theta: dict,
+        rules: Mapping[str, StepRule],
+        virtual: dict | None,
+        record: bool,
+        *,
+        new: dict | None = None,
+        decay: dict | None = None,
+    ) -> None:
+        """Step ``s``'s terms (``theta`` before it; ``new`` and ``decay``: after it and its decay part,
+        when they were kept for a deferred step) into the sums, and its row when ``record``."""
         from normfast.encoders import forward_ad_safe
 
         n = len(self.probes)
         with eval_mode(self.encoder), forward_ad_safe():
             if self.terms:
-                t = step_terms(self._f, theta, self._params(), self._decay.decay(theta, rules))
+                new = self._params() if new is None else new
+                decay = self._decay.decay(theta, rules) if decay is None else decay
+                t = step_terms(self._f, theta, new, decay)
                 cols = {k: t[k] for k in ("task1", "task2", "decay", "remainder")}
                 cols["delta_r2"] = t["r2_new"] - t["r2"]
                 r2 = t["r2"]
@@ -394,6 +429,7 @@ class TrainingMonitor:
         if self._current is not None:
             raise RuntimeError("TrainingMonitor.close: before_step() without its after_step()")
         t0 = time.perf_counter()
+        self._run_deferred()
         self._flush()
         self._closed = True
         if self.out is None:
@@ -439,6 +475,10 @@ class TrainingMonitor:
 
         if self._current is not None:
             raise RuntimeError("TrainingMonitor.state_dict: called between before_step() and after_step()")
+        t0 = time.perf_counter()
+        self._run_deferred()  # a checkpoint holds every step's work
+        self._clock.add("terms_seconds", time.perf_counter() - t0)
+        self._clean_next = False
         named = dict(self.encoder.named_parameters())
         return {
             **monitor_state.state_header(),

@@ -63,11 +63,17 @@ def format_report(result: dict[str, Any], *, top: int = 8) -> str:
         lines.append(f"held up by heat: {d['heat']} items; by drift: {d['drift']} items (from {d['from']})")
     t = r.get("timing")
     if t:
+        clean = t.get("clean_steps") or 0
+        how = (
+            f"the wall time against {t.get('steps')} training steps timed as without the monitor ({clean} clean steps)"
+            if clean
+            else "the monitor's own time against the training's (no clean step timed: a lower bound)"
+        )
         lines.append(
-            f"monitor overhead: realized terms {_pct(t.get('overhead_terms'))} of the training time, "
-            f"virtual probes {_pct(t.get('overhead_virtual'))} ({t.get('steps')} steps, "
-            f"{t.get('recorded_steps')} recorded); the monitor's own time (its hooks and close()) against the "
-            f"training's between them: a lower bound, since training steps the monitor slows down count as training"
+            f"monitor overhead: {_pct(t.get('overhead'))} of the training time (realized terms "
+            f"{_pct(t.get('overhead_terms'))}, virtual probes {_pct(t.get('overhead_virtual'))}, the training's own "
+            f"steps slowed by {_pct(t.get('overhead_interference')) if clean else 'an unmeasured amount'}; "
+            f"{t.get('steps')} steps, {t.get('recorded_steps')} recorded): {how}"
         )
     items = r["items"]
     if top > 0 and "r_eq_realized" in items:

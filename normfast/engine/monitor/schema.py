@@ -167,6 +167,9 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
 )
 
 #: the keys of ``summary.json`` (the run's clock; written at the end)
+#: the clock's state (``TrainingMonitor.state_dict()["timing"]``, :class:`~normfast.engine.monitor.parts.MonitorClock`)
+TIMING_KEYS = ("train_seconds", "terms_seconds", "virtual_seconds", "timed_steps", "clean_seconds", "clean_steps")
+
 SUMMARY_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("steps", "optimizer steps seen"),
     MetadataKey("recorded_steps", "steps recorded"),
@@ -184,12 +187,28 @@ SUMMARY_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("monitor_seconds", "terms_seconds + virtual_seconds"),
     MetadataKey("wall_seconds", "train_seconds + monitor_seconds: the wall time the clock saw"),
     MetadataKey(
-        "overhead_terms",
-        "terms_seconds / train_seconds: the realized terms' own time as a fraction of training. A lower bound of "
-        "the wall-time overhead: training steps the monitor slows down (caches, memory) count as training",
+        "clean_steps",
+        "training steps timed clean, their training following no monitor work: the steps after one the monitor "
+        "did not measure, and after its third step and every 50th after, whose work it defers to the next "
+        "`before_step`",
     ),
-    MetadataKey("overhead_virtual", "virtual_seconds / train_seconds"),
-    MetadataKey("overhead", "monitor_seconds / train_seconds (the same lower bound)"),
+    MetadataKey("clean_step_seconds", "the mean clean training step (NaN without one)"),
+    MetadataKey(
+        "overhead_terms",
+        "terms_seconds against the training alone (timed_steps x clean_step_seconds; without a clean step, "
+        "train_seconds)",
+    ),
+    MetadataKey("overhead_virtual", "virtual_seconds against the training alone"),
+    MetadataKey(
+        "overhead_interference",
+        "how much slower the training's own steps ran beside the monitor: train_seconds against the training alone, "
+        "minus 1",
+    ),
+    MetadataKey(
+        "overhead",
+        "the wall-time overhead: wall_seconds against the training alone, minus 1 (the monitor's own time and "
+        "the interference; a run without a clean step gives monitor_seconds / train_seconds, a lower bound)",
+    ),
     MetadataKey(
         "seconds_per_recorded_step",
         "the monitor's own time per recorded step (terms: with `average=True` the terms of every step "

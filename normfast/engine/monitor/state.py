@@ -24,7 +24,7 @@ from normfast.core.checks import first_line
 from normfast.data.formats import format_version
 from normfast.data.runwriter import chunk_file, verify_chunk
 from normfast.engine.monitor.schema import CHANGES as MONITOR_CHANGES
-from normfast.engine.monitor.schema import MONITOR_FORMAT, MONITOR_VERSION
+from normfast.engine.monitor.schema import MONITOR_FORMAT, MONITOR_VERSION, TIMING_KEYS
 
 __all__ = [
     "STATE_VERSION",
@@ -47,6 +47,7 @@ CHANGES = {
     2: "monitor_version and the monitored parameters (names, shapes, dtypes), checked on resume",
     3: "term_sums: the realized terms summed over the steps since the last stored row (average=True)",
 }
+#: the clock's keys before it timed clean steps (such states still load); now TIMING_KEYS
 _TIMING = ("train_seconds", "terms_seconds", "virtual_seconds", "timed_steps")
 _INTEGER_COLUMNS = ("step", "item", "n_steps")
 
@@ -229,10 +230,11 @@ def check_state(
     timing = state.get("timing")
     if (
         not isinstance(timing, dict)
-        or set(timing) != set(_TIMING)
+        or set(timing) not in (set(_TIMING), set(TIMING_KEYS))
         or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in timing.values())
     ):
-        raise ValueError(f"{fn}: the state's 'timing' is not a dict of {', '.join(_TIMING)} (numbers)")
+        raise ValueError(f"{fn}: the state's 'timing' is not a dict of {', '.join(TIMING_KEYS)} (numbers)")
+    timing = {k: 0 for k in TIMING_KEYS} | timing  # a state saved before the clock timed clean steps
     buffers = state.get("decay_buffers")
     if not isinstance(buffers, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in buffers.items()):
         raise ValueError(f"{fn}: the state's 'decay_buffers' is not a dict of parameter names to tensors")

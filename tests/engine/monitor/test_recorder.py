@@ -320,3 +320,41 @@ def test_the_monitor_registry_is_released():
         "(python -m normfast.engine.monitor.schema --fingerprint) to RELEASED, with a line in CHANGES"
     )
     assert set(monitor_schema.CHANGES) == set(monitor_schema.RELEASED)
+
+
+@pytest.mark.parametrize("variant", ["mlp_heavyball", "mlp_adamw"])
+def test_the_clocks_clean_steps_leave_the_rows_unchanged(toy_data, tmp_path, monkeypatch, variant):
+    """The clock defers a step's work now and then to time the next step without the monitor: the rows
+    are those of a monitor that never defers, and the summary's overhead is the wall time it saw against
+    that many clean steps."""
+    from normfast.engine.monitor import recorder
+
+    def monitored(folder, clock_every):
+        monkeypatch.setattr(recorder, "CLOCK_EVERY", clock_every)
+        mon = []
+
+        def hooks(step, before, opt):
+            if before:
+                mon[0].before_step(opt)
+            else:
+                mon[0].after_step()
+
+        v = VARIANT_SPECS[variant]
+        enc = build_encoder(v, TOY, toy_data)
+        opt = variant_optimizer(v, TOY, enc.parameters())
+        mon.append(normfast.TrainingMonitor(enc, list(range(len(toy_data.x))), every=5, out=folder))
+        train_toy(variant, toy_data, 60, hooks, encoder=enc, optimizer=opt)
+        mon[0].close()
+        return pq.read_table(folder / monitor_schema.MONITOR_FILE), json.loads((folder / "summary.json").read_text())
+
+    torch.manual_seed(0)
+    deferring, summary = monitored(tmp_path / "a", 7)
+    torch.manual_seed(0)
+    never, _ = monitored(tmp_path / "b", 10**9)
+    assert deferring.num_rows == never.num_rows == 12 * len(toy_data.x)
+    for name in ("norm", "task1", "task2", "decay", "remainder", "delta_r2", "n_steps"):
+        np.testing.assert_array_equal(deferring.column(name).to_numpy(), never.column(name).to_numpy(), err_msg=name)
+    assert summary["clean_steps"] == 9  # steps 3, 10, ..., 59: after the deferred steps 2, 9, ..., 58
+    base = summary["clean_step_seconds"] * (summary["steps"] - 1)
+    assert summary["overhead"] == pytest.approx(summary["wall_seconds"] / base - 1)
+    assert summary["overhead_interference"] == pytest.approx(summary["train_seconds"] / base - 1)
