@@ -62,6 +62,7 @@ EXPERIMENTS = (
     "judgments",
     "calibration",
     "heat_coverage",
+    "heat_sampling",
     "adaptive_m",
     "monitor",
     "monitor_every",

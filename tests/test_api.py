@@ -87,7 +87,7 @@ def test_batch_indices_with_separate_drift_batches(monkeypatch):
     monkeypatch.setattr(
         batches_module, "virtual_batches", lambda n, M, B, seed=0: [np.array(b, dtype=np.int64) for b in eight[:M]]
     )
-    patched = _probe(enc, items, src, config(**layout))
+    patched = _probe(enc, items, src, config(**layout, heat_sampling="uniform"))  # the heat: the first M
     for col in ("D", "se_D", "V2", "m2", "kappa", "r_eq"):
         np.testing.assert_array_equal(explicit.column(col), patched.column(col), err_msg=col)
     # the heat comes from the first M only: the same first three batches, other drift batches -> same V2
@@ -477,6 +477,7 @@ def json_spec(out):
             "seconds",
             "regime",
             "heat_reference",
+            "heat_sampling",
             "objective_health",
             "pair_source",
         )

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from normfast.apps.probe_inputs import read_pairs_file
-from normfast.engine.defaults import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, PRESETS
+from normfast.engine.defaults import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, HEAT_SAMPLING, PRESETS
 
 __all__ = [
     "direction_arguments",
@@ -85,6 +85,14 @@ def direction_arguments(p: argparse.ArgumentParser) -> None:
         f"drift from the M heat batches, per batch",
     )
     p.add_argument(
+        "--heat-sampling",
+        default="energy",
+        choices=list(HEAT_SAMPLING),
+        help="how the heat's M batches are chosen: energy (drawn from the M_D drift batches by their gradient "
+        "energy and weighted, so that a few rare high-energy batches cannot move the heat's level between seeds) "
+        "or uniform (the first M, unweighted: the plain estimator); default energy",
+    )
+    p.add_argument(
         "--groups",
         type=int,
         default=DEFAULT_GROUPS,
@@ -120,6 +128,7 @@ def direction_settings(args: argparse.Namespace) -> dict[str, Any]:
         no_decay=args.no_decay,
         batches=args.batches,
         drift_batches=args.drift_batches or None,
+        heat_sampling=args.heat_sampling,
         groups=args.groups,
         batch_size=args.batch_size,
         seed=args.seed,

@@ -7,7 +7,7 @@ from pathlib import Path
 # nothing here imports torch at import time: `normfast probe --help` builds this parser
 from normfast.apps.corpus import CORPUS_BATCH_SIZE, CORPUS_BATCHES, CORPUS_CHUNK, CORPUS_TEMPERATURE
 from normfast.apps.probe_inputs import image_pairs, load_images, read_pairs_file, read_probe_file
-from normfast.engine.defaults import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODES, PRESETS
+from normfast.engine.defaults import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, HEAT_SAMPLING, MODES, PRESETS
 
 probe_description = f"""\
 Probe a contrastive encoder: for every input (--pooled) or every token
@@ -152,6 +152,14 @@ def probe_arguments(p) -> None:
         help=f"M_D, virtual batches of the drift, taken from their mean update direction (one more "
         f"directional pass per batch group; >= M; default {DEFAULT_DRIFT_BATCHES}; with --corpus 0); 0: "
         f"the drift from the M heat batches, per batch",
+    )
+    p.add_argument(
+        "--heat-sampling",
+        default="energy",
+        choices=list(HEAT_SAMPLING),
+        help="how the heat's M batches are chosen: energy (drawn from the M_D drift batches by their gradient "
+        "energy and weighted, so that a few rare high-energy batches cannot move the heat's level between seeds) "
+        "or uniform (the first M, unweighted: the plain estimator); default energy",
     )
     p.add_argument(
         "--groups",
@@ -301,6 +309,7 @@ def _settings(args, output: str) -> dict:
     if args.drift_batches is not None:  # 0: the per-batch drift of the heat batches
         settings["drift_batches"] = args.drift_batches or None
     settings.update(
+        heat_sampling=args.heat_sampling,
         output=output,
         mode=args.mode,
         optimizer=args.optimizer,

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 #: version of the output format written by this normfast (``metadata["schema_version"]``).
 #: Files without the key predate versioning (version 1).
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 #: the Parquet schema metadata key under which a run's metadata (:data:`METADATA_KEYS`) is stored, as JSON
 METADATA_KEY = b"normfast"
@@ -57,6 +57,8 @@ CHANGES = {
     "model_fingerprint hashes every byte of every parameter and buffer (it sampled the values)",
     10: "the virtual objective's health: objective_health and pair_source metadata; the regime "
     "`objective saturated` (reason `objective_saturated`)",
+    11: "the heat's batches drawn by their energy: heat_sampling metadata (and ProbeConfig.heat_sampling); "
+    "heat_reference's se_log_level includes the pool's own level error",
 }
 
 
@@ -362,8 +364,9 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
         "the relative heat's reference level: `column` (the heat), `rows` (valid "
         "non-special rows with a positive heat), `log_level` (median of their log "
         "heat), `level` (its exp), `se_log_level` (standard error of the common "
-        "level, log units: the factor every row's heat shares) and `loo_log_levels` "
-        "(the level without each of the K groups)",
+        "level, log units: the factor every row's heat shares; the groups' jackknife "
+        "`se_log_level_groups` and the heat pool's own `se_log_level_pool` in quadrature) and "
+        "`loo_log_levels` (the level without each of the K groups)",
     ),
     MetadataKey(
         "regime",
@@ -377,6 +380,14 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
         "± `loss_se` (over the K groups), `batch_size`, `chance` (log batch size), `loss_to_chance`, `grad_norm` "
         "(p10/median/p90 of the gradient norm over the probed parameters), `saturated` and its threshold "
         "`saturated_below` (see `normfast.engine.diagnostics.health`)",
+    ),
+    MetadataKey(
+        "heat_sampling",
+        "how the heat's M batches were chosen: `asked` (the setting), `method` (`energy`: drawn from the M_D "
+        "drift batches by their gradient energy and weighted; `uniform`: the first M, unweighted), `note` (why "
+        "the plain draw ran when energy was asked for), and for `energy` the `proposal`, the `pool` (M_D), the "
+        "`draws` and `distinct_batches`, the weights' `effective_sample_size` and `pool_level_se` (the pool's own "
+        "error of the heat's level, log units, part of every interval)",
     ),
     MetadataKey(
         "pair_source",
@@ -396,6 +407,7 @@ RELEASED = {
     8: "859ee96b1536b587",
     9: "04665bbe53caa7ae",
     10: "ef88da408c8bc9d4",
+    11: "f271eecd6b0bfbe3",
 }
 
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)

@@ -44,6 +44,15 @@ class ProbeConfig:
             from the mean direction"). Default 1024: with the drift's per-batch signal-to-noise of
             about 0.1, se_D ≈ 0.3 |D|. The first M of them are the heat batches. ``None`` or 0:
             the drift from the M heat batches, per batch (the estimator before M_D existed).
+        heat_sampling: how the heat's M batches are chosen. ``"energy"`` (default): drawn from the
+            M_D drift batches, whose gradients the drift computes anyway, with probability rising
+            with each batch's gradient energy (½ uniform + ½ ∝ energy), and weighted so that V2, m2
+            and Q stay unbiased; the heat's level then holds across seeds where a few rare batches
+            carry most of the energy (:mod:`normfast.engine.directions.sampling`). ``"uniform"``:
+            the first M of the drift's batches, unweighted (the plain estimator). The plain one is
+            also what runs without a pool to draw from: ``drift_batches=None``, explicit
+            ``batch_indices``, or parameter groups of both optimizer branches (the metadata's
+            ``heat_sampling`` says which ran and why).
         groups: K, the groups of virtual batches behind every error bar (batch ``b`` belongs to
             group ``b mod K``; capped at M): ``se_D`` and ``sign_stability`` come from the K group
             drifts, ``se_V2``, ``se_Q`` and the R_eq intervals from the delete-a-group jackknife,
@@ -101,6 +110,7 @@ class ProbeConfig:
     no_decay: str | None = None
     batches: int = 16
     drift_batches: int | None = DEFAULT_DRIFT_BATCHES
+    heat_sampling: str = "energy"
     groups: int = DEFAULT_GROUPS
     batch_size: int = 32
     seed: int = 0
@@ -148,6 +158,10 @@ class ProbeConfig:
                 raise ValueError(
                     f"{fn}: {what} must be an integer >= 2 (a variance needs two batches), got {name}={v!r}"
                 )
+        from normfast.engine.directions.sampling import HEAT_SAMPLING
+
+        if self.heat_sampling not in HEAT_SAMPLING:
+            raise ValueError(f"{fn}: heat_sampling must be one of {HEAT_SAMPLING}, got {self.heat_sampling!r}")
         self._validate_drift(fn)
         self._validate_adaptive(fn)
         self._validate_snapshot(fn)

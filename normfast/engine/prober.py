@@ -55,7 +55,7 @@ from normfast.encoders import Encoder
 from normfast.encoders.tokenizing import unknown_token_warning
 from normfast.engine.config import ProbeConfig
 from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
-from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
+from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, pool_se_of, with_relative_heat
 from normfast.engine.directions.objectives import objective_settings
 from normfast.engine.result import ProbeResult
 from normfast.engine.runner.chunks import as_probe_sequence, run_chunks
@@ -463,6 +463,7 @@ class Prober:
             failure = exc
         seconds = round(time.perf_counter() - t0, 3)
         metadata["M"] = run.M
+        metadata["heat_sampling"] = run.heat_sampling_info()
         metadata["objective_health"] = run.objective_health()
         if run.adaptive is not None:
             metadata["adaptive"] = run.adaptive
@@ -471,13 +472,15 @@ class Prober:
             if writer is not None:
                 metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
                 inputs = heat_inputs(writer.chunk_columns(0))
-                reference = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
+                reference = heat_reference(
+                    (writer.read_chunk(c, inputs) for c in range(n_chunks)), pool_se_of(metadata)
+                )
                 metadata["heat_reference"] = reference
                 path = writer.finalize(n_chunks, metadata, lambda t: with_relative_heat(t, reference))
                 return ProbeResult.from_files([path], metadata, path)
             table = pa.concat_tables([tables[c] for c in range(n_chunks)])
             metadata["regime"] = run_regime([table])
-            metadata["heat_reference"] = heat_reference([table])
+            metadata["heat_reference"] = heat_reference([table], pool_se_of(metadata))
             table = with_relative_heat(table, metadata["heat_reference"])
             meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
             return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)

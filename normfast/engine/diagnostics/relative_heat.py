@@ -78,15 +78,18 @@ def reference_rows(valid: np.ndarray, special: np.ndarray, log_heat: np.ndarray)
     return np.asarray(valid, bool) & ~np.asarray(special, bool) & np.isfinite(log_heat)
 
 
-def heat_reference(tables: Iterable[pa.Table]) -> dict[str, Any]:
+def heat_reference(tables: Iterable[pa.Table], pool_se: float = 0.0) -> dict[str, Any]:
     """The run's reference level of ``log V2`` and its jackknife over the K groups.
 
     ``tables`` are the run's chunks (each with ``valid``, ``is_special``, the heat
-    and, with error bars, ``heat_loo``). Returns a JSON-ready dict:
-    ``column`` (the heat), ``rows`` (how many the median is over), ``log_level``
-    (``ref``), ``level`` (``exp(ref)``), ``se_log_level`` (the common factor's
-    standard error, log units; NaN without error bars), ``loo_log_levels``
-    (the K ``ref_{−g}``; empty without error bars).
+    and, with error bars, ``heat_loo``); ``pool_se``: the error of the level that
+    the batch groups cannot see, the heat's pool's own (log units; the run's
+    ``heat_sampling.pool_level_se``, 0 for the plain draw). Returns a JSON-ready
+    dict: ``column`` (the heat), ``rows`` (how many the median is over),
+    ``log_level`` (``ref``), ``level`` (``exp(ref)``), ``se_log_level`` (the
+    common factor's standard error, log units: the groups' jackknife
+    ``se_log_level_groups`` and ``pool_se`` in quadrature; NaN without error
+    bars), ``loo_log_levels`` (the K ``ref_{−g}``; empty without error bars).
     """
     logs, loos, column = [], [], None
     for t in tables:
@@ -121,8 +124,16 @@ def heat_reference(tables: Iterable[pa.Table]) -> dict[str, Any]:
                     [np.nanmedian(loo[:, g]) if np.isfinite(loo[:, g]).any() else np.nan for g in range(loo.shape[1])]
                 )
             out["loo_log_levels"] = [float(v) for v in ref_g]
-            out["se_log_level"] = float(jackknife_se(ref_g))
+            groups_se = float(jackknife_se(ref_g))
+            out["se_log_level_groups"] = groups_se
+            out["se_log_level_pool"] = float(pool_se)
+            out["se_log_level"] = math.hypot(groups_se, float(pool_se))
     return out
+
+
+def pool_se_of(metadata: Mapping[str, Any]) -> float:
+    """The heat's pool's own level error recorded in a run's metadata (0 for the plain draw)."""
+    return float((metadata.get("heat_sampling") or {}).get("pool_level_se", 0.0) or 0.0)
 
 
 def relative_heat(

@@ -222,6 +222,10 @@ class Directions:
     batch_stats: dict[int, tuple[float, float]] = field(default_factory=dict)
     #: probed parameters that no batch of this pass reached (their displacement is zero)
     unused: list[str] = field(default_factory=list)
+    #: the heat's batches drawn by their energy (:mod:`normfast.engine.directions.sampling`): the
+    #: directions are then ``sqrt(w_i) (p_{b_i} - p̄)``, draw ``i`` being ``first_batch + i``; None: the
+    #: plain draw, ``directions[j]`` the direction of batch ``first_batch + j``
+    heat: Any = None
 
     @property
     def M(self) -> int:
@@ -259,14 +263,16 @@ def iter_gradients(
     batch_offset: int = 0,
     progress: bool = True,
     check_invariance: bool = True,
+    global_ids: Sequence[int] | None = None,
 ):
     """Yield ``(b, {name: ĝ_B}, loss)`` for each virtual batch, one backward pass each.
 
     Only the probed parameters require grad during the passes (flags restored
     after). Dropout is active only when the objective needs it (SimCSE); each
     batch's randomness is seeded from ``seed`` and its global index
-    ``batch_offset + b``, so results do not depend on how batches are grouped.
-    A NaN or infinite objective raises :class:`NonFiniteLoss` naming the batch.
+    ``batch_offset + b`` (or ``global_ids[b]``, for batches that are not consecutive), so results do
+    not depend on how batches are grouped. A NaN or infinite objective raises :class:`NonFiniteLoss`
+    naming the batch.
     """
     params = [encoder.get_parameter(n) for n in names]
     saved_flags = {n: p.requires_grad for n, p in encoder.named_parameters()}
@@ -281,7 +287,7 @@ def iter_gradients(
             pair_encoder.eval()
         it = tqdm(range(len(batches)), desc="virtual batches", unit="batch", disable=not progress, leave=False)
         for b in it:
-            gb = batch_offset + b
+            gb = batch_offset + b if global_ids is None else int(global_ids[b])
             with torch.random.fork_rng(devices=[encoder.device] if encoder.device.type == "cuda" else []):
                 torch.manual_seed(seed * 1_000_003 + gb)
                 loss = batch_loss(encoder, objective, pairs, batches[b], cut=cut, pair_encoder=pair_encoder)
@@ -338,6 +344,7 @@ def compute_directions(
     keep: int | None = None,
     drift_groups: int = 0,
     warn_unused: bool = True,
+    global_ids: Sequence[int] | None = None,
 ) -> Directions:
     """Gradients of the objective on each virtual batch, mapped to update directions.
 
@@ -353,9 +360,12 @@ def compute_directions(
     mod K``) into :attr:`Directions.drift`, one running sum per group, so that
     ``M_D`` batches cost K gradients of memory, not ``M_D``. ``warn_unused``: warn here about probed
     parameters no batch reaches (a run that computes directions several times warns once itself,
-    from :attr:`Directions.unused`).
+    from :attr:`Directions.unused`). ``global_ids``: each batch's global index, for batches that are
+    not consecutive (their dropout seeds; no drift groups then).
     """
     keep = len(batches) if keep is None else keep
+    if global_ids is not None and drift_groups:
+        raise ValueError("compute_directions: global_ids (batches that are not consecutive) has no drift groups")
     if drift_groups:
         counts = group_counts(len(batches), drift_groups, batch_offset)
         if min(counts) == 0:
@@ -378,20 +388,22 @@ def compute_directions(
     square_sum: dict[str, torch.Tensor] = {}
     touched: set[str] = set()
     batch_stats: dict[int, tuple[float, float]] = {}
-    for gb, g, loss in iter_gradients(
-        encoder,
-        objective,
-        pairs,
-        names,
-        batches,
-        cut=cut,
-        pair_encoder=pair_encoder,
-        seed=seed,
-        batch_offset=batch_offset,
-        progress=progress,
-        check_invariance=check_invariance,
-    ):
-        b = gb - batch_offset
+    for b, (gb, g, loss) in enumerate(
+        iter_gradients(
+            encoder,
+            objective,
+            pairs,
+            names,
+            batches,
+            cut=cut,
+            pair_encoder=pair_encoder,
+            seed=seed,
+            batch_offset=batch_offset,
+            progress=progress,
+            check_invariance=check_invariance,
+            global_ids=global_ids,
+        )
+    ):  # b: the batch's position in ``batches``
         batch_stats[gb] = (loss, gradient_norm(g))
         if b < keep:
             grads.append(g)

@@ -69,6 +69,13 @@ class ProbeAccumulator:
         ``"torch"`` / ``"triton"`` force one (``"triton"`` on CPU needs
         ``TRITON_INTERPRET=1``).
 
+    known_mean:
+        The displacements are deviations about a known centre, already weighted
+        (the heat's importance-sampled draws, :mod:`normfast.engine.directions.sampling`):
+        the heat is then their mean square, ``V2 = Σ_B |x^B|² / M``, and ``m2``,
+        ``Q`` and ``D`` of these displacements are not the row's (the drift's
+        mean direction gives those). Default False: the plain estimator.
+
     Every row is kept: rows whose embedding has zero or non-finite norm, or
     whose displacements are non-finite, finalize to NaN statistics with a
     code in ``reason`` (see :data:`normfast.engine.estimators.statkeys.REASONS`).
@@ -83,6 +90,7 @@ class ProbeAccumulator:
         device: Any = "cpu",
         dtype: torch.dtype = torch.float32,
         backend: str = "auto",
+        known_mean: bool = False,
     ) -> None:
         fn = "ProbeAccumulator"
         n_probes = check_positive_int(fn, "n_probes", n_probes)
@@ -102,6 +110,7 @@ class ProbeAccumulator:
                 )
         self.n_probes, self.dim, self.branch = n_probes, dim, branch
         self.dtype, self.device, self.backend = dtype, device, backend
+        self.known_mean = bool(known_mean)
         nb = 2 if branch == "uw" else 1
         self._mean = torch.zeros((nb, n_probes, dim), dtype=dtype, device=device)
         self._moments = torch.zeros((nb, 3, n_probes), dtype=dtype, device=device)
@@ -286,6 +295,11 @@ class ProbeAccumulator:
             )
         if other._n == 0:
             return self
+        if other.known_mean != self.known_mean:
+            raise ValueError(
+                f"{fn}: expected an accumulator with known_mean={self.known_mean} (the same heat estimator), "
+                f"got known_mean={other.known_mean}"
+            )
         if self._n == 0:
             self.load_state_dict(other.state_dict())
             return self
@@ -312,7 +326,7 @@ class ProbeAccumulator:
         ``D`` mean radial dot, ``se_D = std(r, ddof=1)/sqrt(M)``,
         ``sign_stability`` = fraction of directions whose radial dot has the
         sign of ``D`` (``sign(0) = 0``: a zero dot agrees only with ``D = 0``),
-        ``m2 = |mean x|²``, ``V2 = M2/(M-1)``, ``Q = m2 + V2``; "uw" adds
+        ``m2 = |mean x|²``, ``V2 = M2/(M-1)`` (``known_mean``: ``Σ|x|²/M``), ``Q = m2 + V2``; "uw" adds
         ``C_uw = mean u·w``. Also ``valid`` (bool), ``reason`` (int8) and
         ``M``. Invalid rows are NaN. Raises ``ValueError`` when ``M < 2``.
         """
@@ -327,7 +341,10 @@ class ProbeAccumulator:
             m2_dev, rmean, rm2 = self._moments[b]
             pos, neg = self._counts[b]
             m2 = self._mean[b].square().sum(1)
-            v2 = m2_dev.clamp_min(0) / (m - 1)
+            if self.known_mean:  # the mean square about the known centre: Σ|x - x̄|² + M |x̄|², over M
+                v2 = m2_dev.clamp_min(0) / m + m2
+            else:
+                v2 = m2_dev.clamp_min(0) / (m - 1)
             agree = torch.where(rmean > 0, pos, torch.where(rmean < 0, neg, m - pos - neg))
             stats = {
                 "D": rmean.clone(),

@@ -27,7 +27,9 @@ class GroupedAccumulator:
     values over all directions outside each group -- and ``groups`` (K). A
     leave-one-out set of fewer than two directions gives NaN there. The
     grouped head-mode estimators of :func:`normfast.ops.head_stats` are
-    the same numbers in closed form. Memory: K times one accumulator.
+    the same numbers in closed form. ``known_mean``: the heat's importance-sampled
+    draws (:class:`ProbeAccumulator`); draw ``i`` is in group ``i mod K``.
+    Memory: K times one accumulator.
     """
 
     def __init__(
@@ -40,10 +42,13 @@ class GroupedAccumulator:
         device: Any = "cpu",
         dtype: torch.dtype = torch.float32,
         backend: str = "auto",
+        known_mean: bool = False,
     ) -> None:
         groups = check_groups("GroupedAccumulator", groups)
         self.groups = [
-            ProbeAccumulator(n_probes, dim, branch=branch, device=device, dtype=dtype, backend=backend)
+            ProbeAccumulator(
+                n_probes, dim, branch=branch, device=device, dtype=dtype, backend=backend, known_mean=known_mean
+            )
             for _ in range(groups)
         ]
         self.K = groups
@@ -101,6 +106,7 @@ class GroupedAccumulator:
             device=first.device,
             dtype=first.dtype,
             backend=first.backend,
+            known_mean=first.known_mean,
         )
         for g, acc in enumerate(self.groups):
             if g != skip:

@@ -32,6 +32,7 @@ empirical question answered by ``python -m bench run calibration``.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import Any
 
@@ -128,11 +129,17 @@ def equilibrium_intervals(
     r_eq: np.ndarray,
     r_heat: np.ndarray,
     branches: tuple[str, ...],
+    level: tuple[dict[str, np.ndarray], float] | None = None,
 ) -> dict[str, np.ndarray]:
     """Jackknife 95% intervals of ``r_eq`` and ``r_eq_heat`` from leave-one-group-out statistics.
 
     ``loo`` holds ``[N, K]`` arrays ``D``, ``Q`` (and ``D_w``, ``Q_w``, ``C_uw``
     for the w branch); the quartic is solved once per group (κ, exact, stays).
+    ``level``: ``(stats, σ)``, the error of the heat's common level that the groups
+    cannot see (the pool's own, log units: ``heat_sampling="energy"``) with the
+    row statistics ``D, m2, V2`` (and ``_w``): ``r_eq`` solved again with every
+    ``V2`` scaled by ``e^{±σ}``, half the difference as a second standard error,
+    added in quadrature to the jackknife's.
     Returns ``r_eq_lo, r_eq_hi, r_eq_heat_lo, r_eq_heat_hi`` (NaN where a
     leave-one-out solve has no positive root) and ``se_r_eq, se_r_eq_heat``.
     """
@@ -151,9 +158,41 @@ def equilibrium_intervals(
     full = np.asarray(equilibrium_norm(D, Q, kap, **law, **extra), dtype=float).reshape(n, k)
     heat_extra = dict(extra, D_w=zero) if extra else {}
     heat = np.asarray(equilibrium_norm(zero, Q, kap, **law, **heat_extra), dtype=float).reshape(n, k)
+    shifted = _level_shifted(level, kappa, law, branches) if level is not None and level[1] > 0 else None
     out = {}
     for name, centre, values in (("r_eq", r_eq, full), ("r_eq_heat", r_heat, heat)):
         se = jackknife_se(values)
+        if shifted is not None:
+            se = np.hypot(se, shifted[name])
         lo, hi = interval(centre, se, k - 1, lower=0.0)
         out[f"se_{name}"], out[f"{name}_lo"], out[f"{name}_hi"] = se, lo, hi
     return out
+
+
+def _level_shifted(
+    level: tuple[dict[str, np.ndarray], float], kappa: np.ndarray, law: dict[str, Any], branches: tuple[str, ...]
+) -> dict[str, np.ndarray]:
+    """Half the change of ``r_eq`` and ``r_eq_heat`` when every row's heat moves by ``e^{±σ}`` (the level)."""
+    from normfast.core.equilibrium import equilibrium_norm
+
+    stats, sigma = level
+    kap = np.asarray(kappa, dtype=float)
+    zero = np.zeros_like(kap)
+    out: dict[str, np.ndarray] = {}
+    for name, with_drift in (("r_eq", True), ("r_eq_heat", False)):
+        ends = []
+        for factor in (math.exp(sigma), math.exp(-sigma)):
+            q = {sfx: np.asarray(stats["m2" + sfx]) + factor * np.asarray(stats["V2" + sfx]) for sfx in _sfx(branches)}
+            d = {sfx: np.asarray(stats["D" + sfx]) if with_drift else zero for sfx in _sfx(branches)}
+            extra = {}
+            if "w" in branches:
+                extra = dict(D_w=d["_w"], Q_w=q["_w"], C_uw=np.asarray(stats.get("C_uw", zero)))
+            ends.append(
+                np.asarray(equilibrium_norm(d.get("", zero), q.get("", zero), kap, **law, **extra), dtype=float)
+            )
+        out[name] = np.abs(ends[0] - ends[1]) / 2
+    return out
+
+
+def _sfx(branches: tuple[str, ...]) -> list[str]:
+    return ["" if b == "u" else "_w" for b in branches]

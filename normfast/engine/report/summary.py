@@ -203,6 +203,21 @@ def _objective_label(meta: dict[str, Any]) -> str:
     return f"{meta.get('objective')}" + (f" ({inner})" if inner else "")
 
 
+def sampling_line(info: dict[str, Any] | None) -> str | None:
+    """How the heat's batches were chosen, in one line (None for a run that predates the setting)."""
+    if not info:
+        return None
+    if info.get("method") == "energy":
+        return (
+            f"heat batches: {info['draws']} drawn by gradient energy from the {info['pool']} drift batches "
+            f"({info['distinct_batches']} distinct; weights' effective size {info['effective_sample_size']:.1f}); "
+            f"the pool's own level error ±{math.expm1(1.96 * info['pool_level_se']):.0%} (95%) is in the common "
+            f"level and every interval"
+        )
+    why = f" ({info['note']})" if info.get("note") else ""
+    return f"heat batches: the first M of the virtual batches, unweighted (the plain draw){why}"
+
+
 def run_line(meta: dict[str, Any]) -> str:
     """The first line of a summary: model, objective, preset, M (M_D, K), mode and output."""
     return (
@@ -268,6 +283,9 @@ def format_summary(result, top: int = 8) -> str:
                 f"(relative heat: log {heat} minus the run's median); common level ±{s['level_half_width']:.0%} "
                 f"(95%; shared by every row, it moves R_eq as {heat}^(1/4) where the heat dominates)"
             )
+    sampling = sampling_line(meta.get("heat_sampling"))
+    if sampling is not None:
+        lines.append(sampling)
     lines += [
         f"drift |D| > 2 se: {s['drift_significant_fraction']:.1%} of rows; mean sign stability "
         f"{s['sign_stability_mean']:.3f}; bistable rows {s['bistable_fraction']:.1%}"

@@ -72,6 +72,7 @@ def _concat(parts: Sequence[Directions]) -> Directions:
         first.first_batch,
         stats,
         unused,
+        first.heat,
     )
 
 
@@ -183,6 +184,7 @@ def _choose(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
         else:
             drift = dirs if has_drift else None
         plan = AdaptivePlan(M, dirs, drift, rounds)
+        run.adopt_heat(dirs or drift)  # rank 0's heat draw on every rank
     run.M = plan.M
     final = plan.rounds[-1]
     run.adaptive = {

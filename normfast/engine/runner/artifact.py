@@ -7,7 +7,9 @@ One folder:
   objective, the pair source, the settings the directions depend on, given second moments); and
   what they are: the probed parameters with their branches, shapes and dtypes, M, the drift's
   group counts, each heat batch's loss, adaptive M's choice, and the files with their sizes;
-* ``heat-00000.safetensors`` ... -- one file per heat direction (M of them), keyed by parameter name;
+* ``heat-00000.safetensors`` ... -- one file per heat direction (M of them), keyed by parameter name
+  (with ``heat_sampling="energy"``, draw ``i``'s direction folded as ``sqrt(w_i) (p_{b_i} - p̄)``; the
+  manifest's ``heat_draw`` holds each draw's batch and weight);
 * ``drift-000.safetensors`` ... -- one per drift group mean (K of them, with the mean-direction drift).
 
 One file per direction, so that directions that do not fit the memory budget together are
@@ -29,8 +31,11 @@ import torch
 
 from normfast.data.atomic import temporary_folder
 from normfast.engine.directions.gradients import Directions, DriftMeans
+from normfast.engine.directions.sampling import HeatDraw
 
-FORMAT = 1
+#: 2: the heat's directions may be importance-sampled draws (``directions.heat_draw``), folded as
+#: ``sqrt(w) (p - p̄)``; format 1 folders hold plain directions and are computed again
+FORMAT = 2
 MANIFEST = "manifest.json"
 #: the ProbeConfig fields the directions depend on; the others (lr, weight_decay and momentum: the
 #: law's; output, mode, chunking, memory budget, error bars, the snapshot) act in the per-item pass only
@@ -42,6 +47,7 @@ DIRECTION_FIELDS = (
     "no_decay",
     "batches",
     "drift_batches",
+    "heat_sampling",
     "groups",
     "batch_size",
     "seed",
@@ -88,7 +94,8 @@ def read_manifest(folder: str | Path, fn: str = "Prober.load") -> dict[str, Any]
     if manifest.get("format") != FORMAT:
         raise ValueError(
             f"{fn}: {folder} holds directions in format {manifest.get('format')!r}, this normfast reads "
-            f"format {FORMAT}; compute them again"
+            f"format {FORMAT}; compute them again (normfast directions MODEL --pairs ... --out {folder} --overwrite, "
+            f"or Prober(...).save(FOLDER, overwrite=True))"
         )
     return manifest
 
@@ -188,6 +195,8 @@ class ArtifactReader:
         self.drift_counts = d["drift_counts"]
         #: every batch's (objective value, gradient norm), the drift's included: the objective's health
         self.batch_stats = {int(b): (float(loss), float(norm)) for b, loss, norm in d.get("batch_stats", ())}
+        #: the heat's draw (heat_sampling="energy"; None: plain directions)
+        self.heat = HeatDraw.from_json(d["heat_draw"]) if d.get("heat_draw") else None
 
     def read(self, batch_ids: Sequence[int], with_drift: bool, device: torch.device) -> Directions:
         batch_ids = list(batch_ids)
@@ -217,6 +226,7 @@ class ArtifactReader:
             None,
             batch_ids[0] if batch_ids else 0,
             dict(self.batch_stats),
+            heat=self.heat,
         )
 
     def _load(self, name: str, device: torch.device) -> dict[str, torch.Tensor]:
@@ -333,6 +343,7 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
             "drift_counts": None if drift is None else list(drift.counts),
             "losses": losses,
             "batch_stats": batch_stats,
+            "heat_draw": None if run.heat_draw is None else run.heat_draw.head(run.M).to_json(),
             "adaptive": store.adaptive if plan is not None else None,
             "mode": run.mode,
             "cut_stage": run.cut,

@@ -67,6 +67,7 @@ import torch
 import torch.distributed as dist
 
 from normfast.engine.directions.gradients import Directions, DriftMeans
+from normfast.engine.directions.sampling import HeatDraw
 
 # Exception types rebuilt under their own name on the ranks that did not raise,
 # so that every rank fails the same way (the CLI reports these as user errors).
@@ -179,6 +180,7 @@ class Shard:
                 "first_batch": dirs.first_batch,
                 "layout": [(n, tuple(first[n].shape), str(first[n].dtype)) for n in dirs.names],
                 "decayed": [(n, tuple(t.shape), str(t.dtype)) for n, t in dirs.decayed.items()],
+                "heat": None if dirs.heat is None else dirs.heat.to_json(),
             }
         header = self.broadcast_object(header)
         directions = []
@@ -205,6 +207,7 @@ class Shard:
             first_batch=header["first_batch"],
             batch_stats=header["batch_stats"],
             unused=header["unused"],
+            heat=None if header["heat"] is None else HeatDraw.from_json(header["heat"]),
         )
 
     def _broadcast_tensors(

@@ -16,7 +16,7 @@ from normfast.data.runwriter import ChunkedParquetWriter, holds_unfinished_run
 from normfast.data.schema import METADATA_KEY
 from normfast.data.torchfiles import load_plain, save_plain
 from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
-from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, with_relative_heat
+from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, pool_se_of, with_relative_heat
 from normfast.engine.directions.gradients import NonFiniteLoss
 from normfast.engine.result import ProbeResult
 from normfast.engine.runner.distributed import Shard, part_blocks
@@ -122,7 +122,7 @@ def finish_sharded(
             merged.update(part)
         table = pa.concat_tables([merged[c] for c in range(n_chunks)])
         metadata["regime"] = run_regime([table])
-        metadata["heat_reference"] = heat_reference([table])
+        metadata["heat_reference"] = heat_reference([table], pool_se_of(metadata))
         table = with_relative_heat(table, metadata["heat_reference"])
         meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
         return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
@@ -134,7 +134,9 @@ def finish_sharded(
             metadata["regime"] = {"error": f"{type(exc).__name__}: {exc}"}
         try:
             inputs = heat_inputs(writer.chunk_columns(0))
-            metadata["heat_reference"] = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
+            metadata["heat_reference"] = heat_reference(
+                (writer.read_chunk(c, inputs) for c in range(n_chunks)), pool_se_of(metadata)
+            )
         except Exception as exc:  # noqa: BLE001 - as above
             metadata["heat_reference"] = {"error": f"{type(exc).__name__}: {exc}", "log_level": float("nan")}
     metadata = shard.broadcast_object(metadata)  # rank 0's device string etc. on every part

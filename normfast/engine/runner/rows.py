@@ -121,6 +121,11 @@ def finish_table(
         stat_names.append("C_uw")
     for k in stat_names:
         cols[k] = to_np(stats[k]) if k in stats else np.full(len(norm), np.nan)
+    if run.heat_level_se > 0:  # the heat's pool's own level error, which the batch groups cannot see
+        for b in run.branches:
+            sfx = "" if b == "u" else "_w"
+            for se in ("se_V2", "se_Q"):
+                cols[se + sfx] = np.hypot(cols[se + sfx], cols["V2" + sfx] * run.heat_level_se)
     heat = "V2" if "u" in run.branches else "V2_w"
     if (
         "loo" in stats and heat in stats["loo"]
@@ -151,7 +156,8 @@ def finish_table(
         bars = {}
         if "loo" in stats:
             loo = {k: to_np(v) for k, v in stats["loo"].items()}
-            bars = equilibrium_intervals(loo, kap, law, r_eq, r_heat, run.branches)
+            level = (cols, run.heat_level_se) if run.heat_level_se > 0 else None
+            bars = equilibrium_intervals(loo, kap, law, r_eq, r_heat, run.branches, level)
     cols["r_eq"] = r_eq
     cols["r_eq_heat"] = r_heat
     for k in ("r_eq_lo", "r_eq_hi", "r_eq_heat_lo", "r_eq_heat_hi"):

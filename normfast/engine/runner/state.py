@@ -5,8 +5,10 @@ directions a :class:`~normfast.engine.prober.Prober` keeps for its next calls.""
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -23,6 +25,7 @@ from normfast.engine.directions.gradients import (
     resolve_parameters,
     unused_warning,
 )
+from normfast.engine.directions.sampling import HeatDraw, draw_heat
 from normfast.engine.estimators.accumulator import ProbeAccumulator
 from normfast.engine.estimators.drift import drift_from_groups
 from normfast.engine.estimators.grouped import GroupedAccumulator
@@ -52,6 +55,10 @@ class DirectionStore:
         #: every virtual batch's (objective value, gradient norm) seen by any run: the objective's health,
         #: so that a later run (whose directions come from here) reports and classifies as the first did
         self.batch_stats: dict[int, tuple[float, float]] = {}
+        #: the heat's draw from the drift's pool and the pool's mean direction (heat_sampling="energy"), so
+        #: that a later run folds the heat's directions it computes again as the first did
+        self.heat_draw: HeatDraw | None = None
+        self.pool_mean: dict[str, torch.Tensor] | None = None
 
 
 class ProbeRun:
@@ -118,6 +125,43 @@ class ProbeRun:
         #: every virtual batch's (objective value, gradient norm) seen so far: the objective's health
         self.batch_stats: dict[int, tuple[float, float]] = {} if store is None else store.batch_stats
         self.unused_warned = False  # probed parameters no batch reaches: warned once per run
+        self.heat_sampling, self.heat_sampling_note = self._resolve_heat_sampling()
+        self.heat_draw: HeatDraw | None = store.heat_draw if store is not None else None
+        self._pool_mean: dict[str, torch.Tensor] | None = store.pool_mean if store is not None else None
+        self._pool: Directions | None = None  # the pool pass (the drift's group means), once per run
+
+    def _resolve_heat_sampling(self) -> tuple[str, str | None]:
+        """The heat's sampling that runs (``"energy"`` or ``"uniform"``) and, when it is not the one asked
+        for, why (:attr:`ProbeConfig.heat_sampling`)."""
+        cfg = self.config
+        if cfg.heat_sampling == "uniform":
+            return "uniform", None
+        if not cfg.drift_from_mean:
+            return "uniform", "drift_batches=None: no pool of drift batches to draw the heat's from"
+        if cfg.batch_indices is not None:
+            return "uniform", "batch_indices given: the heat's batches are the first M of them"
+        if self.branch == "uw":
+            return "uniform", "parameter groups of both optimizer branches: the cross term C_uw needs the plain draw"
+        return "energy", None
+
+    @property
+    def known_mean(self) -> bool:
+        """Whether the heat's directions are centered and weighted draws (the known-mean estimator)."""
+        return self.heat_sampling == "energy"
+
+    @property
+    def heat_level_se(self) -> float:
+        """The pool's own error of the heat's level (log units; 0 for the plain draw)."""
+        return self.heat_draw.level_se if self.heat_draw is not None else 0.0
+
+    def heat_sampling_info(self) -> dict[str, Any]:
+        """The run's metadata ``heat_sampling``: what ran, why, and the draw's figures."""
+        info: dict[str, Any] = {"asked": self.config.heat_sampling, "method": self.heat_sampling}
+        if self.heat_sampling_note:
+            info["note"] = self.heat_sampling_note
+        if self.heat_draw is not None:
+            info.update(self.heat_draw.head(self.M).metadata())
+        return info
 
     def _choose_mode(self) -> str:
         mode = self.config.mode
@@ -148,8 +192,7 @@ class ProbeRun:
         if store is not None and store.directions is not None:
             return store.directions
         if store is not None and store.reader is not None:
-            dirs = store.reader.read(range(self.M), self.config.drift_from_mean, self.device)
-            self.batch_stats.update(dirs.batch_stats)
+            dirs = self._noted(store.reader.read(range(self.M), self.config.drift_from_mean, self.device))
         else:
             dirs = self._shared(lambda: self.compute_directions(list(range(self.M)), self.config.drift_from_mean))
         if store is not None:
@@ -162,8 +205,7 @@ class ProbeRun:
         if store is not None and store.drift is not None:
             return store.drift
         if store is not None and store.reader is not None:
-            dirs = store.reader.read([], True, self.device)
-            self.batch_stats.update(dirs.batch_stats)
+            dirs = self._noted(store.reader.read([], True, self.device))
         else:
             dirs = self._shared(lambda: self.compute_directions([], True))
         if store is not None:
@@ -175,9 +217,7 @@ class ProbeRun:
         directions-outer order is for directions that do not fit in memory together)."""
         store = self.store
         if store is not None and store.reader is not None:
-            dirs = store.reader.read(batch_ids, False, self.device)
-            self.batch_stats.update(dirs.batch_stats)
-            return dirs
+            return self._noted(store.reader.read(batch_ids, False, self.device))
         return self._shared(lambda: self.compute_directions(batch_ids, False))
 
     def fits(self) -> bool:
@@ -198,13 +238,23 @@ class ProbeRun:
         return self._noted(self.shard.share_directions(dirs, self.device))
 
     def _noted(self, dirs: Directions) -> Directions:
-        """Keep the batches' objective values and gradient norms; warn once about unreached parameters."""
+        """Keep the batches' objective values and gradient norms (and the heat's draw, on every rank); warn
+        once about unreached parameters."""
         self.batch_stats.update(dirs.batch_stats)
+        self.adopt_heat(dirs)
         if dirs.unused and not self.unused_warned:
             self.unused_warned = True
             if self.shard is None or self.shard.is_root:
                 warnings.warn(unused_warning(dirs.unused), UserWarning, stacklevel=2)
         return dirs
+
+    def adopt_heat(self, dirs: Directions | None) -> None:
+        """The heat's draw of directions computed elsewhere (rank 0's, or a saved artifact's), kept on this
+        rank and in the store: every rank's rows take its level error."""
+        if dirs is not None and dirs.heat is not None and self.heat_draw is None:
+            self.heat_draw = dirs.heat
+            if self.store is not None:  # a later run of the same store reads its directions from there
+                self.store.heat_draw = dirs.heat
 
     def objective_health(self) -> dict[str, Any]:
         """The virtual objective's health over every batch seen (:mod:`normfast.engine.diagnostics.health`)."""
@@ -224,6 +274,8 @@ class ProbeRun:
         return ChunkBar(self, todo, desc)
 
     def compute_directions(self, batch_ids: Sequence[int], with_drift: bool) -> Directions:
+        if self.known_mean:
+            return self._sampled_directions(batch_ids, with_drift)
         cfg = self.config
         common = dict(
             cut=self.cut, pair_encoder=self.pair_encoder, no_decay=cfg.no_decay, seed=cfg.seed, progress=self.progress
@@ -281,6 +333,88 @@ class ProbeRun:
             **common,
         )
 
+    def _sampled_directions(self, batch_ids: Sequence[int], with_drift: bool) -> Directions:
+        """heat_sampling="energy": one pass over the M_D drift batches (their group means, each batch's
+        energy, AdamW's v̂), the heat's draw from them by energy, then the drawn batches' gradients again
+        (the same seeds: the same gradients), folded as ``sqrt(w) (p - p̄)`` (:mod:`~normfast.engine.
+        directions.sampling`). ``batch_ids`` are draw indices; draw ``i`` is in group ``i mod K``."""
+        cfg = self.config
+        pool = self._pool if with_drift else None
+        if (with_drift and pool is None) or self.heat_draw is None or self._pool_mean is None:
+            pool = self._pool = compute_directions(
+                self.encoder,
+                self.objective,
+                self.pairs,
+                self.names,
+                self.presets,
+                self.batches,
+                keep=0,
+                drift_groups=self.groups,
+                check_invariance=True,
+                warn_unused=False,
+                cut=self.cut,
+                pair_encoder=self.pair_encoder,
+                no_decay=cfg.no_decay,
+                seed=cfg.seed,
+                progress=self.progress,
+            )
+            if pool.second_moments:
+                self._keep_second_moments(pool.second_moments)
+            energy = np.array([pool.batch_stats[b][1] ** 2 for b in range(len(self.batches))])
+            draws = cfg.max_batches if cfg.target_rse is not None else cfg.batches
+            self.heat_draw = draw_heat(energy, draws, cfg.seed)
+            drift = pool.drift
+            self._pool_mean = {
+                n: sum(c * m[n] for c, m in zip(drift.counts, drift.means)) / drift.M for n in self.names
+            }
+            if self.store is not None:
+                self.store.heat_draw, self.store.pool_mean = self.heat_draw, self._pool_mean
+        heat = self._drawn(list(batch_ids)) if len(batch_ids) else None
+        if pool is None:
+            return heat
+        if heat is None:
+            return replace(pool, heat=self.heat_draw)
+        return replace(
+            heat,
+            drift=pool.drift,
+            second_moments=pool.second_moments,
+            batch_stats={**pool.batch_stats, **heat.batch_stats},
+            unused=pool.unused,
+        )
+
+    def _drawn(self, draw_ids: list[int]) -> Directions:
+        """The folded directions of draws ``draw_ids`` (each drawn batch's gradient computed once)."""
+        cfg, draw = self.config, self.heat_draw
+        picks = [draw.batches[i] for i in draw_ids]
+        distinct = sorted(set(picks))
+        second = self._second_moments if "w" in self.branches else None
+        grads = compute_directions(
+            self.encoder,
+            self.objective,
+            self.pairs,
+            self.names,
+            self.presets,
+            [self.batches[b] for b in distinct],
+            global_ids=distinct,
+            check_invariance=False,
+            second_moments=second,
+            warn_unused=False,
+            cut=self.cut,
+            pair_encoder=self.pair_encoder,
+            no_decay=cfg.no_decay,
+            seed=cfg.seed,
+            progress=self.progress,
+        )
+        at = {b: j for j, b in enumerate(distinct)}
+        folded = []
+        for i, b in zip(draw_ids, picks):
+            root = math.sqrt(draw.weights[i])
+            g = grads.directions[at[b]]
+            folded.append({n: (g[n] - self._pool_mean[n]).mul_(root) for n in self.names})
+        return replace(
+            grads, directions=folded, losses=[grads.losses[at[b]] for b in picks], first_batch=draw_ids[0], heat=draw
+        )
+
     def _keep_second_moments(self, second: dict[str, torch.Tensor]) -> None:
         self._second_moments = second
         if self.store is not None:
@@ -326,7 +460,7 @@ class ProbeRun:
         return int(max(1, min(self.M, budget // max(per_direction, 1))))
 
     def new_accumulator(self, n: int, d: int):
-        kw = dict(branch=self.branch, device=self.device, dtype=self.acc_dtype)
+        kw = dict(branch=self.branch, device=self.device, dtype=self.acc_dtype, known_mean=self.known_mean)
         if self.config.uncertainty:
             return GroupedAccumulator(n, d, groups=self.groups, **kw)
         return ProbeAccumulator(n, d, **kw)

@@ -30,6 +30,11 @@ class HeadDirections:
     drift's own group mean directions (None: the drift comes from the heat
     batches). The stacks of :func:`head_stats` are formed on first use and
     cached. Build with :func:`prepare_head`.
+
+    ``known_mean``: the directions are the heat's importance-sampled draws, already centered about
+    the drift's mean direction and weighted (:mod:`normfast.engine.directions.sampling`):
+    ``g_centered`` holds them as given, ``g_bar`` is zero, and the heat's covariance is their mean
+    outer product ``Σ_B G̃ᵀG̃ / M`` (no sample mean taken out). It needs the drift's own group means.
     """
 
     def __init__(
@@ -41,10 +46,12 @@ class HeadDirections:
         groups: int = DEFAULT_GROUPS,
         drift_means: torch.Tensor | None = None,
         drift_counts: torch.Tensor | None = None,
+        known_mean: bool = False,
     ) -> None:
         self.g_bar = g_bar
         self.g_centered = g_centered
         self.has_bias = has_bias
+        self.known_mean = bool(known_mean)
         self.groups = int(groups)
         self.drift_means = drift_means
         self.drift_counts = drift_counts
@@ -106,14 +113,22 @@ class HeadDirections:
             groups=self.groups,
             drift_means=cast(self.drift_means),
             drift_counts=cast(self.drift_counts),
+            known_mean=self.known_mean,
         )
 
     # -- stacks ------------------------------------------------------------------
+    @property
+    def heat_denominator(self) -> int:
+        """What the summed squares of the M centered directions are divided by: M − 1 (a sample mean
+        was taken out), or M about a known centre (``known_mean``)."""
+        return self.M if self.known_mean else self.M - 1
+
     def covariance(self) -> torch.Tensor:
-        """``S_c`` ``[da, da]``, one GEMM over the ``M·d_out`` centered rows, ``/(M−1)``."""
+        """``S_c`` ``[da, da]``, one GEMM over the ``M·d_out`` centered rows, ``/(M−1)`` (``/M`` about a
+        known centre)."""
         if "S_c" not in self._cache:
             flat = self.g_centered.reshape(self.M * self.d_out, -1)
-            self._cache["S_c"] = (flat.T @ flat).div_(self.M - 1)
+            self._cache["S_c"] = (flat.T @ flat).div_(self.heat_denominator)
         return self._cache["S_c"]
 
     def jackknife_covariances(self) -> torch.Tensor:
@@ -124,7 +139,7 @@ class HeadDirections:
         batches outside g sum to ``−s_g``):
         ``S_c,−g = (Σ_{h≠g} C_h − s_gᵀ s_g/(M − n_g)) / (M − n_g − 1)`` -- sums
         of the other groups, no cancellation -- NaN when fewer than two
-        batches are left.
+        batches are left. About a known centre (``known_mean``): ``Σ_{h≠g} C_h / (M − n_g)``.
         """
         if "S_jk" not in self._cache:
             k, m = self.K, self.M
@@ -134,14 +149,17 @@ class HeadDirections:
             grams = torch.stack([b.T @ b for b in blocks])  # C_h
             total = grams.sum(0)
             out = torch.empty((k + 1, da, da), dtype=c.dtype, device=c.device)
-            out[0] = total / (m - 1)
+            out[0] = total / self.heat_denominator
             for g, block in enumerate(blocks):
                 left = m - c[g::k].shape[0]
                 if left < 2:
                     out[g + 1] = float("nan")
                     continue
-                s_g = c[g::k].sum(0)
                 others = grams[torch.arange(k, device=c.device) != g].sum(0)
+                if self.known_mean:
+                    out[g + 1] = others / left
+                    continue
+                s_g = c[g::k].sum(0)
                 out[g + 1] = (others - (s_g.T @ s_g) / left) / (left - 1)
             self._cache["S_jk"] = out
         return self._cache["S_jk"]
@@ -179,7 +197,8 @@ class HeadDirections:
     def __repr__(self) -> str:
         return (
             f"HeadDirections(M={self.M}, d_out={self.d_out}, d_in={self.d_in}, has_bias={self.has_bias}, "
-            f"groups={self.K}, drift_groups={self.drift_K}, dtype={self.dtype}, device={self.device})"
+            f"groups={self.K}, drift_groups={self.drift_K}, known_mean={self.known_mean}, dtype={self.dtype}, "
+            f"device={self.device})"
         )
 
 
@@ -192,6 +211,7 @@ def prepare_head(
     drift_counts: Any = None,
     groups: int = DEFAULT_GROUPS,
     dtype: torch.dtype | None = None,
+    known_mean: bool = False,
 ) -> HeadDirections:
     """Center and group the per-batch head directions once (for streaming many probe chunks).
 
@@ -206,6 +226,9 @@ def prepare_head(
     of the K groups of the drift's M_D batches, ``drift_counts`` ``[K]`` their
     batch counts (default: equal). Then ``D``, ``m2``, ``se_D`` and
     ``sign_stability`` come from them; K is theirs.
+
+    ``known_mean``: ``G`` (and ``g_bias``) are the heat's importance-sampled draws, already centered
+    about the drift's mean direction and weighted (:class:`HeadDirections`); needs the drift.
     """
     fn = "prepare_head"
     G = as_tensor(fn, "G", G)
@@ -213,7 +236,11 @@ def prepare_head(
     check_directions(fn, G, g_bias)
     groups = check_groups(fn, groups)
     cd = compute_dtype(fn, dtype, G, g_bias)
-    dirs = center_directions(G, g_bias, cd, groups)
+    if known_mean and drift_means is None:
+        raise ValueError(
+            f"{fn}: known_mean=True (directions centered about the drift's mean) needs drift_means, got None"
+        )
+    dirs = center_directions(G, g_bias, cd, groups, known_mean=known_mean)
     if drift_means is not None or drift_bias is not None or drift_counts is not None:
         attach_drift(fn, dirs, drift_means, drift_bias, drift_counts)
     return dirs
@@ -239,13 +266,17 @@ def check_directions(fn: str, G: torch.Tensor, g_bias: torch.Tensor | None) -> N
         raise ValueError(f"{fn}: expected non-empty d_out and d_in in G [M, d_out, d_in], got {describe('G', G)}")
 
 
-def center_directions(G: torch.Tensor, g_bias: torch.Tensor | None, cd: torch.dtype, groups: int) -> HeadDirections:
+def center_directions(
+    G: torch.Tensor, g_bias: torch.Tensor | None, cd: torch.dtype, groups: int, *, known_mean: bool = False
+) -> HeadDirections:
     m, d_out, d_in = G.shape
     has_bias = g_bias is not None
     aug = torch.empty((m, d_out, d_in + int(has_bias)), dtype=cd, device=G.device)
     aug[:, :, :d_in] = G
     if has_bias:
         aug[:, :, d_in] = g_bias
+    if known_mean:  # already centered (about the drift's mean) and weighted
+        return HeadDirections(torch.zeros_like(aug[0]), aug, has_bias, groups=groups, known_mean=True)
     g_bar = aug.mean(0)
     aug -= g_bar  # centered in place: no statistic needs the raw directions again
     return HeadDirections(g_bar, aug, has_bias, groups=groups)

@@ -171,7 +171,9 @@ def head_stats(
     elif chosen == "S":
         values, loo, bad = s_epilogue(products(dirs.drift_stack(False), dirs.covariance()[None]), branch)
     else:
-        values, loo, bad = per_batch_epilogue(products(dirs.per_batch_stack(), None), dirs.M, branch)
+        values, loo, bad = per_batch_epilogue(
+            products(dirs.per_batch_stack(), None), dirs.M, branch, dirs.heat_denominator
+        )
         if dirs.drift_means is not None:  # the drift, its m2 and se_D from the drift's own groups
             drift, _, bad_d = grouped_epilogue(products(dirs.drift_stack(True), None), dirs, branch, heat=False)
             for key in ("D", "se_D", "sign_stability", "m2"):

@@ -50,7 +50,9 @@ def s_epilogue(prod: dict[str, torch.Tensor], branch: str):
     return {"D": drift, "m2": m2, "V2": v2, "Q": m2 + v2}, None, bad
 
 
-def per_batch_epilogue(prod: dict[str, torch.Tensor], m: int, branch: str):
+def per_batch_epilogue(prod: dict[str, torch.Tensor], m: int, branch: str, heat_denominator: int | None = None):
+    """Per-batch estimators from ``zdot, sq [N, M+1]`` (the heat's mean, then every centered batch);
+    ``heat_denominator``: M − 1 by default, M about a known centre."""
     norm, zdot, sq = prod["norm"], prod["zdot"], prod["sq"]
     s = _scale(prod, branch)
     drift = -(zdot[:, 0] / norm) * s
@@ -61,7 +63,7 @@ def per_batch_epilogue(prod: dict[str, torch.Tensor], m: int, branch: str):
     dev_sum, dev_sq = dev.sum(1), dev.square().sum(1)
     se = torch.sqrt((dev_sq - dev_sum.square() / m).clamp_min(0) / ((m - 1) * m))
     m2 = s.square() * sq[:, 0]
-    v2 = s.square() * sq[:, 1:].sum(1) / (m - 1)
+    v2 = s.square() * sq[:, 1:].sum(1) / (m - 1 if heat_denominator is None else heat_denominator)
     bad = ~(torch.isfinite(zdot).all(1) & torch.isfinite(sq).all(1))
     return {"D": drift, "se_D": se, "sign_stability": agree, "m2": m2, "V2": v2, "Q": m2 + v2}, None, bad
 

@@ -49,7 +49,8 @@ def prepared_head(encoder: Encoder, directions: Any, *, dtype: torch.dtype, grou
     if directions.drift is not None:
         Gd, gd = head_drift_operands(encoder, directions)
         drift = dict(drift_means=Gd, drift_bias=gd, drift_counts=directions.drift.counts)
-    return prepare_head(G, g, dtype=dtype, groups=groups, **drift)
+    # the heat's importance-sampled draws come centered and weighted: their known-mean estimator
+    return prepare_head(G, g, dtype=dtype, groups=groups, known_mean=directions.heat is not None, **drift)
 
 
 def head_inputs(
