@@ -77,7 +77,7 @@ def _stem(run: Path) -> str:
 
 
 def compare_main(args: argparse.Namespace) -> int:
-    from normfast.core.paths import same_file
+    from normfast.core.paths import check_outputs, same_file
     from normfast.data.io import DamagedFile
     from normfast.data.manifest import resolve_run, run_inputs
     from normfast.engine.report.compare import comparison_info, write_comparison
@@ -97,6 +97,11 @@ def compare_main(args: argparse.Namespace) -> int:
             raise ValueError(f"expected --table to end in .parquet or .csv, got {str(table_path)!r}")
         if args.max_types < 1:
             raise ValueError(f"expected --max-types to be a positive int, got {args.max_types}")
+        # before anything is read: no output may replace one of the runs
+        check_outputs(
+            inputs=runs["run A"] + runs["run B"],
+            files={"--out": out, "--table": table_path, "--screenshot": args.screenshot},
+        )
         a, b = ProbeResult.load(a_path), ProbeResult.load(b_path)
         table = a.compare(b, q=args.q, min_count=args.min_count)
         write_compare_page(a, b, out, table=table, max_types=args.max_types)

@@ -1,6 +1,7 @@
-"""The readers of finished runs under faults (issue 41), on two tiny-BERT runs over the same words: a
-flipped bit in a run is refused by ``view``, ``aggregate``, ``compare`` and ``report`` in one line
-naming the file (``compare``: which of run A or run B)."""
+"""The readers of finished runs under faults (issue 41), on two tiny-BERT runs over the same words: an
+output that is one of the inputs (``compare --table A.parquet``, ``view --out``) is refused before
+anything is read, a flipped bit in a run is refused by ``view``, ``aggregate``, ``compare`` and
+``report`` in one line naming the file (``compare``: which of run A or run B)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,32 @@ def _flip(path: str, column: str) -> None:
             Path(path).write_bytes(bytes(raw))
             return
     raise AssertionError(f"no {column} value of {path} is stored once, plainly")
+
+
+def test_compare_refuses_an_output_that_is_one_of_its_runs(work, capsys):
+    before = Path("a.parquet").read_bytes()
+    assert main(["compare", "a.parquet", "b.parquet", "--out", "ab.html", "--table", "a.parquet"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("normfast compare: error: --table a.parquet is also an input"), line
+    assert main(["compare", "a.parquet", "b.parquet", "--out", "ab.html", "--table", str(work / "b.parquet")]) == 2
+    assert "is also an input" in one_error_line(capsys.readouterr().err)
+    Path("hard.parquet").hardlink_to("a.parquet")
+    assert main(["compare", "a.parquet", "b.parquet", "--table", "hard.parquet"]) == 2
+    assert "is also an input" in one_error_line(capsys.readouterr().err)
+    assert main(["compare", "a.parquet", "b.parquet", "--out", "ab.html", "--screenshot", "a.parquet"]) == 2
+    assert "--screenshot a.parquet is also an input" in one_error_line(capsys.readouterr().err)
+    assert Path("a.parquet").read_bytes() == before and not Path("ab.html").exists()
+    assert main(["report", "a.parquet", "--no-plots"]) == 0
+
+
+def test_view_refuses_an_output_that_is_its_run(work, capsys):
+    before = Path("a.parquet").read_bytes()
+    assert main(["view", "a.parquet", "--out", "a.parquet"]) == 2  # not a page's name
+    assert "a.parquet" in one_error_line(capsys.readouterr().err)
+    assert main(["view", "a.parquet", "--out", "a.html", "--screenshot", "a.parquet"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("normfast view: error: --screenshot a.parquet is also an input"), line
+    assert Path("a.parquet").read_bytes() == before and not Path("a.html").exists()
 
 
 def test_a_flipped_bit_in_a_run_is_named_by_every_reader(work, capsys):
