@@ -1,5 +1,5 @@
-"""Training monitor folders under faults (issue 41): a flipped bit in ``monitor.parquet``, and a block of an
-unfinished folder whose ``.sha256`` no longer matches. Every reader
+"""Training monitor folders under faults (issue 41): a flipped bit in ``monitor.parquet``, a block of an
+unfinished folder whose ``.sha256`` no longer matches, and a monitor never closed. Every reader
 (``normfast report``, ``normfast view``, the Python loader) refuses a damaged file in one line naming
 it, exit code 2, no traceback, and writes nothing."""
 
@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -22,6 +24,8 @@ from tests.engine.monitor.test_recorder import TOY, train_toy
 from tests.faults.cli_helpers import one_error_line
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +102,20 @@ def test_a_block_whose_sha256_no_longer_matches_is_refused_by_every_reader(folde
     assert _files(folder) == before
     with pytest.raises(ValueError, match=rf"^{re.escape(str(chunk))} cannot be read \(.*SHA-256"):
         load_monitor(folder)
+
+
+def test_a_monitor_left_unclosed_at_exit_prints_nothing(tmp_path):
+    script = f"""
+import normfast
+from bench.experiments.e1.data import build_encoder, make_concepts
+from tests.engine.monitor.test_recorder import TOY, train_toy
+data = make_concepts(TOY)
+enc = build_encoder("mlp", TOY, data)
+mon = normfast.TrainingMonitor(enc, list(range(data.x.shape[0])), every=1, out={str(tmp_path / "m")!r}, flush_every=4)
+train_toy("mlp", data, 6, lambda s, before, o: mon.before_step(o) if before else mon.after_step(), encoder=enc)
+print("trained")
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "trained", done.stderr
+    assert "Exception ignored" not in done.stderr and "Error" not in done.stderr, done.stderr
+    assert (tmp_path / "m" / "monitor.parquet.parts" / "chunk-0000000.parquet").is_file()  # kept for a resume
