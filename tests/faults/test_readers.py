@@ -1,7 +1,8 @@
 """The readers of finished runs under faults (issue 41), on two tiny-BERT runs over the same words: an
 output that is one of the inputs (``compare --table A.parquet``, ``view --out``) is refused before
 anything is read, a flipped bit in a run is refused by ``view``, ``aggregate``, ``compare`` and
-``report`` in one line naming the file (``compare``: which of run A or run B)."""
+``report`` in one line naming the file (``compare``: which of run A or run B), and ``compare``'s
+"what differs" names settings only."""
 
 from __future__ import annotations
 
@@ -101,3 +102,10 @@ def test_a_flipped_bit_in_a_run_is_named_by_every_reader(work, capsys):
     assert main(["compare", "b.parquet", "a.parquet", "--out", "ba.html"]) == 2
     assert one_error_line(capsys.readouterr().err).startswith("normfast compare: error: run A: b.parquet cannot")
     assert sorted(p.name for p in work.iterdir()) == ["a.parquet", "b.parquet"]  # nothing written
+
+
+def test_what_differs_names_settings_not_runtime_statistics(work, capsys):
+    assert main(["compare", "a.parquet", "b.parquet", "--out", "ab.html"]) == 0
+    differs = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("what differs"))
+    assert "seed" in differs, differs
+    assert "objective_health" not in differs, differs
