@@ -13,14 +13,28 @@ One folder:
 One file per direction, so that directions that do not fit the memory budget together are
 written as they are computed and read back group by group (the directions-outer order). The
 decayed parameters (the κ tangent) are not stored: they are the model's own weights, whose
-fingerprint must match. The folder is filled beside its place and renamed into it once complete:
-a folder named by a manifest is whole.
+fingerprint must match. A new folder is filled beside its place and renamed into it once complete;
+an existing one (``overwrite``) is filled in a hidden folder inside it, and its files are moved
+into place with the manifest last: either way a folder named by a manifest is whole.
+
+What cannot lie (format 2):
+
+* the manifest records every file's size and SHA-256 (:mod:`normfast.data.checksum`, the machinery
+  of a run's chunks); :func:`verify_artifact` checks every file against them, its tensors against
+  the layout, every value for NaN and infinities, and the drift's group counts and M against the
+  settings, when the directions are loaded -- before a probe opens its output -- and each file
+  again whenever it is read. A mismatch is one ``ValueError`` line naming the file, with the
+  command that makes the directions again; a folder of format 1 (no checksums) is refused the same way;
+* ``overwrite`` replaces only a folder of saved directions (the manifest, the tensor files, the
+  hidden folder of an interrupted save): a folder holding anything else is refused, naming it, and
+  nothing in it is touched (:func:`check_save_target`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -28,10 +42,16 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from normfast.data.atomic import temporary_folder
+from normfast.data.checksum import read_checked, sha256_hex
 from normfast.engine.directions.gradients import Directions, DriftMeans
 
-FORMAT = 1
+#: 2: every file's SHA-256 in the manifest (format 1 had none: refused, with the command that rebuilds it)
+FORMAT = 2
 MANIFEST = "manifest.json"
+#: the files of saved directions besides the manifest: what overwrite may replace
+TENSOR_FILE = re.compile(r"(heat-\d{5}|drift-\d{3})\.safetensors")
+#: the hidden folder an overwrite fills inside the folder (left by a save that was killed)
+_FILLING = re.compile(r"\.new\.[0-9a-f]+\.tmp")
 #: the ProbeConfig fields the directions depend on; the others (lr, weight_decay and momentum: the
 #: law's; output, mode, chunking, memory budget, error bars, the snapshot) act in the per-item pass only
 DIRECTION_FIELDS = (
@@ -70,6 +90,19 @@ def is_artifact(folder: str | Path) -> bool:
     return (Path(folder) / MANIFEST).is_file()
 
 
+def rebuild_advice(folder: str | Path, manifest: Mapping[str, Any] | None = None) -> str:
+    """How to make the directions in ``folder`` again (the end of every refusal of saved directions)."""
+    manifest = manifest or {}
+    model = manifest.get("model_name") or "MODEL"
+    adapter = str(((manifest.get("fingerprint") or {}).get("encoder_settings") or {}).get("adapter", ""))
+    if adapter.rsplit(".", 1)[-1] == model:  # an encoder built in Python, named by its class: no command loads it
+        model = "MODEL"
+    return (
+        f"make them again: normfast directions {model} --pairs FILE --out {folder} --overwrite, with the "
+        f"settings they were made with (or Prober(...).save(FOLDER, overwrite=True))"
+    )
+
+
 def read_manifest(folder: str | Path, fn: str = "Prober.load") -> dict[str, Any]:
     """The manifest of the directions in ``folder``; a clear error for anything else."""
     folder = Path(folder)
@@ -82,15 +115,103 @@ def read_manifest(folder: str | Path, fn: str = "Prober.load") -> dict[str, Any]
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise ValueError(f"{fn}: {path} is not valid JSON ({exc}); save the directions again") from None
+        raise ValueError(f"{fn}: {path} is not valid JSON ({exc}); {rebuild_advice(folder)}") from None
     if not isinstance(manifest, dict) or manifest.get("kind") != "normfast directions":
-        raise ValueError(f"{fn}: {path} is not the manifest of saved directions; save the directions again")
-    if manifest.get("format") != FORMAT:
         raise ValueError(
-            f"{fn}: {folder} holds directions in format {manifest.get('format')!r}, this normfast reads "
-            f"format {FORMAT}; compute them again"
+            f"{fn}: {path} is not the manifest of saved directions (normfast did not write it); give a folder "
+            f"that holds saved directions"
+        )
+    version = manifest.get("format")
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT:
+        raise ValueError(
+            f"{fn}: {folder} holds directions in format {version}, written by a newer normfast; this normfast "
+            f"reads format {FORMAT}: upgrade normfast (pip install -U normfast), or "
+            f"{rebuild_advice(folder, manifest)}"
+        )
+    if version != FORMAT:
+        raise ValueError(
+            f"{fn}: {folder} holds directions in format {version!r}, without the checksums this normfast "
+            f"verifies (it reads format {FORMAT}); {rebuild_advice(folder, manifest)}"
         )
     return manifest
+
+
+def _is_filling(path: Path) -> bool:
+    """A hidden folder of an overwrite that was killed: only tensor files and a manifest in it."""
+    return (
+        _FILLING.fullmatch(path.name) is not None
+        and path.is_dir()
+        and not path.is_symlink()
+        and all(_is_ours(p) and p.is_file() for p in path.iterdir())
+    )
+
+
+def _is_ours(path: Path) -> bool:
+    """Whether an entry of a directions folder is one normfast writes there: a tensor file (a folder of
+    that name is not), a manifest of saved directions (a user's own ``manifest.json`` is not), the
+    hidden folder of an interrupted save."""
+    if TENSOR_FILE.fullmatch(path.name):
+        return path.is_symlink() or not path.is_dir()
+    if path.name == MANIFEST:
+        try:
+            if not path.is_file() or path.stat().st_size > 2**26:
+                return False
+            return json.loads(path.read_text(encoding="utf-8")).get("kind") == "normfast directions"
+        except (OSError, ValueError, AttributeError):
+            return False
+    return _is_filling(path)
+
+
+def check_save_target(folder: str | Path, overwrite: bool, what: str) -> None:
+    """Refuse to save directions into ``folder`` (``what``: how to name it, e.g. ``"Prober.save: d"``)
+    unless it is absent, empty, or -- with ``overwrite`` -- a folder of saved directions only (its
+    manifest, its tensor files, the hidden folder of an interrupted save): anything else in it is named,
+    and nothing is touched. Called before the directions are computed, and again before they are written."""
+    folder = Path(folder)
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise FileExistsError(f"{what} is a file; give a folder for the directions")
+    entries = sorted(folder.iterdir())
+    foreign = [p.name for p in entries if not _is_ours(p)]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise FileExistsError(
+            f"{what} holds files that are not saved directions ({shown}); choose another folder, or move them "
+            f"away: overwrite replaces saved directions only"
+        )
+    if entries and not overwrite:
+        held = "saved directions" if (folder / MANIFEST).is_file() else "the files of an interrupted save"
+        raise FileExistsError(
+            f"{what} holds {held} already; choose another folder, or pass overwrite=True (--overwrite) to replace them"
+        )
+
+
+def check_directions_folder(folder: str | Path, flag: str) -> bool:
+    """``--directions FOLDER`` of ``probe`` and ``serve``, before anything is loaded or computed: True when
+    it holds saved directions (a manifest), False when they are to be computed and saved there (absent or
+    empty); anything else is refused in one line, with advice that works for those commands."""
+    folder = Path(folder)
+    if (folder / MANIFEST).is_file():
+        return True
+    if not folder.exists():
+        return False
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {folder} is a file; give a folder for the directions")
+    entries = sorted(p.name for p in folder.iterdir())
+    if not entries:
+        return False
+    ours = all(_is_ours(folder / name) for name in entries)
+    held = (
+        "only the files of a save of directions that was interrupted"
+        if ours
+        else ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+    )
+    fix = f"delete it (rm -r {folder}) or " if ours else ""
+    raise ValueError(
+        f"{flag} {folder} holds no manifest.json, so no saved directions (it holds {held}); {fix}give "
+        f"{flag} a folder that holds saved directions, or a new or empty one to save them to"
+    )
 
 
 def saved_config(folder: str | Path) -> Any:
@@ -130,32 +251,27 @@ def write_artifact(
     overwrite: bool = False,
 ) -> Path:
     """Write the directions (``heat``: ``(b, {name: tensor})`` in order; ``drift``: the group means)
-    and ``manifest`` into ``folder``, filled beside it and renamed into place when complete."""
-    from safetensors.torch import save_file
-
+    and ``manifest`` (with every file's size and SHA-256) into ``folder``: a new folder is filled beside
+    its place and renamed into it; an existing one (empty, or saved directions with ``overwrite``) is
+    filled in a hidden folder inside it, whose files then replace the old ones, the manifest last."""
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise FileExistsError(f"Prober.save: {folder} is a file; give a folder for the directions")
-    if folder.exists() and any(folder.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"Prober.save: {folder} exists and is not empty; choose another folder, or pass "
-            f"overwrite=True (--overwrite) to replace it"
-        )
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_folder(folder)
+    check_save_target(folder, overwrite, f"Prober.save: {folder}")
+    in_place = folder.exists()
+    if in_place:
+        tmp = temporary_folder(folder / "new")  # inside: the same file system, and nothing left beside it
+    else:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_folder(Path(os.path.abspath(folder)))
     try:
         files = []
         for b, tensors in heat:
-            files.append(_save(save_file, tmp / heat_file(b), tensors))
+            files.append(_save(tmp / heat_file(b), tensors))
         for g, tensors in enumerate(drift or ()):
-            files.append(_save(save_file, tmp / drift_file(g), tensors))
+            files.append(_save(tmp / drift_file(g), tensors))
         manifest = {**manifest, "files": files, "bytes": sum(f["bytes"] for f in files)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str) + "\n", encoding="utf-8")
-        if folder.exists():
-            old = temporary_folder(folder)
-            os.replace(folder, old / "old")
-            os.replace(tmp, folder)
-            shutil.rmtree(old)
+        if in_place:
+            _move_in(tmp, folder, [f["name"] for f in files])
         else:
             os.replace(tmp, folder)
     except BaseException:
@@ -164,9 +280,115 @@ def write_artifact(
     return folder
 
 
-def _save(save_file: Any, path: Path, tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    save_file({n: t.detach().contiguous().cpu() for n, t in tensors.items()}, str(path))
-    return {"name": path.name, "bytes": path.stat().st_size}
+def _move_in(tmp: Path, folder: Path, names: Sequence[str]) -> None:
+    """Replace the saved directions in ``folder`` by those filled in ``tmp`` (inside it): the old manifest
+    goes first (the folder no longer claims to be whole), then the old files, then the new files move
+    in, the manifest last."""
+    (folder / MANIFEST).unlink(missing_ok=True)
+    for p in folder.iterdir():
+        if p == tmp:
+            continue
+        if _is_filling(p):
+            shutil.rmtree(p)
+        elif TENSOR_FILE.fullmatch(p.name) and p.name not in names:
+            p.unlink()
+    for name in names:
+        os.replace(tmp / name, folder / name)
+    os.replace(tmp / MANIFEST, folder / MANIFEST)
+    tmp.rmdir()
+
+
+def _save(path: Path, tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """One direction's tensors into ``path``, and its manifest entry (name, size, SHA-256). Serialized in
+    memory and written with ``open`` (the mode the umask gives: safetensors' own ``save_file`` makes its
+    files 0600), so the digest is of the very bytes written."""
+    from safetensors.torch import save
+
+    data = save({n: t.detach().contiguous().cpu() for n, t in tensors.items()})
+    with open(path, "wb") as fh:
+        fh.write(data)
+    return {"name": path.name, "bytes": len(data), "sha256": sha256_hex(data)}
+
+
+def load_tensor_file(
+    folder: Path, entry: Mapping[str, Any], layout: Mapping[str, tuple], device: Any, fn: str, advice: str
+) -> dict[str, torch.Tensor]:
+    """One file of saved directions, checked: its size and SHA-256 against its manifest ``entry``, its
+    tensors against ``layout`` (name -> (shape, dtype)), every value finite. The bytes checked are the
+    bytes parsed (safetensors: no pickle is ever run). A failure is one ``ValueError`` line naming the file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    path = folder / entry["name"]
+    data, why = read_checked(path, entry["sha256"], entry["bytes"])
+    if data is None:
+        raise ValueError(f"{fn}: {path} cannot be used: {why}; the saved directions are damaged: {advice}")
+    try:
+        tensors = load(data)
+    except (SafetensorError, ValueError) as exc:  # a digest recorded for bytes that are no directions
+        raise ValueError(f"{fn}: {path} cannot be read ({str(exc).splitlines()[0]}): {advice}") from None
+    shapes = {n: (tuple(t.shape), str(t.dtype)) for n, t in tensors.items()}
+    if shapes != dict(layout):
+        raise ValueError(
+            f"{fn}: {path} does not hold the parameters its manifest names (its tensors differ in name, shape or "
+            f"dtype): {advice}"
+        )
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(
+                f"{fn}: {path} holds NaN or infinite values (in {name!r}): no probe can use such a direction; {advice}"
+            )
+    return {n: t.to(device) for n, t in tensors.items()}
+
+
+def verify_artifact(
+    folder: Path,
+    manifest: Mapping[str, Any],
+    *,
+    M: int,
+    drift_counts: list[int] | None,
+    shapes: Mapping[str, tuple[int, ...]],
+    fn: str = "Prober.load",
+) -> None:
+    """Everything that makes saved directions trustworthy, checked at once, before they are used (the one
+    place for it): the manifest's counts against the settings (``M``, ``drift_counts``: the drift's group
+    counts that M_D batches in K groups give; ``shapes``: the probed parameters' shapes), its file list
+    against them, and every file (:func:`load_tensor_file`). One ``ValueError`` line names what differs."""
+    d = manifest["directions"]
+    path = folder / MANIFEST
+    advice = rebuild_advice(folder, manifest)
+
+    def refuse(what: str) -> None:
+        raise ValueError(f"{fn}: {path} {what}: the manifest was edited or damaged; {advice}")
+
+    if d.get("drift_counts") != drift_counts:
+        expected = "none (no mean-direction drift)" if drift_counts is None else str(drift_counts)
+        m_d, k = sum(drift_counts or ()), len(drift_counts or ())
+        refuse(
+            f"records drift_counts {d.get('drift_counts')}, expected {expected}"
+            + (f" (M_D = {m_d} drift batches in K = {k} groups)" if drift_counts else "")
+        )
+    if d.get("M") != M or len(d.get("losses") or ()) != M:
+        refuse(f"records M = {d.get('M')} heat batches with {len(d.get('losses') or ())} losses, expected {M}")
+    layout = {}
+    for n, shape, dtype in d["layout"]:
+        if tuple(shape) != tuple(shapes.get(n, ())):
+            refuse(f"records the shape {tuple(shape)} for {n!r}, whose shape is {tuple(shapes.get(n, ()))}")
+        layout[n] = (tuple(shape), dtype)
+    expected_files = [heat_file(b) for b in range(M)] + [drift_file(g) for g in range(len(drift_counts or ()))]
+    entries = manifest.get("files")
+    ok = isinstance(entries, list) and all(
+        isinstance(e, dict)
+        and isinstance(e.get("bytes"), int)
+        and isinstance(e.get("sha256"), str)
+        and re.fullmatch(r"[0-9a-f]{64}", e["sha256"])
+        for e in entries
+    )
+    if not ok or [e["name"] for e in entries] != expected_files:
+        k = len(drift_counts or ())
+        refuse(f"does not list the files of {M} heat and {k} drift directions, each with its size and SHA-256")
+    for entry in entries:
+        load_tensor_file(folder, entry, layout, "cpu", fn, advice)
 
 
 class ArtifactReader:
@@ -186,6 +408,7 @@ class ArtifactReader:
         self.M = int(d["M"])
         self.losses = list(d["losses"])
         self.drift_counts = d["drift_counts"]
+        self.entries = {e["name"]: e for e in manifest["files"]}
         #: every batch's (objective value, gradient norm), the drift's included: the objective's health
         self.batch_stats = {int(b): (float(loss), float(norm)) for b, loss, norm in d.get("batch_stats", ())}
 
@@ -220,24 +443,10 @@ class ArtifactReader:
         )
 
     def _load(self, name: str, device: torch.device) -> dict[str, torch.Tensor]:
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        path = self.folder / name
-        try:
-            tensors = load_file(str(path), device=str(device))
-        except (FileNotFoundError, SafetensorError, OSError) as exc:
-            raise ValueError(
-                f"Prober: {path} cannot be read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
-                f"the saved directions are incomplete or damaged: save them again"
-            ) from None
-        shapes = {n: (tuple(t.shape), str(t.dtype)) for n, t in tensors.items()}
-        if shapes != self.layout:
-            raise ValueError(
-                f"Prober: {path} does not hold the parameters its manifest names (its tensors differ in name, "
-                f"shape or dtype); the saved directions are damaged: save them again"
-            )
-        return tensors
+        """A file, checked again as it is read (it was checked whole when the directions were loaded)."""
+        return load_tensor_file(
+            self.folder, self.entries[name], self.layout, device, "Prober", rebuild_advice(self.folder, self.manifest)
+        )
 
 
 class SavedPairs:
@@ -270,6 +479,7 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
 
     cfg = prober.config
     store = prober.store
+    check_save_target(folder, overwrite, f"Prober.save: {folder}")  # before anything is computed
     if cfg.target_rse is not None and store.plan is None:
         raise ValueError(
             "Prober.save: adaptive M (config.target_rse) chooses M on the first call's probe items; call "
@@ -363,6 +573,7 @@ def load_directions(
     """``Prober.load``: a Prober of class ``cls`` over the directions in ``folder``, its inputs checked."""
     from normfast.encoders import Encoder, load_encoder
     from normfast.engine.directions.gradients import decayed_parameters
+    from normfast.engine.estimators.uncertainty import group_counts
     from normfast.engine.runner.adaptive import AdaptivePlan
 
     manifest = read_manifest(folder)
@@ -404,6 +615,14 @@ def load_directions(
             f"Prober.load: the directions in {folder} are over other parameters ({len(d['names'])} saved, "
             f"{len(run.names)} selected by params={config.params!r}); compute them again"
         )
+    # every file checked now, before a probe opens its output: a refusal leaves nothing behind
+    verify_artifact(
+        folder,
+        manifest,
+        M=int(d["M"]) if d.get("adaptive") else run.M,
+        drift_counts=group_counts(len(run.batches), run.groups) if config.drift_from_mean else None,
+        shapes={n: tuple(encoder.get_parameter(n).shape) for n in run.names},
+    )
     store = prober.store
     store.reader = ArtifactReader(folder, manifest, decayed_parameters(encoder, run.names, config.no_decay))
     if d.get("adaptive"):
