@@ -55,7 +55,7 @@ class DamagedFile(OSError, ValueError):
     def __init__(self, path: str | os.PathLike, exc: BaseException):
         super().__init__(
             f"{path} cannot be read ({first_line(exc)}): the file was damaged or changed after normfast wrote "
-            f"it; write it again with the command that made it"
+            f"it, and its values cannot be trusted"
         )
         self.path = Path(path)
 

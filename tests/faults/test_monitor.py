@@ -1,6 +1,6 @@
 """Training monitor folders under faults (issue 41): a flipped bit in ``monitor.parquet``, a block of an
 unfinished folder whose ``.sha256`` no longer matches, and a monitor never closed. Every reader
-(``normfast report``, ``normfast view``, the Python loader) refuses a damaged file in one line naming
+(``normfast report``, ``normfast view``, the Python loaders) refuses a damaged file in one line naming
 it, exit code 2, no traceback, and writes nothing."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import normfast
 from bench.experiments.e1.data import build_encoder, make_concepts
 from normfast.cli import main
-from normfast.engine.monitor import load_monitor
+from normfast.engine.monitor import analyze, load_monitor
 from tests.engine.monitor.test_recorder import TOY, train_toy
 from tests.faults.cli_helpers import one_error_line
 
@@ -80,8 +80,9 @@ def test_a_flipped_bit_in_a_norm_of_monitor_parquet_is_refused_by_every_reader(f
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith("normfast view: error: ") and str(parquet) in line and "checksum" in line, line
     assert _files(folder) == before  # no page, no report written
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(parquet))} cannot be read \(.*checksum"):
-        load_monitor(folder)
+    for read in (load_monitor, analyze):
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(parquet))} cannot be read \(.*checksum"):
+            read(folder)
 
 
 def test_a_block_whose_sha256_no_longer_matches_is_refused_by_every_reader(folders, tmp_path, capsys):
@@ -100,8 +101,9 @@ def test_a_block_whose_sha256_no_longer_matches_is_refused_by_every_reader(folde
     line = one_error_line(capsys.readouterr().err)
     assert str(chunk) in line and "SHA-256" in line, line
     assert _files(folder) == before
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(chunk))} cannot be read \(.*SHA-256"):
-        load_monitor(folder)
+    for read in (load_monitor, analyze):
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(chunk))} cannot be read \(.*SHA-256"):
+            read(folder)
 
 
 def test_a_monitor_left_unclosed_at_exit_prints_nothing(tmp_path):
