@@ -66,7 +66,7 @@ def directions_main(args: argparse.Namespace) -> int:
     from normfast.core.checks import check_device
     from normfast.engine.config import ProbeConfig
     from normfast.engine.prober import Prober
-    from normfast.engine.runner.artifact import check_save_target
+    from normfast.engine.runner.integrity import check_save_target
 
     try:
         check_device("--device", args.device)

@@ -364,7 +364,7 @@ def _probe_cli(args, device: str, root: bool) -> int:
         if args.corpus and args.directions is not None:
             raise ValueError("--directions applies to --probes runs; a --corpus run computes its own directions")
         if args.directions is not None:  # a folder that cannot be used is said before anything is loaded
-            from normfast.engine.runner.artifact import check_directions_folder
+            from normfast.engine.runner.integrity import check_directions_folder
 
             check_directions_folder(args.directions, "--directions")
         objective = _objective(args, bool(args.corpus))
@@ -448,7 +448,7 @@ def _with_directions(args, encoder, items, ids, objective, pairs, config, pair_e
     import sys
 
     from normfast.engine.prober import Prober
-    from normfast.engine.runner.artifact import check_directions_folder
+    from normfast.engine.runner.integrity import check_directions_folder
 
     folder = Path(args.directions)
     common = dict(pair_encoder=pair_encoder, progress=run["progress"], model_name=args.model)

@@ -86,7 +86,8 @@ def serve_prober(args: argparse.Namespace) -> Any:
 
     from normfast.engine.config import ProbeConfig
     from normfast.engine.prober import Prober
-    from normfast.engine.runner.artifact import check_directions_folder, saved_config
+    from normfast.engine.runner.artifact import saved_config
+    from normfast.engine.runner.integrity import check_directions_folder
 
     folder = Path(args.directions) if args.directions else None
     # a folder that cannot be used is said before the model is loaded or anything computed
