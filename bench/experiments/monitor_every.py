@@ -158,10 +158,9 @@ def _loop(name: str, cfg: Any, data: Any, steps: int, hook: Any) -> None:
 
 def record(name: str, cfg: Any, data: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
     """Protocol step 2: the every-step rows of E1's window and the monitor's metadata."""
-    import pyarrow.parquet as pq
-
     from bench.experiments.e1.training import window_start
     from normfast import TrainingMonitor, read_metadata
+    from normfast.data.io import read_parquet
 
     n = data.x.shape[0]
     start = window_start(cfg)
@@ -174,7 +173,7 @@ def record(name: str, cfg: Any, data: Any, folder: Path) -> tuple[Any, dict[str,
     with warnings.catch_warnings():  # heavy-ball: the shadow decay buffer is warm-started (protocol step 2)
         warnings.filterwarnings("ignore", "TrainingMonitor: the optimizer's momentum buffers", RuntimeWarning)
         _loop(name, cfg, data, cfg.steps, hook)
-    return pq.read_table(folder / "monitor.parquet"), read_metadata(folder / "monitor.parquet")
+    return read_parquet(folder / "monitor.parquet"), read_metadata(folder / "monitor.parquet")  # checksums verified
 
 
 def candidate(table: Any, meta: dict[str, Any], every: int, average: bool) -> tuple[Any, dict[str, Any]]:

@@ -77,13 +77,17 @@ def _stem(run: Path) -> str:
 
 
 def compare_main(args: argparse.Namespace) -> int:
-    from normfast.data.manifest import resolve_run
+    from normfast.core.paths import check_outputs, same_file
+    from normfast.data.io import DamagedFile
+    from normfast.data.manifest import resolve_run, run_inputs
     from normfast.engine.report.compare import comparison_info, write_comparison
     from normfast.engine.report.page.compare import write_compare_page
     from normfast.engine.result import ProbeResult
 
+    runs: dict[str, list[Path]] = {}
     try:
         a_path, b_path = resolve_run(args.run_a), resolve_run(args.run_b)
+        runs = {"run A": run_inputs(a_path), "run B": run_inputs(b_path)}
         default = b_path.with_name(f"{_stem(b_path)}-vs-{_stem(a_path)}.html")
         out = Path(args.out) if args.out else default
         table_path = Path(args.table) if args.table else out.with_name(out.stem + ".compare.parquet")
@@ -93,10 +97,19 @@ def compare_main(args: argparse.Namespace) -> int:
             raise ValueError(f"expected --table to end in .parquet or .csv, got {str(table_path)!r}")
         if args.max_types < 1:
             raise ValueError(f"expected --max-types to be a positive int, got {args.max_types}")
+        # before anything is read: no output may replace one of the runs
+        check_outputs(
+            inputs=runs["run A"] + runs["run B"],
+            files={"--out": out, "--table": table_path, "--screenshot": args.screenshot},
+        )
         a, b = ProbeResult.load(a_path), ProbeResult.load(b_path)
         table = a.compare(b, q=args.q, min_count=args.min_count)
         write_compare_page(a, b, out, table=table, max_types=args.max_types)
         write_comparison(table, table_path)
+    except DamagedFile as exc:  # which run it belongs to: the file alone may not say
+        which = next((label for label, files in runs.items() if any(same_file(f, exc.path) for f in files)), None)
+        print(f"normfast compare: error: {which + ': ' if which else ''}{exc}", file=sys.stderr)
+        return 2
     except (ValueError, TypeError, FileNotFoundError, KeyError) as exc:
         print(f"normfast compare: error: {str(exc).removeprefix('normfast compare: ')}", file=sys.stderr)
         return 2

@@ -66,6 +66,7 @@ def directions_main(args: argparse.Namespace) -> int:
     from normfast.core.checks import check_device
     from normfast.engine.config import ProbeConfig
     from normfast.engine.prober import Prober
+    from normfast.engine.runner.integrity import check_save_target
 
     try:
         check_device("--device", args.device)
@@ -75,8 +76,8 @@ def directions_main(args: argparse.Namespace) -> int:
                 "(for simcse: a file of items to draw batches from, .txt one per line)"
             )
         out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out} is a file; give a folder for the directions")
+        # before the model is loaded: --out must be new, empty, or (--overwrite) saved directions only
+        check_save_target(out, args.overwrite, f"--out {out}")
         encoder = load_model(args, args.device)
         objective = make_objective(args)
         pairs = read_pairs_file(Path(args.pairs), args, objective.needs)

@@ -372,6 +372,10 @@ def _probe_cli(args, device: str, root: bool) -> int:
             raise ValueError("--window and --stride apply to --corpus only")
         if args.corpus and args.directions is not None:
             raise ValueError("--directions applies to --probes runs; a --corpus run computes its own directions")
+        if args.directions is not None:  # a folder that cannot be used is said before anything is loaded
+            from normfast.engine.runner.integrity import check_directions_folder
+
+            check_directions_folder(args.directions, "--directions")
         objective = _objective(args, bool(args.corpus))
         pairs = read_pairs_file(Path(args.pairs), args, objective.needs) if args.pairs else None
         settings = _settings(args, output)
@@ -453,18 +457,17 @@ def _with_directions(args, encoder, items, ids, objective, pairs, config, pair_e
     import sys
 
     from normfast.engine.prober import Prober
-    from normfast.engine.runner.artifact import is_artifact
+    from normfast.engine.runner.integrity import check_directions_folder
 
     folder = Path(args.directions)
     common = dict(pair_encoder=pair_encoder, progress=run["progress"], model_name=args.model)
-    if is_artifact(folder):
+    if check_directions_folder(folder, "--directions"):
+        # every file checked here, before the output is opened: a refusal leaves no RUN.parquet.parts
         prober = Prober.load(folder, encoder, objective, pairs, config, **common)
         saved = True
         if run["progress"]:
             print(f"normfast probe: reusing the directions in {folder}", file=sys.stderr)
     else:
-        if folder.exists() and not folder.is_dir():
-            raise ValueError(f"--directions {folder} is a file; give a folder for the directions")
         # simcse without --pairs draws from the probes: the saved directions are bound to them
         prober = Prober(encoder, objective, pairs if pairs is not None else items, config, **common)
         # before the probe, so that an interrupted run keeps them; adaptive M chooses M on this run's

@@ -172,17 +172,21 @@ def screenshot(page: Path, png: Path, width: int = 1280, height: int = 1500, bro
 
 
 def _monitor_page(args: argparse.Namespace) -> Path:
+    from normfast.core.paths import check_outputs
+    from normfast.engine.monitor.analysis import monitor_inputs
     from normfast.engine.monitor.page import write_monitor_page
 
     if args.stat is not None:
         raise ValueError("--stat colors a probe run's text; a training monitor folder has none")
     folder = Path(args.run) if Path(args.run).is_dir() else Path(args.run).parent
     out = Path(args.out) if args.out else folder / "monitor.html"
+    check_outputs(inputs=monitor_inputs(folder), files={"--out": out, "--screenshot": args.screenshot})
     return write_monitor_page(args.run, out, window=args.window, steps=args.steps, series=args.series)
 
 
 def view_main(args: argparse.Namespace) -> int:
-    from normfast.data.manifest import resolve_run
+    from normfast.core.paths import check_outputs
+    from normfast.data.manifest import resolve_run, run_inputs
     from normfast.engine.monitor.analysis import is_monitor
     from normfast.engine.result import ProbeResult
 
@@ -192,8 +196,9 @@ def view_main(args: argparse.Namespace) -> int:
             what = "a training monitor folder"
         else:
             run = resolve_run(args.run)
-            result = ProbeResult.load(run)
             out = Path(args.out) if args.out else default_output(run)
+            check_outputs(inputs=run_inputs(run), files={"--out": out, "--screenshot": args.screenshot})
+            result = ProbeResult.load(run)
             result.to_html(
                 out,
                 stat=args.stat,

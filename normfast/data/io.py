@@ -3,7 +3,10 @@
 :func:`read_table`, :func:`read_metadata`, :func:`count_rows` and
 :func:`iter_batches` read a run's rows and metadata from a Parquet file or a
 sharded run's manifest (:mod:`normfast.data.manifest`), always with the Parquet
-page checksums verified; :func:`open_run` opens a run for a reader, its format's
+page checksums verified: a file that fails them (or cannot be parsed) is a
+:class:`DamagedFile` naming it (pyarrow's own error names no file);
+:func:`read_parquet` reads any one Parquet file normfast wrote the same way (a
+monitor's ``monitor.parquet``); :func:`open_run` opens a run for a reader, its format's
 version and its columns' types checked; :func:`fingerprint` hashes the arguments that define a
 run, and :func:`describe_spec_change` names, in words, those that differ between
 two runs (for a refused resume). The run's work folder and its chunks are
@@ -14,6 +17,7 @@ Memory: :func:`iter_batches` holds one batch plus one row group at a time.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,6 +33,7 @@ from normfast.data.manifest import data_files, is_manifest, read_manifest
 from normfast.data.schema import METADATA_KEY
 
 __all__ = [
+    "DamagedFile",
     "check_columns",
     "count_rows",
     "describe_spec_change",
@@ -37,8 +42,36 @@ __all__ = [
     "json_ready",
     "open_run",
     "read_metadata",
+    "read_parquet",
     "read_table",
 ]
+
+
+class DamagedFile(OSError, ValueError):
+    """A file normfast wrote that no longer reads as written (a page checksum fails, the Parquet cannot be
+    parsed): one line naming the file. ``path`` is the file. An ``OSError`` as pyarrow's own error was
+    (so code that caught that still does), and a ``ValueError`` as every other refusal of bad input."""
+
+    def __init__(self, path: str | os.PathLike, exc: BaseException):
+        super().__init__(
+            f"{path} cannot be read ({first_line(exc)}): the file was damaged or changed after normfast wrote "
+            f"it, and its values cannot be trusted"
+        )
+        self.path = Path(path)
+
+
+@contextlib.contextmanager
+def naming_damage(path: str | os.PathLike) -> Iterator[None]:
+    """Turn pyarrow's error for a file whose content is bad into a :class:`DamagedFile` naming ``path``;
+    an operating-system error with its errno (a full disk, a forbidden or missing file) says so itself."""
+    try:
+        yield
+    except DamagedFile:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise
+        raise DamagedFile(path, exc) from None
 
 
 def fingerprint(spec: Mapping[str, Any]) -> str:
@@ -186,7 +219,7 @@ def read_table(
     """Read one run file, a manifest, or several parts as one table (in the order given)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = data_files(paths)
-    tables = [pq.read_table(p, columns=columns, memory_map=True, page_checksum_verification=True) for p in paths]
+    tables = [read_parquet(p, columns=columns) for p in paths]
     if not tables:
         raise ValueError("read_table: no files given")
     if len(tables) == 1:
@@ -194,9 +227,20 @@ def read_table(
     return pa.concat_tables(tables, promote_options="default")
 
 
+def read_parquet(path: str | os.PathLike, *, columns: Sequence[str] | None = None) -> pa.Table:
+    """One Parquet file normfast wrote, read whole (or ``columns``) with its page checksums verified; a
+    damaged file is a :class:`DamagedFile` naming it."""
+    with naming_damage(path):
+        return pq.read_table(path, columns=columns, memory_map=True, page_checksum_verification=True)
+
+
 def count_rows(paths: Iterable[str | os.PathLike]) -> int:
     """Rows in the given Parquet files, from their footers."""
-    return sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+    total = 0
+    for p in paths:
+        with naming_damage(p):
+            total += pq.ParquetFile(p).metadata.num_rows
+    return total
 
 
 def iter_batches(
@@ -214,10 +258,12 @@ def iter_batches(
     pending: list[pa.Table] = []
     rows = 0
     for p in paths:
-        pf = pq.ParquetFile(p, page_checksum_verification=True)
+        with naming_damage(p):
+            pf = pq.ParquetFile(p, page_checksum_verification=True)
         try:
             for g in range(pf.metadata.num_row_groups):
-                table = pf.read_row_group(g, columns=columns)
+                with naming_damage(p):
+                    table = pf.read_row_group(g, columns=columns)
                 pending.append(table)
                 rows += table.num_rows
                 if rows < batch_size:

@@ -96,12 +96,15 @@ class RunLock:
 
     def _register(self) -> None:
         key = self._key()
+        # the table itself, not the class name: a lock collected at interpreter exit (a TrainingMonitor never
+        # closed) may find the module's globals already cleared
+        held = RunLock._held
 
         def forget(ref: "weakref.ref[RunLock]") -> None:
-            if RunLock._held.get(key) is ref:
-                del RunLock._held[key]
+            if held.get(key) is ref:
+                del held[key]
 
-        RunLock._held[key] = weakref.ref(self, forget)
+        held[key] = weakref.ref(self, forget)
 
     def moved_to(self, folder: str | os.PathLike) -> "RunLock":
         """The same held lock after its folder was renamed to ``folder``."""

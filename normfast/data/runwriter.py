@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
@@ -54,6 +53,8 @@ import pyarrow.parquet as pq
 
 from normfast.core.checks import first_line
 from normfast.data.atomic import temporary_file, temporary_folder, write_file_atomically, write_text_atomically
+from normfast.data.checksum import DIGEST_SUFFIX as _DIGEST
+from normfast.data.checksum import digest_path, sha256_hex
 from normfast.data.io import describe_spec_change, fingerprint
 from normfast.data.manifest import manifest_path, remove_manifest
 from normfast.data.runlock import LOCK_FILE as _LOCK_FILE
@@ -61,7 +62,6 @@ from normfast.data.runlock import RunFolderLocked, RunLock
 from normfast.data.schema import METADATA_KEY
 
 _RUN_FILE = "run.json"
-_DIGEST = ".sha256"
 
 
 def _parquet_bytes(table: pa.Table) -> pa.Buffer:
@@ -230,7 +230,7 @@ class ChunkedParquetWriter:
                 bad.append((path, problem))
         for path, _ in bad:
             path.unlink(missing_ok=True)
-            path.with_name(path.name + _DIGEST).unlink(missing_ok=True)
+            digest_path(path).unlink(missing_ok=True)
         if bad:
             names = ", ".join(p.name for p, _ in bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
             warnings.warn(
@@ -268,9 +268,7 @@ class ChunkedParquetWriter:
             table = table.cast(self.schema)
         data = _parquet_bytes(table)
         path = self._chunk_path(index)
-        write_file_atomically(
-            hashlib.sha256(memoryview(data)).hexdigest().encode(), path.with_name(path.name + _DIGEST)
-        )
+        write_file_atomically(sha256_hex(data).encode(), digest_path(path))
         write_file_atomically(data, path)
 
     def read_chunk(self, index: int, columns: Sequence[str] | None = None) -> pa.Table:
@@ -433,10 +431,10 @@ def verify_chunk(path: str | os.PathLike) -> str | None:
     path = Path(path)
     try:
         data = path.read_bytes()
-        digest = path.with_name(path.name + _DIGEST)
+        digest = digest_path(path)
         if digest.exists():
-            if hashlib.sha256(data).hexdigest() != digest.read_text().strip():
-                return "the bytes do not match the checksum written with them"
+            if sha256_hex(data) != digest.read_text().strip():
+                return f"its bytes do not match the SHA-256 written beside it, {digest.name}"
             return None
         pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:

@@ -94,4 +94,4 @@ def test_directions_needs_a_pair_source(files, capsys):
     Path("dirs").mkdir()
     Path("dirs/x").write_text("")
     assert main(["directions", files, "--pairs", "pairs.txt", *SETTINGS, "--out", "dirs"]) == 2
-    assert "exists and is not empty" in capsys.readouterr().err
+    assert "--out dirs holds files that are not saved directions (x)" in capsys.readouterr().err

@@ -294,8 +294,8 @@ def test_other_weights_and_a_damaged_file_are_refused(minilm_tokenizer, tmp_path
     with pytest.raises(FileExistsError, match=r"overwrite=True"):
         Prober(a, "simcse", pairs=SENTENCES, config=_bert_config(), progress=False).save(folder)
     (folder / "heat-00002.safetensors").write_bytes(b"\x00" * 20)
-    with pytest.raises(ValueError, match=r"heat-00002\.safetensors cannot be read"):
-        Prober.load(folder, a, progress=False).probe(NEW)
+    with pytest.raises(ValueError, match=r"heat-00002\.safetensors cannot be used: it holds 20 bytes"):
+        Prober.load(folder, a, progress=False)  # checked whole when loaded, before any probe
 
 
 def test_directions_that_do_not_fit_are_read_from_disk_group_by_group(tmp_path, monkeypatch):

@@ -86,12 +86,15 @@ def serve_prober(args: argparse.Namespace) -> Any:
 
     from normfast.engine.config import ProbeConfig
     from normfast.engine.prober import Prober
-    from normfast.engine.runner.artifact import is_artifact, saved_config
+    from normfast.engine.runner.artifact import saved_config
+    from normfast.engine.runner.integrity import check_directions_folder
 
+    folder = Path(args.directions) if args.directions else None
+    # a folder that cannot be used is said before the model is loaded or anything computed
+    saved = folder is not None and check_directions_folder(folder, "--directions")
     encoder = load_model(args, args.device)
     progress = not args.no_progress
-    folder = Path(args.directions) if args.directions else None
-    if folder is not None and is_artifact(folder):  # the saved objective and settings; the pairs by their hash
+    if saved:  # the saved objective and settings; the pairs by their hash; every file checked
         config = replace(saved_config(folder), output=args.output)
         return Prober.load(folder, encoder, None, None, config, model_name=args.model, progress=progress)
     objective = make_objective(args)

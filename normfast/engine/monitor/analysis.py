@@ -81,24 +81,33 @@ def read_summary(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     return summary, None
 
 
+def monitor_inputs(folder: str | Path) -> list[Path]:
+    """Every file a reader of the monitor folder opens (for the output-versus-input check)."""
+    folder = Path(folder)
+    parts = folder / (MONITOR_FILE + ".parts")
+    return [folder / MONITOR_FILE, folder / SUMMARY_FILE, parts / "run.json", *sorted(parts.glob("chunk-*.parquet*"))]
+
+
 def load_monitor(path: str | Path) -> tuple[pa.Table, dict[str, Any], dict[str, Any] | None, bool]:
     """``(rows, metadata, summary or None, finished)`` of a monitor folder (or its ``monitor.parquet``);
     the summary is None too when it cannot be used (:func:`read_summary`).
 
     An unfinished folder (training still running, or stopped) is read from its finished blocks;
     its metadata is then the settings of its work folder only. Either way the format is checked
-    here (:func:`normfast.engine.monitor.schema.monitor_metadata`): every reader comes through.
+    here (:func:`normfast.engine.monitor.schema.monitor_metadata`), and the rows are read with their
+    checksums verified -- ``monitor.parquet``'s page checksums, each block's SHA-256 -- so a damaged
+    file is one ``ValueError`` line naming it: every reader comes through.
     """
-    import pyarrow.parquet as pq
-
-    from normfast.data.io import read_metadata
+    from normfast.data.io import read_metadata, read_parquet
+    from normfast.data.runwriter import verify_chunk
 
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     final = folder / MONITOR_FILE
     summary = read_summary(folder)[0]
     if final.is_file():
-        return pq.read_table(final), monitor_metadata(read_metadata(final), final), summary, True
+        metadata = monitor_metadata(read_metadata(final), final)
+        return read_parquet(final), metadata, summary, True
     parts = folder / (MONITOR_FILE + ".parts")
     chunks = sorted(parts.glob("chunk-*.parquet"))
     if not chunks:
@@ -109,7 +118,14 @@ def load_monitor(path: str | Path) -> tuple[pa.Table, dict[str, Any], dict[str, 
     except ValueError as exc:
         raise ValueError(f"{run} is not JSON ({first_line(exc)}): the unfinished monitor folder is damaged") from None
     spec = monitor_metadata(blob.get("spec") if isinstance(blob, dict) else blob, run)
-    return pa.concat_tables(pq.read_table(c) for c in chunks), spec, summary, False
+    for chunk in chunks:
+        problem = verify_chunk(chunk)
+        if problem is not None:
+            raise ValueError(
+                f"{chunk} cannot be read ({problem}): the block was damaged or changed after it was written; "
+                f"its recorded steps cannot be trusted"
+            )
+    return pa.concat_tables(read_parquet(c) for c in chunks), spec, summary, False
 
 
 def _matrix(table: pa.Table, column: str, n_steps: int, n_items: int) -> np.ndarray:

@@ -410,9 +410,9 @@ class TrainingMonitor:
         """Every row recorded so far (from memory, or the blocks written and the pending ones; after
         :meth:`close`, ``monitor.parquet``)."""
         if self._closed and self.out is not None:
-            import pyarrow.parquet as pq
+            from normfast.data.io import read_parquet
 
-            return pq.read_table(self.out / MONITOR_FILE)
+            return read_parquet(self.out / MONITOR_FILE)  # its page checksums verified
         if self._writer is not None:
             tables = [self._writer.read_chunk(i) for i in range(self.chunks)]
         else:

@@ -345,21 +345,23 @@ def aggregate(
         batches = _batches_with_whole_words(batches)
     bar = tqdm(total=total, desc=f"aggregating by {by}", unit="row", unit_scale=total >= 10_000, disable=not progress)
     rows_read = 0
-    for batch in batches:
-        rows_read += batch.num_rows
-        bar.update(batch.num_rows)
-        if replicates:
-            batch = with_replicates(batch, replicates)
-        t = _prepared(batch, quantities)
-        if t is None:
-            continue
-        part = (
-            _token_part(t, quantities)
-            if by == "token"
-            else _word_part(_word_occurrences(t, quantities, casefold), quantities)
-        )
-        merged.add(part, key, "label")
-    bar.close()
+    try:  # closed however it ends: an error (a damaged file) then starts on a line of its own
+        for batch in batches:
+            rows_read += batch.num_rows
+            bar.update(batch.num_rows)
+            if replicates:
+                batch = with_replicates(batch, replicates)
+            t = _prepared(batch, quantities)
+            if t is None:
+                continue
+            part = (
+                _token_part(t, quantities)
+                if by == "token"
+                else _word_part(_word_occurrences(t, quantities, casefold), quantities)
+            )
+            merged.add(part, key, "label")
+    finally:
+        bar.close()
     if rows_read != total:
         raise RuntimeError(f"{fn}: read {rows_read} rows of {total}")
     table = _finish(

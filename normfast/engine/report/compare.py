@@ -41,7 +41,16 @@ import pyarrow as pa
 DEFAULT_Q = 0.05
 FN = "normfast compare"
 #: the statistics of a run's metadata that are not its settings (left out of "what differs")
-RUNTIME_KEYS = ("versions", "device", "spec_fingerprint", "world_size", "seconds", "regime", "heat_reference")
+RUNTIME_KEYS = (
+    "versions",
+    "device",
+    "spec_fingerprint",
+    "world_size",
+    "seconds",
+    "regime",
+    "heat_reference",
+    "objective_health",  # the virtual batches' losses and gradient norms: what the settings gave, not a setting
+)
 TEST = (
     "per type and quantity, z = (B − A) / √(se_A² + se_B²), two-sided normal p-value; flagged by "
     "Benjamini-Hochberg at false-discovery rate q = {q:g} over all {m} tests of the table"

@@ -10,7 +10,8 @@ sharding and provenance.
 * :mod:`.files` -- opening, resuming and finishing a run's Parquet output;
 * :mod:`.distributed` -- sharding the items over ``torch.distributed`` ranks;
 * :mod:`.provenance` -- content hashes of the inputs and the model, library versions, the device;
-* :mod:`.artifact` -- a Prober's directions on disk (safetensors files and a manifest of their inputs).
+* :mod:`.artifact` -- a Prober's directions on disk (safetensors files and a manifest of their inputs);
+* :mod:`.integrity` -- what a directions folder may hold, and every saved file checked against its manifest.
 """
 
 from normfast.engine.runner.adaptive import adaptive_plan

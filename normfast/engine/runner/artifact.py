@@ -6,7 +6,7 @@ One folder:
   fingerprint (the model's weights and tokenizer, the encoder's settings, the pair encoder, the
   objective, the pair source, the settings the directions depend on, given second moments); and
   what they are: the probed parameters with their branches, shapes and dtypes, M, the drift's
-  group counts, each heat batch's loss, adaptive M's choice, and the files with their sizes;
+  group counts, each heat batch's loss, adaptive M's choice, and the files with their sizes and SHA-256;
 * ``heat-00000.safetensors`` ... -- one file per heat direction (M of them), keyed by parameter name
   (with ``heat_sampling="energy"``, draw ``i``'s direction folded as ``sqrt(w_i) (p_{b_i} - p̄)``; the
   manifest's ``heat_draw`` holds each draw's batch and weight);
@@ -15,8 +15,21 @@ One folder:
 One file per direction, so that directions that do not fit the memory budget together are
 written as they are computed and read back group by group (the directions-outer order). The
 decayed parameters (the κ tangent) are not stored: they are the model's own weights, whose
-fingerprint must match. The folder is filled beside its place and renamed into it once complete:
-a folder named by a manifest is whole.
+fingerprint must match. A new folder is filled beside its place and renamed into it once complete;
+an existing one (``overwrite``) is filled in a hidden folder inside it, and its files are moved
+into place with the manifest last: either way a folder named by a manifest is whole.
+
+What cannot lie (format 2; :mod:`normfast.engine.runner.integrity`):
+
+* the manifest records every file's size and SHA-256 (:mod:`normfast.data.checksum`, the machinery
+  of a run's chunks); ``verify_artifact`` checks every file against them, its tensors against
+  the layout, every value for NaN and infinities, and the drift's group counts and M against the
+  settings, when the directions are loaded -- before a probe opens its output -- and each file
+  again whenever it is read. A mismatch is one ``ValueError`` line naming the file, with the
+  command that makes the directions again; a folder of format 1 (no checksums) is refused the same way;
+* ``overwrite`` replaces only a folder of saved directions (the manifest, the tensor files, the
+  hidden folder of an interrupted save): a folder holding anything else is refused, naming it, and
+  nothing in it is touched (``check_save_target``).
 """
 
 from __future__ import annotations
@@ -30,13 +43,24 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from normfast.data.atomic import temporary_folder
+from normfast.data.checksum import sha256_hex
 from normfast.engine.directions.gradients import Directions, DriftMeans
 from normfast.engine.directions.sampling import HeatDraw
+from normfast.engine.runner.integrity import (
+    MANIFEST,
+    check_save_target,
+    drift_file,
+    heat_file,
+    load_tensor_file,
+    move_in,
+    rebuild_advice,
+    verify_artifact,
+)
 
-#: 2: the heat's directions may be importance-sampled draws (``directions.heat_draw``), folded as
-#: ``sqrt(w) (p - p̄)``; format 1 folders hold plain directions and are computed again
-FORMAT = 2
-MANIFEST = "manifest.json"
+#: 3: the heat's directions may be importance-sampled draws (``directions.heat_draw``), folded as
+#: ``sqrt(w) (p - p̄)``; 2: every file's SHA-256 in the manifest; older folders are refused, with the
+#: command that makes them again
+FORMAT = 3
 #: the ProbeConfig fields the directions depend on; the others (lr, weight_decay and momentum: the
 #: law's; output, mode, chunking, memory budget, error bars, the snapshot) act in the per-item pass only
 DIRECTION_FIELDS = (
@@ -56,14 +80,6 @@ DIRECTION_FIELDS = (
     "max_batches",
     "target_quantile",
 )
-
-
-def heat_file(b: int) -> str:
-    return f"heat-{b:05d}.safetensors"
-
-
-def drift_file(g: int) -> str:
-    return f"drift-{g:03d}.safetensors"
 
 
 def plain(value: Any) -> Any:
@@ -88,14 +104,23 @@ def read_manifest(folder: str | Path, fn: str = "Prober.load") -> dict[str, Any]
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise ValueError(f"{fn}: {path} is not valid JSON ({exc}); save the directions again") from None
+        raise ValueError(f"{fn}: {path} is not valid JSON ({exc}); {rebuild_advice(folder)}") from None
     if not isinstance(manifest, dict) or manifest.get("kind") != "normfast directions":
-        raise ValueError(f"{fn}: {path} is not the manifest of saved directions; save the directions again")
-    if manifest.get("format") != FORMAT:
         raise ValueError(
-            f"{fn}: {folder} holds directions in format {manifest.get('format')!r}, this normfast reads "
-            f"format {FORMAT}; compute them again (normfast directions MODEL --pairs ... --out {folder} --overwrite, "
-            f"or Prober(...).save(FOLDER, overwrite=True))"
+            f"{fn}: {path} is not the manifest of saved directions (normfast did not write it); give a folder "
+            f"that holds saved directions"
+        )
+    version = manifest.get("format")
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT:
+        raise ValueError(
+            f"{fn}: {folder} holds directions in format {version}, written by a newer normfast; this normfast "
+            f"reads format {FORMAT}: upgrade normfast (pip install -U normfast), or "
+            f"{rebuild_advice(folder, manifest)}"
+        )
+    if version != FORMAT:
+        raise ValueError(
+            f"{fn}: {folder} holds directions in format {version!r}, an older layout than this normfast reads "
+            f"(format {FORMAT}: checksums from 2, the heat's draw from 3); {rebuild_advice(folder, manifest)}"
         )
     return manifest
 
@@ -137,32 +162,27 @@ def write_artifact(
     overwrite: bool = False,
 ) -> Path:
     """Write the directions (``heat``: ``(b, {name: tensor})`` in order; ``drift``: the group means)
-    and ``manifest`` into ``folder``, filled beside it and renamed into place when complete."""
-    from safetensors.torch import save_file
-
+    and ``manifest`` (with every file's size and SHA-256) into ``folder``: a new folder is filled beside
+    its place and renamed into it; an existing one (empty, or saved directions with ``overwrite``) is
+    filled in a hidden folder inside it, whose files then replace the old ones, the manifest last."""
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise FileExistsError(f"Prober.save: {folder} is a file; give a folder for the directions")
-    if folder.exists() and any(folder.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"Prober.save: {folder} exists and is not empty; choose another folder, or pass "
-            f"overwrite=True (--overwrite) to replace it"
-        )
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_folder(folder)
+    check_save_target(folder, overwrite, f"Prober.save: {folder}")
+    in_place = folder.exists()
+    if in_place:
+        tmp = temporary_folder(folder / "new")  # inside: the same file system, and nothing left beside it
+    else:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_folder(Path(os.path.abspath(folder)))
     try:
         files = []
         for b, tensors in heat:
-            files.append(_save(save_file, tmp / heat_file(b), tensors))
+            files.append(_save(tmp / heat_file(b), tensors))
         for g, tensors in enumerate(drift or ()):
-            files.append(_save(save_file, tmp / drift_file(g), tensors))
+            files.append(_save(tmp / drift_file(g), tensors))
         manifest = {**manifest, "files": files, "bytes": sum(f["bytes"] for f in files)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str) + "\n", encoding="utf-8")
-        if folder.exists():
-            old = temporary_folder(folder)
-            os.replace(folder, old / "old")
-            os.replace(tmp, folder)
-            shutil.rmtree(old)
+        if in_place:
+            move_in(tmp, folder, [f["name"] for f in files])
         else:
             os.replace(tmp, folder)
     except BaseException:
@@ -171,9 +191,16 @@ def write_artifact(
     return folder
 
 
-def _save(save_file: Any, path: Path, tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    save_file({n: t.detach().contiguous().cpu() for n, t in tensors.items()}, str(path))
-    return {"name": path.name, "bytes": path.stat().st_size}
+def _save(path: Path, tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """One direction's tensors into ``path``, and its manifest entry (name, size, SHA-256). Serialized in
+    memory and written with ``open`` (the mode the umask gives: safetensors' own ``save_file`` makes its
+    files 0600), so the digest is of the very bytes written."""
+    from safetensors.torch import save
+
+    data = save({n: t.detach().contiguous().cpu() for n, t in tensors.items()})
+    with open(path, "wb") as fh:
+        fh.write(data)
+    return {"name": path.name, "bytes": len(data), "sha256": sha256_hex(data)}
 
 
 class ArtifactReader:
@@ -193,6 +220,7 @@ class ArtifactReader:
         self.M = int(d["M"])
         self.losses = list(d["losses"])
         self.drift_counts = d["drift_counts"]
+        self.entries = {e["name"]: e for e in manifest["files"]}
         #: every batch's (objective value, gradient norm), the drift's included: the objective's health
         self.batch_stats = {int(b): (float(loss), float(norm)) for b, loss, norm in d.get("batch_stats", ())}
         #: the heat's draw (heat_sampling="energy"; None: plain directions)
@@ -230,24 +258,10 @@ class ArtifactReader:
         )
 
     def _load(self, name: str, device: torch.device) -> dict[str, torch.Tensor]:
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        path = self.folder / name
-        try:
-            tensors = load_file(str(path), device=str(device))
-        except (FileNotFoundError, SafetensorError, OSError) as exc:
-            raise ValueError(
-                f"Prober: {path} cannot be read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
-                f"the saved directions are incomplete or damaged: save them again"
-            ) from None
-        shapes = {n: (tuple(t.shape), str(t.dtype)) for n, t in tensors.items()}
-        if shapes != self.layout:
-            raise ValueError(
-                f"Prober: {path} does not hold the parameters its manifest names (its tensors differ in name, "
-                f"shape or dtype); the saved directions are damaged: save them again"
-            )
-        return tensors
+        """A file, checked again as it is read (it was checked whole when the directions were loaded)."""
+        return load_tensor_file(
+            self.folder, self.entries[name], self.layout, device, "Prober", rebuild_advice(self.folder, self.manifest)
+        )
 
 
 class SavedPairs:
@@ -280,6 +294,7 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
 
     cfg = prober.config
     store = prober.store
+    check_save_target(folder, overwrite, f"Prober.save: {folder}")  # before anything is computed
     if cfg.target_rse is not None and store.plan is None:
         raise ValueError(
             "Prober.save: adaptive M (config.target_rse) chooses M on the first call's probe items; call "
@@ -374,6 +389,7 @@ def load_directions(
     """``Prober.load``: a Prober of class ``cls`` over the directions in ``folder``, its inputs checked."""
     from normfast.encoders import Encoder, load_encoder
     from normfast.engine.directions.gradients import decayed_parameters
+    from normfast.engine.estimators.uncertainty import group_counts
     from normfast.engine.runner.adaptive import AdaptivePlan
 
     manifest = read_manifest(folder)
@@ -415,6 +431,15 @@ def load_directions(
             f"Prober.load: the directions in {folder} are over other parameters ({len(d['names'])} saved, "
             f"{len(run.names)} selected by params={config.params!r}); compute them again"
         )
+    # every file checked now, before a probe opens its output: a refusal leaves nothing behind
+    verify_artifact(
+        folder,
+        manifest,
+        M=int(d["M"]) if d.get("adaptive") else run.M,
+        drift_counts=group_counts(len(run.batches), run.groups) if config.drift_from_mean else None,
+        shapes={n: tuple(encoder.get_parameter(n).shape) for n in run.names},
+        heat_sampled=run.known_mean,
+    )
     store = prober.store
     store.reader = ArtifactReader(folder, manifest, decayed_parameters(encoder, run.names, config.no_decay))
     if d.get("adaptive"):
