@@ -159,6 +159,7 @@ def _columns(
 
 
 def truth(model: dict[str, Any], p: Protocol) -> dict[str, np.ndarray]:
+    from bench.common import PLAIN_HEAT
     from normfast import ProbeConfig, equilibrium_norm, probe
 
     cfg = dict(model["config"], mode="jvp")  # the truth streams its directions (jvp == head mode)
@@ -171,6 +172,7 @@ def truth(model: dict[str, Any], p: Protocol) -> dict[str, np.ndarray]:
         seed=p.truth_seed,
         chunk_size=len(model["items"]),
         memory_budget_mb=p.memory_budget_mb,
+        **PLAIN_HEAT,
     )
     import warnings
 
@@ -217,6 +219,7 @@ def coverage(hits: np.ndarray, rng: np.random.Generator, n_boot: int) -> dict[st
 def evaluate(model: dict[str, Any], true: dict[str, np.ndarray], p: Protocol, k: int, progress: bool) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
+    from bench.common import PLAIN_HEAT
     from normfast import ProbeConfig, probe
     from normfast.engine.estimators import t_quantile
 
@@ -233,6 +236,7 @@ def evaluate(model: dict[str, Any], true: dict[str, np.ndarray], p: Protocol, k:
             batch_size=p.batch_size,
             seed=r,
             chunk_size=len(model["items"]),
+            **PLAIN_HEAT,  # the committed calibration predates the heat drawn by energy (bench.common.PLAIN_HEAT)
         )
         t0 = time.perf_counter()
         res = probe(model["encoder"], model["items"], model["objective"], model["pairs"], pc, progress=False)

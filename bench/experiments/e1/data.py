@@ -161,6 +161,7 @@ def probe_config(variant: Variant, cfg: E1Config, n_items: int, *, batches: int,
     the first ``batches`` of them. An engine without that setting takes both from
     ``drift_batches`` batches, per batch (the same drift, at a higher cost).
     """
+    from bench.common import PLAIN_HEAT
     from normfast import ProbeConfig
 
     kw: dict[str, Any] = dict(
@@ -173,6 +174,7 @@ def probe_config(variant: Variant, cfg: E1Config, n_items: int, *, batches: int,
         batch_size=cfg.batch_size,
         chunk_size=n_items,
         radial_spread=True,
+        **PLAIN_HEAT,  # E1's committed results predate the heat drawn by energy (bench.common.PLAIN_HEAT)
     )
     if variant.optimizer == "adamw":
         kw["betas"] = (variant.beta1, 0.999)
