@@ -61,7 +61,6 @@ EXPERIMENTS = (
     "corpus_recipe",
     "judgments",
     "calibration",
-    "heat_coverage",
     "heat_sampling",
     "adaptive_m",
     "monitor",
