@@ -29,6 +29,15 @@ Decisions
   which serves them group by group from disk.
 * **Sharded** (every rank constructs the Prober and makes the same calls): the directions are
   computed on rank 0 and broadcast at the first use, then kept on every rank.
+* **The relative heat has a fixed reference.** ``heat_rel`` is a row's log heat minus a reference
+  level. ``normfast.probe`` (one run, one set of items) takes the median over the run's own rows; a
+  Prober answers many calls, and a row's ``heat_rel`` must not depend on the other items of its
+  call, so its reference is fixed with the directions: the median log heat of the pair source's own
+  items (:data:`REFERENCE_ITEMS` of them, spread evenly over the source), probed once per output
+  kind with the kept directions, and saved with them (``relative_heat="pairs"``, the default;
+  ``"run"`` gives ``normfast.probe``'s). The same item then gets the same ``heat_rel`` alone and in
+  any company; every other column is ``normfast.probe``'s, value for value, and ``heat_rel`` differs
+  from it by one constant per call (the difference of the two reference levels).
 
 Saved directions (:meth:`Prober.save`, :meth:`Prober.load`): :mod:`normfast.engine.runner.artifact`.
 """
@@ -72,6 +81,11 @@ from normfast.engine.runner.provenance import (
 )
 from normfast.engine.runner.state import DirectionStore, ProbeRun
 
+#: pair-source items whose median log heat is a Prober's fixed reference of ``heat_rel`` (spread evenly)
+REFERENCE_ITEMS = 32
+#: where ``heat_rel``'s reference level comes from: the pair source's items, or the call's own rows
+RELATIVE_HEAT = ("pairs", "run")
+
 
 class Prober:
     """A probe whose directions are computed once and kept: ``Prober(...).probe(items)`` per call.
@@ -85,11 +99,16 @@ class Prober:
             every later call (SimCSE: the items to draw batches from).
         config: a :class:`ProbeConfig` (defaults otherwise); fixed for the Prober's life.
         pair_encoder, second_moments, model_name, progress: as for :func:`normfast.probe`.
+        relative_heat: the reference level of ``heat_rel``: ``"pairs"`` (default) the median log
+            heat of the pair source's own items, fixed with the directions (:meth:`heat_reference`),
+            so that an item's ``heat_rel`` does not depend on the other items of its call; ``"run"``
+            the median over each call's own rows (what :func:`normfast.probe` does).
 
     Every :meth:`probe` after the first (or after :meth:`prepare`) costs only the per-item pass;
-    its table equals :func:`normfast.probe`'s for the same items, pairs, config and seed. The
-    decisions (adaptive M fixed at first use, changed weights refused, ...) are in the
-    module's docstring (:mod:`normfast.engine.prober`).
+    its table equals :func:`normfast.probe`'s for the same items, pairs, config and seed (with
+    ``relative_heat="pairs"``, ``heat_rel`` apart: it differs by one constant per call). The
+    decisions (adaptive M fixed at first use, changed weights refused, the reference, ...) are in
+    the module's docstring (:mod:`normfast.engine.prober`).
     """
 
     def __init__(
@@ -103,10 +122,13 @@ class Prober:
         second_moments: Mapping[str, torch.Tensor] | None = None,
         model_name: str | None = None,
         progress: bool = True,
+        relative_heat: str = "pairs",
     ):
         from normfast.encoders import load_encoder
         from normfast.engine.directions.objectives import get_objective
 
+        if relative_heat not in RELATIVE_HEAT:
+            raise ValueError(f"Prober: relative_heat must be one of {RELATIVE_HEAT}, got {relative_heat!r}")
         config = config or ProbeConfig()
         config.validate()
         if not isinstance(encoder, Encoder):
@@ -136,6 +158,10 @@ class Prober:
         self.progress = progress
         self.store = DirectionStore()
         self.source = "computed"  # or the folder the directions were read from
+        self.relative_heat = relative_heat
+        #: output kind -> the fixed reference of heat_rel (:meth:`heat_reference`); saved with the directions
+        self.references: dict[str, dict[str, Any]] = {}
+        self._reference_warned = False
         self._identity: dict[str, Any] | None = None
         self._stamp: tuple | None = None
         self.pair_hashes: dict[bool, str] = {}
@@ -246,6 +272,76 @@ class Prober:
         elif self.config.drift_from_mean:
             run.drift_directions()
         return self
+
+    # -- the reference of heat_rel ---------------------------------------------------------
+    def heat_reference(self, output: str | None = None) -> dict[str, Any] | None:
+        """The fixed reference level of ``heat_rel`` for ``output`` (default: the config's), computed once
+        and kept (and saved with the directions): the median log heat over the token rows (or pooled
+        rows) of :data:`REFERENCE_ITEMS` items of the pair source, spread evenly over it, probed with
+        the kept directions. A dict as :func:`~normfast.engine.diagnostics.relative_heat.heat_reference`
+        returns, with ``source`` ``"pairs"``, ``items`` and ``output``. ``None`` with
+        ``relative_heat="run"``, and for loaded directions that hold none for ``output`` and came
+        without their pair source (each call then uses its own median, with a warning)."""
+        if self.relative_heat != "pairs":
+            return None
+        output = output or self.config.output
+        if output not in self.references:
+            if getattr(self.pairs, "detached", False):
+                return None
+            self.references[output] = self._reference_pass(output)
+        return self.references[output]
+
+    def _reference_pass(self, output: str) -> dict[str, Any]:
+        """The per-item pass over the reference items (no snapshot, error bars on: the reference's
+        leave-one-group-out levels make ``se_heat_rel``); warnings about those items are not the call's."""
+        from dataclasses import replace
+
+        items = reference_items(self.pairs)
+        config = replace(self.config, output=output, snapshot=False, uncertainty=True, radial_spread=False)
+        run = ProbeRun(
+            self.encoder,
+            self.objective,
+            self.pairs,
+            config,
+            self.pair_encoder,
+            False,
+            self.second_moments,
+            n_items=len(items),
+            store=self.store,
+        )
+        tables: dict[int, pa.Table] = {}
+        n_chunks = math.ceil(len(items) / config.chunk_size)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run_chunks(run, items, None, list(range(n_chunks)), tables.__setitem__)
+        reference = heat_reference(tables[c] for c in range(n_chunks))
+        reference.update(source="pairs", items=len(items), output=output)
+        return reference
+
+    def saved_references(self) -> dict[str, dict[str, Any]]:
+        """The references :meth:`save` writes beside the directions: for the config's output, the pooled
+        rows and (sequence models) the token rows, so that a load with another output finds its own."""
+        if self.relative_heat != "pairs":
+            return dict(self.references)
+        outputs = dict.fromkeys([self.config.output, "pooled"] + (["tokens"] if self.encoder.has_tokens else []))
+        for output in outputs:
+            self.heat_reference(output)
+        return dict(self.references)
+
+    def _call_reference(self) -> dict[str, Any] | None:
+        """The reference of this call's ``heat_rel``: the fixed one, or None (the call's own median),
+        said once when a fixed one was asked for and cannot be had."""
+        reference = self.heat_reference()
+        if reference is None and self.relative_heat == "pairs" and not self._reference_warned:
+            self._reference_warned = True
+            warnings.warn(
+                f"Prober: the directions in {self.source} hold no heat reference for output="
+                f"{self.config.output!r} and were loaded without their pair source, so heat_rel is relative "
+                f"to each call's own median; pass pairs= to Prober.load (or save the directions again)",
+                UserWarning,
+                stacklevel=3,
+            )
+        return reference
 
     def save(self, folder: str | Path, *, overwrite: bool = False) -> Path:
         """Write the directions to ``folder`` (computing them first if needed): one safetensors file per
@@ -453,10 +549,13 @@ class Prober:
         mine = todo if shard is None else chunks_for_rank(todo, shard.rank, shard.world_size)
         t0 = time.perf_counter()
         failure = None
+        fixed = None
         try:
             if todo:  # every rank takes part (directions are collective), even one with no chunks of its own
                 with abandoned_if_not_finite(writer):
                     run_chunks(run, probes, ids, mine, emit)
+            # after the chunks: adaptive M fixes M on the call's first chunk; every rank computes the same
+            fixed = self._call_reference()
         except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
             if shard is None:
                 raise
@@ -470,23 +569,34 @@ class Prober:
             metadata["seconds"] = seconds
             if writer is not None:
                 metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
-                inputs = heat_inputs(writer.chunk_columns(0))
-                reference = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
+                reference = fixed
+                if reference is None:
+                    inputs = heat_inputs(writer.chunk_columns(0))
+                    reference = heat_reference(writer.read_chunk(c, inputs) for c in range(n_chunks))
                 metadata["heat_reference"] = reference
                 path = writer.finalize(n_chunks, metadata, lambda t: with_relative_heat(t, reference))
                 return ProbeResult.from_files([path], metadata, path)
             table = pa.concat_tables([tables[c] for c in range(n_chunks)])
             metadata["regime"] = run_regime([table])
-            metadata["heat_reference"] = heat_reference([table])
+            metadata["heat_reference"] = fixed if fixed is not None else heat_reference([table])
             table = with_relative_heat(table, metadata["heat_reference"])
             meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
             return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
-        return finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds)
+        return finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds, fixed)
 
     def __repr__(self) -> str:
         state = "directions held" if self.ready else "directions at first use"
         src = "" if self.source == "computed" else f", read from {self.source}"
         return f"Prober({self.model_name!r}, {self.objective.name}, {len(self.pairs)} pairs, {state}{src})"
+
+
+def reference_items(pairs: Any, limit: int = REFERENCE_ITEMS) -> Sequence[Any]:
+    """Up to ``limit`` items of the pair source, spread evenly over it (the anchors of pairs, the items
+    of labelled items): what a Prober's fixed reference of ``heat_rel`` is measured on."""
+    n = len(pairs)
+    idx = np.unique(np.round(np.linspace(0, n - 1, min(n, limit))).astype(np.int64))
+    batch = pairs.batch(idx)
+    return batch if getattr(pairs, "kind", "items") == "items" else batch[0]
 
 
 def _identity(encoder: Encoder) -> dict[str, Any]:

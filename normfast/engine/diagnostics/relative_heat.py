@@ -7,7 +7,11 @@ how well the run *ranks* its rows. This module separates the two:
 
 * the **reference level** ``ref = median over rows of log V2`` (valid rows that
   are not special tokens, with a finite positive heat), reported once per run
-  with its standard error ``se_log_level`` (metadata ``heat_reference``);
+  with its standard error ``se_log_level`` (metadata ``heat_reference``). Its
+  rows are the run's own (``source: "run"``, what ``normfast.probe`` does), or,
+  for a :class:`~normfast.engine.prober.Prober`, those of a fixed set of the pair
+  source's items probed once with the kept directions (``source: "pairs"``), so
+  that a row's relative heat does not depend on the other items of its call;
 * each row's **relative heat** ``heat_rel = log V2 − ref`` (column
   ``heat_rel``), with its standard error ``se_heat_rel``.
 
@@ -83,7 +87,8 @@ def heat_reference(tables: Iterable[pa.Table]) -> dict[str, Any]:
 
     ``tables`` are the run's chunks (each with ``valid``, ``is_special``, the heat
     and, with error bars, ``heat_loo``). Returns a JSON-ready dict:
-    ``column`` (the heat), ``rows`` (how many the median is over), ``log_level``
+    ``source`` (``"run"``: the rows given are the run's own), ``column`` (the heat), ``rows`` (how
+    many the median is over), ``log_level``
     (``ref``), ``level`` (``exp(ref)``), ``se_log_level`` (the common factor's
     standard error, log units; NaN without error bars), ``loo_log_levels``
     (the K ``ref_{−g}``; empty without error bars).
@@ -100,6 +105,7 @@ def heat_reference(tables: Iterable[pa.Table]) -> dict[str, Any]:
         loo = _loo_matrix(t.column("heat_loo") if "heat_loo" in t.column_names else None, n)
         loos.append(None if loo is None else _log(loo[used]))
     out: dict[str, Any] = {
+        "source": "run",
         "column": column or "V2",
         "rows": 0,
         "log_level": math.nan,

@@ -6,7 +6,8 @@ One folder:
   fingerprint (the model's weights and tokenizer, the encoder's settings, the pair encoder, the
   objective, the pair source, the settings the directions depend on, given second moments); and
   what they are: the probed parameters with their branches, shapes and dtypes, M, the drift's
-  group counts, each heat batch's loss, adaptive M's choice, and the files with their sizes;
+  group counts, each heat batch's loss, adaptive M's choice, and the files with their sizes; and
+  the fixed reference of the relative heat per output kind (``Prober.heat_reference``);
 * ``heat-00000.safetensors`` ... -- one file per heat direction (M of them), keyed by parameter name;
 * ``drift-000.safetensors`` ... -- one per drift group mean (K of them, with the mean-direction drift).
 
@@ -339,6 +340,8 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
             "bytes_per_direction": per_direction,
             "memory_bytes": per_direction * (run.M + n_drift),
         },
+        # the fixed reference of heat_rel, per output kind (Prober.heat_reference): kept with the directions
+        "heat_reference": prober.saved_references(),
     }
     if shard is not None and not shard.is_root:
         for _ in heat:  # the other ranks take part in the collectives; rank 0 writes
@@ -410,6 +413,7 @@ def load_directions(
         store.plan = AdaptivePlan(int(d["M"]), None, None, list(d["adaptive"].get("rounds", [])))
         store.adaptive = dict(d["adaptive"])
     prober.source = str(folder)
+    prober.references.update(manifest.get("heat_reference") or {})
     return prober
 
 
