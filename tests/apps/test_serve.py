@@ -614,22 +614,19 @@ def test_the_page_colors_typed_text_and_shows_numbers_on_hover(url, browser, tmp
         page.close()
 
 
-#: a frontend on another origin: its script calls the API with fetch and writes the outcome on the page
-FRONTEND = """<!doctype html><html><head><meta charset="utf-8"><title>frontend</title></head>
-<body data-outcome="none"><script>
-async function callApi(api, text) {
-  try {
-    const r = await fetch(api + "/api/probe", {method: "POST", headers: {"Content-Type": "application/json"},
-                                              body: JSON.stringify({texts: [text]})});
-    const j = await r.json();
-    const tokens = j.texts[0].rows.map(function (row) { return row.token; });
-    document.body.dataset.outcome = r.status + ":" + tokens.join(" ");
-  } catch (e) {
-    document.body.dataset.outcome = "refused: " + e.name;
-  }
-  return document.body.dataset.outcome;
-}
-</script></body></html>"""
+def docs_block(lang: str, marker: str) -> str:
+    """The fenced ``lang`` block of the backend page (docs/backend.md) that holds ``marker``."""
+    text = (ROOT / "docs" / "backend.md").read_text()
+    (block,) = [b for b in re.findall(rf"^```{lang}\n(.*?)^```", text, re.M | re.S) if marker in b]
+    return block
+
+
+def test_the_docs_python_client_runs_as_written(url, monkeypatch, capsys):
+    monkeypatch.setenv("NORMFAST_SERVE", url)
+    exec(compile(docs_block("python", "NORMFAST_SERVE"), "docs/backend.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 3 and printed[-1] == "warnings: none", printed
+    assert re.fullmatch(r"'the violin sounded sad': hottest token '\w+' \(heat_rel [+-]\d\.\d\d\)", printed[0])
 
 
 @pytest.fixture(scope="module")
@@ -637,9 +634,11 @@ def frontend():
     """A page served from another port of this machine (another origin): its URL."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+    page = docs_block("html", "fetch(api")  # the backend page's browser client, as written
+
     class Page(BaseHTTPRequestHandler):
         def do_GET(self):
-            body = FRONTEND.encode()
+            body = page.encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
@@ -665,14 +664,12 @@ def test_a_frontend_on_another_port_calls_the_api_when_cors_origin_names_it(serv
     try:
         page = browser.new_page()
         page.set_default_timeout(30_000)
-        sent = []
-        page.on("request", lambda r: sent.append((r.method, r.url)))
-        page.goto(frontend + "/")
-        outcome = page.evaluate("([api, text]) => callApi(api, text)", [named_url, TEXT])
-        assert outcome == "200:[CLS] democracy is a fragile idea [SEP]", outcome
-        refused = page.evaluate("([api, text]) => callApi(api, text)", [url, TEXT])
-        assert refused == "refused: TypeError", refused
-        assert ("POST", url + "/api/probe") in sent  # the page asked; the browser refused it the answer
+        for api, want in ((named_url, "violin\theat_rel "), (url, "refused: TypeError: Failed to fetch")):
+            page.goto(f"{frontend}/?api={api}")
+            page.click("#go")
+            page.wait_for_function("document.getElementById('out').textContent !== ''")
+            shown = page.inner_text("#out")
+            assert want in shown, (api, shown)
         page.close()
         # the same preflight from an origin the service does not name
         status, headers, _ = raw(
