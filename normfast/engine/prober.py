@@ -32,12 +32,10 @@ Decisions
 * **The relative heat has a fixed reference.** ``heat_rel`` is a row's log heat minus a reference
   level. ``normfast.probe`` (one run, one set of items) takes the median over the run's own rows; a
   Prober answers many calls, and a row's ``heat_rel`` must not depend on the other items of its
-  call, so its reference is fixed with the directions: the median log heat of the pair source's own
-  items (:data:`REFERENCE_ITEMS` of them, spread evenly over the source), probed once per output
-  kind with the kept directions, and saved with them (``relative_heat="pairs"``, the default;
-  ``"run"`` gives ``normfast.probe``'s). The same item then gets the same ``heat_rel`` alone and in
-  any company; every other column is ``normfast.probe``'s, value for value, and ``heat_rel`` differs
-  from it by one constant per call (the difference of the two reference levels).
+  call, so its reference is fixed with the directions (:mod:`normfast.engine.runner.reference`;
+  ``relative_heat="pairs"``, the default; ``"run"`` gives ``normfast.probe``'s). The same item gets
+  the same ``heat_rel`` alone and in any company; it differs from ``normfast.probe``'s by one
+  constant per call, and every other column is equal value for value.
 
 Saved directions (:meth:`Prober.save`, :meth:`Prober.load`): :mod:`normfast.engine.runner.artifact`.
 """
@@ -48,7 +46,6 @@ import json
 import math
 import time
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -59,7 +56,7 @@ import torch
 from normfast.core.checks import check_finite_weights
 from normfast.data.io import fingerprint
 from normfast.data.pairs import as_pair_source
-from normfast.data.schema import METADATA_KEY, SCHEMA_VERSION
+from normfast.data.schema import METADATA_KEY
 from normfast.encoders import Encoder
 from normfast.encoders.tokenizing import unknown_token_warning
 from normfast.engine.config import ProbeConfig
@@ -71,18 +68,16 @@ from normfast.engine.runner.chunks import as_probe_sequence, run_chunks
 from normfast.engine.runner.distributed import chunks_for_rank, current_shard
 from normfast.engine.runner.files import abandoned_if_not_finite, finish_sharded, open_output
 from normfast.engine.runner.provenance import (
-    device_name,
     encoder_tokenizer,
     hash_items,
     hash_model,
     hash_pairs,
     hash_tokenizer,
-    library_versions,
+    run_metadata,
 )
+from normfast.engine.runner.reference import call_reference, reference_pass, saved_references
 from normfast.engine.runner.state import DirectionStore, ProbeRun
 
-#: pair-source items whose median log heat is a Prober's fixed reference of ``heat_rel`` (spread evenly)
-REFERENCE_ITEMS = 32
 #: where ``heat_rel``'s reference level comes from: the pair source's items, or the call's own rows
 RELATIVE_HEAT = ("pairs", "run")
 
@@ -99,16 +94,13 @@ class Prober:
             every later call (SimCSE: the items to draw batches from).
         config: a :class:`ProbeConfig` (defaults otherwise); fixed for the Prober's life.
         pair_encoder, second_moments, model_name, progress: as for :func:`normfast.probe`.
-        relative_heat: the reference level of ``heat_rel``: ``"pairs"`` (default) the median log
-            heat of the pair source's own items, fixed with the directions (:meth:`heat_reference`),
-            so that an item's ``heat_rel`` does not depend on the other items of its call; ``"run"``
-            the median over each call's own rows (what :func:`normfast.probe` does).
+        relative_heat: ``heat_rel``'s reference: ``"pairs"`` (default) fixed with the directions
+            (:meth:`heat_reference`), ``"run"`` each call's own median (:func:`normfast.probe`'s).
 
     Every :meth:`probe` after the first (or after :meth:`prepare`) costs only the per-item pass;
-    its table equals :func:`normfast.probe`'s for the same items, pairs, config and seed (with
-    ``relative_heat="pairs"``, ``heat_rel`` apart: it differs by one constant per call). The
-    decisions (adaptive M fixed at first use, changed weights refused, the reference, ...) are in
-    the module's docstring (:mod:`normfast.engine.prober`).
+    its table equals :func:`normfast.probe`'s for the same items, pairs, config and seed (``heat_rel``
+    apart: a constant shift). The decisions (adaptive M fixed at first use, changed weights refused,
+    the reference, ...) are in the module's docstring (:mod:`normfast.engine.prober`).
     """
 
     def __init__(
@@ -273,75 +265,19 @@ class Prober:
             run.drift_directions()
         return self
 
-    # -- the reference of heat_rel ---------------------------------------------------------
+    # -- the reference of heat_rel (normfast.engine.runner.reference) ----------------------
     def heat_reference(self, output: str | None = None) -> dict[str, Any] | None:
-        """The fixed reference level of ``heat_rel`` for ``output`` (default: the config's), computed once
-        and kept (and saved with the directions): the median log heat over the token rows (or pooled
-        rows) of :data:`REFERENCE_ITEMS` items of the pair source, spread evenly over it, probed with
-        the kept directions. A dict as :func:`~normfast.engine.diagnostics.relative_heat.heat_reference`
-        returns, with ``source`` ``"pairs"``, ``items`` and ``output``. ``None`` with
-        ``relative_heat="run"``, and for loaded directions that hold none for ``output`` and came
-        without their pair source (each call then uses its own median, with a warning)."""
-        if self.relative_heat != "pairs":
-            return None
+        """The fixed reference level of ``heat_rel`` for ``output`` rows (default: the config's), computed
+        once from the pair source's items and kept (and saved with the directions); ``None`` for loaded
+        directions that hold none for ``output`` and came without their pair source."""
         output = output or self.config.output
-        if output not in self.references:
-            if getattr(self.pairs, "detached", False):
-                return None
-            self.references[output] = self._reference_pass(output)
-        return self.references[output]
-
-    def _reference_pass(self, output: str) -> dict[str, Any]:
-        """The per-item pass over the reference items (no snapshot, error bars on: the reference's
-        leave-one-group-out levels make ``se_heat_rel``); warnings about those items are not the call's."""
-        from dataclasses import replace
-
-        items = reference_items(self.pairs)
-        config = replace(self.config, output=output, snapshot=False, uncertainty=True, radial_spread=False)
-        run = ProbeRun(
-            self.encoder,
-            self.objective,
-            self.pairs,
-            config,
-            self.pair_encoder,
-            False,
-            self.second_moments,
-            n_items=len(items),
-            store=self.store,
-        )
-        tables: dict[int, pa.Table] = {}
-        n_chunks = math.ceil(len(items) / config.chunk_size)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            run_chunks(run, items, None, list(range(n_chunks)), tables.__setitem__)
-        reference = heat_reference(tables[c] for c in range(n_chunks))
-        reference.update(source="pairs", items=len(items), output=output)
-        return reference
+        if output not in self.references and not getattr(self.pairs, "detached", False):
+            self.references[output] = reference_pass(self, output)
+        return self.references.get(output)
 
     def saved_references(self) -> dict[str, dict[str, Any]]:
-        """The references :meth:`save` writes beside the directions: for the config's output, the pooled
-        rows and (sequence models) the token rows, so that a load with another output finds its own."""
-        if self.relative_heat != "pairs":
-            return dict(self.references)
-        outputs = dict.fromkeys([self.config.output, "pooled"] + (["tokens"] if self.encoder.has_tokens else []))
-        for output in outputs:
-            self.heat_reference(output)
-        return dict(self.references)
-
-    def _call_reference(self) -> dict[str, Any] | None:
-        """The reference of this call's ``heat_rel``: the fixed one, or None (the call's own median),
-        said once when a fixed one was asked for and cannot be had."""
-        reference = self.heat_reference()
-        if reference is None and self.relative_heat == "pairs" and not self._reference_warned:
-            self._reference_warned = True
-            warnings.warn(
-                f"Prober: the directions in {self.source} hold no heat reference for output="
-                f"{self.config.output!r} and were loaded without their pair source, so heat_rel is relative "
-                f"to each call's own median; pass pairs= to Prober.load (or save the directions again)",
-                UserWarning,
-                stacklevel=3,
-            )
-        return reference
+        """What :meth:`save` writes beside the directions (:mod:`normfast.engine.runner.reference`)."""
+        return saved_references(self)
 
     def save(self, folder: str | Path, *, overwrite: bool = False) -> Path:
         """Write the directions to ``folder`` (computing them first if needed): one safetensors file per
@@ -430,7 +366,7 @@ class Prober:
         shard = current_shard() if distributed else None
         n_items = len(probes)
         run = self.new_run(n_items, progress and (shard is None or shard.is_root), shard)
-        metadata = self._metadata(run, probes, ids, ident, n_items)
+        metadata = run_metadata(self, run, probes, ids, ident, self._pair_fingerprint(run, bool(config.snapshot)))
         spec = {k: metadata[k] for k in metadata if k not in ("versions", "device")}
         # the world size is not part of the spec: a run may be resumed with any number of ranks
         key = fingerprint(spec)
@@ -446,58 +382,6 @@ class Prober:
         if shard is not None:
             shard.check_agree(key, "arguments")
         return self._run(run, probes, ids, metadata, spec, key, shard, out, resume, overwrite)
-
-    def _metadata(
-        self, run: ProbeRun, probes: Sequence[Any], ids: Sequence[str] | None, ident: dict, n_items: int
-    ) -> dict[str, Any]:
-        config = self.config
-        second = self.second_moments
-        inputs = {  # what the rows depend on besides the settings; named when a resume is refused
-            "probes": hash_items(probes),
-            "pairs": self._pair_fingerprint(run, bool(config.snapshot)),
-            "ids": hash_items(ids) if ids is not None else None,
-            "second_moments": hash_items(sorted(second.items())) if second else None,
-        }
-        metadata = {
-            "schema_version": SCHEMA_VERSION,
-            "model": self.model_name,
-            "model_fingerprint": ident["model_fingerprint"],
-            "tokenizer_fingerprint": ident["tokenizer_fingerprint"],
-            "encoder_settings": ident["encoder_settings"],
-            "pair_encoder": ident["pair_encoder"],
-            "encoder_note": getattr(self.encoder, "note", None),
-            "objective": self.objective.name,
-            "temperature": getattr(self.objective, "temperature", None),
-            "objective_settings": objective_settings(self.objective),
-            "optimizer": config.optimizer,
-            "lr": config.lr,
-            "weight_decay": config.weight_decay,
-            "momentum": config.momentum,
-            "M": config.batches,
-            "M_D": config.drift_batches if config.drift_from_mean else None,
-            "M_initial": config.batches,
-            "groups": run.groups if config.uncertainty or config.drift_from_mean else None,
-            "uncertainty": config.uncertainty,
-            "batch_size": config.batch_size,
-            "seed": config.seed,
-            "mode": run.mode,
-            "output": config.output,
-            "params": config.params,
-            "n_probed_parameters": len(run.names),
-            "cut_stage": run.cut,
-            "branch": run.branch,
-            "n_items": n_items,
-            "n_pairs": len(self.pairs),
-            "chunk_size": config.chunk_size,
-            "max_length": getattr(self.encoder, "max_length", None),
-            "versions": library_versions(),
-            "device": device_name(run.device),
-            "config": asdict(config),
-            "input_fingerprints": inputs,
-        }
-        if callable(getattr(probes, "describe", None)):  # e.g. corpus windows: documents, windows, stride
-            metadata["corpus"] = probes.describe()
-        return metadata
 
     def _run(
         self,
@@ -555,7 +439,7 @@ class Prober:
                 with abandoned_if_not_finite(writer):
                     run_chunks(run, probes, ids, mine, emit)
             # after the chunks: adaptive M fixes M on the call's first chunk; every rank computes the same
-            fixed = self._call_reference()
+            fixed = call_reference(self)
         except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
             if shard is None:
                 raise
@@ -588,15 +472,6 @@ class Prober:
         state = "directions held" if self.ready else "directions at first use"
         src = "" if self.source == "computed" else f", read from {self.source}"
         return f"Prober({self.model_name!r}, {self.objective.name}, {len(self.pairs)} pairs, {state}{src})"
-
-
-def reference_items(pairs: Any, limit: int = REFERENCE_ITEMS) -> Sequence[Any]:
-    """Up to ``limit`` items of the pair source, spread evenly over it (the anchors of pairs, the items
-    of labelled items): what a Prober's fixed reference of ``heat_rel`` is measured on."""
-    n = len(pairs)
-    idx = np.unique(np.round(np.linspace(0, n - 1, min(n, limit))).astype(np.int64))
-    batch = pairs.batch(idx)
-    return batch if getattr(pairs, "kind", "items") == "items" else batch[0]
 
 
 def _identity(encoder: Encoder) -> dict[str, Any]:

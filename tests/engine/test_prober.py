@@ -204,6 +204,22 @@ def test_an_items_relative_heat_does_not_depend_on_the_other_items_of_its_call(b
     assert np.nanmin(moved) > 100 * SAME_HEAT_REL
 
 
+def test_directions_saved_without_a_reference_fall_back_to_the_calls_median_with_a_warning(bert, tmp_path):
+    """Directions saved before the fixed reference (no heat_reference in the manifest), loaded without their
+    pair source: each call's own median, said once; with the pair source, the reference is computed."""
+    folder = Prober(bert, "simcse", pairs=SENTENCES, config=_bert_config(), progress=False).save(tmp_path / "d")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert set(manifest["heat_reference"]) == {"tokens", "pooled"}
+    del manifest["heat_reference"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    loaded = Prober.load(folder, bert, progress=False)
+    with pytest.warns(UserWarning, match=r"hold no heat reference for output='tokens'.*pass pairs= to Prober\.load"):
+        got = loaded.probe(NEW)
+    assert got.metadata["heat_reference"]["source"] == "run"
+    with_pairs = Prober.load(folder, bert, pairs=SENTENCES, progress=False)
+    assert with_pairs.probe(NEW).metadata["heat_reference"]["source"] == "pairs"
+
+
 def test_head_mode_and_pooled_rows_equal_a_fresh_probe():
     items, pairs = _toy()
     cfg = ProbeConfig(params="head", batches=4, drift_batches=8, batch_size=8, chunk_size=4)
