@@ -50,6 +50,7 @@ PAIRS = [
     "a long walk by the sea",
 ]
 TEXT = "democracy is a fragile idea"
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
 #: the module service's limits: the default number of texts, shorter texts (the tiny model reads 32 tokens)
 LIMITS = Limits(32, 200)
 
@@ -302,8 +303,14 @@ def test_a_foreign_host_is_refused(url):
         status, _, got = raw(url, "GET", "/api/info", None, {"Host": host})
         assert status == 400 and b"directions" not in got, got
     port = url.rsplit(":", 1)[1]
-    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost"):
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}"):
         assert raw(url, "GET", "/api/info", None, {"Host": host})[0] == 200, host
+    # what a service bound elsewhere answers: the loopback names and its --host (a wildcard names no host)
+    from normfast.apps.serve.guard import allowed_hosts
+
+    assert allowed_hosts("127.0.0.1") == allowed_hosts("0.0.0.0") == allowed_hosts("::") == LOOPBACK
+    assert allowed_hosts("192.168.1.5") == (*LOOPBACK, "192.168.1.5")
+    assert allowed_hosts("Box.Local") == (*LOOPBACK, "box.local")
 
 
 def test_a_body_that_is_not_application_json_is_a_415(url):

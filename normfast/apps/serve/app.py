@@ -16,6 +16,7 @@ file system (the probe runs in memory). Who may call: :mod:`.guard`; how request
 ``Request`` is imported inside :func:`create_app`, where the annotations must be evaluated.)
 """
 
+import copy
 import logging
 import warnings
 from dataclasses import dataclass
@@ -83,11 +84,15 @@ class ProbeService:
         self.limits = limits
         self.prober = prober
         encoder = prober.encoder
-        self.tokenizer = getattr(encoder, "tokenizer", None)
+        # a copy to count tokens with: requests are counted on other threads than the worker's, and a
+        # fast tokenizer's settings (truncation, padding) are not safe to share across threads
+        tokenizer = getattr(encoder, "tokenizer", None)
+        self.tokenizer = copy.deepcopy(tokenizer) if tokenizer is not None else None
         self.max_length = getattr(encoder, "max_length", None)
         self.unit_tokens = int(unit_tokens or self.max_length or UNIT_TOKENS)
         # what the directions are, by content: equal for the same model, objective, pairs and settings
         self.directions_id = fingerprint(prober.fingerprint())
+        prober.heat_reference()  # now, before the worker runs: /api/info shows it, every unit uses it
         self.scheduler = FairScheduler(self._probe_unit, max_pending=max_pending)
 
     @property

@@ -330,13 +330,20 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"normfast serve: error: {exc}", file=sys.stderr)
         return 2
+    hosts = allowed_hosts(args.host)
     if not _loopback(args.host):
+        named = (
+            f"requests must name it as {args.host} in their Host header"
+            if args.host.strip("[]").lower() in hosts
+            else "yet it answers only requests that name a loopback host: give --host the address or name "
+            "its clients use"
+        )
         print(
             f"normfast serve: note: --host {args.host} is reachable from other machines; the service has no "
-            f"authentication",
+            f"authentication; {named}",
             file=sys.stderr,
         )
-    app = create_app(None, limits=limits, hosts=allowed_hosts(args.host), cors_origins=origins)
+    app = create_app(None, limits=limits, hosts=hosts, cors_origins=origins)
     port = sock.getsockname()[1]
     server = make_server(app, args.host, port, args.log_level)
     outcome: dict[str, Any] = {"rc": 0}
