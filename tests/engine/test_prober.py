@@ -202,6 +202,9 @@ def test_an_items_relative_heat_does_not_depend_on_the_other_items_of_its_call(b
     run_b = probe(bert, crowd, "simcse", SENTENCES, _bert_config(), progress=False)
     moved = np.abs(np.subtract(_rows_of(run_a, 0)["heat_rel"], _rows_of(run_b, 17)["heat_rel"]))
     assert np.nanmin(moved) > 100 * SAME_HEAT_REL
+    # and the summary says which reference it is
+    assert "(relative heat: log V2 minus the median of the pair source's items)" in together.format_summary()
+    assert "(relative heat: log V2 minus the run's median)" in run_b.format_summary()
 
 
 def test_directions_saved_without_a_reference_fall_back_to_the_calls_median_with_a_warning(bert, tmp_path):
