@@ -67,6 +67,7 @@ EXPERIMENTS = (
     "monitor_every",
     "monitor_transient",
     "prober",
+    "serve_load",
     "streaming",
     "quartic",
     "head_stats",

@@ -475,6 +475,9 @@ def _with_directions(args, encoder, items, ids, objective, pairs, config, pair_e
         saved = config.target_rse is None
         if saved:
             prober.save(folder)
+    # one run over one set of items, as without --directions: heat_rel against the run's own median (the
+    # reference fixed with the directions, which a service's calls need, is saved with them all the same)
+    prober.relative_heat = "run"
     result = prober.probe(items, run["out"], resume=run["resume"], overwrite=run["overwrite"], ids=ids)
     if not saved:
         prober.save(folder)

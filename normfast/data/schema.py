@@ -163,8 +163,8 @@ COLUMNS: tuple[Column, ...] = (
         "heat_rel",
         "double",
         "always",
-        "relative heat: log(V2) minus the run's reference level (metadata `heat_reference`: the median of "
-        "log V2 over valid non-special rows); natural log, so 0.2 is a factor 1.22 above the typical row",
+        "relative heat: log(V2) minus the reference level (metadata `heat_reference`: the median log V2 of "
+        "valid non-special rows: the run's own, or a Prober's pair-source items); natural log, 0.2 is ×1.22",
     ),
     Column(
         "se_heat_rel",
@@ -361,12 +361,12 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     ),
     MetadataKey(
         "heat_reference",
-        "the relative heat's reference level: `column` (the heat), `rows` (valid "
-        "non-special rows with a positive heat), `log_level` (median of their log "
-        "heat), `level` (its exp), `se_log_level` (standard error of the common "
-        "level, log units: the factor every row's heat shares; the groups' jackknife "
-        "`se_log_level_groups` and the heat pool's own `se_log_level_pool` in quadrature) and "
-        "`loo_log_levels` (the level without each of the K groups)",
+        "the relative heat's reference level: `source` (`run`: the run's own rows; `pairs`: a Prober's, "
+        "fixed with its directions: `items` items of the pair source probed once for this `output`), "
+        "`column` (the heat), `rows` (valid non-special rows with a positive heat), `log_level` (median of "
+        "their log heat), `level` (its exp), `se_log_level` (standard error of the common level, log units: "
+        "the factor every row's heat shares; the groups' jackknife `se_log_level_groups` and the heat pool's "
+        "own `se_log_level_pool` in quadrature) and `loo_log_levels` (the level without each of the K groups)",
     ),
     MetadataKey(
         "regime",

@@ -166,5 +166,6 @@ def probe(
         second_moments=second_moments,
         model_name=str(model_name),
         progress=progress,
+        relative_heat="run",  # one run, one set of items: heat_rel against the run's own median
     )
     return prober.probe(probes, out, resume=resume, overwrite=overwrite, ids=ids, distributed=distributed)

@@ -29,6 +29,13 @@ Decisions
   which serves them group by group from disk.
 * **Sharded** (every rank constructs the Prober and makes the same calls): the directions are
   computed on rank 0 and broadcast at the first use, then kept on every rank.
+* **The relative heat has a fixed reference.** ``heat_rel`` is a row's log heat minus a reference
+  level. ``normfast.probe`` (one run, one set of items) takes the median over the run's own rows; a
+  Prober answers many calls, and a row's ``heat_rel`` must not depend on the other items of its
+  call, so its reference is fixed with the directions (:mod:`normfast.engine.runner.reference`;
+  ``relative_heat="pairs"``, the default; ``"run"`` gives ``normfast.probe``'s). The same item gets
+  the same ``heat_rel`` alone and in any company; it differs from ``normfast.probe``'s by one
+  constant per call, and every other column is equal value for value.
 
 Saved directions (:meth:`Prober.save`, :meth:`Prober.load`): :mod:`normfast.engine.runner.artifact`.
 """
@@ -39,7 +46,6 @@ import json
 import math
 import time
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -50,7 +56,7 @@ import torch
 from normfast.core.checks import check_finite_weights
 from normfast.data.io import fingerprint
 from normfast.data.pairs import as_pair_source
-from normfast.data.schema import METADATA_KEY, SCHEMA_VERSION
+from normfast.data.schema import METADATA_KEY
 from normfast.encoders import Encoder
 from normfast.encoders.tokenizing import unknown_token_warning
 from normfast.engine.config import ProbeConfig
@@ -62,15 +68,18 @@ from normfast.engine.runner.chunks import as_probe_sequence, run_chunks
 from normfast.engine.runner.distributed import chunks_for_rank, current_shard
 from normfast.engine.runner.files import abandoned_if_not_finite, finish_sharded, open_output
 from normfast.engine.runner.provenance import (
-    device_name,
     encoder_tokenizer,
     hash_items,
     hash_model,
     hash_pairs,
     hash_tokenizer,
-    library_versions,
+    run_metadata,
 )
+from normfast.engine.runner.reference import call_reference, reference_pass, saved_references
 from normfast.engine.runner.state import DirectionStore, ProbeRun
+
+#: where ``heat_rel``'s reference level comes from: the pair source's items, or the call's own rows
+RELATIVE_HEAT = ("pairs", "run")
 
 
 class Prober:
@@ -85,11 +94,13 @@ class Prober:
             every later call (SimCSE: the items to draw batches from).
         config: a :class:`ProbeConfig` (defaults otherwise); fixed for the Prober's life.
         pair_encoder, second_moments, model_name, progress: as for :func:`normfast.probe`.
+        relative_heat: ``heat_rel``'s reference: ``"pairs"`` (default) fixed with the directions
+            (:meth:`heat_reference`), ``"run"`` each call's own median (:func:`normfast.probe`'s).
 
     Every :meth:`probe` after the first (or after :meth:`prepare`) costs only the per-item pass;
-    its table equals :func:`normfast.probe`'s for the same items, pairs, config and seed. The
-    decisions (adaptive M fixed at first use, changed weights refused, ...) are in the
-    module's docstring (:mod:`normfast.engine.prober`).
+    its table equals :func:`normfast.probe`'s for the same items, pairs, config and seed (``heat_rel``
+    apart: a constant shift). The decisions (adaptive M fixed at first use, changed weights refused,
+    the reference, ...) are in the module's docstring (:mod:`normfast.engine.prober`).
     """
 
     def __init__(
@@ -103,10 +114,13 @@ class Prober:
         second_moments: Mapping[str, torch.Tensor] | None = None,
         model_name: str | None = None,
         progress: bool = True,
+        relative_heat: str = "pairs",
     ):
         from normfast.encoders import load_encoder
         from normfast.engine.directions.objectives import get_objective
 
+        if relative_heat not in RELATIVE_HEAT:
+            raise ValueError(f"Prober: relative_heat must be one of {RELATIVE_HEAT}, got {relative_heat!r}")
         config = config or ProbeConfig()
         config.validate()
         if not isinstance(encoder, Encoder):
@@ -136,6 +150,10 @@ class Prober:
         self.progress = progress
         self.store = DirectionStore()
         self.source = "computed"  # or the folder the directions were read from
+        self.relative_heat = relative_heat
+        #: output kind -> the fixed reference of heat_rel (:meth:`heat_reference`); saved with the directions
+        self.references: dict[str, dict[str, Any]] = {}
+        self._reference_warned = False
         self._identity: dict[str, Any] | None = None
         self._stamp: tuple | None = None
         self.pair_hashes: dict[bool, str] = {}
@@ -247,6 +265,20 @@ class Prober:
             run.drift_directions()
         return self
 
+    # -- the reference of heat_rel (normfast.engine.runner.reference) ----------------------
+    def heat_reference(self, output: str | None = None) -> dict[str, Any] | None:
+        """The fixed reference level of ``heat_rel`` for ``output`` rows (default: the config's), computed
+        once from the pair source's items and kept (and saved with the directions); ``None`` for loaded
+        directions that hold none for ``output`` and came without their pair source."""
+        output = output or self.config.output
+        if output not in self.references and not getattr(self.pairs, "detached", False):
+            self.references[output] = reference_pass(self, output)
+        return self.references.get(output)
+
+    def saved_references(self) -> dict[str, dict[str, Any]]:
+        """What :meth:`save` writes beside the directions (:mod:`normfast.engine.runner.reference`)."""
+        return saved_references(self)
+
     def save(self, folder: str | Path, *, overwrite: bool = False) -> Path:
         """Write the directions to ``folder`` (computing them first if needed): one safetensors file per
         direction and a JSON manifest with their fingerprint (:mod:`normfast.engine.runner.artifact`).
@@ -334,7 +366,7 @@ class Prober:
         shard = current_shard() if distributed else None
         n_items = len(probes)
         run = self.new_run(n_items, progress and (shard is None or shard.is_root), shard)
-        metadata = self._metadata(run, probes, ids, ident, n_items)
+        metadata = run_metadata(self, run, probes, ids, ident, self._pair_fingerprint(run, bool(config.snapshot)))
         spec = {k: metadata[k] for k in metadata if k not in ("versions", "device")}
         # the world size is not part of the spec: a run may be resumed with any number of ranks
         key = fingerprint(spec)
@@ -350,58 +382,6 @@ class Prober:
         if shard is not None:
             shard.check_agree(key, "arguments")
         return self._run(run, probes, ids, metadata, spec, key, shard, out, resume, overwrite)
-
-    def _metadata(
-        self, run: ProbeRun, probes: Sequence[Any], ids: Sequence[str] | None, ident: dict, n_items: int
-    ) -> dict[str, Any]:
-        config = self.config
-        second = self.second_moments
-        inputs = {  # what the rows depend on besides the settings; named when a resume is refused
-            "probes": hash_items(probes),
-            "pairs": self._pair_fingerprint(run, bool(config.snapshot)),
-            "ids": hash_items(ids) if ids is not None else None,
-            "second_moments": hash_items(sorted(second.items())) if second else None,
-        }
-        metadata = {
-            "schema_version": SCHEMA_VERSION,
-            "model": self.model_name,
-            "model_fingerprint": ident["model_fingerprint"],
-            "tokenizer_fingerprint": ident["tokenizer_fingerprint"],
-            "encoder_settings": ident["encoder_settings"],
-            "pair_encoder": ident["pair_encoder"],
-            "encoder_note": getattr(self.encoder, "note", None),
-            "objective": self.objective.name,
-            "temperature": getattr(self.objective, "temperature", None),
-            "objective_settings": objective_settings(self.objective),
-            "optimizer": config.optimizer,
-            "lr": config.lr,
-            "weight_decay": config.weight_decay,
-            "momentum": config.momentum,
-            "M": config.batches,
-            "M_D": config.drift_batches if config.drift_from_mean else None,
-            "M_initial": config.batches,
-            "groups": run.groups if config.uncertainty or config.drift_from_mean else None,
-            "uncertainty": config.uncertainty,
-            "batch_size": config.batch_size,
-            "seed": config.seed,
-            "mode": run.mode,
-            "output": config.output,
-            "params": config.params,
-            "n_probed_parameters": len(run.names),
-            "cut_stage": run.cut,
-            "branch": run.branch,
-            "n_items": n_items,
-            "n_pairs": len(self.pairs),
-            "chunk_size": config.chunk_size,
-            "max_length": getattr(self.encoder, "max_length", None),
-            "versions": library_versions(),
-            "device": device_name(run.device),
-            "config": asdict(config),
-            "input_fingerprints": inputs,
-        }
-        if callable(getattr(probes, "describe", None)):  # e.g. corpus windows: documents, windows, stride
-            metadata["corpus"] = probes.describe()
-        return metadata
 
     def _run(
         self,
@@ -453,10 +433,13 @@ class Prober:
         mine = todo if shard is None else chunks_for_rank(todo, shard.rank, shard.world_size)
         t0 = time.perf_counter()
         failure = None
+        fixed = None
         try:
             if todo:  # every rank takes part (directions are collective), even one with no chunks of its own
                 with abandoned_if_not_finite(writer):
                     run_chunks(run, probes, ids, mine, emit)
+            # after the chunks: adaptive M fixes M on the call's first chunk; every rank computes the same
+            fixed = call_reference(self)
         except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
             if shard is None:
                 raise
@@ -471,20 +454,22 @@ class Prober:
             metadata["seconds"] = seconds
             if writer is not None:
                 metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
-                inputs = heat_inputs(writer.chunk_columns(0))
-                reference = heat_reference(
-                    (writer.read_chunk(c, inputs) for c in range(n_chunks)), pool_se_of(metadata)
-                )
+                reference = fixed
+                if reference is None:
+                    inputs = heat_inputs(writer.chunk_columns(0))
+                    reference = heat_reference(
+                        (writer.read_chunk(c, inputs) for c in range(n_chunks)), pool_se_of(metadata)
+                    )
                 metadata["heat_reference"] = reference
                 path = writer.finalize(n_chunks, metadata, lambda t: with_relative_heat(t, reference))
                 return ProbeResult.from_files([path], metadata, path)
             table = pa.concat_tables([tables[c] for c in range(n_chunks)])
             metadata["regime"] = run_regime([table])
-            metadata["heat_reference"] = heat_reference([table], pool_se_of(metadata))
+            metadata["heat_reference"] = fixed if fixed is not None else heat_reference([table], pool_se_of(metadata))
             table = with_relative_heat(table, metadata["heat_reference"])
             meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
             return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
-        return finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds)
+        return finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds, fixed)
 
     def __repr__(self) -> str:
         state = "directions held" if self.ready else "directions at first use"

@@ -52,13 +52,22 @@ READER_RECIPES = re.compile(r"^import (duckdb|polars|pandas)\b", re.M)
 READER_RECIPE_PAGE = "docs/view.md"
 
 
+#: clients of a running `normfast serve`: tests/apps/test_serve.py runs them against a live service
+SERVE_CLIENTS = re.compile(r"NORMFAST_SERVE")
+SERVE_CLIENT_PAGE = "docs/backend.md"
+
+
 def _python_examples() -> dict[str, str]:
     """where -> code, one entry per distinct block (the first place it appears); the reader recipes
-    are left to the test that gives them runs to read."""
+    and the service's clients are left to the tests that give them runs to read and a service to call."""
     seen: dict[str, str] = {}
     for where, code in _blocks(("python",)):
         seen.setdefault(code, where)
-    return {where: code for code, where in seen.items() if not READER_RECIPES.search(code)}
+    return {
+        where: code
+        for code, where in seen.items()
+        if not READER_RECIPES.search(code) and not SERVE_CLIENTS.search(code)
+    }
 
 
 EXAMPLES = _python_examples()
@@ -67,6 +76,8 @@ EXAMPLES = _python_examples()
 def test_reader_recipes_are_where_their_test_runs_them():
     recipes = [where for where, code in _blocks(("python",)) if READER_RECIPES.search(code)]
     assert recipes and all(w.startswith(READER_RECIPE_PAGE + ":") for w in recipes), recipes
+    clients = [where for where, code in _blocks(("python",)) if SERVE_CLIENTS.search(code)]
+    assert len(clients) == 1 and clients[0].startswith(SERVE_CLIENT_PAGE + ":"), clients
 
 
 def _command_lines() -> list[tuple[str, list[str]]]:

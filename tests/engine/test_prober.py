@@ -58,6 +58,11 @@ def _nan_free(value):
     return value
 
 
+#: the columns measured against a reference level: a Prober's is fixed with its directions (the pair
+#: source's items), normfast.probe's is the run's own median, so they differ by one constant per call
+RELATIVE = ("heat_rel", "se_heat_rel")
+
+
 def assert_same_rows(a, b) -> None:
     """Equal value for value (bitwise for floats; NaN where the other has NaN)."""
     ta, tb = rows(a), rows(b)
@@ -65,6 +70,26 @@ def assert_same_rows(a, b) -> None:
     for name in ta.column_names:
         x, y = ta.column(name).to_pylist(), tb.column(name).to_pylist()
         assert _nan_free(x) == _nan_free(y), name
+
+
+def assert_same_as_fresh(got, fresh) -> None:
+    """A Prober's call against a fresh ``normfast.probe`` of the same items: every column equal value for
+    value, except ``heat_rel``, which is the same log heat against another reference level (the pair
+    source's items for the Prober, the run's own rows for probe): it differs by exactly the difference
+    of the two levels, the same for every row."""
+    import numpy as np
+
+    ta, tb = rows(got), rows(fresh)
+    assert ta.schema == tb.schema
+    for name in ta.column_names:
+        if name not in RELATIVE:
+            assert _nan_free(ta.column(name).to_pylist()) == _nan_free(tb.column(name).to_pylist()), name
+    ref_a, ref_b = got.metadata["heat_reference"], fresh.metadata["heat_reference"]
+    assert (ref_a["source"], ref_b["source"]) == ("pairs", "run")
+    shift = np.asarray(ta.column("heat_rel"), float) - np.asarray(tb.column("heat_rel"), float)
+    finite = np.isfinite(shift)
+    assert finite.any() and np.array_equal(finite, np.isfinite(np.asarray(tb.column("heat_rel"), float)))
+    assert np.allclose(shift[finite], ref_b["log_level"] - ref_a["log_level"], rtol=0, atol=1e-12)
 
 
 def _mlp(seed: int = 0) -> ModuleEncoder:
@@ -141,11 +166,67 @@ def test_a_later_call_equals_a_fresh_probe_and_computes_no_direction(bert, monke
     assert count.calls == PASSES, "the second call computed directions again"
     fresh = probe(bert, NEW, "simcse", SENTENCES, _bert_config(), progress=False)
     assert count.calls == 2 * PASSES
-    assert_same_rows(second, fresh)
-    assert_same_rows(first, probe(bert, SENTENCES[:3], "simcse", SENTENCES, _bert_config(), progress=False))
-    # the metadata too, less what measures this process
-    for key in ("spec_fingerprint", "input_fingerprints", "model_fingerprint", "M", "regime", "heat_reference"):
+    assert_same_as_fresh(second, fresh)
+    assert_same_as_fresh(first, probe(bert, SENTENCES[:3], "simcse", SENTENCES, _bert_config(), progress=False))
+    # the metadata too, less what measures this process (and the reference: the pair source's, fixed)
+    for key in ("spec_fingerprint", "input_fingerprints", "model_fingerprint", "M", "regime", "heat_sampling"):
         assert second.metadata[key] == fresh.metadata[key], key
+    assert second.metadata["heat_reference"] == first.metadata["heat_reference"] == prober.heat_reference()
+
+
+#: the tolerance of "the same heat_rel": the rows of one text padded alone or beside longer texts
+#: differ in float32 rounding only (log units)
+SAME_HEAT_REL = 1e-6
+
+
+def _rows_of(result, item: int) -> dict[str, list]:
+    table = result.table
+    keep = [i == item for i in table.column("item").to_pylist()]
+    return {name: [v for v, k in zip(table.column(name).to_pylist(), keep) if k] for name in table.column_names}
+
+
+def test_an_items_relative_heat_does_not_depend_on_the_other_items_of_its_call(bert):
+    """Issue 40: heat_rel against a reference fixed with the directions -- the same sentence alone and
+    inside a 32-text call gets the same heat_rel; against each call's own median it would not."""
+    import numpy as np
+
+    prober = Prober(bert, "simcse", pairs=SENTENCES, config=_bert_config(), progress=False)
+    text = "democracy is a fragile idea"
+    crowd = [f"{w} and {v} were all we had" for w in ("bread", "salt", "rain", "ink") for v in range(8)]
+    crowd[17] = text
+    alone = prober.probe([text])
+    together = prober.probe(crowd)
+    a, b = _rows_of(alone, 0), _rows_of(together, 17)
+    assert a["token"] == b["token"] and len(a["token"]) == 7
+    assert np.allclose(a["heat_rel"], b["heat_rel"], rtol=0, atol=SAME_HEAT_REL)
+    assert np.allclose(a["se_heat_rel"], b["se_heat_rel"], rtol=0, atol=SAME_HEAT_REL)
+    reference = alone.metadata["heat_reference"]
+    assert reference == together.metadata["heat_reference"]
+    assert (reference["source"], reference["items"], reference["output"]) == ("pairs", len(SENTENCES), "tokens")
+    # the run's own median (normfast.probe's reference) moves with the company the text keeps
+    run_a = probe(bert, [text], "simcse", SENTENCES, _bert_config(), progress=False)
+    run_b = probe(bert, crowd, "simcse", SENTENCES, _bert_config(), progress=False)
+    moved = np.abs(np.subtract(_rows_of(run_a, 0)["heat_rel"], _rows_of(run_b, 17)["heat_rel"]))
+    assert np.nanmin(moved) > 100 * SAME_HEAT_REL
+    # and the summary says which reference it is
+    assert "(relative heat: log V2 minus the median of the pair source's items)" in together.format_summary()
+    assert "(relative heat: log V2 minus the run's median)" in run_b.format_summary()
+
+
+def test_directions_saved_without_a_reference_fall_back_to_the_calls_median_with_a_warning(bert, tmp_path):
+    """Directions saved before the fixed reference (no heat_reference in the manifest), loaded without their
+    pair source: each call's own median, said once; with the pair source, the reference is computed."""
+    folder = Prober(bert, "simcse", pairs=SENTENCES, config=_bert_config(), progress=False).save(tmp_path / "d")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert set(manifest["heat_reference"]) == {"tokens", "pooled"}
+    del manifest["heat_reference"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    loaded = Prober.load(folder, bert, progress=False)
+    with pytest.warns(UserWarning, match=r"hold no heat reference for output='tokens'.*pass pairs= to Prober\.load"):
+        got = loaded.probe(NEW)
+    assert got.metadata["heat_reference"]["source"] == "run"
+    with_pairs = Prober.load(folder, bert, pairs=SENTENCES, progress=False)
+    assert with_pairs.probe(NEW).metadata["heat_reference"]["source"] == "pairs"
 
 
 def test_head_mode_and_pooled_rows_equal_a_fresh_probe():
@@ -158,7 +239,7 @@ def test_head_mode_and_pooled_rows_equal_a_fresh_probe():
         got = prober.probe(items)
         fresh = probe(enc, items, "infonce", pairs, cfg, progress=False)
     assert got.metadata["mode"] == "head"
-    assert_same_rows(got, fresh)
+    assert_same_as_fresh(got, fresh)
 
 
 def test_streaming_and_resume_through_a_prober(bert, tmp_path, monkeypatch):
@@ -167,7 +248,7 @@ def test_streaming_and_resume_through_a_prober(bert, tmp_path, monkeypatch):
     out = tmp_path / "run.parquet"
     written = prober.probe(SENTENCES, out)
     assert written.path == out and out.is_file()
-    assert_same_rows(written, probe(bert, SENTENCES, "simcse", SENTENCES, _bert_config(), progress=False))
+    assert_same_as_fresh(written, probe(bert, SENTENCES, "simcse", SENTENCES, _bert_config(), progress=False))
     # an interrupted run (two of its four chunks written) resumed by a Prober computes only the rest
     import normfast.engine.prober as prober_module
 
@@ -267,7 +348,10 @@ def test_saved_directions_load_to_the_same_table_and_others_are_refused(bert, tm
     # a config that differs only per item (the law's lr, the output) is accepted, and equals a fresh run
     other = _bert_config(lr=2e-3, output="pooled")
     pooled = Prober.load(folder, bert, "simcse", SENTENCES, other, progress=False).probe(NEW)
-    assert_same_rows(pooled, probe(bert, NEW, "simcse", SENTENCES, other, progress=False))
+    assert_same_as_fresh(pooled, probe(bert, NEW, "simcse", SENTENCES, other, progress=False))
+    # its reference (pooled rows) was saved with the directions: the same as a Prober with pairs computes
+    fresh_reference = Prober(bert, "simcse", SENTENCES, other, progress=False).heat_reference()
+    assert pooled.metadata["heat_reference"] == fresh_reference
 
     refusals = [
         (dict(config=_bert_config(seed=4)), r"settings\.seed \(saved 3, given 4\)"),
@@ -310,7 +394,7 @@ def test_directions_that_do_not_fit_are_read_from_disk_group_by_group(tmp_path, 
         loaded = Prober.load(folder, enc, pairs=pairs, progress=False)
         got = loaded.probe(items)
     assert count.calls == 0
-    assert_same_rows(got, fresh)
+    assert_same_as_fresh(got, fresh)
 
 
 def test_saved_directions_give_the_same_table_in_a_new_process(tmp_path):

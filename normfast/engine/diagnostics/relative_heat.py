@@ -7,7 +7,11 @@ how well the run *ranks* its rows. This module separates the two:
 
 * the **reference level** ``ref = median over rows of log V2`` (valid rows that
   are not special tokens, with a finite positive heat), reported once per run
-  with its standard error ``se_log_level`` (metadata ``heat_reference``);
+  with its standard error ``se_log_level`` (metadata ``heat_reference``). Its
+  rows are the run's own (``source: "run"``, what ``normfast.probe`` does), or,
+  for a :class:`~normfast.engine.prober.Prober`, those of a fixed set of the pair
+  source's items probed once with the kept directions (``source: "pairs"``), so
+  that a row's relative heat does not depend on the other items of its call;
 * each row's **relative heat** ``heat_rel = log V2 − ref`` (column
   ``heat_rel``), with its standard error ``se_heat_rel``.
 
@@ -85,11 +89,12 @@ def heat_reference(tables: Iterable[pa.Table], pool_se: float = 0.0) -> dict[str
     and, with error bars, ``heat_loo``); ``pool_se``: the error of the level that
     the batch groups cannot see, the heat's pool's own (log units; the run's
     ``heat_sampling.pool_level_se``, 0 for the plain draw). Returns a JSON-ready
-    dict: ``column`` (the heat), ``rows`` (how many the median is over),
-    ``log_level`` (``ref``), ``level`` (``exp(ref)``), ``se_log_level`` (the
-    common factor's standard error, log units: the groups' jackknife
-    ``se_log_level_groups`` and ``pool_se`` in quadrature; NaN without error
-    bars), ``loo_log_levels`` (the K ``ref_{−g}``; empty without error bars).
+    dict: ``source`` (``"run"``: the rows given are the run's own), ``column``
+    (the heat), ``rows`` (how many the median is over), ``log_level`` (``ref``),
+    ``level`` (``exp(ref)``), ``se_log_level`` (the common factor's standard
+    error, log units: the groups' jackknife ``se_log_level_groups`` and
+    ``pool_se`` in quadrature; NaN without error bars), ``loo_log_levels`` (the
+    K ``ref_{−g}``; empty without error bars).
     """
     logs, loos, column = [], [], None
     for t in tables:
@@ -103,6 +108,7 @@ def heat_reference(tables: Iterable[pa.Table], pool_se: float = 0.0) -> dict[str
         loo = _loo_matrix(t.column("heat_loo") if "heat_loo" in t.column_names else None, n)
         loos.append(None if loo is None else _log(loo[used]))
     out: dict[str, Any] = {
+        "source": "run",
         "column": column or "V2",
         "rows": 0,
         "log_level": math.nan,

@@ -278,9 +278,11 @@ def format_summary(result, top: int = 8) -> str:
             f"{s['error_bar_dof']} dof){chosen}"
         )
         if np.isfinite(s["rank_resolved_fraction"]):
+            fixed = (meta.get("heat_reference") or {}).get("source") == "pairs"  # a Prober's: fixed with its directions
+            median = "the median of the pair source's items" if fixed else "the run's median"
             lines.append(
                 f"heat ranking resolved to ±{RESOLUTION_RANK:.0%} for {s['rank_resolved_fraction']:.0%} of rows "
-                f"(relative heat: log {heat} minus the run's median); common level ±{s['level_half_width']:.0%} "
+                f"(relative heat: log {heat} minus {median}); common level ±{s['level_half_width']:.0%} "
                 f"(95%; shared by every row, it moves R_eq as {heat}^(1/4) where the heat dominates)"
             )
     sampling = sampling_line(meta.get("heat_sampling"))

@@ -7,6 +7,7 @@ One folder:
   objective, the pair source, the settings the directions depend on, given second moments); and
   what they are: the probed parameters with their branches, shapes and dtypes, M, the drift's
   group counts, each heat batch's loss, adaptive M's choice, and the files with their sizes and SHA-256;
+  and the fixed reference of the relative heat per output kind (``Prober.heat_reference``);
 * ``heat-00000.safetensors`` ... -- one file per heat direction (M of them), keyed by parameter name
   (with ``heat_sampling="energy"``, draw ``i``'s direction folded as ``sqrt(w_i) (p_{b_i} - p̄)``; the
   manifest's ``heat_draw`` holds each draw's batch and weight);
@@ -365,6 +366,8 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
             "bytes_per_direction": per_direction,
             "memory_bytes": per_direction * (run.M + n_drift),
         },
+        # the fixed reference of heat_rel, per output kind (Prober.heat_reference): kept with the directions
+        "heat_reference": prober.saved_references(),
     }
     if shard is not None and not shard.is_root:
         for _ in heat:  # the other ranks take part in the collectives; rank 0 writes
@@ -446,6 +449,7 @@ def load_directions(
         store.plan = AdaptivePlan(int(d["M"]), None, None, list(d["adaptive"].get("rounds", [])))
         store.adaptive = dict(d["adaptive"])
     prober.source = str(folder)
+    prober.references.update(manifest.get("heat_reference") or {})
     return prober
 
 

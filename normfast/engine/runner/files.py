@@ -111,8 +111,10 @@ def finish_sharded(
     tables: dict[int, pa.Table],
     failure: BaseException | None,
     seconds: float,
+    reference: dict[str, Any] | None = None,
 ) -> ProbeResult:
-    """After the chunk loop of a sharded run: exchange outcomes, then assemble the result."""
+    """After the chunk loop of a sharded run: exchange outcomes, then assemble the result (``heat_rel``
+    against ``reference``, a Prober's fixed one, or else the run's own median)."""
     if writer is None:
         # in memory: every rank gets every rank's rows
         gathered = shard.exchange(failure, (seconds, tables))
@@ -122,7 +124,9 @@ def finish_sharded(
             merged.update(part)
         table = pa.concat_tables([merged[c] for c in range(n_chunks)])
         metadata["regime"] = run_regime([table])
-        metadata["heat_reference"] = heat_reference([table], pool_se_of(metadata))
+        metadata["heat_reference"] = (
+            reference if reference is not None else heat_reference([table], pool_se_of(metadata))
+        )
         table = with_relative_heat(table, metadata["heat_reference"])
         meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
         return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
@@ -133,10 +137,13 @@ def finish_sharded(
         except Exception as exc:  # noqa: BLE001 - a missing summary must not hang the other ranks
             metadata["regime"] = {"error": f"{type(exc).__name__}: {exc}"}
         try:
-            inputs = heat_inputs(writer.chunk_columns(0))
-            metadata["heat_reference"] = heat_reference(
-                (writer.read_chunk(c, inputs) for c in range(n_chunks)), pool_se_of(metadata)
-            )
+            if reference is not None:
+                metadata["heat_reference"] = reference
+            else:
+                inputs = heat_inputs(writer.chunk_columns(0))
+                metadata["heat_reference"] = heat_reference(
+                    (writer.read_chunk(c, inputs) for c in range(n_chunks)), pool_se_of(metadata)
+                )
         except Exception as exc:  # noqa: BLE001 - as above
             metadata["heat_reference"] = {"error": f"{type(exc).__name__}: {exc}", "log_level": float("nan")}
     metadata = shard.broadcast_object(metadata)  # rank 0's device string etc. on every part

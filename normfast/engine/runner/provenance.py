@@ -3,7 +3,7 @@ it ran in.
 
 ``hash_items``, ``hash_model`` and ``hash_tokenizer`` feed the run's spec fingerprint (resume
 refuses a run whose inputs, weights or tokenizer changed, naming them); ``library_versions`` and
-``device_name`` go into the metadata of every run and every experiment's JSON.
+``device_name`` go into the metadata of every run (:func:`run_metadata`) and every experiment's JSON.
 """
 
 from __future__ import annotations
@@ -232,3 +232,64 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def run_metadata(
+    prober: Any, run: Any, probes: Sequence[Any], ids: Sequence[str] | None, ident: dict, pairs_hash: str
+) -> dict[str, Any]:
+    """A call's metadata (:class:`~normfast.engine.prober.Prober`): the schema version, the model and its
+    fingerprints, the objective, the settings, the run's resolved plan, the inputs' fingerprints
+    (``pairs_hash``: the pair source's), the library versions and the device."""
+    from dataclasses import asdict
+
+    from normfast.data.schema import SCHEMA_VERSION
+    from normfast.engine.directions.objectives import objective_settings
+
+    config = prober.config
+    second = prober.second_moments
+    inputs = {  # what the rows depend on besides the settings; named when a resume is refused
+        "probes": hash_items(probes),
+        "pairs": pairs_hash,
+        "ids": hash_items(ids) if ids is not None else None,
+        "second_moments": hash_items(sorted(second.items())) if second else None,
+    }
+    metadata = {
+        "schema_version": SCHEMA_VERSION,
+        "model": prober.model_name,
+        "model_fingerprint": ident["model_fingerprint"],
+        "tokenizer_fingerprint": ident["tokenizer_fingerprint"],
+        "encoder_settings": ident["encoder_settings"],
+        "pair_encoder": ident["pair_encoder"],
+        "encoder_note": getattr(prober.encoder, "note", None),
+        "objective": prober.objective.name,
+        "temperature": getattr(prober.objective, "temperature", None),
+        "objective_settings": objective_settings(prober.objective),
+        "optimizer": config.optimizer,
+        "lr": config.lr,
+        "weight_decay": config.weight_decay,
+        "momentum": config.momentum,
+        "M": config.batches,
+        "M_D": config.drift_batches if config.drift_from_mean else None,
+        "M_initial": config.batches,
+        "groups": run.groups if config.uncertainty or config.drift_from_mean else None,
+        "uncertainty": config.uncertainty,
+        "batch_size": config.batch_size,
+        "seed": config.seed,
+        "mode": run.mode,
+        "output": config.output,
+        "params": config.params,
+        "n_probed_parameters": len(run.names),
+        "cut_stage": run.cut,
+        "branch": run.branch,
+        "n_items": len(probes),
+        "n_pairs": len(prober.pairs),
+        "chunk_size": config.chunk_size,
+        "max_length": getattr(prober.encoder, "max_length", None),
+        "versions": library_versions(),
+        "device": device_name(run.device),
+        "config": asdict(config),
+        "input_fingerprints": inputs,
+    }
+    if callable(getattr(probes, "describe", None)):  # e.g. corpus windows: documents, windows, stride
+        metadata["corpus"] = probes.describe()
+    return metadata

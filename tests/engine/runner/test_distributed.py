@@ -259,8 +259,14 @@ def test_sharded_runs_equal_single_process_and_manifest_reads_back(tmp_path, cap
     for r in range(WORLD):
         assert _plain(pq.read_table(tmp_path / f"head-rank{r}.parquet")).equals(_plain(single.table))
 
-    # a sharded Prober's second call: the single process's table, on every rank
-    single = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_tokens"]), progress=False)
+    # a sharded Prober's second call: the single process's Prober's table (heat_rel against the same fixed
+    # reference, the pair source's items), on every rank
+    from normfast.engine.prober import Prober
+
+    alone = Prober(enc, InfoNCE(0.1), pairs, ProbeConfig(**CONFIGS["jvp_tokens"]), progress=False)
+    alone.probe(items[:5], distributed=False)
+    single = alone.probe(items, distributed=False)
+    assert single.metadata["heat_reference"]["source"] == "pairs"
     for r in range(WORLD):
         assert _plain(pq.read_table(tmp_path / f"prober-rank{r}.parquet")).equals(_plain(single.table))
 
