@@ -155,7 +155,7 @@ def roofline_table(d: dict, dim: int = 384) -> str:
         if c["d_in"] != dim or (c["path"] == "kernel" and not c.get("default_config")):
             continue
         form = names.get(c["form"], c["form"])
-        if c["op"] == "accumulate":
+        if c.get("k") is not None:  # directions per update (the head forms count theirs as K1, K2)
             form += f", K = {c['k']}"
         path = "normfast kernel" if c["path"] == "kernel" else "torch path"
         speed = c.get("predicted_speedup_vs_torch")

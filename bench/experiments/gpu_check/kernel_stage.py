@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import traceback
 import zlib
+from functools import partial
 from typing import Any
 
 from .common import log
@@ -47,7 +48,8 @@ def roofline(
     return out
 
 
-def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | None) -> dict:
+def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | None, *, s_form: bool) -> dict:
+    """The S form (``head_stats``) or the per-batch form (``project``) through ``normfast.ops``, vs its torch path."""
     import torch
 
     from normfast import ops
@@ -71,7 +73,6 @@ def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | N
     )
     g = torch.randn(m, d_out, device=dev, generator=gen)
     dirs = ops.prepare_head(G, g)
-    s_form = c["op"] == "head_stats"
     form = {"form": "S", "radial_spread": False} if s_form else {"form": "per_batch", "radial_spread": True}
 
     def fast():
@@ -330,8 +331,8 @@ def generic_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] 
 #: the engine's torch path); every other registered kernel runs through :func:`generic_case`.
 BENCHMARKS = {
     "head_stack": head_stack_case,
-    "head_stats": head_case,
-    "project": head_case,
+    "head_stats": partial(head_case, s_form=True),
+    "project": partial(head_case, s_form=False),
     "accumulate": accumulate_case,
 }
 
