@@ -44,6 +44,7 @@ MODULES: dict[str, str] = {
     "normfast.encoders.text": "tokenized text through an encoder",
     # kernels and the product commands' libraries
     "normfast.kernels": "the Triton kernels and their launchers",
+    "normfast.kernels.spec": "one record per kernel (launcher, reference, tiles, cost, tolerance, sweeps)",
     "normfast.kernels.utils": "the kernels' tile configurations",
     "normfast.kernels.costs": "the kernels' cost model",
     "normfast.kernels.resources": "registers, spills and occupancy of the compiled kernels",

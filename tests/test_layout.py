@@ -2,7 +2,8 @@
 
 The rule (docs/design.md, "Layers"): ``core`` <- ``engine`` <- ``apps`` <- ``cli``, with
 ``data`` and ``encoders`` used by ``engine`` and ``apps``; ``kernels`` is used
-by ``engine`` only; ``ops`` (the array backend) reads ``engine`` and ``core``. Every import
+by ``engine`` only and reads only ``core`` (each kernel's record names its reference); ``ops``
+(the array backend) reads ``engine`` and ``core``. Every import
 counts, including the lazy ones inside functions (a lazy import still ties the two modules
 together). Inside the engine the tree follows the pipeline (one sub-package per stage, each
 declaring ``__all__``), and no module imports another's private name.
@@ -25,7 +26,7 @@ PACKAGE = ROOT / "normfast"
 # layer -> the layers it may import (besides itself)
 ALLOWED = {
     "core": set(),
-    "kernels": set(),
+    "kernels": {"core"},  # a kernel's record names its plain-torch reference
     "data": {"core"},
     "encoders": {"core"},
     "engine": {"core", "data", "encoders", "kernels"},

@@ -4,12 +4,13 @@
     python -m bench run kernel_resources --out bench/results/kernel_resources   # the committed report
     python -m bench run kernel_resources --jobs 2              # two compiler processes
 
-Every public launcher (``accumulate``, ``head_stack``, ``head_stats``,
-``project``) is called over the sweep of
-:data:`normfast.kernels.resources.SWEEP` -- fp32/bf16/fp16 inputs, branches
-u/w/uw, with and without bias, IEEE and TF32 products, dimensions from 1 to
-2048 (1, odd and 16-aligned values, which is what Triton specializes on) --
-inside ``capture_launches``, so nothing runs; each launch is expanded into
+Every registered launcher (``normfast.kernels.kernel_specs()``: today
+``head_stack``, ``head_stats``, ``project``, ``accumulate``) is called over
+its part of :data:`normfast.kernels.resources.SWEEP` (each record's resource
+plan) -- fp32/bf16/fp16 inputs, branches u/w/uw, with and without bias, IEEE
+and TF32 products, dimensions from 1 to 2048 (1, odd and 16-aligned values,
+which is what Triton specializes on) -- inside ``capture_launches``, so
+nothing runs; each launch is expanded into
 the tile configurations it may choose on a GPU (the autotuning candidates),
 for sm_90 and sm_80. Launches that compile to the same code are compiled
 once. Each variant is lowered with ``triton.compile`` for that target, and
@@ -101,15 +102,14 @@ def ptxas_version() -> str:
 
 def summarize(rows: list[dict]) -> list[dict]:
     """One line per (kernel, operand class, arch): the worst of its variants."""
+    from normfast.kernels.spec import kernel_owner
+
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if "registers" not in r:
             continue
-        cls = r["class"]
-        if r["kernel"] == "_head_stack_kernel" and cls.endswith(" MMA") and "TF32" not in cls:
-            cls = "bf16/fp16 MMA"
-        elif r["kernel"] == "_accumulate_kernel":
-            cls = "branch uw" if cls.endswith(", uw") else "branch u or w"
+        owner = kernel_owner(r["kernel"])  # the record of the kernel names its summary's classes
+        cls = r["class"] if owner is None else owner.summary_class(r["class"])
         groups.setdefault((r["kernel"], cls, r["arch"]), []).append(r)
     out = []
     for (kernel, cls, arch), rs in groups.items():
@@ -211,6 +211,8 @@ def tables(report: dict[str, Any]) -> dict[str, str]:
 
 def resources_table(d: dict) -> str:
     """Worst case per kernel and operand class over every compiled variant, sm_90 | sm_80."""
+    from normfast.kernels.spec import kernel_owner
+
     by = {}
     for s in d["summary"]:
         by.setdefault((s["kernel"], s["class"]), {})[s["arch"]] = s
@@ -225,7 +227,8 @@ def resources_table(d: dict) -> str:
         def pair(key: str, fmt=str) -> str:
             return " / ".join(fmt(x[key]) if x else "-" for x in (a, b))
 
-        scalar = "FMA" if kernel == "_head_stack_kernel" else "-"  # accumulate has no products
+        owner = kernel_owner(kernel)  # what runs its products without tensor cores ("-": it has none)
+        scalar = "-" if owner is None else owner.scalar_products
         tc = {x["arch"]: ",".join(t for t in x["tensor_cores"] if t != "None") or scalar for x in (a, b) if x}
         rows.append(
             f"| `{kernel}` | {cls} | {max(x['configs'] for x in arches.values())} | "

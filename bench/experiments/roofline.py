@@ -6,7 +6,9 @@
 No measurement: FLOPs and bytes per probe row from
 :mod:`normfast.kernels.costs`, the tile configurations the launchers ship
 (:func:`normfast.kernels.head_configs`, ``accumulate_configs``) and the
-published peaks of an H200 SXM (:data:`PEAKS`, with their source). For each
+published peaks of an H200 SXM (:data:`PEAKS`, with their source). Every
+registered kernel's record (``normfast.kernels.kernel_specs()``) names its
+rows (``roofline``) and the cost and units of its GPU-check cases. For each
 case: useful FLOPs, HBM bytes, arithmetic intensity, the compute floor at
 the peak of the units the products run on (FMA, TF32 or bf16/fp16 tensor
 cores, counting the padded tiles the units execute), the HBM floor, and the
@@ -67,14 +69,6 @@ def protocol() -> dict[str, Any]:
     }
 
 
-# Kernel operand classes: (input dtype, product precision, products, peak key)
-CLASSES = {
-    "fma": ("float32", "ieee", "fp32 FMA (ieee)", "fp32_fma"),
-    "tf32": ("float32", "tf32", "TF32 tensor cores", "tf32_dense"),
-    "mma16": ("bfloat16", "ieee", "bf16 tensor cores", "bf16_dense"),
-}
-
-
 @dataclass
 class Config:
     """No settings: the prediction is fixed by :func:`protocol` and :data:`PEAKS`."""
@@ -104,124 +98,27 @@ def _row(case: dict, cost: dict, rate: float, rows: int) -> dict:
     return out
 
 
-def head_rows(d: int, p: dict[str, Any]) -> list[dict]:
-    import torch
+def kernel_rows(d: int, p: dict[str, Any]) -> list[dict]:
+    """Every registered kernel's rows at width ``d`` (its record's ``roofline``), in registry order."""
+    from normfast.kernels import kernel_specs
 
-    from normfast.kernels import costs
-    from normfast.kernels.utils import head_configs
+    def row(case: dict, cost: dict, units: str) -> dict:
+        return _row(case, cost, PEAKS[units], p["rows"])
 
-    rows, bias = p["rows"], p["bias"]
-    out = []
-    for form in ("S", "grouped", "per_batch"):
-        k1, k2 = costs.head_stack_shape(form, m=p["m"], groups=p["groups"])
-        base = {
-            "op": "head",
-            "form": form,
-            "d_in": d,
-            "d_out": d,
-            "k1": k1,
-            "k2": k2,
-            "m": p["m"] if form == "per_batch" else None,
-            "groups": p["groups"] if form == "grouped" else None,
-        }
-        torch_ms = {}
-        for precision, peak in (("fp32", "fp32_fma"), ("tf32", "tf32_dense")):
-            for dtype in ("float32", "bfloat16"):
-                cost = costs.head_torch_cost(form, d, d, dtype=dtype, m=p["m"], groups=p["groups"])
-                r = _row(
-                    dict(base, path="torch", dtype=dtype, products=f"cuBLAS {precision.upper()} GEMMs", config=None),
-                    cost,
-                    PEAKS[peak],
-                    rows,
-                )
-                torch_ms[(dtype, precision)] = r["predicted_ms"]
-                out.append(r)
-        for cls, (dtype, precision, products, peak) in CLASSES.items():
-            pool = head_configs(d_in=d, d_out=d, dtype=getattr(torch, dtype), precision=precision, for_gpu=True)
-            for i, config in enumerate(pool):
-                cost = costs.head_stack_cost(d, d, k1, k2, dtype=dtype, config=config, bias=bias, n=rows)
-                cost["hbm_bytes"] += costs.head_epilogue_bytes(form, m=p["m"], groups=p["groups"])
-                r = _row(
-                    dict(base, path="kernel", dtype=dtype, products=products, config=config, default_config=i == 0),
-                    cost,
-                    PEAKS[peak],
-                    rows,
-                )
-                # the torch path a user of these inputs gets: fp32 GEMMs (tf32 only when allowed)
-                ref = torch_ms[(dtype, "tf32" if cls == "tf32" else "fp32")]
-                r["torch_path_predicted_ms"] = ref
-                r["predicted_speedup_vs_torch"] = ref / r["predicted_ms"]
-                out.append(r)
-    return out
-
-
-def accumulate_rows(d: int, p: dict[str, Any]) -> list[dict]:
-    from normfast.kernels import costs
-    from normfast.kernels.utils import accumulate_configs
-
-    out = []
-    for branch in ("u", "uw"):
-        for dtype in ("float32", "bfloat16"):
-            base = {
-                "op": "accumulate",
-                "form": f"accumulate[{branch}]",
-                "d_in": d,
-                "d_out": d,
-                "k": p["accumulate_k"],
-                "dtype": dtype,
-            }
-            torch_cost = costs.accumulate_torch_cost(d, p["accumulate_k"], branch=branch, dtype=dtype)
-            t = _row(
-                dict(base, path="torch", products="torch elementwise", config=None),
-                torch_cost,
-                PEAKS["fp32_fma"],
-                p["rows"],
-            )
-            out.append(t)
-            cost = costs.accumulate_cost(d, p["accumulate_k"], branch=branch, dtype=dtype)
-            for i, config in enumerate(accumulate_configs(dim=d, branch=branch, for_gpu=True)):
-                r = _row(
-                    dict(base, path="kernel", products="memory-bound", config=config, default_config=i == 0),
-                    cost,
-                    PEAKS["fp32_fma"],
-                    p["rows"],
-                )
-                r["torch_path_predicted_ms"] = t["predicted_ms"]
-                r["predicted_speedup_vs_torch"] = t["predicted_ms"] / r["predicted_ms"]
-                out.append(r)
-    return out
+    return [r for spec in kernel_specs() for r in spec.roofline(d, p, row)]
 
 
 def check_case_rows() -> list[dict]:
-    """The prediction for each timed case of ``gpu_check`` on a GPU (its sizes, its N)."""
-    import torch
-
+    """The prediction for each timed case of ``gpu_check`` on a GPU (its sizes, its N, its default tiles)."""
     from bench.experiments.gpu_check.kernel_stage import case_label, kernel_cases
-    from normfast.kernels import costs
-    from normfast.kernels.utils import head_configs
+    from normfast.kernels import kernel_spec
 
     out = []
     for c in kernel_cases(gpu=True):
-        label = case_label(c)
-        if c["op"] == "accumulate":
-            cost = costs.accumulate_cost(c["dim"], c["k"], branch=c["branch"], dtype=c["dtype"])
-            out.append(_row({"label": label, "op": c["op"], "config": None}, cost, PEAKS["fp32_fma"], c["n"]))
-            continue
-        if c["op"] == "head_stack":
-            k1, k2, form = c["k1"], c["k2"], None
-        else:
-            form = "S" if c["op"] == "head_stats" else "per_batch"
-            k1, k2 = costs.head_stack_shape(form, m=c["m"])
-        cls = "mma16" if c["dtype"] != "float32" else ("tf32" if c["precision"] == "tf32" else "fma")
-        config = head_configs(
-            d_in=c["d_in"], d_out=c["d_out"], dtype=getattr(torch, c["dtype"]), precision=c["precision"], for_gpu=True
-        )[0]
-        cost = costs.head_stack_cost(
-            c["d_in"], c["d_out"], k1, k2, dtype=c["dtype"], config=config, bias=True, n=c["n"]
-        )
-        if form:
-            cost["hbm_bytes"] += costs.head_epilogue_bytes(form, m=c["m"])
-        out.append(_row({"label": label, "op": c["op"], "config": config}, cost, PEAKS[CLASSES[cls][3]], c["n"]))
+        spec = kernel_spec(c["op"])
+        config = spec.cost_config(c)
+        cost = spec.cost(c, config=config, n=c["n"])
+        out.append(_row({"label": case_label(c), "op": c["op"], "config": config}, cost, PEAKS[spec.units(c)], c["n"]))
     return out
 
 
@@ -229,7 +126,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     p = protocol()
     cases = []
     for d in p["dims"]:
-        cases += head_rows(d, p) + accumulate_rows(d, p)
+        cases += kernel_rows(d, p)
     return {
         "schema": SCHEMA,
         "command": ctx.command,
@@ -258,7 +155,7 @@ def roofline_table(d: dict, dim: int = 384) -> str:
         if c["d_in"] != dim or (c["path"] == "kernel" and not c.get("default_config")):
             continue
         form = names.get(c["form"], c["form"])
-        if c["op"] == "accumulate":
+        if c.get("k") is not None:  # directions per update (the head forms count theirs as K1, K2)
             form += f", K = {c['k']}"
         path = "normfast kernel" if c["path"] == "kernel" else "torch path"
         speed = c.get("predicted_speedup_vs_torch")

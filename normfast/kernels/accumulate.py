@@ -290,5 +290,82 @@ def accumulate(
     )
 
 
-#: the jitted kernel itself: its source hash is part of the resource report (:mod:`.resources`)
+#: the jitted kernel itself (its record's ``jit_kernels``: its source hash is part of the resource report)
 KERNEL = _accumulate_kernel
+
+#: The resource report's problems: every branch at widths 1, odd and 16-aligned up to MAX_FUSED_DIM.
+ACCUMULATE_SWEEP = {"branches": ("u", "w", "uw"), "n": 1000, "dims": (1, 3, 64, 100, 384, 768, 1000, 1024, 2048)}
+
+
+def _resource_launches(sw: dict, dtypes: tuple[str, ...]):
+    from functools import partial
+
+    from .spec import meta_zeros
+
+    n = sw["n"]
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        for branch in sw["branches"]:
+            for dim in sw["dims"]:
+                nb = 2 if branch == "uw" else 1
+                t = meta_zeros(3, n, dim, dtype=dtype)
+                state = (
+                    meta_zeros(nb, n, dim),
+                    meta_zeros(nb, 3, n),
+                    meta_zeros(nb, 2, n, dtype=torch.int64),
+                    meta_zeros(n, dtype=torch.int8),
+                )
+                extra = {"t_w": t, "cross": meta_zeros(n)} if branch == "uw" else {}
+                labels = {"op": "accumulate", "dtype": name, "branch": branch, "n": n, "dim": dim}
+                yield labels, partial(accumulate, t, t[0], *state, 0, branch=branch, **extra)
+
+
+def _check_cases(gpu: bool) -> dict[int, list[dict]]:
+    if not gpu:
+        return {24: [{"op": "accumulate", "n": 70, "dim": 24, "k": 3, "dtype": "float32", "branch": "u"}]}
+    out = {}
+    for d in (384, 768):
+        branches = (("float32", "u"), ("bfloat16", "u")) + ((("float32", "uw"),) if d == 384 else ())
+        out[d] = [{"op": "accumulate", "n": 2**20, "dim": d, "k": 8, "dtype": t, "branch": b} for t, b in branches]
+    return out
+
+
+def _cost(c: dict, config: dict | None = None, n: int | None = None) -> dict:
+    from . import costs
+
+    # memory-bound: the tiles do not change what crosses HBM
+    return costs.accumulate_cost(c["dim"], c["k"], branch=c["branch"], dtype=c["dtype"])
+
+
+def _register():
+    """This kernel's record.
+
+    Imported here rather than at the top: Triton's source hash of a kernel includes the line
+    it starts on, and the committed resource report is keyed by those hashes.
+    """
+    from normfast.core.reference.accumulate import accumulate_reference
+
+    from . import costs
+    from .spec import KernelSpec, ResourcePlan, register
+    from .utils import accumulate_block_sizes
+
+    return register(
+        KernelSpec(
+            name="accumulate",
+            launcher=accumulate,
+            reference=accumulate_reference,
+            tiles=accumulate_block_sizes,
+            cost=_cost,
+            jit_kernels=(_accumulate_kernel,),
+            variant_class=lambda first: first["dtype"] + (", uw" if first["branch"] == "uw" else ""),
+            summary_class=lambda cls: "branch uw" if cls.endswith(", uw") else "branch u or w",
+            resources=ResourcePlan("accumulate", ACCUMULATE_SWEEP, _resource_launches),
+            check_cases=_check_cases,
+            case_label=lambda c: f"accumulate[{c['branch']}] N={c['n']} d={c['dim']} K={c['k']} {c['dtype']}",
+            roofline=costs.accumulate_roofline_rows,
+        )
+    )
+
+
+#: this kernel's record (:class:`~normfast.kernels.spec.KernelSpec`)
+SPEC = _register()

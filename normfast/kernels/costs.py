@@ -15,21 +15,30 @@ read once per launch, are amortized away unless ``n`` is given). FLOPs count
 The torch-path counts follow :func:`normfast.ops.head_stats` and
 ``ProbeAccumulator``'s torch update on the same device: fp32 compute, every
 intermediate written to and read back from memory.
+
+:func:`head_roofline_rows` and :func:`accumulate_roofline_rows` are the
+kernels' rows of the paper roofline (``bench/experiments/roofline.py``),
+named by their records (:class:`~normfast.kernels.spec.KernelSpec`'s ``roofline``).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 __all__ = [
     "ELEMENT_BYTES",
+    "HEAD_OPERAND_CLASSES",
     "accumulate_cost",
+    "accumulate_roofline_rows",
     "accumulate_torch_cost",
     "floor_seconds",
     "head_epilogue_bytes",
+    "head_roofline_rows",
     "head_stack_cost",
     "head_stack_shape",
     "head_torch_cost",
+    "head_units",
 ]
 
 #: Bytes per element of the kernels' input dtypes.
@@ -166,3 +175,97 @@ def floor_seconds(cost: dict[str, float], rate_flops: float, hbm_bytes_per_s: fl
         "bound_by": "compute" if compute >= memory else "memory",
         "intensity": cost["useful_flops"] / cost["hbm_bytes"] if cost["hbm_bytes"] else math.inf,
     }
+
+
+#: Operand classes of the head kernel: (input dtype, product precision, what runs the products,
+#: the units whose peak bounds them; :data:`normfast.kernels.spec.UNITS`).
+HEAD_OPERAND_CLASSES = {
+    "fma": ("float32", "ieee", "fp32 FMA (ieee)", "fp32_fma"),
+    "tf32": ("float32", "tf32", "TF32 tensor cores", "tf32_dense"),
+    "mma16": ("bfloat16", "ieee", "bf16 tensor cores", "bf16_dense"),
+}
+
+
+def head_units(case: dict) -> str:
+    """The units the head kernel's products run on for a case's dtype and precision."""
+    if case["dtype"] != "float32":
+        return "bf16_dense"
+    return "tf32_dense" if case.get("precision") == "tf32" else "fp32_fma"
+
+
+Row = Callable[[dict, dict, str], dict]
+
+
+def head_roofline_rows(d: int, p: dict[str, Any], row: Row) -> list[dict]:
+    """The head statistics' forms (S, grouped, per-batch) at ``d_in = d_out = d``: the torch path and the kernel.
+
+    ``p`` is the roofline's protocol (``rows``, ``m``, ``groups``, ``bias``);
+    ``row(case, cost, units)`` places a case on the roofline. Every GPU tile
+    configuration of each operand class gets a row (the first is the default).
+    """
+    import torch
+
+    from .utils import head_configs
+
+    out = []
+    for form in ("S", "grouped", "per_batch"):
+        k1, k2 = head_stack_shape(form, m=p["m"], groups=p["groups"])
+        base = {
+            "op": "head",
+            "form": form,
+            "d_in": d,
+            "d_out": d,
+            "k1": k1,
+            "k2": k2,
+            "m": p["m"] if form == "per_batch" else None,
+            "groups": p["groups"] if form == "grouped" else None,
+        }
+        torch_ms = {}
+        for precision, units in (("fp32", "fp32_fma"), ("tf32", "tf32_dense")):
+            for dtype in ("float32", "bfloat16"):
+                cost = head_torch_cost(form, d, d, dtype=dtype, m=p["m"], groups=p["groups"])
+                case = dict(base, path="torch", dtype=dtype, products=f"cuBLAS {precision.upper()} GEMMs", config=None)
+                r = row(case, cost, units)
+                torch_ms[(dtype, precision)] = r["predicted_ms"]
+                out.append(r)
+        for cls, (dtype, precision, products, units) in HEAD_OPERAND_CLASSES.items():
+            pool = head_configs(d_in=d, d_out=d, dtype=getattr(torch, dtype), precision=precision, for_gpu=True)
+            for i, config in enumerate(pool):
+                cost = head_stack_cost(d, d, k1, k2, dtype=dtype, config=config, bias=p["bias"], n=p["rows"])
+                cost["hbm_bytes"] += head_epilogue_bytes(form, m=p["m"], groups=p["groups"])
+                case = dict(base, path="kernel", dtype=dtype, products=products, config=config, default_config=i == 0)
+                r = row(case, cost, units)
+                # the torch path a user of these inputs gets: fp32 GEMMs (tf32 only when allowed)
+                ref = torch_ms[(dtype, "tf32" if cls == "tf32" else "fp32")]
+                r["torch_path_predicted_ms"] = ref
+                r["predicted_speedup_vs_torch"] = ref / r["predicted_ms"]
+                out.append(r)
+    return out
+
+
+def accumulate_roofline_rows(d: int, p: dict[str, Any], row: Row) -> list[dict]:
+    """``accumulate`` of ``p["accumulate_k"]`` directions per update at width ``d``: the torch update and the kernel."""
+    from .utils import accumulate_configs
+
+    out = []
+    for branch in ("u", "uw"):
+        for dtype in ("float32", "bfloat16"):
+            base = {
+                "op": "accumulate",
+                "form": f"accumulate[{branch}]",
+                "d_in": d,
+                "d_out": d,
+                "k": p["accumulate_k"],
+                "dtype": dtype,
+            }
+            torch_cost = accumulate_torch_cost(d, p["accumulate_k"], branch=branch, dtype=dtype)
+            t = row(dict(base, path="torch", products="torch elementwise", config=None), torch_cost, "fp32_fma")
+            out.append(t)
+            cost = accumulate_cost(d, p["accumulate_k"], branch=branch, dtype=dtype)
+            for i, config in enumerate(accumulate_configs(dim=d, branch=branch, for_gpu=True)):
+                case = dict(base, path="kernel", products="memory-bound", config=config, default_config=i == 0)
+                r = row(case, cost, "fp32_fma")
+                r["torch_path_predicted_ms"] = t["predicted_ms"]
+                r["predicted_speedup_vs_torch"] = t["predicted_ms"] / r["predicted_ms"]
+                out.append(r)
+    return out

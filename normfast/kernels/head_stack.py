@@ -397,7 +397,51 @@ def _check_stack_operands(
     return n, d_in, d_out, G.shape[0], S.shape[0], S
 
 
-#: the jitted kernel itself: its source hash is part of the resource report (:mod:`.resources`)
+#: the jitted kernel itself (its record's ``jit_kernels``: its source hash is part of the resource report)
 KERNEL = _head_stack_kernel
 
 __all__ = ["head_stack", "head_stack_operands"]
+
+
+def _register():
+    """This kernel's record (its sweeps and cases are in :mod:`.head_sweeps`, shared with its epilogues).
+
+    Imported here rather than at the top: Triton's source hash of a kernel includes the line
+    it starts on, and the committed resource report is keyed by those hashes.
+    """
+    from functools import partial
+
+    from normfast.core.reference.head_stack import head_stack_reference
+
+    from . import costs, head_sweeps
+    from .spec import KernelSpec, ResourcePlan, register
+    from .utils import head_block_sizes
+
+    def launches(h: dict, dtypes: tuple[str, ...]):
+        for labels, (A, Z, G, S) in head_sweeps.sweep_problems(h, dtypes):
+            flags = {"has_bias": labels["bias"], "allow_tf32": labels["precision"] == "tf32"}
+            yield dict(labels, op="head_stack"), partial(head_stack, A, Z, G, S, **flags)
+
+    return register(
+        KernelSpec(
+            name="head_stack",
+            launcher=head_stack,
+            reference=head_stack_reference,
+            tiles=head_block_sizes,
+            cost=head_sweeps.stack_cost,
+            units=costs.head_units,
+            cost_config=head_sweeps.default_config,
+            jit_kernels=(_head_stack_kernel,),
+            variant_class=head_sweeps.variant_class,
+            summary_class=head_sweeps.summary_class,
+            scalar_products="FMA",
+            resources=ResourcePlan("head", head_sweeps.HEAD_SWEEP, launches),
+            check_cases=head_sweeps.stack_check_cases,
+            case_label=head_sweeps.stack_label,
+            roofline=costs.head_roofline_rows,
+        )
+    )
+
+
+#: this kernel's record (:class:`~normfast.kernels.spec.KernelSpec`)
+SPEC = _register()

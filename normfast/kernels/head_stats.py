@@ -17,10 +17,17 @@ this are retired: their epilogues kept up to 255 registers live and spilled
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
+from normfast.core.reference.head_stats import head_stats_reference, project_reference
+
+from . import costs
 from .head_stack import head_stack
-from .utils import capturing
+from .head_sweeps import HEAD_SWEEP, default_config, epilogue_check_cases, epilogue_cost, epilogue_label, sweep_problems
+from .spec import KernelSpec, ResourcePlan, meta_zeros, register
+from .utils import capturing, head_block_sizes
 
 # Reason codes of normfast.ops.REASONS (literal here: kernels import nothing from the engine).
 _ZERO_NORM, _NON_FINITE_EMBEDDING, _NON_FINITE_DISPLACEMENT = 1, 2, 3
@@ -209,3 +216,46 @@ def project(
         out[row].copy_(value.masked_fill(~ok, float("nan")))
     reason.copy_(code)
     return out, reason
+
+
+# The records: epilogues over head_stack's kernel (its sweep, its tiles, no kernel of their own).
+
+
+def _head_stats_launches(h: dict, dtypes: tuple[str, ...]):
+    for labels, (A, Z, G, S) in sweep_problems(h, dtypes):
+        flags = {"has_bias": labels["bias"], "allow_tf32": labels["precision"] == "tf32"}
+        for branch in ("u", "w"):
+            yield (
+                dict(labels, op="head_stats", branch=branch),
+                partial(head_stats, A, Z, G[0], S[0], branch=branch, **flags),
+            )
+
+
+def _project_launches(h: dict, dtypes: tuple[str, ...]):
+    for labels, (A, Z, G, _) in sweep_problems(h, dtypes):
+        flags = {"has_bias": labels["bias"], "allow_tf32": labels["precision"] == "tf32"}
+        g_centered = meta_zeros(h["m"], labels["d_out"], G.shape[-1])
+        for branch in ("u", "w"):
+            yield (
+                dict(labels, op="project", branch=branch),
+                partial(project, A, Z, G[0], g_centered, branch=branch, **flags),
+            )
+
+
+def _epilogue_spec(launcher, reference, form: str, launches) -> KernelSpec:
+    return KernelSpec(
+        name=launcher.__name__,
+        launcher=launcher,
+        reference=reference,
+        tiles=head_block_sizes,
+        cost=epilogue_cost(form),
+        units=costs.head_units,
+        cost_config=default_config,
+        resources=ResourcePlan("head", HEAD_SWEEP, launches),
+        check_cases=epilogue_check_cases(launcher.__name__),
+        case_label=epilogue_label,
+    )
+
+
+register(_epilogue_spec(head_stats, head_stats_reference, "S", _head_stats_launches))
+register(_epilogue_spec(project, project_reference, "per_batch", _project_launches))

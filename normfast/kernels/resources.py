@@ -1,10 +1,11 @@
 """What a kernel costs the GPU, without a GPU: compile for a CUDA target, read the cubin.
 
-:func:`shipped_launches` calls every public launcher, inside
-:func:`~normfast.kernels.utils.capture_launches`, over the sweep of
-:data:`SWEEP` (dtypes, branches, bias, TF32, dimensions): the launches the
-launchers would make, each with the tile configurations it may choose on a
-GPU. :func:`compile_launch` lowers one captured :class:`~normfast.kernels.utils.KernelLaunch`
+:func:`shipped_launches` calls every registered launcher, inside
+:func:`~normfast.kernels.utils.capture_launches`, over its part of the sweep
+(:func:`report_sweep`: the targets and input dtypes, and each record's
+:class:`~normfast.kernels.spec.ResourcePlan`): the launches the launchers
+would make, each with the tile configurations it may choose on a GPU.
+:func:`compile_launch` lowers one captured :class:`~normfast.kernels.utils.KernelLaunch`
 (one tile configuration of it) to a cubin for ``sm_80`` or ``sm_90`` exactly
 as a launch with those arguments would (same specialization of the integer
 arguments and pointer alignments, same constexprs and options), then reads
@@ -27,17 +28,18 @@ import os
 import re
 import subprocess
 import tempfile
-from typing import Any, Iterator
+from typing import Any
 
-import torch
 import triton
 
+from .spec import KernelSpec, kernel_owner, kernel_specs
 from .utils import KernelLaunch, capture_launches, interpreted
 
 __all__ = [
     "REGISTER_CAP",
     "SM_LIMITS",
-    "SWEEP",
+    "SWEEP",  # noqa: F822 -- the sweep of the kernels registered when it is read (__getattr__ below)
+    "TARGETS",
     "compile_key",
     "compile_launch",
     "config_label",
@@ -45,6 +47,7 @@ __all__ = [
     "kernel_source_keys",
     "occupancy",
     "planned_variants",
+    "report_sweep",
     "shipped_launches",
     "to_json",
     "variant_problems",
@@ -167,116 +170,60 @@ def compile_launch(spec: KernelLaunch, config: dict, arch: int) -> dict[str, Any
 # The sweep: every launch the launchers can make on a GPU
 # ============================================================================
 
-#: What the report sweeps. Integer arguments are specialized by Triton on
-#: divisibility by 16 and on == 1, so the dimensions cover 1, odd and
-#: 16-aligned values of each; N is odd except once (aligned).
-SWEEP = {
-    "archs": (90, 80),
-    "dtypes": ("float32", "bfloat16", "float16"),
-    "accumulate": {"branches": ("u", "w", "uw"), "n": 1000, "dims": (1, 3, 64, 100, 384, 768, 1000, 1024, 2048)},
-    "head": {
-        "n": 1001,
-        "aligned_n": 4096,
-        # (d_in, d_out): tiny, odd/odd, aligned, MiniLM-, BERT-base-, large-sized heads
-        "dims": ((1, 1), (3, 5), (64, 64), (384, 256), (385, 257), (768, 768), (769, 512), (2048, 2048)),
-        "k1": 3,
-        "k2": 2,
-        "m": 4,
-    },
-}
+#: What the report sweeps besides each kernel's own problems: the targets and the input dtypes.
+TARGETS = {"archs": (90, 80), "dtypes": ("float32", "bfloat16", "float16")}
 
 
-# The sweep's tensors live on the meta device: shapes, strides and dtypes
-# without storage (data_ptr() is 0, i.e. aligned, like a fresh CUDA allocation).
-_META = torch.device("meta")
+def report_sweep() -> dict:
+    """What the report sweeps: :data:`TARGETS` and each registered record's part (by its ``sweep_key``).
+
+    Each kernel's part lists the problems it is launched on; Triton specializes
+    integer arguments on divisibility by 16 and on == 1, so the dimensions
+    cover 1, odd and 16-aligned values. Read as :data:`SWEEP` too.
+    """
+    parts = {s.resources.sweep_key: s.resources.sweep for s in kernel_specs() if s.resources is not None}
+    return {**TARGETS, **dict(sorted(parts.items()))}
 
 
-def _zeros(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.zeros(*shape, dtype=dtype, device=_META)
+def __getattr__(name: str) -> Any:
+    if name == "SWEEP":  # computed when read: a kernel registered later is in it
+        return report_sweep()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _head_problems(sw: dict, dtype: torch.dtype) -> Iterator[tuple[dict, tuple]]:
-    h = sw["head"]
-    for (d_in, d_out), bias in itertools.product(h["dims"], (False, True)):
-        ns = (h["n"], h["aligned_n"]) if (d_in, d_out) == (384, 256) else (h["n"],)
-        for n in ns:
-            yield (
-                {"n": n, "d_in": d_in, "d_out": d_out, "bias": bias},
-                (_zeros(n, d_in, dtype=dtype), _zeros(n, d_out, dtype=dtype)),
-            )
-
-
-def shipped_launches(sweep: dict | None = None) -> list[tuple[dict, KernelLaunch]]:
-    """``(labels, launch)`` for every public launcher over the sweep, captured, not run.
+def shipped_launches(
+    sweep: dict | None = None, specs: tuple[KernelSpec, ...] | None = None
+) -> list[tuple[dict, KernelLaunch]]:
+    """``(labels, launch)`` for every registered launcher (or ``specs``) over the sweep, captured, not run.
 
     Needs ``TRITON_INTERPRET=0`` (the GPU candidate lists). The launchers'
     small torch preparations run on meta tensors of the sweep's sizes.
     """
-    from . import accumulate, head_stack, head_stats, project
-
     if interpreted():
         raise RuntimeError("shipped_launches: set TRITON_INTERPRET=0 before triton is imported")
-    sw = SWEEP if sweep is None else sweep
+    sw = report_sweep() if sweep is None else sweep
     out: list[tuple[dict, KernelLaunch]] = []
-
-    def record(labels: dict, call) -> None:
-        with capture_launches() as launches:
-            call()
-        out.extend((dict(labels, kernel=spec.kernel.__name__), spec) for spec in launches)
-
-    f32 = torch.float32
-    for name in sw["dtypes"]:
-        dtype = getattr(torch, name)
-        n = sw["accumulate"]["n"]
-        for branch, dim in itertools.product(sw["accumulate"]["branches"], sw["accumulate"]["dims"]):
-            nb = 2 if branch == "uw" else 1
-            t = _zeros(3, n, dim, dtype=dtype)
-            state = (
-                _zeros(nb, n, dim),
-                _zeros(nb, 3, n),
-                _zeros(nb, 2, n, dtype=torch.int64),
-                _zeros(n, dtype=torch.int8),
-            )
-            extra = {"t_w": t, "cross": _zeros(n)} if branch == "uw" else {}
-            record(
-                {"op": "accumulate", "dtype": name, "branch": branch, "n": n, "dim": dim},
-                lambda: accumulate(t, t[0], *state, 0, branch=branch, **extra),
-            )
-        precisions = ("ieee", "tf32") if dtype == f32 else ("ieee",)
-        h = sw["head"]
-        for precision in precisions:
-            tf32 = precision == "tf32"
-            for labels, (A, Z) in _head_problems(sw, dtype):
-                labels = dict(labels, dtype=name, precision=precision)
-                d_in, d_out, bias = labels["d_in"], labels["d_out"], labels["bias"]
-                da = d_in + int(bias)
-                G = _zeros(h["k1"], d_out, da)
-                S = _zeros(h["k2"], da, da)
-                record(dict(labels, op="head_stack"), lambda: head_stack(A, Z, G, S, has_bias=bias, allow_tf32=tf32))
-                for branch in ("u", "w"):
-                    record(
-                        dict(labels, op="head_stats", branch=branch),
-                        lambda: head_stats(A, Z, G[0], S[0], branch=branch, has_bias=bias, allow_tf32=tf32),
-                    )
-                    record(
-                        dict(labels, op="project", branch=branch),
-                        lambda: project(
-                            A, Z, G[0], _zeros(h["m"], d_out, da), branch=branch, has_bias=bias, allow_tf32=tf32
-                        ),
-                    )
+    for spec in kernel_specs() if specs is None else specs:
+        plan = spec.resources
+        if plan is None:
+            continue
+        for labels, call in plan.launches(sw[plan.sweep_key], tuple(sw["dtypes"])):
+            with capture_launches() as launches:
+                call()
+            out.extend((dict(labels, kernel=launch.kernel.__name__), launch) for launch in launches)
     return out
 
 
-def planned_variants(sweep: dict | None = None) -> dict[str, dict]:
+def planned_variants(sweep: dict | None = None, specs: tuple[KernelSpec, ...] | None = None) -> dict[str, dict]:
     """Every distinct compiled variant of the sweep: ``key -> {launch, config, arch, labels}``.
 
     Different launches that compile to the same code (the same kernel,
     specialization, constexprs and options) share one key; their labels are
     all kept.
     """
-    sw = SWEEP if sweep is None else sweep
+    sw = report_sweep() if sweep is None else sweep
     variants: dict[str, dict] = {}
-    for labels, spec in shipped_launches(sw):
+    for labels, spec in shipped_launches(sw, specs):
         for config, arch in itertools.product(spec.configs, sw["archs"]):
             key = compile_key(spec, config, arch)
             entry = variants.setdefault(key, {"launch": spec, "config": config, "arch": arch, "labels": []})
@@ -309,15 +256,8 @@ def describe_variant(entry: dict) -> dict:
     dtypes = sorted({lab["dtype"] for lab in labels})
     ops = sorted({lab["op"] for lab in labels})
     first = labels[0]
-    cls = first.get("precision", "")
-    if spec.kernel.__name__ == "_head_stack_kernel":
-        cls = (
-            "fp32 FMA"
-            if first["dtype"] == "float32" and cls == "ieee"
-            else ("TF32 MMA" if cls == "tf32" else f"{first['dtype']} MMA")
-        )
-    else:
-        cls = first["dtype"] + ("" if first.get("branch") != "uw" else ", uw")
+    owner = kernel_owner(spec.kernel.__name__)
+    cls = first["dtype"] if owner is None else owner.variant_class(first)
     return {
         "kernel": spec.kernel.__name__,
         "class": cls,
@@ -332,11 +272,9 @@ def describe_variant(entry: dict) -> dict:
 
 
 def kernel_source_keys() -> dict[str, str]:
-    """Triton's source hash of every kernel (changes with the kernel or anything it calls)."""
-    from .accumulate import KERNEL as accumulate_kernel
-    from .head_stack import KERNEL as head_stack_kernel
-
-    return {k.__name__: k.cache_key for k in (accumulate_kernel, head_stack_kernel)}
+    """Triton's source hash of every registered kernel (changes with the kernel or anything it calls)."""
+    jits = {k.__name__: k for spec in kernel_specs() for k in spec.jit_kernels}
+    return {name: jits[name].cache_key for name in sorted(jits)}
 
 
 def to_json(obj: Any) -> Any:

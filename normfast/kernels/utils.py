@@ -1,7 +1,8 @@
 """Shared helpers for the Triton launchers: checks, tile configurations, the one launch path.
 
 Tile sizes come from one place, this module. :func:`block_sizes` is the
-heuristic every launch uses in the interpreter; :func:`head_configs` and
+heuristic every launch uses in the interpreter (each kernel's record names
+its own: :func:`accumulate_block_sizes`, :func:`head_block_sizes`); :func:`head_configs` and
 :func:`accumulate_configs` list the candidates used when compiling for a
 GPU, autotuned per dimensions, flags and input dtypes (the first candidate
 alone with ``NORMFAST_AUTOTUNE=0``). Autotuning under ``TRITON_INTERPRET=1``
@@ -29,6 +30,7 @@ __all__ = [
     "KernelLaunch",
     "MAX_BLOCK_ROWS",
     "MAX_FUSED_DIM",
+    "accumulate_block_sizes",
     "accumulate_configs",
     "autotuning",
     "block_sizes",
@@ -36,6 +38,7 @@ __all__ = [
     "capturing",
     "check_kernel_device",
     "check_kernel_dtype",
+    "head_block_sizes",
     "head_configs",
     "head_operand_class",
     "interpreted",
@@ -112,29 +115,45 @@ def _pow2_between(n: int, lo: int, hi: int) -> int:
     return min(hi, max(lo, triton.next_power_of_2(max(int(n), 1))))
 
 
-def block_sizes(op: str, *, dim: int | None = None, d_in: int | None = None, d_out: int | None = None) -> dict:
-    """The interpreter's tile configuration of one launch (no autotuning there).
+def block_sizes(op: str, **dims: int | None) -> dict:
+    """The interpreter's tile configuration of one launch of kernel ``op`` (no autotuning there).
 
-    ``accumulate``: a tile is ``BLOCK_N`` rows times the whole embedding
-    (``BLOCK_D = next_pow2(dim)``), kept near ``_ACCUMULATE_TILE`` elements.
-    ``head_stack`` (and the ``head_stats`` / ``project`` epilogues over it):
-    ``BLOCK_N`` probe rows, ``BLOCK_J`` output columns, ``BLOCK_K``
-    reduction depth; at least 16 each for ``tl.dot``, and no larger than the
-    padded problem needs. On a GPU the launchers use :func:`head_configs`
-    and :func:`accumulate_configs` instead.
+    Each kernel's record names its own (:class:`~normfast.kernels.spec.KernelSpec`'s
+    ``tiles``): :func:`accumulate_block_sizes` for ``accumulate`` (``dim=``),
+    :func:`head_block_sizes` for ``head_stack`` and its ``head_stats`` /
+    ``project`` epilogues (``d_in=``, ``d_out=``). On a GPU the launchers
+    use :func:`head_configs` and :func:`accumulate_configs` instead.
     """
-    if op == "accumulate":
-        block_d = _accumulate_width(dim)
-        block_n = max(1, min(64, _ACCUMULATE_TILE // block_d))
-        num_warps = 4 if block_n * block_d <= 2048 else 8
-        return {"BLOCK_N": block_n, "BLOCK_D": block_d, "num_warps": num_warps, "num_stages": 1}
-    if op in ("head_stack", "head_stats", "project"):
-        if d_in is None or d_out is None:
-            raise ValueError(f"block_sizes: {op} needs d_in and d_out")
-        block_k = _pow2_between(d_in, 16, 32)
-        block_j = _pow2_between(max(d_in, d_out), 16, 64)
-        return {"BLOCK_N": 64, "BLOCK_J": block_j, "BLOCK_K": block_k, "num_warps": 4, "num_stages": 1}
-    raise ValueError(f"block_sizes: unknown op {op!r}")
+    from .spec import kernel_spec
+
+    try:
+        spec = kernel_spec(op)
+    except ValueError as exc:
+        raise ValueError(f"block_sizes: {exc}") from None
+    return spec.tiles(**{k: v for k, v in dims.items() if v is not None})
+
+
+def accumulate_block_sizes(dim: int | None = None) -> dict:
+    """``accumulate`` in the interpreter: ``BLOCK_N`` rows times the whole embedding.
+
+    ``BLOCK_D = next_pow2(dim)``; a tile is kept near ``_ACCUMULATE_TILE`` elements.
+    """
+    block_d = _accumulate_width(dim)
+    block_n = max(1, min(64, _ACCUMULATE_TILE // block_d))
+    num_warps = 4 if block_n * block_d <= 2048 else 8
+    return {"BLOCK_N": block_n, "BLOCK_D": block_d, "num_warps": num_warps, "num_stages": 1}
+
+
+def head_block_sizes(d_in: int | None = None, d_out: int | None = None) -> dict:
+    """``head_stack`` in the interpreter: ``BLOCK_N`` probe rows, ``BLOCK_J`` output columns, ``BLOCK_K`` depth.
+
+    At least 16 each for ``tl.dot``, and no larger than the padded problem needs.
+    """
+    if d_in is None or d_out is None:
+        raise ValueError("block_sizes: the head kernel needs d_in and d_out")
+    block_k = _pow2_between(d_in, 16, 32)
+    block_j = _pow2_between(max(d_in, d_out), 16, 64)
+    return {"BLOCK_N": 64, "BLOCK_J": block_j, "BLOCK_K": block_k, "num_warps": 4, "num_stages": 1}
 
 
 def _accumulate_width(dim: int | None) -> int:
@@ -185,7 +204,7 @@ def head_configs(
 ) -> list[dict]:
     """Candidate tile configurations of the head kernel for one launch.
 
-    In the interpreter: the heuristic of :func:`block_sizes`. On a GPU: the
+    In the interpreter: the heuristic of :func:`head_block_sizes`. On a GPU: the
     candidates of the operand class (fp32 FMA, TF32, 16-bit tensor cores) for
     the autotuner to choose from (keyed by the padded ``d_in`` and ``d_out``,
     the flags and the dtypes), or the first alone with
@@ -194,7 +213,7 @@ def head_configs(
     """
     gpu = not interpreted() if for_gpu is None else for_gpu
     if not gpu:
-        return [block_sizes("head_stack", d_in=d_in, d_out=d_out)]
+        return [head_block_sizes(d_in=d_in, d_out=d_out)]
     pool = [dict(c) for c in _HEAD_CANDIDATES[head_operand_class(dtype, precision)]]
     return pool if for_gpu or autotuning() else pool[:1]
 
@@ -202,7 +221,7 @@ def head_configs(
 def accumulate_configs(*, dim: int, branch: str = "u", for_gpu: bool | None = None) -> list[dict]:
     """Candidate tile configurations of ``accumulate`` for one launch.
 
-    In the interpreter: :func:`block_sizes`. On a GPU: a whole row per tile
+    In the interpreter: :func:`accumulate_block_sizes`. On a GPU: a whole row per tile
     as there, but at most ``_ACCUMULATE_PER_THREAD`` elements per thread (4
     to 16 warps; the "uw" branch, with twice the live tiles, at most 8) so
     that the live tiles stay in registers and many programs share an SM (a
@@ -213,7 +232,7 @@ def accumulate_configs(*, dim: int, branch: str = "u", for_gpu: bool | None = No
     """
     gpu = not interpreted() if for_gpu is None else for_gpu
     if not gpu:
-        return [block_sizes("accumulate", dim=dim)]
+        return [accumulate_block_sizes(dim)]
     block_d = _accumulate_width(dim)
     if branch == "uw":
         num_warps = min(8, max(4, block_d // 128))

@@ -15,13 +15,13 @@ SCHEMA = "normfast-gpu-check/1"
 ORDER = ("build", "tests", "env", "ceilings", "kernels", "e2e")
 COMMAND_STAGES = ("build", "tests")
 WORKER_STAGES = ("env", "ceilings", "kernels", "e2e")
-TEST_FILES = (
-    "tests/kernels/test_accumulate.py",
-    "tests/kernels/test_head_stats.py",
-    "tests/kernels/test_head_stack.py",
-    "tests/engine/transmission/test_head_mode.py",
-    "tests/engine/estimators/test_accumulator.py",
-)
+#: the tests stage: every kernel test file (but the resource report's, which compiles without
+#: launching and takes minutes), then the engine paths that launch the kernels
+TEST_FILES = tuple(
+    str(p.relative_to(REPO))
+    for p in sorted((REPO / "tests" / "kernels").glob("test_*.py"))
+    if p.name != "test_resources.py"
+) + ("tests/engine/transmission/test_head_mode.py", "tests/engine/estimators/test_accumulator.py")
 # A few fast tests per file for the dry run (real kernel cases included).
 DRY_TEST_SELECTION = (
     "block_sizes or validate or 1-1-1-2-False-u or u-1-1-2 or 1-1-1-1-1-False or invalid_rows or merge_with_empty"

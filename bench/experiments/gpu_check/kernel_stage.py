@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import traceback
 import zlib
+from functools import partial
 from typing import Any
 
 from .common import log
@@ -12,71 +13,20 @@ from .context import StageContext, bench, cuda_usable, first_calls, tf32_matmul
 
 
 def kernel_cases(gpu: bool) -> list[dict[str, Any]]:
-    """The timed cases, most informative first (later ones are dropped when time runs out).
+    """The timed cases of every registered kernel, most informative first (later ones are dropped
+    when time runs out): each kernel's record lists its cases by problem width (``check_cases``),
+    and every kernel runs at a width before any runs at the next, narrowest first."""
+    from normfast.kernels import kernel_specs
 
-    ``head_stack`` runs the grouped head statistics' stack at K = 4 groups
-    (five direction matrices, five second-moment matrices; the probe's default
-    is K = 8, nine and nine: about 1.8x the products per row); ``head_stats``
-    and ``project`` the S and per-batch forms through ``normfast.ops``.
-    """
-    if not gpu:
-        return [
-            {
-                "op": "head_stack",
-                "n": 70,
-                "d_in": 20,
-                "d_out": 24,
-                "k1": 3,
-                "k2": 3,
-                "dtype": "float32",
-                "precision": "ieee",
-            },
-            {"op": "head_stats", "n": 70, "d_in": 20, "d_out": 24, "m": 4, "dtype": "float32", "precision": "ieee"},
-            {"op": "project", "n": 70, "d_in": 20, "d_out": 24, "m": 4, "dtype": "float32", "precision": "ieee"},
-            {"op": "accumulate", "n": 70, "dim": 24, "k": 3, "dtype": "float32", "branch": "u"},
-        ]
-    cases = []
-    for d in (384, 768):
-        precisions = (
-            (("bfloat16", "ieee"), ("float32", "tf32"), ("float32", "ieee"))
-            if d == 384
-            else (("bfloat16", "ieee"), ("float32", "ieee"))
-        )
-        for dtype, precision in precisions:
-            # about 2.3 TFLOP at d = 384 (2^20 rows), 2.4 at 768 (2^18)
-            cases.append(
-                {
-                    "op": "head_stack",
-                    "n": 2**20 if d == 384 else 2**18,
-                    "d_in": d,
-                    "d_out": d,
-                    "k1": 5,
-                    "k2": 5,
-                    "dtype": dtype,
-                    "precision": precision,
-                }
-            )
-        for op in ("head_stats", "project"):
-            for dtype, precision in precisions:
-                # project does (M+1) d_in d_out MACs per row: fewer rows, same ~1.3 TFLOP
-                n = 2**20 if op == "head_stats" else (2**18 if d == 384 else 2**16)
-                cases.append({"op": op, "n": n, "d_in": d, "d_out": d, "m": 16, "dtype": dtype, "precision": precision})
-        for dtype in ("float32", "bfloat16"):
-            cases.append({"op": "accumulate", "n": 2**20, "dim": d, "k": 8, "dtype": dtype, "branch": "u"})
-        if d == 384:
-            cases.append({"op": "accumulate", "n": 2**20, "dim": d, "k": 8, "dtype": "float32", "branch": "uw"})
-    return cases
+    by_width = [spec.check_cases(gpu) for spec in kernel_specs()]
+    widths = sorted({w for cases in by_width for w in cases})
+    return [c for w in widths for cases in by_width for c in cases.get(w, [])]
 
 
 def case_label(c: dict[str, Any]) -> str:
-    if c["op"] == "accumulate":
-        return f"accumulate[{c['branch']}] N={c['n']} d={c['dim']} K={c['k']} {c['dtype']}"
-    if c["op"] == "head_stack":
-        return (
-            f"head_stack N={c['n']} d_in={c['d_in']} d_out={c['d_out']} K1={c['k1']} "
-            f"K2={c['k2']} {c['dtype']}/{c['precision']}"
-        )
-    return f"{c['op']} N={c['n']} d_in={c['d_in']} d_out={c['d_out']} M={c['m']} {c['dtype']}/{c['precision']}"
+    from normfast.kernels import kernel_spec
+
+    return kernel_spec(c["op"]).case_label(c)
 
 
 def roofline(
@@ -98,14 +48,16 @@ def roofline(
     return out
 
 
-def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | None) -> dict:
+def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | None, *, s_form: bool) -> dict:
+    """The S form (``head_stats``) or the per-batch form (``project``) through ``normfast.ops``, vs its torch path."""
     import torch
 
     from normfast import ops
-    from normfast.core.reference import allowed_error, head_stats_reference, project_reference, stat_errors
-    from normfast.kernels import costs
+    from normfast.core.reference import head_stats_reference, project_reference, stat_errors
+    from normfast.kernels import kernel_spec
     from normfast.kernels.utils import last_config
 
+    spec = kernel_spec(c["op"])
     dev = ctx.device
     n, d_in, d_out, m = c["n"], c["d_in"], c["d_out"], c["m"]
     dtype = getattr(torch, c["dtype"])
@@ -121,7 +73,6 @@ def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | N
     )
     g = torch.randn(m, d_out, device=dev, generator=gen)
     dirs = ops.prepare_head(G, g)
-    s_form = c["op"] == "head_stats"
     form = {"form": "S", "radial_spread": False} if s_form else {"form": "per_batch", "radial_spread": True}
 
     def fast():
@@ -140,22 +91,18 @@ def head_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | N
     keys = ["D", "m2", "V2", "Q"] + ([] if s_form else ["se_D"])
     errors = stat_errors({k: got[k][rows] for k in keys}, ref, keys)
     if dtype == torch.float32:
-        tol = 5e-3 if tf32 else allowed_error(torch.float32)
+        tol = 5e-3 if tf32 else spec.allowed_error(torch.float32)
     else:  # the flash-attention rule: against plain torch in that dtype
         low = [x.to(dtype) for x in (A[rows], Z[rows], G, g)]
         plain_err = stat_errors(reference(*low), ref, keys)
-        tol = allowed_error(dtype, max(plain_err.values()))
+        tol = spec.allowed_error(dtype, max(plain_err.values()))
     res["check"] = check_record(rows.stop, errors, tol)
     del got, ref
     res["kernel"] = bench(ctx, fast)
     with tf32_matmul(tf32):  # the torch path gets the same matmul precision
         plain()
         res["torch_path"] = bench(ctx, plain)
-    form_name = "S" if s_form else "per_batch"
-    k1, k2 = costs.head_stack_shape(form_name, m=m)
-    cost = costs.head_stack_cost(d_in, d_out, k1, k2, dtype=c["dtype"], bias=True, n=n)
-    cost["hbm_bytes"] += costs.head_epilogue_bytes(form_name, m=m)
-    res.update(kernel_roofline(res, cost, n, c, ceilings))
+    res.update(kernel_roofline(res, spec.cost(c, n=n), n, c, ceilings))
     res["note"] = (
         "S_c (one GEMM over the M d_out centered rows) is formed in the first call and cached: not in either timing"
         if s_form
@@ -177,30 +124,24 @@ def check_record(rows: int, errors: dict[str, float], tol: float) -> dict[str, A
 
 
 def kernel_roofline(res: dict, cost: dict, n: int, c: dict, ceilings: dict | None) -> dict:
-    """FLOPs and bytes of a head case (normfast.kernels.costs), placed against the measured ceilings.
+    """FLOPs and bytes of a case (its kernel's cost model), placed against the measured ceilings.
 
-    The compute ceiling is the GEMM rate of the units the products run on:
-    bf16/fp16 inputs on tensor cores (the bf16 GEMM), fp32 with TF32 (the
-    TF32 GEMM), fp32 "ieee" on FMA units (the fp32 GEMM with TF32 off).
+    The compute ceiling is the GEMM rate of the units the products run on
+    (the record's ``units``): bf16/fp16 inputs on tensor cores (the bf16
+    GEMM), fp32 with TF32 (the TF32 GEMM), fp32 "ieee" on FMA units (the
+    fp32 GEMM with TF32 off). With the tile configuration the launch ran
+    with, also the bytes the tiles load from L2 (when the cost model counts them).
     """
-    from normfast.kernels import costs
+    from normfast.kernels import kernel_spec
 
-    key = "bf16" if c["dtype"] != "float32" else "tf32" if c["precision"] == "tf32" else "fp32"
+    spec = kernel_spec(c["op"])
+    key = {"bf16_dense": "bf16", "tf32_dense": "tf32", "fp32_fma": "fp32"}[spec.units(c)]
     names = {"bf16": "bf16 GEMM", "tf32": "tf32 GEMM", "fp32": "fp32 GEMM, TF32 off"}
     rate = ceilings["gemm"].get(key, {}).get("TFLOPs") if ceilings else None
     out = {"flops": n * cost["useful_flops"], "bytes": n * cost["hbm_bytes"], "compute_ceiling": names[key]}
     cfg = res.get("config")
-    if cfg and "BLOCK_J" in cfg:
-        tiled = costs.head_stack_cost(
-            c["d_in"],
-            c["d_out"],
-            *costs.head_stack_shape("S" if c["op"] == "head_stats" else "per_batch", m=c.get("m", 0))
-            if c["op"] != "head_stack"
-            else (c["k1"], c["k2"]),
-            dtype=c["dtype"],
-            config=cfg,
-            bias=True,
-        )
+    tiled = spec.cost(c, config=cfg) if cfg else {}
+    if "l2_bytes" in tiled:
         out["l2_bytes"] = n * tiled["l2_bytes"]
     out.update(
         roofline(
@@ -218,9 +159,11 @@ def head_stack_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
     """The grouped form's stacked products, against the torch version of the same products."""
     import torch
 
-    from normfast.core.reference import allowed_error, head_stack_errors, head_stack_reference
-    from normfast.kernels import costs, head_stack
+    from normfast.core.reference import head_stack_errors, head_stack_reference
+    from normfast.kernels import head_stack, kernel_spec
     from normfast.kernels.utils import last_config
+
+    spec = kernel_spec(c["op"])
 
     dev = ctx.device
     n, d_in, d_out, k1, k2 = c["n"], c["d_in"], c["d_out"], c["k1"], c["k2"]
@@ -253,19 +196,18 @@ def head_stack_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
         [x[rows] for x in got], head_stack_reference(*args64, has_bias=True), *args64, has_bias=True
     )
     if dtype == torch.float32:
-        tol = 5e-3 if tf32 else allowed_error(torch.float32)
+        tol = 5e-3 if tf32 else spec.allowed_error(torch.float32)
     else:
         plain_out = head_stack_reference(A[rows], Z[rows], G.to(dtype), S.to(dtype), has_bias=True)
         plain_err = head_stack_errors(plain_out, head_stack_reference(*args64, has_bias=True), *args64, has_bias=True)
-        tol = allowed_error(dtype, max(plain_err.values()))
+        tol = spec.allowed_error(dtype, max(plain_err.values()))
     res["check"] = check_record(rows.stop, errors, tol)
     del got
     res["kernel"] = bench(ctx, fast)
     with tf32_matmul(tf32):
         plain()
         res["torch_path"] = bench(ctx, plain)
-    cost = costs.head_stack_cost(d_in, d_out, k1, k2, dtype=c["dtype"], bias=True, n=n)
-    res.update(kernel_roofline(res, cost, n, c, ceilings))
+    res.update(kernel_roofline(res, spec.cost(c, n=n), n, c, ceilings))
     res["note"] = (
         "torch path: head_stack_reference in fp32 (one GEMM per stacked matrix, the "
         "products in memory); K1 = K2 = 5 is the grouped form at K = 4 groups "
@@ -278,9 +220,11 @@ def accumulate_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
     import torch
 
     from normfast import ops
-    from normfast.core.reference import allowed_error, brute_force_stats, stat_errors
-    from normfast.kernels import costs
+    from normfast.core.reference import brute_force_stats, stat_errors
+    from normfast.kernels import kernel_spec
     from normfast.kernels.utils import last_config
+
+    spec = kernel_spec(c["op"])
 
     dev = ctx.device
     n, d, k, branch = c["n"], c["dim"], c["k"], c["branch"]
@@ -317,7 +261,7 @@ def accumulate_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
     want = brute_force_stats(both, zs.double(), branch, both_w)
     keys = [key for key in ops.stat_names(branch) if not key.startswith("sign_stability")]
     errors = stat_errors({key: got[key] for key in keys}, want, keys)
-    tol = allowed_error(torch.float32)
+    tol = spec.allowed_error(torch.float32)
     res["check"] = {
         "rows": sub,
         "reference": "float64 brute force on the same (rounded) inputs",
@@ -331,13 +275,66 @@ def accumulate_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, An
     plain()
     res["torch_path"] = bench(ctx, plain)
     # the fewest bytes one update moves (normfast.kernels.costs.accumulate_cost)
-    nbytes = n * costs.accumulate_cost(d, k, branch=branch, dtype=c["dtype"])["hbm_bytes"]
+    nbytes = n * spec.cost(c)["hbm_bytes"]
     res["flops"], res["bytes"] = None, nbytes
     res["compute_ceiling"] = None
     res.update(roofline(0, nbytes, None, ceilings["copy"]["GBps"] if ceilings else None, res["kernel"]["p50_ms"]))
     res["note"] = "memory-bound by design: one read of the displacements per update"
     res["speedup_vs_torch_path"] = res["torch_path"]["p50_ms"] / res["kernel"]["p50_ms"]
     return res
+
+
+def generic_case(ctx: StageContext, c: dict[str, Any], ceilings: dict[str, Any] | None) -> dict:
+    """A kernel without a benchmark of its own: its launcher against its reference, on its record's example.
+
+    The float64 truth is the reference on the inputs in float64; the torch
+    path is the reference on the inputs as they are. The tolerance is the
+    record's (low precision: against the reference's own error in that dtype).
+    """
+    import torch
+
+    from normfast.core.reference import output_errors
+    from normfast.kernels import kernel_spec
+    from normfast.kernels.utils import last_config
+
+    spec = kernel_spec(c["op"])
+    if spec.example is None:
+        raise ValueError(f"{spec.name}: its record lists GPU-check cases but no example to run them on")
+    dtype = getattr(torch, c["dtype"])
+    gen = torch.Generator(device=ctx.device).manual_seed(zlib.crc32(case_label(c).encode()))
+    args = spec.example(c, ctx.device, gen)
+
+    def fast():
+        return spec.launcher(*args)
+
+    def plain():
+        return spec.reference(*args)
+
+    res: dict[str, Any] = dict(c, label=case_label(c))
+    res.update(first_calls(ctx, fast))
+    res["config"] = last_config(spec.name)
+    want = spec.reference(*(a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+    errors = output_errors(fast(), want)
+    low = dtype not in (torch.float32, torch.float64)
+    tol = spec.allowed_error(dtype, max(output_errors(plain(), want).values()) if low else None)
+    res["check"] = check_record(c["n"], errors, tol)
+    del want
+    res["kernel"] = bench(ctx, fast)
+    plain()
+    res["torch_path"] = bench(ctx, plain)
+    res.update(kernel_roofline(res, spec.cost(c, n=c["n"]), c["n"], c, ceilings))
+    res["note"] = "torch path: the kernel's plain-torch reference on the same inputs"
+    return res
+
+
+#: The kernels whose GPU-check cases have a benchmark of their own (through ``normfast.ops``, against
+#: the engine's torch path); every other registered kernel runs through :func:`generic_case`.
+BENCHMARKS = {
+    "head_stack": head_stack_case,
+    "head_stats": partial(head_case, s_form=True),
+    "project": partial(head_case, s_form=False),
+    "accumulate": accumulate_case,
+}
 
 
 def kernels_stage(ctx: StageContext) -> dict[str, Any]:
@@ -365,8 +362,7 @@ def kernels_stage(ctx: StageContext) -> dict[str, Any]:
             continue
         t0 = time.time()
         try:
-            fn = {"accumulate": accumulate_case, "head_stack": head_stack_case}.get(c["op"], head_case)
-            r = fn(ctx, c, ceilings)
+            r = BENCHMARKS.get(c["op"], generic_case)(ctx, c, ceilings)
         except Exception as exc:  # noqa: BLE001 - one case fails, the others still run
             r = dict(
                 c,

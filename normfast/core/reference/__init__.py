@@ -18,7 +18,7 @@ from normfast.core.reference.accumulate import (
     brute_force_grouped,
     brute_force_stats,
 )
-from normfast.core.reference.errors import TOLERANCES, allowed_error, head_stack_errors, stat_errors
+from normfast.core.reference.errors import TOLERANCES, allowed_error, head_stack_errors, output_errors, stat_errors
 from normfast.core.reference.head_stack import head_stack_reference
 from normfast.core.reference.head_stats import head_stats_reference, project_reference
 from normfast.core.reference.quartic import solve_quartic_reference
@@ -35,6 +35,7 @@ __all__ = [
     "head_stack_errors",
     "head_stack_reference",
     "head_stats_reference",
+    "output_errors",
     "project_reference",
     "solve_quartic_reference",
     "stat_errors",

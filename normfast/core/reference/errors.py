@@ -18,9 +18,10 @@ TOLERANCES: dict[torch.dtype, dict[str, float | None]] = {
 }
 
 
-def allowed_error(dtype: torch.dtype, plain_error: float | None = None) -> float:
-    """Tolerance from :data:`TOLERANCES`; low precision needs the plain-torch error."""
-    tol = TOLERANCES[dtype]
+def allowed_error(dtype: torch.dtype, plain_error: float | None = None, *, table: dict | None = None) -> float:
+    """Tolerance from :data:`TOLERANCES` (or a kernel's own ``table`` of the same form); low precision
+    needs the plain-torch error."""
+    tol = (TOLERANCES if table is None else table)[dtype]
     if tol["factor"] is None:
         return float(tol["rtol"])
     if plain_error is None:
@@ -62,6 +63,32 @@ def head_stack_errors(got, want: dict, A, Z, G, S, *, has_bias: bool = False) ->
         else:
             diff = (g - w).abs().nan_to_num(nan=float("inf"))
             errors[key] = float((diff / scale[key].clamp_min(torch.finfo(torch.float64).tiny)).max())
+    return errors
+
+
+def output_errors(got, want) -> dict[str, float]:
+    """Max error of each output relative to the output's largest magnitude: ``{"0": ..., "1": ...}``.
+
+    ``got`` and ``want`` are a tensor or a tuple of tensors (a launcher's
+    outputs and its reference's). A shape mismatch, or a NaN where the truth
+    is finite, counts as ``inf``.
+    """
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    if len(got) != len(want):
+        return {"outputs": float("inf")}
+    errors = {}
+    for i, (g, w) in enumerate(zip(got, want)):
+        g = torch.as_tensor(g).detach().cpu().to(torch.float64)
+        w = torch.as_tensor(w).detach().cpu().to(torch.float64)
+        if tuple(g.shape) != tuple(w.shape):
+            errors[str(i)] = float("inf")
+        elif w.numel() == 0:
+            errors[str(i)] = 0.0
+        else:
+            diff = (g - w).abs().nan_to_num(nan=float("inf"))
+            scale = w.abs().max().clamp_min(torch.finfo(torch.float64).tiny)
+            errors[str(i)] = float(diff.max() / scale)
     return errors
 
 
