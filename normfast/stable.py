@@ -31,6 +31,7 @@ MODULES: dict[str, str] = {
     "normfast.core.reference": "plain-torch and float64 references of every kernel and the solver",
     # data and models
     "normfast.data.pairs": "pair sources and virtual batches",
+    "normfast.data.batches": "the seeded draw of virtual batches and the check of given ones",
     "normfast.data.io": "Parquet and JSON helpers (strict JSON of numpy values)",
     "normfast.data.torchfiles": "weights-only torch state files, written atomically",
     "normfast.data.corpus": "documents to token windows, sentence splitting",

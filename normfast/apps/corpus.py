@@ -58,7 +58,7 @@ SENTENCES = "sentences of the corpus"
 def last_layer(encoder: Any) -> str:
     """The regular expression of the encoder's last transformer layer (``encoder\\.layer\\.5\\.`` for
     all-MiniLM-L6-v2), from its trainable parameters' names; ``ValueError`` naming ``params=`` when it has none."""
-    from normfast.engine.directions.gradients import last_layer_pattern
+    from normfast.engine.directions.parameters import last_layer_pattern
 
     return last_layer_pattern([n for n, p in encoder.named_parameters() if p.requires_grad], "probe_corpus")
 

@@ -17,9 +17,10 @@ from normfast.data import schema
 ROOT = Path(__file__).resolve().parents[2]
 
 HOW_TO = (
-    "to change the output format: edit normfast/data/schema.py (COLUMNS / METADATA_KEYS), bump "
-    "SCHEMA_VERSION, add the new version and `python -m normfast.data.schema --fingerprint` to "
-    "RELEASED, one line in CHANGES (the docs' Output format page renders the registry itself)"
+    "to change the output format: edit normfast/data/schema.py (COLUMNS / METADATA_KEYS), then in "
+    "normfast/data/schema_versions.py bump SCHEMA_VERSION, add the new version and `python -m "
+    "normfast.data.schema --fingerprint` to RELEASED, one line in CHANGES (the docs' Output format page "
+    "renders the registry itself)"
 )
 
 

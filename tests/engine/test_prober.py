@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 import normfast
+import normfast.engine.runner.heat as heat_module
 import normfast.engine.runner.state as state_module
 from normfast.encoders import HFEncoder, ModuleEncoder
 from normfast.engine.config import ProbeConfig
@@ -149,6 +150,7 @@ class CountDirections:
             return real(*a, **k)
 
         monkeypatch.setattr(state_module, "compute_directions", counted)
+        monkeypatch.setattr(heat_module, "compute_directions", counted)  # the heat drawn by energy
 
 
 # ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.experiments import heat_sampling as hs
+from bench.experiments.heat_sampling import settings, stages, truth
 
 
 @pytest.fixture(scope="module")
@@ -19,17 +19,17 @@ def tiny(tiny_bert_folder):
 def test_the_truth_pool_is_the_engines_plain_heat_over_the_same_batches(tiny, monkeypatch):
     import normfast
 
-    monkeypatch.setattr(hs, "PARAMS", r"encoder\.layer\.1\.")
+    monkeypatch.setattr(truth, "PARAMS", r"encoder\.layer\.1\.")
     words = [f"word{i} token{i % 7}" for i in range(12)]
-    cfg = hs.Config(words=12, truth_batches=10, batch_size=4)
-    pool = hs.truth_pool(tiny, words, cfg, progress=False)
+    cfg = settings.Config(words=12, truth_batches=10, batch_size=4)
+    pool = truth.truth_pool(tiny, words, cfg, progress=False)
     config = normfast.ProbeConfig(
-        params=hs.PARAMS,
+        params=truth.PARAMS,
         output="pooled",
         batches=10,
         drift_batches=None,
         batch_size=4,
-        seed=hs.TRUTH_SEED,
+        seed=settings.TRUTH_SEED,
         batch_indices=pool["batches"],
         uncertainty=False,
     )
@@ -45,10 +45,10 @@ def test_stage_a_compares_every_proposal_and_the_plain_draw_misses_a_heavy_tail(
     energy = rng.pareto(1.2, n_t) + 1e-3  # a heavy tail: a few batches carry most of the energy
     c = energy[:, None] * rng.gamma(2.0, 0.5, (n_t, rows))  # every row's heat made of the same energies
     t = {"c": c, "energy": energy, "V2_true": c.sum(0) / (n_t - 1)}
-    cfg = hs.Config(pool=200, batches=16, replicates=300)
-    out = hs.stage_a(t, cfg)
-    assert set(out) == set(hs.PROPOSALS + hs.REPORTED_ONLY)
+    cfg = settings.Config(pool=200, batches=16, replicates=300)
+    out = stages.stage_a(t, cfg)
+    assert set(out) == set(settings.PROPOSALS + settings.REPORTED_ONLY)
     spread = {k: v["level_p95"] / v["level_p5"] for k, v in out.items()}
     assert spread["energy"] < spread["uniform"] / 2 and spread["mixture"] < spread["uniform"] / 2
     assert 0.8 < out["mixture"]["level_median"] < 1.2 and out["uniform"]["level_median"] < 0.9
-    assert hs.choose_proposal({"x": out})["proposal"] != "uniform"
+    assert stages.choose_proposal({"x": out})["proposal"] != "uniform"

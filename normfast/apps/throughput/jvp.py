@@ -194,8 +194,9 @@ class _MiniLMWork:
         from normfast.data.pairs import PairSource
         from normfast.data.word_frequencies import top_words
         from normfast.encoders import load_encoder
-        from normfast.engine.directions.gradients import compute_directions, resolve_parameters
+        from normfast.engine.directions.gradients import compute_directions
         from normfast.engine.directions.objectives import SimCSE
+        from normfast.engine.directions.parameters import resolve_parameters
         from normfast.engine.directions.presets import OptimizerPreset
         from normfast.engine.transmission.jvp import Tail
 

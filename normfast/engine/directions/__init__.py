@@ -4,21 +4,21 @@
   the check that a loss ignores the embedding norm;
 * :mod:`.presets` -- how an optimizer maps a gradient to an update direction (``sgd``: the
   scale-invariant branch ``u``; ``adamw``: the scale-free branch ``w``);
-* :mod:`.gradients` -- the probed parameters, the batch gradients, AdamW's second moments, and the
-  M heat directions plus the drift's group means (:class:`Directions`).
+* :mod:`.parameters` -- the probed parameters, AdamW's second moments of a live optimizer;
+* :mod:`.gradients` -- the batch gradients, AdamW's estimated second moments, and the M heat
+  directions plus the drift's group means (:class:`Directions`);
+* :mod:`.sampling` -- the heat's batches drawn from the drift's by their energy, and their weights.
 """
 
 from normfast.engine.directions.gradients import (
     Directions,
     DriftMeans,
     NonFiniteLoss,
-    adam_second_moments,
     batch_loss,
     compute_directions,
     decayed_parameters,
     estimate_second_moments,
     iter_gradients,
-    resolve_parameters,
 )
 from normfast.engine.directions.objectives import (
     CLIPLoss,
@@ -30,12 +30,15 @@ from normfast.engine.directions.objectives import (
     get_objective,
     objective_settings,
 )
+from normfast.engine.directions.parameters import adam_second_moments, last_layer_pattern, resolve_parameters
 from normfast.engine.directions.presets import PRESETS, OptimizerPreset
+from normfast.engine.directions.sampling import HeatDraw, draw_heat, heat_proposal, pool_level_se
 
 __all__ = [
     "CLIPLoss",
     "Directions",
     "DriftMeans",
+    "HeatDraw",
     "InfoNCE",
     "NonFiniteLoss",
     "Objective",
@@ -48,9 +51,13 @@ __all__ = [
     "check_scale_invariance",
     "compute_directions",
     "decayed_parameters",
+    "draw_heat",
     "estimate_second_moments",
     "get_objective",
+    "heat_proposal",
     "iter_gradients",
+    "last_layer_pattern",
     "objective_settings",
+    "pool_level_se",
     "resolve_parameters",
 ]

@@ -151,7 +151,7 @@ def virtual_probe(
     its real ``v̂``); the columns ``virtual_*`` of the monitor's rows. ``names``: the monitored
     parameters."""
     from normfast.engine.config import ProbeConfig
-    from normfast.engine.directions.gradients import adam_second_moments
+    from normfast.engine.directions.parameters import adam_second_moments
     from normfast.engine.probe import probe
 
     law = law_of(optimizer)
@@ -260,6 +260,39 @@ def as_encoder(model: Any) -> Any:
     return load_encoder(model, device=device_of(model))
 
 
+def monitored_parameters(encoder: Any, optimizer: torch.optim.Optimizer) -> tuple[list[str], dict[int, str]]:
+    """The parameters the monitor follows, at its first step: the encoder's parameters that the optimizer
+    updates and that require grad (names in the encoder's order), and ``{id(parameter): name}`` of them."""
+    by_id = {id(p): n for n, p in encoder.named_parameters()}
+    in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"] if p.requires_grad}
+    names = [n for n, p in encoder.named_parameters() if id(p) in in_optimizer]
+    if not names:
+        raise ValueError(
+            f"TrainingMonitor: the optimizer updates none of the parameters of the monitored "
+            f"{type(encoder).__name__} (does the encoder share the trained model's parameters?)"
+        )
+    chosen = set(names)
+    return names, {i: n for i, n in by_id.items() if n in chosen}
+
+
+def frozen_tail(
+    encoder: Any, names: Sequence[str], probes: Sequence[Any], dtype: torch.dtype
+) -> tuple[int, dict[str, torch.Tensor], dict[str, Any]]:
+    """What the monitor fixes once: the cut (the stage of the first monitored parameter), the tail's other
+    parameters and buffers in ``dtype`` (the jvps' precision), and the probes' state at the cut (the frozen
+    front runs once, here)."""
+    stage = encoder.stage_of_parameters()
+    chosen = set(names)
+    cut = min(stage[n] for n in names)
+    frozen = {n: p.detach().to(dtype) for n, p in encoder.named_parameters() if n not in chosen and stage[n] >= cut}
+    frozen.update({n: b.detach().to(dtype) for n, b in encoder.named_buffers() if b.is_floating_point()})
+    with eval_mode(encoder), torch.no_grad():
+        state = encoder.prepare(probes)
+        front = encoder(state, 0, cut) if cut > 0 else state
+    front = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in front.items()}
+    return cut, frozen, front
+
+
 class MonitorClock:
     """The monitor's own time against the training's, as :meth:`TrainingMonitor.summary` reports it.
 
@@ -283,10 +316,28 @@ class MonitorClock:
         self.timing: dict[str, float] = {k: 0.0 for k in TIMING_KEYS}
         self._t_last: float | None = None
         self._own_at_last = 0.0
+        self._clean_next = False  # the step being trained follows no monitor work
 
     def add(self, key: str, seconds: float) -> None:
         """``seconds`` of the monitor's own time (``terms_seconds`` or ``virtual_seconds``)."""
         self.timing[key] += seconds
+
+    def defer(self, steps_seen: int) -> bool:
+        """Whether the monitor's ``steps_seen``-th step is a clock step (its work deferred to the next
+        ``before_step``); the next step is then clean."""
+        due = steps_seen >= CLOCK_FIRST and (steps_seen - CLOCK_FIRST) % CLOCK_EVERY == 0
+        self._clean_next = due
+        return due
+
+    def untouched(self, steps_seen: int) -> None:
+        """The monitor measured nothing at its ``steps_seen``-th step: the next step is clean (past the
+        first steps, which warm up)."""
+        self._clean_next = steps_seen >= CLOCK_FIRST
+
+    def clean_now(self) -> bool:
+        """Whether the step that has just trained was clean (and forget it)."""
+        clean, self._clean_next = self._clean_next, False
+        return clean
 
     def step_done(self, now: float, *, clean: bool = False) -> None:
         """At the end of an ``after_step``: the wall time since the previous one, less the monitor's own,

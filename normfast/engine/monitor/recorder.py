@@ -32,27 +32,26 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import pyarrow as pa
 import torch
 
 from normfast.engine.monitor import state as monitor_state
 from normfast.engine.monitor.parts import (
-    CLOCK_EVERY,
-    CLOCK_FIRST,
     MonitorClock,
     as_encoder,
     check_settings,
     device_of,
     eval_mode,
     folder_metadata,
+    frozen_tail,
+    monitored_parameters,
     optimizer_info,
     start_buffers,
     unwrap_optimizer,
     virtual_probe,
 )
 from normfast.engine.monitor.realized import DecaySplit, StepRule, StepSums, parameters_as, step_rules, step_terms
-from normfast.engine.monitor.schema import MONITOR_FILE, SUMMARY_FILE, row_schema, rows_table
+from normfast.engine.monitor.schema import MONITOR_FILE, SUMMARY_FILE, row_schema, rows_table, step_row
 
 
 class TrainingMonitor:
@@ -178,7 +177,6 @@ class TrainingMonitor:
         self._current: tuple[int, dict | None, dict, dict | None] | None = None
         #: a clock step's work, deferred to the next before_step (MonitorClock: its next step is clean)
         self._deferred: tuple | None = None
-        self._clean_next = False  # the step being trained follows a deferred one
         self._writer: Any = None
         self._closed = False
 
@@ -194,34 +192,13 @@ class TrainingMonitor:
         return self._optimizer
 
     def _setup(self, optimizer: torch.optim.Optimizer) -> None:
-        enc = self.encoder
-        by_id = {id(p): n for n, p in enc.named_parameters()}
-        in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"] if p.requires_grad}
-        names = [n for n, p in enc.named_parameters() if id(p) in in_optimizer]
-        if not names:
-            raise ValueError(
-                f"TrainingMonitor: the optimizer updates none of the parameters of the monitored "
-                f"{type(enc).__name__} (does the encoder share the trained model's parameters?)"
-            )
+        names, self._param_names = monitored_parameters(self.encoder, optimizer)
         mismatch = monitor_state.monitored_mismatch(self._resumed, names)
         if mismatch is not None:
             self.release()
             raise ValueError(f"TrainingMonitor.before_step: {mismatch}; resume with the optimizer it was made with")
-        stage = enc.stage_of_parameters()
         self._names = names
-        chosen = set(names)
-        self._param_names = {i: n for i, n in by_id.items() if n in chosen}
-        self._cut = min(stage[n] for n in names)
-        self._frozen = {
-            n: p.detach().to(self.dtype) for n, p in enc.named_parameters() if n not in chosen and stage[n] >= self._cut
-        }
-        self._frozen.update({n: b.detach().to(self.dtype) for n, b in enc.named_buffers() if b.is_floating_point()})
-        with eval_mode(enc), torch.no_grad():
-            state = enc.prepare(self.probes)
-            front = enc(state, 0, self._cut) if self._cut > 0 else state
-        self._front = {
-            k: (v.to(self.dtype) if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in front.items()
-        }
+        self._cut, self._frozen, self._front = frozen_tail(self.encoder, names, self.probes, self.dtype)
         if self.out is not None and self._writer is None:
             self._open_writer(resume=False)
 
@@ -287,14 +264,12 @@ class TrainingMonitor:
             self._bind(optimizer)
         s, theta, rules, virtual, record = self._current
         self._current = None
-        clean, self._clean_next = self._clean_next, False
+        clean = self._clock.clean_now()
         if theta is None:  # nothing measured at this step: the next one trains as without the monitor
-            self._clean_next = self.steps_seen >= CLOCK_FIRST
-        elif self.steps_seen >= CLOCK_FIRST and (self.steps_seen - CLOCK_FIRST) % CLOCK_EVERY == 0:
-            # a clock step: its work waits for the next before_step, so the next step trains as without
-            # the monitor and is timed apart (MonitorClock); the state it needs is copied now
+            self._clock.untouched(self.steps_seen)
+        elif self._clock.defer(self.steps_seen):
+            # a clock step: its work waits for the next before_step (the state it needs is copied now)
             self._deferred = (s, theta, self._params(), self._decay.decay(theta, rules), rules, virtual, record)
-            self._clean_next = True
         else:
             self._record(s, theta, rules, virtual, record)
         self.next_step = s + 1
@@ -333,7 +308,6 @@ class TrainingMonitor:
         when they were kept for a deferred step) into the sums, and its row when ``record``."""
         from normfast.encoders import forward_ad_safe
 
-        n = len(self.probes)
         with eval_mode(self.encoder), forward_ad_safe():
             if self.terms:
                 new = self._params() if new is None else new
@@ -350,19 +324,8 @@ class TrainingMonitor:
             return
         if self.terms:
             cols, steps = self._sums.take()
-        first = rules[self._names[0]]
-        row: dict[str, Any] = {
-            "step": np.full(n, s, dtype=np.int64),
-            "item": np.arange(n, dtype=np.int64),
-            "id": list(self.ids),
-            "lr": np.full(n, first.lr, dtype=np.float64),
-            "norm": r2.sqrt().double().cpu().numpy(),
-        }
-        row.update({k: v.double().cpu().numpy() for k, v in cols.items()})
-        if self.terms:
-            row["n_steps"] = np.full(n, steps, dtype=np.int64)
-        if virtual is not None:
-            row.update(virtual)
+        lr = rules[self._names[0]].lr
+        row = step_row(s, self.ids, lr, r2, cols, steps if self.terms else None, virtual)
         if self._info is None:
             self._info = optimizer_info(self._optimizer, self._param_names, self._names, rules)
         if self._first_step is None:
@@ -443,11 +406,10 @@ class TrainingMonitor:
             self._open_writer(resume=False)
         path = self._writer.finalize(self.chunks, self.metadata())
         self._clock.add("terms_seconds", time.perf_counter() - t0)  # the monitor's own time, as its hooks'
-        tmp = self.out / (SUMMARY_FILE + ".tmp")
+        from normfast.data.atomic import write_text_atomically  # the existing helper: aside, then renamed
         from normfast.data.io import json_ready
 
-        tmp.write_text(json.dumps(json_ready(self.summary()), indent=1) + "\n")
-        os.replace(tmp, self.out / SUMMARY_FILE)
+        write_text_atomically(json.dumps(json_ready(self.summary()), indent=1) + "\n", self.out / SUMMARY_FILE)
         return path
 
     def release(self) -> None:
@@ -478,7 +440,7 @@ class TrainingMonitor:
         t0 = time.perf_counter()
         self._run_deferred()  # a checkpoint holds every step's work
         self._clock.add("terms_seconds", time.perf_counter() - t0)
-        self._clean_next = False
+        self._clock.clean_now()  # the checkpoint's own work comes before the next step
         named = dict(self.encoder.named_parameters())
         return {
             **monitor_state.state_header(),

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -310,6 +310,34 @@ def row_schema(*, terms: bool, virtual: bool) -> pa.Schema:
     if virtual:
         present.update(VIRTUAL_COLUMNS)
     return pa.schema([pa.field(c.name, _TYPES[c.type]) for c in COLUMNS if c.name in present])
+
+
+def step_row(
+    step: int,
+    ids: Sequence[str],
+    lr: float,
+    r2: Any,
+    terms: Mapping[str, Any],
+    n_steps: int | None,
+    virtual: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """One recorded step's rows, column by column (numpy): the step, each item with its id, the learning
+    rate, the norm (from ``R²``), the realized ``terms`` (tensors; with ``n_steps``, the steps they average)
+    and the ``virtual`` probe's columns."""
+    n = len(ids)
+    row: dict[str, Any] = {
+        "step": np.full(n, step, dtype=np.int64),
+        "item": np.arange(n, dtype=np.int64),
+        "id": list(ids),
+        "lr": np.full(n, lr, dtype=np.float64),
+        "norm": r2.sqrt().double().cpu().numpy(),
+    }
+    row.update({k: v.double().cpu().numpy() for k, v in terms.items()})
+    if n_steps is not None:
+        row["n_steps"] = np.full(n, n_steps, dtype=np.int64)
+    if virtual is not None:
+        row.update(virtual)
+    return row
 
 
 def rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:

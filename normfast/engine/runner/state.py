@@ -5,10 +5,8 @@ directions a :class:`~normfast.engine.prober.Prober` keeps for its next calls.""
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
-from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -18,18 +16,14 @@ from tqdm.auto import tqdm
 from normfast.encoders import Encoder
 from normfast.engine.config import ProbeConfig
 from normfast.engine.diagnostics.health import objective_health
-from normfast.engine.directions.gradients import (
-    Directions,
-    compute_directions,
-    estimate_second_moments,
-    resolve_parameters,
-    unused_warning,
-)
-from normfast.engine.directions.sampling import HeatDraw, draw_heat
+from normfast.engine.directions.gradients import Directions, compute_directions, estimate_second_moments, unused_warning
+from normfast.engine.directions.parameters import resolve_parameters
+from normfast.engine.directions.sampling import HeatDraw
 from normfast.engine.estimators.accumulator import ProbeAccumulator
 from normfast.engine.estimators.drift import drift_from_groups
 from normfast.engine.estimators.grouped import GroupedAccumulator
 from normfast.engine.runner.distributed import Shard
+from normfast.engine.runner.heat import resolve_heat_sampling, sampled_directions
 from normfast.engine.transmission.jvp import Tail
 
 
@@ -118,31 +112,17 @@ class ProbeRun:
         self.groups = config.effective_groups  # K: heat batch b (and drift batch b) in group b mod K
         self.M = config.batches  # the heat's M (adaptive M may raise it)
         self.adaptive: dict[str, Any] | None = None
-        self._second_moments = store.second_moments if store is not None else None
+        self.estimated_v = store.second_moments if store is not None else None
         self.snapshot = None  # the single-snapshot predictor (config.snapshot), for every item at once
         self.writer = None  # set by probe when it writes files (the resume state lives beside them)
         self.truncation_warned = False  # inputs cut at the model's maximum length: warned once per run
         #: every virtual batch's (objective value, gradient norm) seen so far: the objective's health
         self.batch_stats: dict[int, tuple[float, float]] = {} if store is None else store.batch_stats
         self.unused_warned = False  # probed parameters no batch reaches: warned once per run
-        self.heat_sampling, self.heat_sampling_note = self._resolve_heat_sampling()
+        self.heat_sampling, self.heat_sampling_note = resolve_heat_sampling(config, self.branch)
         self.heat_draw: HeatDraw | None = store.heat_draw if store is not None else None
-        self._pool_mean: dict[str, torch.Tensor] | None = store.pool_mean if store is not None else None
-        self._pool: Directions | None = None  # the pool pass (the drift's group means), once per run
-
-    def _resolve_heat_sampling(self) -> tuple[str, str | None]:
-        """The heat's sampling that runs (``"energy"`` or ``"uniform"``) and, when it is not the one asked
-        for, why (:attr:`ProbeConfig.heat_sampling`)."""
-        cfg = self.config
-        if cfg.heat_sampling == "uniform":
-            return "uniform", None
-        if not cfg.drift_from_mean:
-            return "uniform", "drift_batches=None: no pool of drift batches to draw the heat's from"
-        if cfg.batch_indices is not None:
-            return "uniform", "batch_indices given: the heat's batches are the first M of them"
-        if self.branch == "uw":
-            return "uniform", "parameter groups of both optimizer branches: the cross term C_uw needs the plain draw"
-        return "energy", None
+        self.pool_mean: dict[str, torch.Tensor] | None = store.pool_mean if store is not None else None
+        self.pool: Directions | None = None  # the pool pass (the drift's group means), once per run
 
     @property
     def known_mean(self) -> bool:
@@ -275,7 +255,7 @@ class ProbeRun:
 
     def compute_directions(self, batch_ids: Sequence[int], with_drift: bool) -> Directions:
         if self.known_mean:
-            return self._sampled_directions(batch_ids, with_drift)
+            return sampled_directions(self, batch_ids, with_drift)
         cfg = self.config
         common = dict(
             cut=self.cut, pair_encoder=self.pair_encoder, no_decay=cfg.no_decay, seed=cfg.seed, progress=self.progress
@@ -297,11 +277,11 @@ class ProbeRun:
                 **common,
             )
             if dirs.second_moments:
-                self._keep_second_moments(dirs.second_moments)
+                self.keep_second_moments(dirs.second_moments)
             return dirs
         second = None
         if len(batch_ids) < len(self.batches) and "w" in self.branches:
-            if self._second_moments is None:  # AdamW's v̂ must come from all batches
+            if self.estimated_v is None:  # AdamW's v̂ must come from all batches
                 adam = [
                     n for n in self.names if self.presets[n].name == "adamw" and self.presets[n].second_moments is None
                 ]
@@ -317,8 +297,8 @@ class ProbeRun:
                     progress=self.progress,
                     check_invariance=False,
                 )
-                self._keep_second_moments(estimated)
-            second = self._second_moments
+                self.keep_second_moments(estimated)
+            second = self.estimated_v
         return compute_directions(
             self.encoder,
             self.objective,
@@ -333,90 +313,8 @@ class ProbeRun:
             **common,
         )
 
-    def _sampled_directions(self, batch_ids: Sequence[int], with_drift: bool) -> Directions:
-        """heat_sampling="energy": one pass over the M_D drift batches (their group means, each batch's
-        energy, AdamW's v̂), the heat's draw from them by energy, then the drawn batches' gradients again
-        (the same seeds: the same gradients), folded as ``sqrt(w) (p - p̄)`` (:mod:`~normfast.engine.
-        directions.sampling`). ``batch_ids`` are draw indices; draw ``i`` is in group ``i mod K``."""
-        cfg = self.config
-        pool = self._pool if with_drift else None
-        if (with_drift and pool is None) or self.heat_draw is None or self._pool_mean is None:
-            pool = self._pool = compute_directions(
-                self.encoder,
-                self.objective,
-                self.pairs,
-                self.names,
-                self.presets,
-                self.batches,
-                keep=0,
-                drift_groups=self.groups,
-                check_invariance=True,
-                warn_unused=False,
-                cut=self.cut,
-                pair_encoder=self.pair_encoder,
-                no_decay=cfg.no_decay,
-                seed=cfg.seed,
-                progress=self.progress,
-            )
-            if pool.second_moments:
-                self._keep_second_moments(pool.second_moments)
-            energy = np.array([pool.batch_stats[b][1] ** 2 for b in range(len(self.batches))])
-            draws = cfg.max_batches if cfg.target_rse is not None else cfg.batches
-            self.heat_draw = draw_heat(energy, draws, cfg.seed)
-            drift = pool.drift
-            self._pool_mean = {
-                n: sum(c * m[n] for c, m in zip(drift.counts, drift.means)) / drift.M for n in self.names
-            }
-            if self.store is not None:
-                self.store.heat_draw, self.store.pool_mean = self.heat_draw, self._pool_mean
-        heat = self._drawn(list(batch_ids)) if len(batch_ids) else None
-        if pool is None:
-            return heat
-        if heat is None:
-            return replace(pool, heat=self.heat_draw)
-        return replace(
-            heat,
-            drift=pool.drift,
-            second_moments=pool.second_moments,
-            batch_stats={**pool.batch_stats, **heat.batch_stats},
-            unused=pool.unused,
-        )
-
-    def _drawn(self, draw_ids: list[int]) -> Directions:
-        """The folded directions of draws ``draw_ids`` (each drawn batch's gradient computed once)."""
-        cfg, draw = self.config, self.heat_draw
-        picks = [draw.batches[i] for i in draw_ids]
-        distinct = sorted(set(picks))
-        second = self._second_moments if "w" in self.branches else None
-        grads = compute_directions(
-            self.encoder,
-            self.objective,
-            self.pairs,
-            self.names,
-            self.presets,
-            [self.batches[b] for b in distinct],
-            global_ids=distinct,
-            check_invariance=False,
-            second_moments=second,
-            warn_unused=False,
-            cut=self.cut,
-            pair_encoder=self.pair_encoder,
-            no_decay=cfg.no_decay,
-            seed=cfg.seed,
-            progress=self.progress,
-        )
-        at = {b: j for j, b in enumerate(distinct)}
-        folded = []
-        for i, b in zip(draw_ids, picks):
-            root = math.sqrt(draw.weights[i])
-            g = grads.directions[at[b]]
-            folded.append({n: (g[n] - self._pool_mean[n]).mul_(root) for n in self.names})
-        return replace(
-            grads, directions=folded, losses=[grads.losses[at[b]] for b in picks], first_batch=draw_ids[0], heat=draw
-        )
-
-    def _keep_second_moments(self, second: dict[str, torch.Tensor]) -> None:
-        self._second_moments = second
+    def keep_second_moments(self, second: dict[str, torch.Tensor]) -> None:
+        self.estimated_v = second
         if self.store is not None:
             self.store.second_moments = second
 

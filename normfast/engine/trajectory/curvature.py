@@ -59,8 +59,9 @@ def curvature_heat(
     from normfast.data.batches import virtual_batches
     from normfast.data.pairs import as_pair_source as _as_pair_source
     from normfast.encoders import forward_ad_safe
-    from normfast.engine.directions.gradients import compute_directions, resolve_parameters
+    from normfast.engine.directions.gradients import compute_directions
     from normfast.engine.directions.objectives import get_objective
+    from normfast.engine.directions.parameters import resolve_parameters
     from normfast.engine.directions.presets import OptimizerPreset
 
     fn = "curvature_heat"

@@ -103,7 +103,7 @@ class TrajectoryMeter:
         n_segments: int = 0,
         dtype: torch.dtype = torch.float64,
     ):
-        from normfast.engine.directions.gradients import resolve_parameters
+        from normfast.engine.directions.parameters import resolve_parameters
 
         fn = "TrajectoryMeter"
         config.validate()
@@ -324,13 +324,9 @@ def virtual_trajectory(
 
     from normfast.data.batches import virtual_batches
     from normfast.data.pairs import as_pair_source
-    from normfast.engine.directions.gradients import (
-        adam_second_moments,
-        batch_loss,
-        estimate_second_moments,
-        resolve_parameters,
-    )
+    from normfast.engine.directions.gradients import batch_loss, estimate_second_moments
     from normfast.engine.directions.objectives import get_objective
+    from normfast.engine.directions.parameters import adam_second_moments, resolve_parameters
 
     fn = "virtual_trajectory"
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
