@@ -46,7 +46,7 @@ class ProbeConfig:
             the drift from the M heat batches, per batch (the estimator before M_D existed).
         heat_sampling: how the heat's M batches are chosen. ``"energy"`` (default): drawn from the
             M_D drift batches, whose gradients the drift computes anyway, with probability rising
-            with each batch's gradient energy (½ uniform + ½ ∝ energy), and weighted so that V2, m2
+            with each batch's gradient energy (∝ energy), and weighted so that V2, m2
             and Q stay unbiased; the heat's level then holds across seeds where a few rare batches
             carry most of the energy (:mod:`normfast.engine.directions.sampling`). ``"uniform"``:
             the first M of the drift's batches, unweighted (the plain estimator). The plain one is

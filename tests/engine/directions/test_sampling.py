@@ -53,11 +53,15 @@ def test_the_draw_is_seeded_and_its_weights_undo_the_proposal():
     assert 1 <= a.effective_size <= 16 and a.pool == 200 and a.metadata()["draws"] == 16
 
 
+@pytest.mark.parametrize("zero_energy", [False, True], ids=["energies", "one-without-energy"])
 @pytest.mark.parametrize("method", PROPOSALS)
-def test_the_weighted_heat_is_unbiased_for_the_pools_heat_exactly(method):
+def test_the_weighted_heat_is_unbiased_for_the_pools_heat_exactly(method, zero_energy):
     """Over every sequence of two draws (P² of them, enumerated), the estimator's mean is the pool's
-    sample variance Σ_b |x_b - x̄|² / (P - 1), to rounding: a heavy-tailed population with a known answer."""
+    sample variance Σ_b |x_b - x̄|² / (P - 1), to rounding: a heavy-tailed population with a known answer
+    (also with a batch of zero energy, which still moves every row by the centre)."""
     T, Z, energy = heavy_population(7)
+    if zero_energy:
+        T[3], energy[3] = 0.0, 0.0
     R = np.linalg.norm(Z, axis=1)
     x = T * R[None, :, None]
     centred = x - x.mean(0)
