@@ -1,6 +1,8 @@
 """Adaptive M: as many heat batches as the error bars need (``ProbeConfig.target_rse``).
 
-The heat's relative standard error ``se(V2)/V2`` falls like ``1/sqrt(M)``.
+The heat's relative standard error ``se(V2)/V2`` falls like ``1/sqrt(M)`` (its batch groups' part:
+with the heat drawn by energy, the pool's own level error, which more heat batches cannot reduce,
+joins ``se_V2`` in the table but not the rule).
 Protocol: start from ``M = batches``; measure the rows of the first chunk of
 probe items (the *pilot*: the same rows whatever the run's streaming,
 resuming or sharding, so the M chosen depends only on the seed and the

@@ -184,6 +184,7 @@ def test_probe_drift_matches_float64_brute_force(optimizer):
         chunk_size=4,
         seed=3,
         directions_per_pass=3,
+        heat_sampling="uniform",  # the heat of the first M (drawn by energy: tests/engine/runner/test_heat_sampling.py)
     )
     res = probe(enc, items, obj, pairs, cfg, progress=False)
     T, Z = _materialize(enc, items, pairs, cfg, obj, adamw_eps=cfg.eps if optimizer == "adamw" else None)

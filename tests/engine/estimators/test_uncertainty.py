@@ -212,6 +212,7 @@ def test_probe_error_bars_head_equals_jvp_and_intervals_are_the_jackknife(drift_
             chunk_size=5,
             lr=0.05,
             weight_decay=0.01,
+            heat_sampling="uniform",  # the plain draw: the independent jackknife below takes the first M batches
         )
         out[mode] = probe(enc, items, InfoNCE(0.1), pairs, cfg, progress=False)
     cols = (*GROUPED, "r_eq", "r_eq_heat", "r_eq_lo", "r_eq_hi", "r_eq_heat_lo", "r_eq_heat_hi")
@@ -301,19 +302,22 @@ def test_adaptive_M_is_deterministic_and_resumable(tmp_path, monkeypatch):
         drift_batches=48,
         batch_size=8,
         chunk_size=10,
-        target_rse=0.25,
+        target_rse=0.2,  # the heat drawn by energy reaches 0.25 at the first M already
         max_batches=48,
     )
     a = probe(enc, items, InfoNCE(0.1), pairs, cfg, progress=False)
     rounds = a.metadata["adaptive"]["rounds"]
     assert rounds[0]["M"] == 8 and a.metadata["M"] == rounds[-1]["M"] > 8
     assert all(r["M"] % 4 == 0 for r in rounds) and [r["M"] for r in rounds] == sorted(r["M"] for r in rounds)
-    assert a.metadata["adaptive"]["reached"] == (rounds[-1]["quantile_rse"] <= 0.25)
+    assert a.metadata["adaptive"]["reached"] == (rounds[-1]["quantile_rse"] <= 0.2)
     assert a.metadata["adaptive"]["reached"] or a.metadata["M"] == 48
-    assert all(r["quantile_rse"] > 0.25 for r in rounds[:-1])
+    assert all(r["quantile_rse"] > 0.2 for r in rounds[:-1])
     # the pilot's figure is the first chunk's: recomputed from the table
     first = np.arange(len(a)) < 10
-    rse = a.column("se_V2")[first] / a.column("V2")[first]
+    # (the table's se_V2 also holds the heat pool's own level error, which more heat batches cannot reduce:
+    # adaptive M measures the batches' part)
+    pool = a.metadata["heat_sampling"]["pool_level_se"]
+    rse = np.sqrt((a.column("se_V2")[first] / a.column("V2")[first]) ** 2 - pool**2)
     assert np.quantile(rse, 0.9) == pytest.approx(rounds[-1]["quantile_rse"], rel=1e-6)
     head = probe(enc, items, InfoNCE(0.1), pairs, ProbeConfig(**{**cfg.__dict__, "mode": "head"}), progress=False)
     assert head.metadata["M"] == a.metadata["M"]

@@ -86,6 +86,32 @@ def test_the_engines_heat_is_the_weighted_estimator_over_its_draw(mode, optimize
     branch, sfx = ("u", "") if optimizer == "sgd" else ("w", "_w")
     ref = weighted_heat_reference(T[list(draw.batches)], Z, draw.weights, T.mean(0), branch=branch).numpy()
     np.testing.assert_allclose(res.column("V2" + sfx), ref, rtol=1e-9)
+    # se_V2: the delete-a-group jackknife over the draws (draw i in group i mod K) and the pool's own level
+    # error in quadrature
+    picks, w = np.asarray(draw.batches), np.asarray(draw.weights)
+    loo = np.stack(
+        [
+            weighted_heat_reference(T[picks[keep]], Z, w[keep], T.mean(0), branch=branch).numpy()
+            for keep in ([i for i in range(cfg.batches) if i % cfg.groups != g] for g in range(cfg.groups))
+        ],
+        1,
+    )
+    k = cfg.groups
+    jack = np.sqrt(((loo - loo.mean(1, keepdims=True)) ** 2).sum(1) * (k - 1) / k)
+    np.testing.assert_allclose(res.column("se_V2" + sfx), np.hypot(jack, ref * draw.level_se), rtol=1e-7)
+    # the r_eq interval is at least as wide as the level's own shift of r_eq (t quantile, K - 1 dof)
+    from normfast.core.equilibrium import equilibrium_norm
+    from normfast.engine.estimators import t_quantile
+
+    law = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
+    kappa, m2 = res.column("kappa"), res.column("m2" + sfx)
+    if optimizer == "sgd":
+        ends = [
+            equilibrium_norm(res.column("D"), m2 + f * ref, kappa, **law)
+            for f in np.exp([draw.level_se, -draw.level_se])
+        ]
+        half_shift = np.abs(ends[0] - ends[1]) / 2
+        assert np.all(res.column("r_eq_hi") - res.column("r_eq") >= t_quantile(k - 1) * half_shift * (1 - 1e-9))
     pool = brute_force_stats(T, Z, branch)  # the drift and m2: the whole pool's mean direction
     np.testing.assert_allclose(res.column("D" + sfx), pool["D" + sfx].numpy(), rtol=1e-9)
     np.testing.assert_allclose(res.column("m2" + sfx), pool["m2" + sfx].numpy(), rtol=1e-9)
