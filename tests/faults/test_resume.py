@@ -354,6 +354,7 @@ CASES = MODEL_CASES + [
     Case("words", {"--params": r"encoder\.layer\.0\."}, r"config.params"),
     Case("words", {"--batches": "6"}, r"config.batches 4 -> 6"),
     Case("words", {"--drift-batches": "8"}, r"config.drift_batches null -> 8"),
+    Case("words", {"--heat-sampling": "uniform"}, r'config.heat_sampling "energy" -> "uniform"'),
     Case("words", {"--groups": "4", "--batches": DROP}, r"config.groups 2 -> 4"),
     Case("words", {"--batch-size": "4"}, r"config.batch_size 8 -> 4"),
     Case("words", {"--optimizer": "adamw"}, r'config.optimizer "sgd" -> "adamw"'),
