@@ -74,7 +74,7 @@ def temperature(default: float) -> Setting:
     return Setting(
         "temperature",
         default,
-        "softmax temperature of the cosine logits; a higher one lifts a saturated objective (loss near 0)",
+        "softmax temperature of the cosine logits; a higher one lifts a saturated objective, whose loss is near 0",
         minimum=0.0,
         strictly=True,
     )
