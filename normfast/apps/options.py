@@ -140,7 +140,7 @@ def _setting_help(name: str, owners: list[tuple[str, Setting]], note: str | None
     parts = []
     if setting.type is not bool:
         shown = {_shown(s.default) for _, s in owners}
-        if len(shown) == 1 and everyone:
+        if len(shown) == 1:
             parts.append(f"default {shown.pop()}")
         else:
             parts.append("default: the objective's own: " + ", ".join(f"{o} {_shown(s.default)}" for o, s in owners))

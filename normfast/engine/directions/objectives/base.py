@@ -175,13 +175,14 @@ class Objective:
             return False
         return loss_mean / chance < self.saturated_below
 
-    def saturation_text(self) -> str:
+    @classmethod
+    def saturation_text(cls) -> str:
         """What "saturated" means for this objective, in words (the health line, the docs' table)."""
-        if self.saturation:
-            return self.saturation
-        if self.chance is None or self.saturated_below is None:
+        if cls.saturation:
+            return cls.saturation
+        if cls.chance is None or cls.saturated_below is None:
             return "never by the loss-to-chance rule (the loss has no chance level)"
-        return f"loss / chance < {self.saturated_below:.0e}"
+        return f"loss / chance < {cls.saturated_below:.0e}"
 
     def batch_source(self, items: str) -> str:
         """The pair source in words when the items themselves are it (``needs="items"``), for messages."""
