@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from normfast.apps.options import config_settings, direction_arguments, per_item_arguments
+from normfast.apps.options import direction_arguments, direction_settings, per_item_arguments
 
 demo_description = """\
 The main job on an offline default: a token-level probe of the real
@@ -83,7 +83,7 @@ def demo_main(args: argparse.Namespace) -> int:
         "seed": 0,
         "chunk_size": 128,
     }
-    config = ProbeConfig(**{**demo, **config_settings(args)})  # the options given over the demo's settings
+    config = ProbeConfig(**{**demo, **direction_settings(args)})  # the options given over the demo's settings
     result = probe(
         encoder,
         words,

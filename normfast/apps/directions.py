@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from normfast.apps.options import (
-    config_settings,
     direction_arguments,
+    direction_settings,
     encoder_arguments,
     load_model,
     make_objective,
@@ -84,7 +84,7 @@ def directions_main(args: argparse.Namespace) -> int:
         encoder = load_model(args, args.device)
         objective = make_objective(args)
         pairs = read_pairs_file(Path(args.pairs), args, objective.needs)
-        config = ProbeConfig(**config_settings(args))
+        config = ProbeConfig(**direction_settings(args))
         prober = Prober(
             encoder,
             objective,

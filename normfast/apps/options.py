@@ -20,7 +20,7 @@ from normfast.engine.directions.objectives import Setting, get_objective, object
 
 __all__ = [
     "DEFAULT_OBJECTIVE",
-    "config_settings",
+    "direction_settings",
     "direction_arguments",
     "encoder_arguments",
     "load_model",
@@ -303,7 +303,7 @@ def output_arguments(p: argparse.ArgumentParser, default: str | None, tokens_hel
     p.set_defaults(output=default)
 
 
-def config_settings(args: argparse.Namespace) -> dict[str, Any]:
+def direction_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`~normfast.engine.config.ProbeConfig` fields the direction and per-item options give
     (those left out keep the config's, or a recipe's, defaults; ``--drift-batches 0``: None)."""
     out = {}

@@ -14,8 +14,8 @@ from normfast.apps.corpus import (
     objectives_of_items,
 )
 from normfast.apps.options import (
-    config_settings,
     direction_arguments,
+    direction_settings,
     encoder_arguments,
     load_options,
     model_arguments,
@@ -229,7 +229,7 @@ def probe_main(args) -> int:
 def _settings(args, output: str) -> dict:
     """The ProbeConfig settings the command line sets; those not given keep ProbeConfig's defaults (a
     plain probe) or the corpus recipe's (:func:`normfast.apps.corpus.probe_corpus`)."""
-    settings = config_settings(args)
+    settings = direction_settings(args)
     if args.chunk_size is not None:
         settings["chunk_size"] = args.chunk_size
     settings.update(
@@ -325,7 +325,7 @@ def _probe_cli(args, device: str, root: bool) -> int:
     return 0
 
 
-def _probe_items(args, objective, pairs, config, options: dict, run: dict):
+def _probe_items(args, objective, pairs, config, load_options: dict, run: dict):
     """A probe of the items of --probes (the plain probe), every setting checked before the model loads."""
     from normfast.data.pairs import PairSource, check_batch_size
     from normfast.encoders import load_encoder
@@ -335,12 +335,12 @@ def _probe_items(args, objective, pairs, config, options: dict, run: dict):
     config.validate()
     if pairs is None and objective.needs != "items":
         raise ValueError(f"--objective {objective.name} needs --pairs (a .jsonl or .tsv of pairs)")
-    if config.batch_indices is None:  # before the model is loaded: the pairs, or the probes (an objective of items)
+    if config.batch_indices is None:  # before the model is loaded: the pairs, or the probes for SimCSE
         source = pairs if pairs is not None else PairSource.from_iterable(items, kind="items")
         if pairs is None:
             source.what = objective.batch_source("probe items")
         check_batch_size("probe", config.batch_size, source)
-    encoder = load_encoder(args.model, **options)
+    encoder = load_encoder(args.model, **load_options)
     if encoder.modality == "image":
         items = load_images(items)
         if pairs is not None:

@@ -18,8 +18,8 @@ from normfast.apps.options import (
     CONFIG_FIELD,
     DIRECTION_OPTIONS,
     PER_ITEM_OPTIONS,
-    config_settings,
     direction_arguments,
+    direction_settings,
     encoder_arguments,
     load_model,
     make_objective,
@@ -168,7 +168,7 @@ def serve_prober(args: argparse.Namespace) -> Any:
             "holding saved directions (normfast directions MODEL --pairs FILE --out FOLDER)"
         )
     pairs = read_pairs_file(Path(args.pairs), full, objective.needs)
-    config = ProbeConfig(**config_settings(full), output=args.output)
+    config = ProbeConfig(**direction_settings(full), output=args.output)
     config.validate()
     encoder = load_model(args)
     prober = Prober(
@@ -194,7 +194,7 @@ def _saved_prober(args: argparse.Namespace, folder: Path) -> Any:
     from normfast.engine.runner.artifact import read_manifest, saved_config
 
     given = given_options(args)
-    fields = {k: v for k, v in config_settings(with_defaults(args)).items() if _option_of(k) in given}
+    fields = {k: v for k, v in direction_settings(with_defaults(args)).items() if _option_of(k) in given}
     config = replace(saved_config(folder), output=args.output, **fields)
     config.validate()
     made = read_manifest(folder)["fingerprint"]["objective"]
