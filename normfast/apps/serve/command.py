@@ -170,7 +170,7 @@ def serve_prober(args: argparse.Namespace) -> Any:
     pairs = read_pairs_file(Path(args.pairs), full, objective.needs)
     config = ProbeConfig(**direction_settings(full), output=args.output)
     config.validate()
-    encoder = load_model(args)
+    encoder = load_model(args, args.device)
     prober = Prober(
         encoder,
         objective,
@@ -209,7 +209,7 @@ def _saved_prober(args: argparse.Namespace, folder: Path) -> Any:
         objective = make_objective(ns)
     kind = objective if objective is not None else get_objective(made["name"])
     pairs = read_pairs_file(Path(args.pairs), with_defaults(args), kind.needs) if args.pairs else None
-    encoder = load_model(args)
+    encoder = load_model(args, args.device)
     return Prober.load(
         folder,
         encoder,
