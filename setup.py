@@ -43,6 +43,7 @@ setup(
         "normfast.engine",
         "normfast.engine.diagnostics",
         "normfast.engine.directions",
+        "normfast.engine.directions.objectives",
         "normfast.engine.estimators",
         "normfast.engine.monitor",
         "normfast.engine.report",

@@ -9,6 +9,9 @@ A page asks for generated content with a marker on a line of its own:
     <!-- schema:monitor -->   a training monitor folder's columns and keys (normfast.engine.monitor.schema)
     <!-- schema:monitor-report --> the files `normfast report` writes there (normfast.engine.monitor.report_schema)
     <!-- schema:serve -->     `normfast serve`'s JSON API: its rows and JSON Schemas (normfast.apps.serve.schema)
+    <!-- objectives:table --> every registered objective with what it declares: its batches, settings and
+                              flags, chance level, saturation rule, pair encoder
+                              (normfast.engine.directions.objectives)
     <!-- api:NAME NAME ... --> mkdocstrings blocks for public names of `import normfast`
                               (api:ops: the array backend, normfast.ops)
     <!-- stable:modules -->   the stable internals and what each offers (normfast.stable)
@@ -31,7 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-MARKER = re.compile(r"^<!-- (?P<kind>results|cli|schema|api|stable|include):(?P<arg>[^>]*?) -->[ \t]*$", re.M)
+MARKER = re.compile(
+    r"^<!-- (?P<kind>results|cli|schema|objectives|api|stable|include):(?P<arg>[^>]*?) -->[ \t]*$", re.M
+)
 HELP_WIDTH = "100"  # argparse wraps help to $COLUMNS: a fixed width makes the pages reproducible
 
 
@@ -100,6 +105,35 @@ def schema_tables(which: str = "output") -> str:
     return {"monitor": monitor_schema, "monitor-report": report_schema, "serve": serve_schema}.get(
         which, schema
     ).render_markdown()
+
+
+def objective_table() -> str:
+    """Every registered objective, as the registry declares it (the order is the registry's)."""
+    from normfast.engine.directions.objectives import objective_classes
+
+    def shown(value) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    rows = [
+        "| `--objective` | class | a virtual batch holds | settings: flag (default) | chance level | saturated when "
+        "| its positives go through |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, cls in objective_classes().items():
+        declared = [
+            f"`{s.flag}`" + ("" if s.type is bool else f" ({shown(s.default)})") + f": {s.help}"
+            for s in cls.declared_settings
+        ]
+        fixed = [f"{k}: always {shown(v)}" for k, v in cls.fixed_settings.items()]
+        chance = f"`{cls.chance.formula}` (B: batch size)" if cls.chance is not None else "none"
+        rows.append(
+            f"| `{name}` | `{cls.__name__}` | {cls.needs}: {cls.summary} | {'<br>'.join(declared + fixed) or 'none'} "
+            f"| {chance} | {cls.saturation_text()} "
+            f"| {'a second encoder (open_clip: the other tower)' if cls.needs_pair_encoder else 'the probed encoder'} |"
+        )
+    return "\n".join(rows)
 
 
 def _public_path(name: str) -> str:
@@ -199,6 +233,10 @@ def render(kind: str, arg: str) -> str:
                 f"schema:{arg}: only schema:output, schema:monitor, schema:monitor-report and schema:serve exist"
             )
         return schema_tables(arg)
+    if kind == "objectives":
+        if arg != "table":
+            raise MarkerError(f"objectives:{arg}: only objectives:table exists")
+        return objective_table()
     if kind == "api":
         return api_blocks(arg)
     if kind == "stable":

@@ -41,13 +41,17 @@ __all__ = [
     "CORPUS_BATCHES",
     "CORPUS_BATCH_SIZE",
     "CORPUS_CHUNK",
+    "CORPUS_OBJECTIVE",
     "CORPUS_TEMPERATURE",
     "corpus_objective",
     "corpus_sentences",
     "last_layer",
+    "objectives_of_items",
     "probe_corpus",
 ]
 
+#: the recipe's objective, by name, and its temperature (the recipe's own, not the objective's default)
+CORPUS_OBJECTIVE = "simcse"
 CORPUS_TEMPERATURE = 0.1
 CORPUS_BATCH_SIZE = 32
 CORPUS_BATCHES = 16
@@ -63,10 +67,18 @@ def last_layer(encoder: Any) -> str:
     return last_layer_pattern([n for n, p in encoder.named_parameters() if p.requires_grad], "probe_corpus")
 
 
-def corpus_objective(objective: Any = "simcse", temperature: float | None = None, **options: Any) -> Any:
-    """The recipe's objective: a name becomes that objective, SimCSE at temperature 0.1 unless
-    ``temperature`` is given; an objective object is returned as it is (then no ``temperature``)."""
-    from normfast.engine.directions.objectives import get_objective
+def objectives_of_items() -> list[str]:
+    """The registered objectives that draw their batches from items alone (the corpus's sentences)."""
+    from normfast.engine.directions.objectives import objective_classes
+
+    return [name for name, cls in objective_classes().items() if cls.needs == "items"]
+
+
+def corpus_objective(objective: Any = CORPUS_OBJECTIVE, temperature: float | None = None, **options: Any) -> Any:
+    """The recipe's objective: a name becomes that objective; the recipe's own objective
+    (:data:`CORPUS_OBJECTIVE`) at the recipe's temperature 0.1 unless ``temperature`` is given; an
+    objective object is returned as it is (then no ``temperature``)."""
+    from normfast.engine.directions.objectives import get_objective, objective_class
 
     if not isinstance(objective, str):
         if temperature is not None or options:
@@ -74,7 +86,7 @@ def corpus_objective(objective: Any = "simcse", temperature: float | None = None
                 f"probe_corpus: temperature= applies to an objective given by name; set it on {objective!r}"
             )
         return objective
-    if temperature is None and objective.lower() == "simcse":
+    if temperature is None and objective_class(objective) is objective_class(CORPUS_OBJECTIVE):
         temperature = CORPUS_TEMPERATURE
     return get_objective(objective, **options, **({} if temperature is None else {"temperature": temperature}))
 
@@ -97,7 +109,7 @@ def _documents(documents: Any, layout: str, text_key: str, id_key: str) -> list[
 def probe_corpus(
     encoder: Any,
     documents: Any,
-    objective: Any = "simcse",
+    objective: Any = CORPUS_OBJECTIVE,
     pairs: Any = None,
     *,
     temperature: float | None = None,
@@ -166,8 +178,8 @@ def probe_corpus(
     if pairs is None:
         if objective.needs != "items":
             raise ValueError(
-                f"{fn}: objective {objective.name!r} needs {objective.needs} (pairs=, CLI --pairs); only "
-                f"SimCSE can use the corpus's own sentences"
+                f"{fn}: objective {objective.name!r} needs {objective.needs} (pairs=, CLI --pairs); only an "
+                f"objective of items ({', '.join(objectives_of_items())}) can use the corpus's own sentences"
             )
         source = PairSource.from_iterable(corpus_sentences(docs), kind="items")
         source.what = SENTENCES

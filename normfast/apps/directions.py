@@ -18,7 +18,9 @@ from normfast.apps.options import (
     objective_arguments,
     pair_encoder_for,
     pairs_arguments,
+    per_item_arguments,
     read_pairs_file,
+    resolve_device,
 )
 
 directions_description = """\
@@ -50,12 +52,12 @@ def directions_arguments(p: argparse.ArgumentParser) -> None:
     model_arguments(p)
     pairs_arguments(
         p,
-        "virtual-batch source, required (.jsonl / .tsv; for simcse plain items: .txt one per line, "
-        ".tsv the first column, .jsonl --text-key, or a pairs file's anchors)",
+        "virtual-batch source, required (.jsonl / .tsv; for an objective of items, plain items: .txt one per "
+        "line, .tsv the first column, .jsonl --text-key, or a pairs file's anchors)",
     )
-    p.add_argument("--text-key", default="text", help="jsonl key of the items of a --pairs file (default: text)")
     objective_arguments(p)
     direction_arguments(p)
+    per_item_arguments(p)
     encoder_arguments(p)
     p.add_argument("--out", required=True, metavar="FOLDER", help="the folder to write the directions to")
     p.add_argument("--overwrite", action="store_true", help="replace the directions already in --out")
@@ -69,11 +71,12 @@ def directions_main(args: argparse.Namespace) -> int:
     from normfast.engine.runner.integrity import check_save_target
 
     try:
+        args.device = resolve_device(args)
         check_device("--device", args.device)
         if not args.pairs:
             raise ValueError(
                 "--pairs is required: the directions come from a pair source, kept for every later probe "
-                "(for simcse: a file of items to draw batches from, .txt one per line)"
+                "(for an objective of items: a file of items to draw batches from, .txt one per line)"
             )
         out = Path(args.out)
         # before the model is loaded: --out must be new, empty, or (--overwrite) saved directions only

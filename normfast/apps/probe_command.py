@@ -5,9 +5,30 @@ from __future__ import annotations
 from pathlib import Path
 
 # nothing here imports torch at import time: `normfast probe --help` builds this parser
-from normfast.apps.corpus import CORPUS_BATCH_SIZE, CORPUS_BATCHES, CORPUS_CHUNK, CORPUS_TEMPERATURE
+from normfast.apps.corpus import (
+    CORPUS_BATCH_SIZE,
+    CORPUS_BATCHES,
+    CORPUS_CHUNK,
+    CORPUS_OBJECTIVE,
+    CORPUS_TEMPERATURE,
+    objectives_of_items,
+)
+from normfast.apps.options import (
+    direction_arguments,
+    direction_settings,
+    encoder_arguments,
+    load_options,
+    model_arguments,
+    objective_arguments,
+    objective_settings_given,
+    output_arguments,
+    pair_encoder_for,
+    pairs_arguments,
+    per_item_arguments,
+    resolve_device,
+)
 from normfast.apps.probe_inputs import image_pairs, load_images, read_pairs_file, read_probe_file
-from normfast.engine.defaults import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, HEAT_SAMPLING, MODES, PRESETS
+from normfast.engine.defaults import DEFAULT_DRIFT_BATCHES, MODES
 
 probe_description = f"""\
 Probe a contrastive encoder: for every input (--pooled) or every token
@@ -61,19 +82,19 @@ then OUT.manifest.json naming one Parquet part per rank, which `normfast
 report` reads as one table. --resume works with any number of ranks."""
 
 
+#: how the corpus recipe's defaults show in the shared options' help
+CORPUS_NOTES = {
+    "params": "default: all; with --corpus: last",
+    "drift_batches": f"default {DEFAULT_DRIFT_BATCHES}; with --corpus 0",
+    "batch_size": f"default {CORPUS_BATCH_SIZE}; with --corpus and fewer sentences: half of them",
+}
+
+
 def probe_arguments(p) -> None:
-    p.add_argument(
-        "model", help="hub id, local folder (HF or sentence-transformers), 'minilm', or open_clip:ARCH[@WEIGHTS]"
-    )
+    model_arguments(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--probes", help="probe items file (.txt / .jsonl / .tsv)")
     src.add_argument("--corpus", help="a corpus to probe token by token, in context (.txt or .jsonl; see below)")
-    p.add_argument(
-        "--text-key",
-        default="text",
-        help="jsonl key of the text: of the probes, the corpus documents, and the items of a --pairs "
-        "file (default: text)",
-    )
     p.add_argument("--id-key", default="id", help="--corpus .jsonl: key of the document id (default: id)")
     p.add_argument(
         "--doc-layout",
@@ -93,100 +114,24 @@ def probe_arguments(p) -> None:
         default=None,
         help="--corpus: tokens between window starts (default: --window, no overlap)",
     )
-    p.add_argument(
-        "--pairs",
-        help="virtual-batch source (.jsonl / .tsv); optional for simcse, which reads plain "
-        "items from it (.txt / .tsv / .jsonl) or a pairs file's anchors",
+    pairs_arguments(
+        p,
+        f"virtual-batch source (.jsonl / .tsv); optional for an objective of items "
+        f"({', '.join(objectives_of_items())}), which reads plain items from it (.txt / .tsv / .jsonl) or a "
+        "pairs file's anchors",
+        text_key_help="jsonl key of the text: of the probes, the corpus documents, and the items of a --pairs "
+        "file (default: text)",
     )
-    p.add_argument("--anchor-key", default="anchor", help="--pairs .jsonl: key of the anchors (default: anchor)")
-    p.add_argument(
-        "--positive-key", default="positive", help="--pairs .jsonl: key of the positives (default: positive)"
-    )
-    p.add_argument("--label-key", default=None, help="jsonl key of class labels (supcon)")
-    p.add_argument(
-        "--objective",
-        default="simcse",
-        choices=["simcse", "infonce", "clip", "supcon"],
-        help="the virtual objective: simcse (dropout views of items, no labels; default), infonce (pairs), "
-        "clip (symmetric, image-text pairs), supcon (class labels)",
-    )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        help=f"objective temperature (default: the objective's own: infonce/simcse 0.05, clip 0.07, supcon 0.1; "
-        f"with --corpus simcse {CORPUS_TEMPERATURE}). A higher one lifts a saturated objective (loss near 0)",
-    )
-    p.add_argument(
-        "--symmetric",
-        action="store_true",
-        help="infonce: average the anchor->positive and positive->anchor losses (clip is always symmetric)",
-    )
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--tokens", dest="output", action="store_const", const="tokens", help="one row per token position")
-    g.add_argument(
-        "--pooled",
-        dest="output",
-        action="store_const",
-        const="pooled",
-        help="one row per input (default, except with --corpus)",
-    )
-    p.set_defaults(output=None)
+    objective_arguments(p, notes={"temperature": f"with --corpus {CORPUS_OBJECTIVE} {CORPUS_TEMPERATURE}"})
+    output_arguments(p, None, "one row per token position", "one row per input (default, except with --corpus)")
     p.add_argument(
         "--mode",
         default="auto",
         choices=list(MODES),
         help="head: closed form for a final linear head; jvp: general; auto (default)",
     )
-    p.add_argument(
-        "--params",
-        default=None,
-        help="probed parameters: all, head, last (the last transformer layer), or a regex over parameter "
-        "names (default: all; with --corpus: last)",
-    )
-    p.add_argument("--batches", type=int, default=None, help=f"M, virtual batches (>= 2; default {CORPUS_BATCHES})")
-    p.add_argument(
-        "--drift-batches",
-        type=int,
-        default=None,
-        help=f"M_D, virtual batches of the drift, taken from their mean update direction (one more "
-        f"directional pass per batch group; >= M; default {DEFAULT_DRIFT_BATCHES}; with --corpus 0); 0: "
-        f"the drift from the M heat batches, per batch",
-    )
-    p.add_argument(
-        "--heat-sampling",
-        default="energy",
-        choices=list(HEAT_SAMPLING),
-        help="how the heat's M batches are chosen: energy (drawn from the M_D drift batches by their gradient "
-        "energy and weighted, so that a few rare high-energy batches cannot move the heat's level between seeds) "
-        "or uniform (the first M, unweighted: the plain estimator); default energy",
-    )
-    p.add_argument(
-        "--groups",
-        type=int,
-        default=DEFAULT_GROUPS,
-        help=f"K, batch groups behind every error bar (se_D, sign stability, se_V2, se_Q, R_eq "
-        f"intervals; t with K-1 dof; default {DEFAULT_GROUPS})",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help=f"pairs (or items) per virtual batch, at most as many as the source holds (default "
-        f"{CORPUS_BATCH_SIZE}; with --corpus and fewer sentences: half of them)",
-    )
-    p.add_argument(
-        "--optimizer",
-        default="sgd",
-        choices=list(PRESETS),
-        help="optimizer preset of the law: sgd (the scale-invariant branch) or adamw (the scale-free "
-        "branch, a heuristic; default sgd)",
-    )
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate eta of the law (default 1e-3)")
-    p.add_argument("--wd", type=float, default=1e-2, help="decoupled weight decay lambda (default 1e-2)")
-    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (heuristic eta/(1-beta))")
-    p.add_argument("--no-decay", default=None, help="regex of probed parameters without weight decay")
-    p.add_argument("--seed", type=int, default=0, help="seed of the virtual batches and of dropout (default 0)")
+    direction_arguments(p, notes=CORPUS_NOTES)
+    per_item_arguments(p)
     p.add_argument(
         "--directions",
         metavar="FOLDER",
@@ -206,13 +151,6 @@ def probe_arguments(p) -> None:
         type=int,
         default=None,
         help="update directions carried by one forward-mode (jvp) pass (default: as many as the memory budget allows)",
-    )
-    p.add_argument(
-        "--memory-budget-mb",
-        type=float,
-        default=2048,
-        help="memory the update directions and the directions per pass may take, in MB (default 2048): "
-        "beyond it the directions are computed in groups (directions-outer loop order)",
     )
     p.add_argument(
         "--no-uncertainty",
@@ -251,12 +189,7 @@ def probe_arguments(p) -> None:
         default=None,
         help="with --snapshot: the virtual trajectory's steps (default: 4 relaxation times of R², 500 to 20000 steps)",
     )
-    p.add_argument("--tower", choices=["image", "text"], help="open_clip tower to probe")
-    p.add_argument("--no-projection", action="store_true", help="open_clip / sentence-transformers without the head")
-    p.add_argument("--pooling", default=None, help="HF pooling (mean, cls, ...)")
-    p.add_argument(
-        "--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when a GPU is visible, else cpu)"
-    )
+    encoder_arguments(p)
     p.add_argument("--out", required=True, help="output .parquet")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run at --out")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
@@ -271,10 +204,7 @@ def probe_main(args) -> int:
     from normfast.core.checks import check_device
     from normfast.engine.runner.distributed import init_from_env
 
-    if args.device is None:
-        import torch
-
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.device = resolve_device(args)
     try:  # before anything is loaded: a missing GPU is one line, not a driver error in the first transfer
         check_device("--device", args.device)
     except ValueError as exc:
@@ -299,28 +229,13 @@ def probe_main(args) -> int:
 def _settings(args, output: str) -> dict:
     """The ProbeConfig settings the command line sets; those not given keep ProbeConfig's defaults (a
     plain probe) or the corpus recipe's (:func:`normfast.apps.corpus.probe_corpus`)."""
-    given = {
-        "params": args.params,
-        "batches": args.batches,
-        "batch_size": args.batch_size,
-        "chunk_size": args.chunk_size,
-    }
-    settings = {k: v for k, v in given.items() if v is not None}
-    if args.drift_batches is not None:  # 0: the per-batch drift of the heat batches
-        settings["drift_batches"] = args.drift_batches or None
+    settings = direction_settings(args)
+    if args.chunk_size is not None:
+        settings["chunk_size"] = args.chunk_size
     settings.update(
-        heat_sampling=args.heat_sampling,
         output=output,
         mode=args.mode,
-        optimizer=args.optimizer,
-        lr=args.lr,
-        weight_decay=args.wd,
-        momentum=args.momentum,
-        no_decay=args.no_decay,
-        groups=args.groups,
-        seed=args.seed,
         directions_per_pass=args.directions_per_pass,
-        memory_budget_mb=args.memory_budget_mb,
         uncertainty=not args.no_uncertainty,
         radial_spread=args.per_batch,
         target_rse=args.target_rse,
@@ -333,19 +248,12 @@ def _settings(args, output: str) -> dict:
 
 
 def _objective(args, corpus: bool):
-    """The objective the options name (with --corpus, the recipe's: SimCSE at its temperature)."""
+    """The objective the options name, with its settings given (with --corpus, the recipe's defaults)."""
     from normfast.apps.corpus import corpus_objective
     from normfast.engine.directions.objectives import get_objective
 
-    kw = {} if args.temperature is None else {"temperature": args.temperature}
-    if args.symmetric:
-        if args.objective != "infonce":
-            raise ValueError(
-                f"--symmetric applies to --objective infonce, got --objective {args.objective}"
-                + (" (clip is symmetric already)" if args.objective == "clip" else "")
-            )
-        kw["symmetric"] = True
-    return corpus_objective(args.objective, **kw) if corpus else get_objective(args.objective, **kw)
+    settings = objective_settings_given(args)
+    return corpus_objective(args.objective, **settings) if corpus else get_objective(args.objective, **settings)
 
 
 def _probe_cli(args, device: str, root: bool) -> int:
@@ -354,11 +262,7 @@ def _probe_cli(args, device: str, root: bool) -> int:
     from normfast.core.paths import check_outputs
     from normfast.engine.config import ProbeConfig
 
-    load_options = {"projection": not args.no_projection, "device": device}
-    if args.tower:
-        load_options["tower"] = args.tower
-    if args.pooling:
-        load_options["pooling"] = args.pooling
+    options = load_options(args, device)
     try:
         check_outputs(
             inputs=[args.probes, args.corpus, args.pairs],
@@ -383,8 +287,8 @@ def _probe_cli(args, device: str, root: bool) -> int:
         if args.corpus:
             if pairs is None and objective.needs != "items":
                 raise ValueError(
-                    f"--objective {objective.name} needs --pairs; with --corpus only simcse "
-                    f"can use the corpus's own sentences"
+                    f"--objective {objective.name} needs --pairs; with --corpus only an objective of items "
+                    f"({', '.join(objectives_of_items())}) can use the corpus's own sentences"
                 )
             from normfast.apps.corpus import probe_corpus
 
@@ -399,13 +303,13 @@ def _probe_cli(args, device: str, root: bool) -> int:
                 id_key=args.id_key,
                 window=args.window,
                 stride=args.stride,
-                load_options=load_options,
+                load_options=options,
                 model_name=args.model,
                 **run,
                 **settings,
             )
         else:
-            result = _probe_items(args, objective, pairs, ProbeConfig(**settings), load_options, run)
+            result = _probe_items(args, objective, pairs, ProbeConfig(**settings), options, run)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError) as exc:
         if root:
             print(f"normfast probe: error: {exc}", file=sys.stderr)
@@ -434,17 +338,15 @@ def _probe_items(args, objective, pairs, config, load_options: dict, run: dict):
     if config.batch_indices is None:  # before the model is loaded: the pairs, or the probes for SimCSE
         source = pairs if pairs is not None else PairSource.from_iterable(items, kind="items")
         if pairs is None:
-            source.what = "probe items (SimCSE draws its batches from the probes themselves)"
+            source.what = objective.batch_source("probe items")
         check_batch_size("probe", config.batch_size, source)
     encoder = load_encoder(args.model, **load_options)
     if encoder.modality == "image":
         items = load_images(items)
         if pairs is not None:
-            # the file holds image paths; under clip the positives are captions for the text tower
-            pairs = image_pairs(pairs, positives_are_images=objective.name != "clip")
-    pair_encoder = None
-    if objective.name == "clip" and hasattr(encoder, "with_tower"):
-        pair_encoder = encoder.with_tower("text" if encoder.modality == "image" else "image")
+            # the file holds image paths; when the other tower encodes the positives (clip) they are captions
+            pairs = image_pairs(pairs, positives_are_images=not objective.needs_pair_encoder)
+    pair_encoder = pair_encoder_for(encoder, objective)
     if args.directions is not None:
         return _with_directions(args, encoder, items, ids, objective, pairs, config, pair_encoder, run)
     return probe(
@@ -468,7 +370,7 @@ def _with_directions(args, encoder, items, ids, objective, pairs, config, pair_e
         if run["progress"]:
             print(f"normfast probe: reusing the directions in {folder}", file=sys.stderr)
     else:
-        # simcse without --pairs draws from the probes: the saved directions are bound to them
+        # an objective of items without --pairs draws from the probes: the saved directions are bound to them
         prober = Prober(encoder, objective, pairs if pairs is not None else items, config, **common)
         # before the probe, so that an interrupted run keeps them; adaptive M chooses M on this run's
         # first chunk, so its directions are saved after the probe

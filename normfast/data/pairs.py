@@ -396,7 +396,9 @@ def as_pair_source(pairs: Any, objective: Any, probes: Sequence[Any]) -> "PairSo
     if pairs is None:
         if objective.needs == "items":
             source = PairSource.from_iterable(list(probes), kind="items")
-            source.what = "probe items (SimCSE draws its batches from the probes themselves)"
+            # the objective says how it draws from items (a loss that is no Objective may not)
+            describe = getattr(objective, "batch_source", None)
+            source.what = describe("probe items") if callable(describe) else "probe items"
             return source
         raise ValueError(f"probe: objective {objective.name!r} needs {objective.needs}; pass pairs=")
     return PairSource.from_iterable(pairs, kind=objective.needs)

@@ -274,7 +274,7 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
         "null otherwise",
     ),
     MetadataKey("objective", "objective name (`infonce`, `clip`, `supcon`, `simcse`, or a user objective's name)"),
-    MetadataKey("temperature", "the objective's temperature"),
+    MetadataKey("temperature", "the objective's temperature; null for an objective without one"),
     MetadataKey(
         "objective_settings", 'every setting of the objective, e.g. `{"temperature": 0.05, "symmetric": false}`'
     ),
@@ -351,9 +351,11 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "objective_health",
         "the virtual objective's health over every batch the run computed: `batches`, `groups`, `loss_mean` "
-        "± `loss_se` (over the K groups), `batch_size`, `chance` (log batch size), `loss_to_chance`, `grad_norm` "
-        "(p10/median/p90 of the gradient norm over the probed parameters), `saturated` and its threshold "
-        "`saturated_below` (see `normfast.engine.diagnostics.health`)",
+        "± `loss_se` (over the K groups), `batch_size`, `chance` (the objective's chance level at the batch size, "
+        "e.g. log batch size; null for a loss without one) and its `chance_formula`, `loss_to_chance`, "
+        "`grad_norm` (p10/median/p90 of the gradient norm over the probed parameters), `saturated` (the "
+        "objective's verdict), its loss-to-chance threshold `saturated_below` (null without one) and the rule "
+        "in words, `saturation` (see `normfast.engine.diagnostics.health`)",
     ),
     MetadataKey(
         "heat_sampling",

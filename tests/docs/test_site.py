@@ -39,6 +39,8 @@ def test_every_marker_renders(page):
             assert f"usage: normfast {arg}" in rendered
         if kind == "schema":  # the registry's tables, e.g. every key of a monitor's report.json
             assert hooks.schema_tables(arg) in rendered
+        if kind == "objectives":  # every registered objective, as it declares itself
+            assert hooks.objective_table() in rendered
 
 
 def test_an_unknown_marker_fails_the_build():
@@ -46,6 +48,7 @@ def test_an_unknown_marker_fails_the_build():
         "<!-- results:no_such_table -->",
         "<!-- cli:no_such_command -->",
         "<!-- schema:input -->",
+        "<!-- objectives:list -->",
         "<!-- include:no/such/file.md -->",
         "<!-- api:no_such_name -->",
     ):

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from normfast.apps.options import (
+    CONFIG_FIELD,
+    DIRECTION_OPTIONS,
+    PER_ITEM_OPTIONS,
     direction_arguments,
     direction_settings,
     encoder_arguments,
@@ -22,9 +25,13 @@ from normfast.apps.options import (
     make_objective,
     model_arguments,
     objective_arguments,
+    objective_options,
+    output_arguments,
     pair_encoder_for,
     pairs_arguments,
+    per_item_arguments,
     read_pairs_file,
+    resolve_device,
 )
 from normfast.apps.serve.schema import MAX_CHARS, MAX_TEXTS
 
@@ -66,25 +73,15 @@ examples:
   curl -s localhost:8765/api/probe -H 'Content-Type: application/json' \\
       -d '{"texts": ["the river rose after the storm"]}'"""
 
-#: the options that shaped saved directions: given with saved directions, they must equal the saved values
-SHAPING = (
-    "objective",
-    "temperature",
-    "symmetric",
-    "params",
-    "optimizer",
-    "no_decay",
-    "batches",
-    "drift_batches",
-    "groups",
-    "batch_size",
-    "seed",
-)
 #: the options that act per item: given with saved directions, they apply (as for probe --directions)
-PER_ITEM = ("lr", "wd", "momentum", "memory_budget_mb")
-#: option -> the ProbeConfig field it sets
-CONFIG_FIELD = {"wd": "weight_decay"}
+PER_ITEM = tuple(PER_ITEM_OPTIONS)
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def shaping_options() -> tuple[str, ...]:
+    """The options that shaped saved directions (the objective's, read from the registry, and the
+    direction settings but the heat's draw): given with saved directions, they must equal the saved values."""
+    return (*objective_options(), *(o for o in DIRECTION_OPTIONS if o != "heat_sampling"))
 
 
 def serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,15 +97,12 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     pairs_arguments(
         p,
         "virtual-batch source for computing the directions (without --directions FOLDER holding them); "
-        "for simcse plain items, .txt one per line",
+        "for an objective of items, plain items, .txt one per line",
     )
-    p.add_argument("--text-key", default="text", help="jsonl key of the items of a --pairs file (default: text)")
     objective_arguments(p)
     direction_arguments(p)
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--tokens", dest="output", action="store_const", const="tokens", help="one row per token (default)")
-    g.add_argument("--pooled", dest="output", action="store_const", const="pooled", help="one row per text")
-    p.set_defaults(output="tokens")
+    per_item_arguments(p)
+    output_arguments(p, "tokens", "one row per token (default)", "one row per text")
     encoder_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765)")
@@ -134,7 +128,7 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars while the directions are computed")
     # an option given on the command line is not None: with saved directions, a given option is checked
     # against (or applied over) the saved settings, an option left out takes the saved value
-    defaults = {a.dest: a.default for a in p._actions if a.dest in SHAPING + PER_ITEM}
+    defaults = {a.dest: a.default for a in p._actions if a.dest in shaping_options() + PER_ITEM}
     p.set_defaults(**dict.fromkeys(defaults), _unset_defaults=defaults)
 
 
@@ -145,13 +139,13 @@ def option_value(args: argparse.Namespace, name: str) -> Any:
 
 
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The options of :data:`SHAPING` and :data:`PER_ITEM` given on the command line."""
-    return {n: getattr(args, n) for n in SHAPING + PER_ITEM if getattr(args, n) is not None}
+    """The options of :func:`shaping_options` and :data:`PER_ITEM` given on the command line."""
+    return {n: getattr(args, n) for n in shaping_options() + PER_ITEM if getattr(args, n) is not None}
 
 
 def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """``args`` with every option left out set to its default (to compute directions from them)."""
-    return argparse.Namespace(**{**vars(args), **{n: option_value(args, n) for n in SHAPING + PER_ITEM}})
+    return argparse.Namespace(**{**vars(args), **{n: option_value(args, n) for n in shaping_options() + PER_ITEM}})
 
 
 def serve_prober(args: argparse.Namespace) -> Any:
@@ -195,7 +189,7 @@ def _saved_prober(args: argparse.Namespace, folder: Path) -> Any:
     """A Prober over the saved directions in ``folder``, every option given checked by ``Prober.load``."""
     from dataclasses import replace
 
-    from normfast.engine.directions.objectives import get_objective
+    from normfast.engine.directions.objectives import get_objective, objective_class
     from normfast.engine.prober import Prober
     from normfast.engine.runner.artifact import read_manifest, saved_config
 
@@ -205,13 +199,13 @@ def _saved_prober(args: argparse.Namespace, folder: Path) -> Any:
     config.validate()
     made = read_manifest(folder)["fingerprint"]["objective"]
     objective = None  # the saved one
-    if given.keys() & {"objective", "temperature", "symmetric"}:
+    if given.keys() & set(objective_options()):
         # the saved objective's name and settings where an option was left out, the given ones over them
         ns = argparse.Namespace(**vars(args))
         ns.objective = args.objective or made["name"]
-        ns.temperature = args.temperature if args.temperature is not None else made["settings"].get("temperature")
-        ns.symmetric = args.symmetric if args.symmetric is not None else made["settings"].get("symmetric", False)
-        ns.symmetric = bool(ns.symmetric) and ns.objective == "infonce"
+        for setting in objective_class(ns.objective).declared_settings:
+            if getattr(args, setting.name) is None and setting.name in made["settings"]:
+                setattr(ns, setting.name, made["settings"][setting.name])
         objective = make_objective(ns)
     kind = objective if objective is not None else get_objective(made["name"])
     pairs = read_pairs_file(Path(args.pairs), with_defaults(args), kind.needs) if args.pairs else None
@@ -321,6 +315,7 @@ def _serve(args: argparse.Namespace) -> int:
     from normfast.core.checks import check_device
 
     try:
+        args.device = resolve_device(args)
         check_device("--device", args.device)
         for name in ("max_texts", "max_chars"):
             if getattr(args, name) < 1:

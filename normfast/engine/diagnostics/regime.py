@@ -18,8 +18,9 @@ each row, from quantities the engine already measures, as
     prediction. The heat ``V2`` (and the drift ``D``) are still measured
     correctly: they describe the update noise, not an equilibrium.
 ``"objective saturated"``
-    decay grips the scale, but the virtual objective has no task left (its
-    loss is near 0: :mod:`normfast.engine.diagnostics.health`), so drift and
+    decay grips the scale, but the virtual objective has no task left (by its
+    own rule; for the softmax losses a loss near 0:
+    :mod:`normfast.engine.diagnostics.health`), so drift and
     heat come from near-zero gradients and ``r_eq`` is far below any present
     norm: the law's answer for that virtual training, not a finding about the
     items (the relative heat still ranks them).
@@ -52,8 +53,9 @@ three). The checks, in order (the first that fires gives the row's reason):
   homogeneous cases the law is built on, κ is 1 (a linear head, an embedding
   table, a final LayerNorm whose gain and bias are decayed) or the depth ``L``
   of a bias-free ReLU network;
-* ``objective_saturated`` (run level, checked after the κ checks): the run's mean
-  virtual loss is below 3e-4 of its chance level ``log(batch_size)``;
+* ``objective_saturated`` (run level, checked after the κ checks): the run's virtual
+  objective says it is saturated (:mod:`.health`; for the softmax losses, a mean virtual loss
+  below 3e-4 of the chance level ``log(batch_size)``; each objective declares its rule);
 * ``drift_small`` (heat-dominated): ``drift_to_heat < 0.3``, where
   ``drift_to_heat = |D| / sqrt(2λκη Q)`` (``η`` with the momentum heuristic
   ``η/(1−β)``; the scale-free branch uses ``D_w`` and ``Q_w``; with both, the
@@ -66,7 +68,8 @@ three). The checks, in order (the first that fires gives the row's reason):
   for the drift resolve it).
 
 The thresholds are constants of :class:`RegimeThresholds`, stored in the
-run's metadata with the outcome.
+run's metadata with the outcome (the saturation rule is the objective's, stored
+with its health).
 
 Not checked here, because the probe cannot see it: whether the model was
 trained with the probe's settings until its norms were stationary. ``r_eq`` is
@@ -122,11 +125,11 @@ REGIME_REASONS: dict[str, tuple[str, str]] = {
     ),
     "objective_saturated": (
         SATURATED,
-        "the virtual objective is saturated (its loss is near 0, far below its chance level log(batch "
-        "size)): the drift and the heat come from near-zero gradients and are negligible against weight "
-        "decay, so r_eq is the law's answer for a virtual training with no task left, not a finding "
-        "about the items; the relative heat still ranks them. A higher --temperature, or a harder pair "
-        "source (--pairs), gives the batches a task",
+        "the virtual objective is saturated (by its own rule: for a softmax loss, a loss near 0, far below "
+        "its chance level log(batch size)): the drift and the heat come from near-zero gradients and are "
+        "negligible against weight decay, so r_eq is the law's answer for a virtual training with no task "
+        "left, not a finding about the items; the relative heat still ranks them. A higher --temperature, "
+        "or a harder pair source (--pairs), gives the batches a task",
     ),
     "drift_small": (
         HEAT,
@@ -155,8 +158,6 @@ class RegimeThresholds:
     kappa_min: float = 0.25
     heat_dominated_below: float = 0.3
     drift_sigmas: float = 2.0
-    #: the objective is saturated below this mean loss / log(batch size) (:mod:`.health`)
-    saturated_loss_ratio: float = 3e-4
 
 
 THRESHOLDS = RegimeThresholds()

@@ -10,29 +10,42 @@
 * :mod:`.sampling` -- the heat's batches drawn from the drift's by their energy, and their weights.
 """
 
-from normfast.engine.directions.gradients import (
-    Directions,
-    DriftMeans,
-    NonFiniteLoss,
-    batch_loss,
-    compute_directions,
-    decayed_parameters,
-    estimate_second_moments,
-    iter_gradients,
-)
-from normfast.engine.directions.objectives import (
-    CLIPLoss,
-    InfoNCE,
-    Objective,
-    SimCSE,
-    SupCon,
-    check_scale_invariance,
-    get_objective,
-    objective_settings,
-)
-from normfast.engine.directions.parameters import adam_second_moments, last_layer_pattern, resolve_parameters
-from normfast.engine.directions.presets import PRESETS, OptimizerPreset
-from normfast.engine.directions.sampling import HeatDraw, draw_heat, heat_proposal, pool_level_se
+import importlib
+from typing import Any
+
+# name -> the sub-module defining it; imported on first use, so that reading the objectives'
+# registry (``normfast probe --help``) does not import torch through the gradients
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "Directions",
+            "DriftMeans",
+            "NonFiniteLoss",
+            "batch_loss",
+            "compute_directions",
+            "decayed_parameters",
+            "estimate_second_moments",
+            "iter_gradients",
+        ),
+        "gradients",
+    ),
+    **dict.fromkeys(
+        (
+            "CLIPLoss",
+            "InfoNCE",
+            "Objective",
+            "SimCSE",
+            "SupCon",
+            "check_scale_invariance",
+            "get_objective",
+            "objective_settings",
+        ),
+        "objectives",
+    ),
+    **dict.fromkeys(("adam_second_moments", "last_layer_pattern", "resolve_parameters"), "parameters"),
+    **dict.fromkeys(("PRESETS", "OptimizerPreset"), "presets"),
+    **dict.fromkeys(("HeatDraw", "draw_heat", "heat_proposal", "pool_level_se"), "sampling"),
+}
 
 __all__ = [
     "CLIPLoss",
@@ -61,3 +74,11 @@ __all__ = [
     "pool_level_se",
     "resolve_parameters",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

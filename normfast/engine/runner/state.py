@@ -238,7 +238,7 @@ class ProbeRun:
 
     def objective_health(self) -> dict[str, Any]:
         """The virtual objective's health over every batch seen (:mod:`normfast.engine.diagnostics.health`)."""
-        return objective_health(self.batch_stats, self.config.batch_size, self.groups)
+        return objective_health(self.batch_stats, self.config.batch_size, self.groups, self.objective)
 
     def checkpoint(self, failure: BaseException | None) -> None:
         """Sharded: every rank learns whether any rank failed (a collective); raise if one did."""

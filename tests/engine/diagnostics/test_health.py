@@ -15,8 +15,8 @@ from torch import nn
 from normfast.data import schema
 from normfast.encoders import ModuleEncoder
 from normfast.engine.diagnostics.health import health_line, objective_health
-from normfast.engine.diagnostics.regime import LAW, NOT_APPLICABLE, SATURATED, THRESHOLDS, classify_rows, headline
-from normfast.engine.directions.objectives import InfoNCE
+from normfast.engine.diagnostics.regime import LAW, NOT_APPLICABLE, SATURATED, classify_rows, headline
+from normfast.engine.directions.objectives import SATURATED_BELOW, InfoNCE, Objective, SimCSE, SupCon
 from normfast.engine.probe import ProbeConfig, probe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -25,15 +25,33 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def test_the_loss_is_averaged_with_its_error_over_the_batch_groups():
     losses = {b: 1.0 + (b % 4) for b in range(16)}  # group g always gives 1 + g
     stats = {b: (v, 2.0 * v) for b, v in losses.items()}
-    h = objective_health(stats, batch_size=32, groups=4)
+    h = objective_health(stats, batch_size=32, groups=4, objective=SimCSE())
     assert h["batches"] == 16 and h["loss_mean"] == pytest.approx(2.5)
     assert h["loss_se"] == pytest.approx(np.std([1, 2, 3, 4], ddof=1) / 2)  # over the 4 group means
     assert h["chance"] == pytest.approx(math.log(32)) and h["loss_to_chance"] == pytest.approx(2.5 / math.log(32))
     assert h["grad_norm"]["median"] == pytest.approx(5.0) and not h["saturated"]
-    tiny = objective_health({b: (1e-5, 1e-3) for b in range(8)}, batch_size=16, groups=8)
-    assert tiny["saturated"] and tiny["saturated_below"] == THRESHOLDS.saturated_loss_ratio
+    tiny = objective_health({b: (1e-5, 1e-3) for b in range(8)}, batch_size=16, groups=8, objective=SimCSE())
+    assert tiny["saturated"] and tiny["saturated_below"] == SimCSE.saturated_below == SATURATED_BELOW
     assert "SATURATED" in health_line(tiny) and "log 16" in health_line(tiny)
-    assert objective_health({}, 32, 8) == {"batches": 0} and health_line({"batches": 0}) is None
+    assert objective_health({}, 32, 8, SimCSE()) == {"batches": 0} and health_line({"batches": 0}) is None
+
+
+def test_the_chance_level_and_the_saturation_rule_are_the_objectives():
+    stats = {b: (1e-5, 1e-3) for b in range(8)}
+    # SupCon's uniform guess is among the B - 1 other rows
+    supcon = objective_health(stats, batch_size=16, groups=8, objective=SupCon())
+    assert supcon["chance"] == pytest.approx(math.log(15)) and supcon["chance_formula"] == "log (16-1)"
+    assert "log (16-1) = 2.71" in health_line(supcon)
+
+    class Margin(Objective):  # a hinge loss: no chance level, near 0 when it has done its work
+        name, summary, needs = "margin", "pairs", "pairs"
+
+    for objective in (Margin(), lambda za, zb=None, labels=None: za.sum()):  # declared none, or a bare loss
+        h = objective_health(stats, batch_size=16, groups=8, objective=objective)
+        assert h["chance"] is None and h["saturated_below"] is None and not h["saturated"], h
+        assert math.isnan(h["loss_to_chance"]) and "no chance level" in h["saturation"]
+        line = health_line(h)
+        assert "of chance" not in line and "not saturated; saturated: never by the loss-to-chance rule" in line
 
 
 def test_a_saturated_objective_is_its_own_class_after_the_structural_checks():
@@ -77,7 +95,7 @@ def test_an_objective_with_no_task_left_is_reported_saturated(tmp_path):
     saturated = _run(lambda n: [(i, i) for i in range(n)], 0.005, tmp_path, "saturated")
     health = saturated.metadata["objective_health"]
     assert health["batches"] == 16 and health["saturated"], health
-    assert health["loss_to_chance"] < THRESHOLDS.saturated_loss_ratio
+    assert health["loss_to_chance"] < InfoNCE.saturated_below
     assert saturated.metadata["regime"]["regime"] == SATURATED
     assert set(saturated.column("regime")) <= {SATURATED, NOT_APPLICABLE}
     text = saturated.format_summary()

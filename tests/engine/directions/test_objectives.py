@@ -1,4 +1,5 @@
-"""Virtual objectives: scale invariance, brute-force values, validation, registry."""
+"""Virtual objectives: scale invariance, brute-force values, validation, the registry and what every
+objective declares (its settings, its chance level, its saturation rule)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,17 @@ import pytest
 import torch
 
 from normfast.engine.directions.objectives import (
+    NEEDS,
     CLIPLoss,
     InfoNCE,
     Objective,
+    Setting,
     SimCSE,
     SupCon,
     check_scale_invariance,
     get_objective,
+    objective_classes,
+    register,
 )
 
 B, D = 7, 5
@@ -204,3 +209,55 @@ def test_registry_and_attributes():
         get_objective("triplet")
     with pytest.raises(TypeError):
         get_objective(3)
+
+
+@pytest.mark.parametrize("name", list(objective_classes()))
+def test_every_registered_objective_declares_what_the_code_reads(name):
+    cls = objective_classes()[name]
+    made = cls()
+    assert cls.name == name and cls.summary and cls.needs in NEEDS
+    assert set(made.settings()) == {s.name for s in cls.declared_settings} | set(cls.fixed_settings)
+    for setting in cls.declared_settings:
+        assert setting.help and setting.flag == "--" + setting.name.replace("_", "-")
+        assert getattr(made, setting.name) == setting.default
+    # a softmax loss: chance is the loss of a uniform guess, and saturation the loss-to-chance rule
+    za = torch.zeros(16, 4, dtype=torch.float64)
+    za[:, 0] = 1.0  # every row the same direction: the loss cannot tell them apart
+    labels = torch.tensor([0, 1] * 8)
+    uniform = made.loss(za, labels=labels) if cls.needs == "labels" else made.loss(za, za.clone())
+    assert float(uniform) == pytest.approx(made.chance_level(16))
+    assert made.is_saturated(1e-3 * made.chance_level(16), 16) is False
+    assert made.is_saturated(1e-5 * made.chance_level(16), 16) is True
+
+
+def test_settings_are_checked_and_taken_in_order():
+    assert InfoNCE(0.2, True).settings() == {"temperature": 0.2, "symmetric": True}
+    assert CLIPLoss().settings() == {"temperature": 0.07, "symmetric": True}
+    with pytest.raises(TypeError, match="unexpected setting"):
+        CLIPLoss(symmetric=True)  # always symmetric: not a setting
+    with pytest.raises(TypeError, match="True or False"):
+        InfoNCE(symmetric="yes")
+    with pytest.raises(TypeError, match="at most 1"):
+        SimCSE(0.1, 0.2)
+
+
+def test_register_refuses_an_objective_that_does_not_declare_enough():
+    class Nameless(Objective):
+        name, summary = "Nameless", "x"
+
+    class Unsaid(Objective):
+        name = "unsaid"
+
+    class Clash(Objective):  # a temperature of another type than the shipped objectives' one flag
+        name, summary = "clash", "x"
+        declared_settings = (Setting("temperature", 1, "t", type=int),)
+
+    with pytest.raises(ValueError, match="lower-case key"):
+        register(Nameless)
+    with pytest.raises(ValueError, match="summary is empty"):
+        register(Unsaid)
+    with pytest.raises(ValueError, match="one command-line flag serves both"):
+        register(Clash)
+    with pytest.raises(ValueError, match="already registered"):
+        register(type("Other", (InfoNCE,), {}))
+    assert "clash" not in objective_classes() and objective_classes()["infonce"] is InfoNCE
