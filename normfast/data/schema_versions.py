@@ -31,7 +31,9 @@ CHANGES = {
     "`objective saturated` (reason `objective_saturated`)",
     11: "the heat's batches drawn by their energy: heat_sampling metadata (and ProbeConfig.heat_sampling); "
     "heat_reference's se_log_level includes the pool's own level error; heat_reference's source (a "
-    "Prober's reference is fixed with its directions)",
+    "Prober's reference is fixed with its directions); objective_health's chance level and saturation rule "
+    "are the objective's own (chance_formula, saturation; null chance for a loss without one), so the regime "
+    "thresholds no longer hold one saturated_loss_ratio",
 }
 
 
