@@ -163,7 +163,7 @@ class Prober:
     def ready(self) -> bool:
         """Whether the directions are held (computed, or readable from a saved artifact)."""
         s = self.store
-        return s.directions is not None or s.plan is not None or s.reader is not None
+        return s.directions is not None or s.choice is not None or s.reader is not None
 
     def _weights_stamp(self) -> tuple:
         """Every parameter's and buffer's storage and in-place version: any replacement or in-place change
@@ -251,7 +251,7 @@ class Prober:
         pass; returns the Prober. Directions that do not fit the memory budget are not kept (see the
         module's docstring); adaptive M chooses M on the first call's items, so it waits for that call."""
         if self.config.target_rse is not None:
-            if self.store.plan is None:
+            if self.store.choice is None:
                 raise ValueError(
                     "Prober.prepare: adaptive M (config.target_rse) chooses M on the first call's probe items; "
                     "call probe() first, or fix M with batches= and target_rse=None"

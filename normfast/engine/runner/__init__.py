@@ -14,7 +14,7 @@ sharding and provenance.
 * :mod:`.integrity` -- what a directions folder may hold, and every saved file checked against its manifest.
 """
 
-from normfast.engine.runner.adaptive import adaptive_plan
+from normfast.engine.runner.adaptive import adaptive_choice
 from normfast.engine.runner.chunks import run_chunks
 from normfast.engine.runner.distributed import Shard, current_shard, init_from_env
 from normfast.engine.runner.files import finish_sharded, open_output
@@ -26,7 +26,7 @@ __all__ = [
     "DirectionStore",
     "ProbeRun",
     "Shard",
-    "adaptive_plan",
+    "adaptive_choice",
     "current_shard",
     "device_name",
     "finish_sharded",

@@ -33,7 +33,7 @@ class DirectionStore:
     They depend on the model, the objective, the pair source and the settings, never on the probe
     items, so a run finds here what an earlier run (or a saved artifact, ``reader``) computed:
     ``directions`` (the M heat directions with the drift's group means, when they fit the memory
-    budget), ``drift`` (the drift's group means alone: the directions-outer order), ``plan`` (adaptive
+    budget), ``drift`` (the drift's group means alone: the directions-outer order), ``choice`` (adaptive
     M: the M chosen on the first call's first chunk, fixed from then on), ``second_moments`` (AdamW's
     estimated ``v̂``, for the directions-outer groups) and ``reader`` (an artifact on disk that serves
     the directions, whole or group by group: :mod:`normfast.engine.runner.artifact`).
@@ -42,7 +42,7 @@ class DirectionStore:
     def __init__(self, reader: Any = None):
         self.directions: Directions | None = None
         self.drift: Directions | None = None
-        self.plan: Any = None
+        self.choice: Any = None
         self.adaptive: dict[str, Any] | None = None
         self.second_moments: dict[str, torch.Tensor] | None = None
         self.reader = reader
