@@ -54,12 +54,13 @@ import pyarrow as pa
 import torch
 
 from normfast.core.checks import check_finite_weights
+from normfast.data.batches import check_in_source
 from normfast.data.io import fingerprint
-from normfast.data.pairs import as_pair_source
+from normfast.data.pairs import PairSource, as_pair_source
 from normfast.data.schema import METADATA_KEY
 from normfast.encoders import Encoder
 from normfast.encoders.tokenizing import unknown_token_warning
-from normfast.engine.config import ProbeConfig
+from normfast.engine.config import ProbeConfig, ProbePlan, as_plan
 from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
 from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, pool_se_of, with_relative_heat
 from normfast.engine.directions.objectives import objective_settings
@@ -92,7 +93,9 @@ class Prober:
         pairs: the virtual-batch source (a ``PairSource``, a ``Dataset``, or an iterable of pairs /
             (item, label) tuples / items). Required: the directions come from it and are kept for
             every later call (SimCSE: the items to draw batches from).
-        config: a :class:`ProbeConfig` (defaults otherwise); fixed for the Prober's life.
+        config: a :class:`ProbeConfig` (defaults otherwise), checked here once into the Prober's
+            :class:`~normfast.engine.config.ProbePlan` (or such a plan, made and checked before); fixed for
+            the Prober's life: ``prober.config`` is its checked copy, which cannot be changed.
         pair_encoder, second_moments, model_name, progress: as for :func:`normfast.probe`.
         relative_heat: ``heat_rel``'s reference: ``"pairs"`` (default) fixed with the directions
             (:meth:`heat_reference`), ``"run"`` each call's own median (:func:`normfast.probe`'s).
@@ -108,7 +111,7 @@ class Prober:
         encoder: Encoder | str | torch.nn.Module,
         objective: Any = "simcse",
         pairs: Any = None,
-        config: ProbeConfig | None = None,
+        config: ProbeConfig | ProbePlan | None = None,
         *,
         pair_encoder: Encoder | None = None,
         second_moments: Mapping[str, torch.Tensor] | None = None,
@@ -121,16 +124,16 @@ class Prober:
 
         if relative_heat not in RELATIVE_HEAT:
             raise ValueError(f"Prober: relative_heat must be one of {RELATIVE_HEAT}, got {relative_heat!r}")
-        config = config or ProbeConfig()
-        config.validate()
+        plan = as_plan(config)  # the settings checked once, here or by the caller that made the plan
         if not isinstance(encoder, Encoder):
             encoder = load_encoder(encoder)
         if model_name is None:
             model_name = encoder.spec or type(encoder).__name__
+        self.encoder = encoder
+        self.pair_encoder = pair_encoder
+        self._scanned: tuple | None = None
         # a NaN or infinite weight makes every row NaN: said now, before anything is computed or written
-        check_finite_weights("probe", encoder)
-        if pair_encoder is not None:
-            check_finite_weights("probe", pair_encoder, "the pair encoder")
+        self._scan_weights(self._weights_stamp())
         if isinstance(objective, str):
             objective = get_objective(objective)
         if pairs is None:
@@ -139,12 +142,15 @@ class Prober:
                 "later call, so they cannot come from each call's probe items (normfast.probe's SimCSE default); "
                 "pass the items or pairs to draw virtual batches from, e.g. Prober(encoder, 'simcse', pairs=sentences)"
             )
-        self.encoder = encoder
-        self.objective = objective
         # a loaded artifact's pair source may be its fingerprint alone (runner.artifact.SavedPairs)
-        self.pairs = pairs if getattr(pairs, "detached", False) else as_pair_source(pairs, objective, ())
-        self.config = config
-        self.pair_encoder = pair_encoder
+        if not (isinstance(pairs, PairSource) or getattr(pairs, "detached", False)):
+            pairs = as_pair_source(pairs, objective, ())
+        if plan.batch_indices is not None:  # the plan checked their count and sizes; their range is the source's
+            check_in_source("probe", "config.batch_indices", plan.batch_indices, len(pairs))
+        self.objective = objective
+        self.pairs = pairs
+        self.plan = plan
+        self.config = plan.config  # the settings as checked: a copy that cannot be changed
         self.second_moments = second_moments
         self.model_name = str(model_name)
         self.progress = progress
@@ -173,6 +179,13 @@ class Prober:
             (name, t.data_ptr(), t._version) for m in modules for name, t in (*m.named_parameters(), *m.named_buffers())
         )
 
+    def _scan_weights(self, stamp: tuple) -> None:
+        """Refuse NaN or infinite weights (the model's and the pair encoder's): once per state of the weights."""
+        check_finite_weights("probe", self.encoder)
+        if self.pair_encoder is not None:
+            check_finite_weights("probe", self.pair_encoder, "the pair encoder")
+        self._scanned = stamp
+
     def _model_identity(self) -> dict[str, Any]:
         """The model's fingerprints (weights, tokenizer, settings, the pair encoder's), computed once;
         refuses weights changed since the directions were computed."""
@@ -185,9 +198,8 @@ class Prober:
                 f"Prober.probe: the model's weights changed since its directions were computed ({changed} "
                 f"first); the directions hold for the weights they came from: make a new Prober"
             )
-        check_finite_weights("probe", self.encoder)
-        if self.pair_encoder is not None:
-            check_finite_weights("probe", self.pair_encoder, "the pair encoder")
+        if stamp != self._scanned:  # changed before any direction was computed: scanned again
+            self._scan_weights(stamp)
         self._identity = {
             "model_fingerprint": hash_model(self.encoder),
             "tokenizer_fingerprint": hash_tokenizer(encoder_tokenizer(self.encoder)),
@@ -236,7 +248,7 @@ class Prober:
             self.encoder,
             self.objective,
             self.pairs,
-            self.config,
+            self.plan,
             self.pair_encoder,
             progress,
             self.second_moments,
@@ -261,7 +273,7 @@ class Prober:
         run = self.new_run(0, self.progress, current_shard())
         if run.fits():
             run.all_directions()
-        elif self.config.drift_from_mean:
+        elif self.plan.drift_from_mean:
             run.drift_directions()
         return self
 
@@ -294,7 +306,7 @@ class Prober:
         encoder: Encoder | str | torch.nn.Module,
         objective: Any = None,
         pairs: Any = None,
-        config: ProbeConfig | None = None,
+        config: ProbeConfig | ProbePlan | None = None,
         *,
         pair_encoder: Encoder | None = None,
         second_moments: Mapping[str, torch.Tensor] | None = None,
@@ -424,7 +436,7 @@ class Prober:
                     probes,
                     self.objective,
                     self.pairs,
-                    config,
+                    self.plan,
                     second_moments=self.second_moments,
                     progress=run.progress,
                 )

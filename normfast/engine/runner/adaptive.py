@@ -115,7 +115,7 @@ class _JvpPilot:
 def _choice_on_root(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptiveChoice:
     cfg = run.config
     K, target, cap = run.groups, float(cfg.target_rse), int(cfg.max_batches)
-    first = run.compute_directions(list(range(run.M)), cfg.drift_from_mean)
+    first = run.compute_directions(list(range(run.M)), run.plan.drift_from_mean)
     pilot = _HeadPilot(run, pilot_items) if run.mode == "head" else _JvpPilot(run, pilot_items)
     pilot.add(first)
     keep_limit = math.inf if run.mode == "head" else run.direction_group_for(cap)
@@ -137,7 +137,7 @@ def _choice_on_root(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptiveChoice
                 kept = None
         M = M_next
     directions = _concat(kept) if kept is not None else None
-    drift = first if cfg.drift_from_mean else None
+    drift = first if run.plan.drift_from_mean else None
     return AdaptiveChoice(M, directions, drift, rounds)
 
 

@@ -336,7 +336,7 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
 
         heat = groups()
         drift = None
-        if cfg.drift_from_mean:
+        if prober.plan.drift_from_mean:
             drift = (choice.drift if choice is not None and choice.drift is not None else run.drift_directions()).drift
     first = full.directions[0] if full is not None and full.directions else None
     if first is None:
@@ -421,6 +421,7 @@ def load_directions(
     )
     if detached:
         prober.pair_hashes[False] = saved["pairs"]["drawn"]
+    config = prober.config  # the settings as the Prober checked them
     differs = mismatch(saved, prober.fingerprint())
     if differs:
         raise ValueError(
@@ -439,7 +440,7 @@ def load_directions(
         folder,
         manifest,
         M=int(d["M"]) if d.get("adaptive") else run.M,
-        drift_counts=group_counts(len(run.batches), run.groups) if config.drift_from_mean else None,
+        drift_counts=group_counts(len(run.batches), run.groups) if prober.plan.drift_from_mean else None,
         shapes={n: tuple(encoder.get_parameter(n).shape) for n in run.names},
         heat_sampled=run.known_mean,
     )
