@@ -55,8 +55,8 @@ import torch
 
 from normfast.core.checks import check_finite_weights
 from normfast.data.batches import check_in_source
-from normfast.data.io import fingerprint
 from normfast.data.pairs import PairSource, as_pair_source
+from normfast.data.resume_key import PROBE_RESUME_KEY
 from normfast.data.schema import METADATA_KEY
 from normfast.encoders import Encoder
 from normfast.encoders.tokenizing import unknown_token_warning
@@ -379,9 +379,10 @@ class Prober:
         n_items = len(probes)
         run = self.new_run(n_items, progress and (shard is None or shard.is_root), shard)
         metadata = run_metadata(self, run, probes, ids, ident, self._pair_fingerprint(run, bool(config.snapshot)))
+        # the run's record (kept in run.json) and its resume key: the allow-list of what the rows depend on
+        # (normfast.data.resume_key; not the versions, the device or the world size: a run may move)
         spec = {k: metadata[k] for k in metadata if k not in ("versions", "device")}
-        # the world size is not part of the spec: a run may be resumed with any number of ranks
-        key = fingerprint(spec)
+        key = PROBE_RESUME_KEY.fingerprint(spec)
         metadata["spec_fingerprint"] = key
         # in words, for the summary and the page (not part of the spec: the same source may be named otherwise)
         pairs = self.pairs

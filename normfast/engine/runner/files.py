@@ -12,6 +12,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import pyarrow as pa
 
 from normfast.data.manifest import manifest_path, part_path, write_manifest
+from normfast.data.resume_key import PROBE_RESUME_KEY
 from normfast.data.runwriter import ChunkedParquetWriter, holds_unfinished_run
 from normfast.data.schema import METADATA_KEY
 from normfast.data.torchfiles import load_plain, save_plain
@@ -39,6 +40,8 @@ def open_output(
 ) -> tuple[ProbeResult | None, ChunkedParquetWriter | None, set[int]]:
     """Open (or create) the run's work folder; a finished run is returned instead when resuming.
 
+    ``spec`` is the run's record (kept in ``run.json``) and ``key`` its resume key's hash
+    (:data:`~normfast.data.resume_key.PROBE_RESUME_KEY`: the allow-list of what the rows depend on).
     Sharded: rank 0 checks and creates, then shares the outcome and the finished chunks.
     """
     finished = writer = failure = None
@@ -47,7 +50,7 @@ def open_output(
         try:
             finished = _finished_run(out, key, resume, overwrite, spec)
             if finished is None:
-                writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite)
+                writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite, key=PROBE_RESUME_KEY)
                 done = writer.done()
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank
             if shard is None:
@@ -62,7 +65,7 @@ def open_output(
             finished = ProbeResult.load(_existing_output(out))
         return finished, None, set()
     if writer is None:
-        writer = ChunkedParquetWriter(out, spec, attach=True)
+        writer = ChunkedParquetWriter(out, spec, attach=True, key=PROBE_RESUME_KEY)
     return None, writer, set(state)
 
 
@@ -86,14 +89,13 @@ def _finished_run(
         if overwrite:
             return None  # unreadable here (damaged, or of a newer format): replaced
         raise
-    previous = result.metadata.get("spec_fingerprint")
-    if previous == key:
+    if "spec_fingerprint" not in result.metadata:
+        return None
+    # its metadata through today's allow-list: keys added or dropped since it was written do not matter
+    if PROBE_RESUME_KEY.fingerprint(result.metadata) == key:
         return result
-    if previous is not None and not overwrite:
-        from normfast.data.io import describe_spec_change
-
-        old = {k: v for k, v in result.metadata.items() if spec is not None and k in spec}
-        changed = describe_spec_change(old, spec or {})
+    if not overwrite:
+        changed = PROBE_RESUME_KEY.describe(result.metadata, spec or {})
         raise ValueError(
             f"cannot resume: {existing} holds a finished run made with different arguments; "
             f"changed: {changed}. Pass overwrite=True (CLI: --overwrite) to replace it"
