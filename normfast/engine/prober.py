@@ -37,46 +37,36 @@ Decisions
   the same ``heat_rel`` alone and in any company; it differs from ``normfast.probe``'s by one
   constant per call, and every other column is equal value for value.
 
-Saved directions (:meth:`Prober.save`, :meth:`Prober.load`): :mod:`normfast.engine.runner.artifact`.
+The Prober is the session: its settings (one :class:`~normfast.engine.config.ProbePlan`, checked once),
+its directions, its identity (the fingerprints of the weights, tokenizer and pair source) and its calls.
+A call's output -- its record and resume key, the output opened or resumed, the chunks written, the
+finish (one file, in memory, sharded) and the run-level summaries -- is
+:mod:`normfast.engine.runner.output`'s; saved directions (:meth:`Prober.save`, :meth:`Prober.load`) are
+:mod:`normfast.engine.runner.artifact`'s.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from normfast.core.checks import check_finite_weights
 from normfast.data.batches import check_in_source
 from normfast.data.pairs import PairSource, as_pair_source
-from normfast.data.resume_key import PROBE_RESUME_KEY
-from normfast.data.schema import METADATA_KEY
 from normfast.encoders import Encoder
 from normfast.encoders.tokenizing import unknown_token_warning
 from normfast.engine.config import ProbeConfig, ProbePlan, as_plan
-from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
-from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, pool_se_of, with_relative_heat
 from normfast.engine.directions.objectives import objective_settings
 from normfast.engine.result import ProbeResult
-from normfast.engine.runner.chunks import as_probe_sequence, run_chunks
-from normfast.engine.runner.distributed import chunks_for_rank, current_shard
-from normfast.engine.runner.files import abandoned_if_not_finite, finish_sharded, open_output
-from normfast.engine.runner.provenance import (
-    encoder_tokenizer,
-    hash_items,
-    hash_model,
-    hash_pairs,
-    hash_tokenizer,
-    run_metadata,
-)
-from normfast.engine.runner.reference import call_reference, reference_pass, saved_references
+from normfast.engine.runner.chunks import as_probe_sequence
+from normfast.engine.runner.distributed import current_shard
+from normfast.engine.runner.output import call_record, probe_call
+from normfast.engine.runner.provenance import encoder_tokenizer, hash_items, hash_model, hash_pairs, hash_tokenizer
+from normfast.engine.runner.reference import reference_pass, saved_references
 from normfast.engine.runner.state import DirectionStore, ProbeRun
 
 #: where ``heat_rel``'s reference level comes from: the pair source's items, or the call's own rows
@@ -376,63 +366,15 @@ class Prober:
                 raise ValueError(f"probe: expected one id per probe item, got {len(ids)} ids for {len(probes)} items")
         ident = self._model_identity()
         shard = current_shard() if distributed else None
-        n_items = len(probes)
-        run = self.new_run(n_items, progress and (shard is None or shard.is_root), shard)
-        metadata = run_metadata(self, run, probes, ids, ident, self._pair_fingerprint(run, bool(config.snapshot)))
-        # the run's record (kept in run.json) and its resume key: the allow-list of what the rows depend on
-        # (normfast.data.resume_key; not the versions, the device or the world size: a run may move)
-        spec = {k: metadata[k] for k in metadata if k not in ("versions", "device")}
-        key = PROBE_RESUME_KEY.fingerprint(spec)
-        metadata["spec_fingerprint"] = key
-        # in words, for the summary and the page (not part of the spec: the same source may be named otherwise)
-        pairs = self.pairs
-        metadata["pair_source"] = {
-            "kind": getattr(pairs, "kind", None),
-            "n": len(pairs),
-            "what": getattr(pairs, "what", None),
-        }
-        metadata["world_size"] = 1 if shard is None else shard.world_size
-        if shard is not None:
-            shard.check_agree(key, "arguments")
-        return self._run(run, probes, ids, metadata, spec, key, shard, out, resume, overwrite)
-
-    def _run(
-        self,
-        run: ProbeRun,
-        probes: Sequence[Any],
-        ids: Sequence[str] | None,
-        metadata: dict[str, Any],
-        spec: dict[str, Any],
-        key: str,
-        shard: Any,
-        out: str | Path | None,
-        resume: bool,
-        overwrite: bool,
-    ) -> ProbeResult:
-        config = self.config
-        n_items = len(probes)
-        n_chunks = math.ceil(n_items / config.chunk_size)
-        writer = None
-        done: set[int] = set()
-        if out is not None:
-            out = Path(out)
-            finished, writer, done = open_output(out, spec, key, shard, resume, overwrite)
-            run.writer = writer
-            if finished is not None:
-                return finished
-        tables: dict[int, pa.Table] = {}
-
-        def emit(c: int, table: pa.Table) -> None:
-            if writer is not None:
-                writer.write_chunk(c, table)
-            else:
-                tables[c] = table
-
-        if config.snapshot:  # before the chunks: every chunk's rows take their slice of it
+        run = self.new_run(len(probes), progress and (shard is None or shard.is_root), shard)
+        pairs_hash = self._pair_fingerprint(run, bool(config.snapshot))
+        metadata, record, key = call_record(self, run, probes, ids, ident, pairs_hash)
+        snapshot = None
+        if config.snapshot:
             from normfast.engine.trajectory.snapshot import snapshot_prediction
 
-            with abandoned_if_not_finite(writer):
-                run.snapshot = snapshot_prediction(
+            def snapshot() -> Any:
+                return snapshot_prediction(
                     self.encoder,
                     probes,
                     self.objective,
@@ -441,48 +383,20 @@ class Prober:
                     second_moments=self.second_moments,
                     progress=run.progress,
                 )
-            metadata["snapshot"] = run.snapshot.info
-        todo = [c for c in range(n_chunks) if c not in done]
-        mine = todo if shard is None else chunks_for_rank(todo, shard.rank, shard.world_size)
-        t0 = time.perf_counter()
-        failure = None
-        fixed = None
-        try:
-            if todo:  # every rank takes part (directions are collective), even one with no chunks of its own
-                with abandoned_if_not_finite(writer):
-                    run_chunks(run, probes, ids, mine, emit)
-            # after the chunks: adaptive M fixes M on the call's first chunk; every rank computes the same
-            fixed = call_reference(self)
-        except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
-            if shard is None:
-                raise
-            failure = exc
-        seconds = round(time.perf_counter() - t0, 3)
-        metadata["M"] = run.M
-        metadata["heat_sampling"] = run.heat_sampling_info()
-        metadata["objective_health"] = run.objective_health()
-        if run.adaptive is not None:
-            metadata["adaptive"] = run.adaptive
-        if shard is None:
-            metadata["seconds"] = seconds
-            if writer is not None:
-                metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
-                reference = fixed
-                if reference is None:
-                    inputs = heat_inputs(writer.chunk_columns(0))
-                    reference = heat_reference(
-                        (writer.read_chunk(c, inputs) for c in range(n_chunks)), pool_se_of(metadata)
-                    )
-                metadata["heat_reference"] = reference
-                path = writer.finalize(n_chunks, metadata, lambda t: with_relative_heat(t, reference))
-                return ProbeResult.from_files([path], metadata, path)
-            table = pa.concat_tables([tables[c] for c in range(n_chunks)])
-            metadata["regime"] = run_regime([table])
-            metadata["heat_reference"] = fixed if fixed is not None else heat_reference([table], pool_se_of(metadata))
-            table = with_relative_heat(table, metadata["heat_reference"])
-            meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
-            return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
-        return finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds, fixed)
+
+        return probe_call(
+            self,
+            run,
+            probes,
+            ids,
+            metadata,
+            record,
+            key,
+            out=out,
+            resume=resume,
+            overwrite=overwrite,
+            snapshot=snapshot,
+        )
 
     def __repr__(self) -> str:
         state = "directions held" if self.ready else "directions at first use"
