@@ -146,3 +146,18 @@ def test_validate_changes_nothing_and_keeps_nothing():
     assert [b.dtype for b in plan.batch_indices] == [np.int64, np.int64]
     with pytest.raises(ValueError, match="resolve a ProbeConfig"):
         plan.derived(lr=0.1)
+
+
+def test_the_command_line_checks_once_before_the_model_loads(tmp_path, tiny_bert_folder, counts, capsys):
+    """``normfast probe`` resolves its settings before it loads the model and hands the plan on: one
+    check for the whole command, and a bad setting is still refused in one line."""
+    from normfast.cli import main
+
+    words = tmp_path / "words.txt"
+    words.write_text("apple\nriver\nthe\nblue\n")
+    argv = ["probe", str(tiny_bert_folder), "--probes", str(words), "--params", r"encoder\.layer\.1\."]
+    argv += ["--batches", "3", "--drift-batches", "0", "--batch-size", "2", "--out", str(tmp_path / "run.parquet")]
+    assert main([*argv, "--no-progress"]) == 0
+    assert counts["resolve"] == 1 and counts["preset sgd"] == 1 and counts["weight scan"] == 1, counts
+    bad = [*argv[:-1], str(tmp_path / "bad.parquet"), "--chunk-size", "0", "--no-progress"]
+    assert main(bad) == 2 and "chunk_size must be a positive integer" in capsys.readouterr().err
