@@ -6,6 +6,7 @@ A page asks for generated content with a marker on a line of its own:
     <!-- cli:COMMAND -->      `normfast COMMAND --help` from the real argparse parser
                               (cli:main: `normfast --help`; cli:commands: every command, one section each)
     <!-- schema:output -->    the Parquet columns and metadata keys (normfast.data.schema)
+    <!-- schema:resume-key --> what a resume compares: the allow-list of a run's metadata (normfast.data.resume_key)
     <!-- schema:monitor -->   a training monitor folder's columns and keys (normfast.engine.monitor.schema)
     <!-- schema:monitor-report --> the files `normfast report` writes there (normfast.engine.monitor.report_schema)
     <!-- schema:serve -->     `normfast serve`'s JSON API: its rows and JSON Schemas (normfast.apps.serve.schema)
@@ -98,13 +99,12 @@ def cli_help(command: str) -> str:
 
 def schema_tables(which: str = "output") -> str:
     from normfast.apps.serve import schema as serve_schema
-    from normfast.data import schema
+    from normfast.data import resume_key, schema
     from normfast.engine.monitor import report_schema
     from normfast.engine.monitor import schema as monitor_schema
 
-    return {"monitor": monitor_schema, "monitor-report": report_schema, "serve": serve_schema}.get(
-        which, schema
-    ).render_markdown()
+    modules = {"monitor": monitor_schema, "monitor-report": report_schema, "serve": serve_schema}
+    return {**modules, "resume-key": resume_key}.get(which, schema).render_markdown()
 
 
 def objective_table() -> str:
@@ -228,9 +228,10 @@ def render(kind: str, arg: str) -> str:
     if kind == "cli":
         return cli_help(arg)
     if kind == "schema":
-        if arg not in ("output", "monitor", "monitor-report", "serve"):
+        if arg not in ("output", "resume-key", "monitor", "monitor-report", "serve"):
             raise MarkerError(
-                f"schema:{arg}: only schema:output, schema:monitor, schema:monitor-report and schema:serve exist"
+                f"schema:{arg}: only schema:output, schema:resume-key, schema:monitor, schema:monitor-report and "
+                f"schema:serve exist"
             )
         return schema_tables(arg)
     if kind == "objectives":

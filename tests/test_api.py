@@ -463,25 +463,14 @@ def test_resume_recomputes_a_truncated_chunk(tmp_path):
 
 
 def json_spec(out):
-    """The spec a run at ``out`` was written with, rebuilt from its metadata (as probe() builds it)."""
+    """The record a run at ``out`` was started with, as far as a resume compares it: the entries of the
+    resume key's allow-list (normfast.data.resume_key), rebuilt from its metadata."""
+    from normfast.data.resume_key import PROBE_RESUME_KEY
+
     meta = normfast.read_metadata(out)
-    return {
-        k: v
-        for k, v in meta.items()
-        if k
-        not in (
-            "versions",
-            "device",
-            "spec_fingerprint",
-            "world_size",
-            "seconds",
-            "regime",
-            "heat_reference",
-            "heat_sampling",
-            "objective_health",
-            "pair_source",
-        )
-    }  # outcomes (and descriptions), not arguments
+    return {e.name: meta[e.name] for e in PROBE_RESUME_KEY.entries if e.name in meta} | {
+        "schema_version": meta["schema_version"]  # the column layout's entry is read from it
+    }
 
 
 def pa_mask(table, lo, hi):

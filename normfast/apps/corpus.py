@@ -157,7 +157,7 @@ def probe_corpus(
             (naming ``batch_size=``), settings that are not ProbeConfig fields, or both
             ``config`` and ``**settings``.
     """
-    from dataclasses import fields, replace
+    from dataclasses import fields
 
     from normfast.data.pairs import PairSource, as_pair_source, check_batch_size
     from normfast.engine.config import ProbeConfig
@@ -206,12 +206,12 @@ def probe_corpus(
             "batch_size": batch_size,
         }
         config = ProbeConfig(**{**recipe, **settings, "params": settings.get("params", "last")})
-    config.validate()
-    if config.batch_indices is None:
+    plan = config.resolve()  # checked once, before the model loads: the engine takes the plan as it is
+    if plan.batch_indices is None:
         check_batch_size(fn, config.batch_size, source)
     encoder = _loaded(encoder, load_options)
     if config.params == "last":
-        config = replace(config, params=last_layer(encoder))
+        plan = plan.derived(params=last_layer(encoder))
     from normfast.data.corpus import CorpusWindows
     from normfast.engine.probe import probe
 
@@ -221,7 +221,7 @@ def probe_corpus(
         windows,
         objective,
         source,
-        config,
+        plan,
         out=out,
         resume=resume,
         overwrite=overwrite,

@@ -332,10 +332,10 @@ def _probe_items(args, objective, pairs, config, load_options: dict, run: dict):
     from normfast.engine.probe import probe
 
     items, ids = read_probe_file(Path(args.probes), args.text_key)
-    config.validate()
+    plan = config.resolve()  # checked once, before the model loads: the engine takes the plan as it is
     if pairs is None and objective.needs != "items":
         raise ValueError(f"--objective {objective.name} needs --pairs (a .jsonl or .tsv of pairs)")
-    if config.batch_indices is None:  # before the model is loaded: the pairs, or the probes for SimCSE
+    if plan.batch_indices is None:  # before the model is loaded: the pairs, or the probes for SimCSE
         source = pairs if pairs is not None else PairSource.from_iterable(items, kind="items")
         if pairs is None:
             source.what = objective.batch_source("probe items")
@@ -348,9 +348,9 @@ def _probe_items(args, objective, pairs, config, load_options: dict, run: dict):
             pairs = image_pairs(pairs, positives_are_images=not objective.needs_pair_encoder)
     pair_encoder = pair_encoder_for(encoder, objective)
     if args.directions is not None:
-        return _with_directions(args, encoder, items, ids, objective, pairs, config, pair_encoder, run)
+        return _with_directions(args, encoder, items, ids, objective, pairs, plan, pair_encoder, run)
     return probe(
-        encoder, items, objective, pairs, config, pair_encoder=pair_encoder, ids=ids, model_name=args.model, **run
+        encoder, items, objective, pairs, plan, pair_encoder=pair_encoder, ids=ids, model_name=args.model, **run
     )
 
 
@@ -374,7 +374,7 @@ def _with_directions(args, encoder, items, ids, objective, pairs, config, pair_e
         prober = Prober(encoder, objective, pairs if pairs is not None else items, config, **common)
         # before the probe, so that an interrupted run keeps them; adaptive M chooses M on this run's
         # first chunk, so its directions are saved after the probe
-        saved = config.target_rse is None
+        saved = prober.config.target_rse is None
         if saved:
             prober.save(folder)
     # one run over one set of items, as without --directions: heat_rel against the run's own median (the

@@ -10,7 +10,7 @@ import torch
 
 from normfast.core.checks import check_positive_int
 
-__all__ = ["check_batch_indices", "virtual_batches"]
+__all__ = ["check_batch_indices", "check_in_source", "virtual_batches"]
 
 
 def check_batch_indices(
@@ -59,16 +59,28 @@ def check_batch_indices(
             )
         if idx.size < 2:
             raise ValueError(f"{fn}: {name}[{b}] has {idx.size} indices; a contrastive batch needs at least 2")
-        if n is not None and (idx.min() < 0 or idx.max() >= n):
-            raise IndexError(
-                f"{fn}: {name}[{b}] has indices outside [0, {n}) (the pair source holds {n}): "
-                f"min={idx.min()}, max={idx.max()}"
-            )
+        if n is not None:
+            _check_range(fn, name, b, idx, n)
         if np.unique(idx).size != idx.size:
             dup = int(next(v for v, c in zip(*np.unique(idx, return_counts=True)) if c > 1))
             raise ValueError(f"{fn}: {name}[{b}] repeats index {dup}; the indices of one batch must be distinct")
         out.append([int(i) for i in idx])
     return out
+
+
+def check_in_source(fn: str, name: str, batches: Any, n: int) -> None:
+    """Refuse batches (already checked by :func:`check_batch_indices`) with an index outside a pair
+    source of ``n`` elements: an ``IndexError`` naming the batch."""
+    for b, idx in enumerate(batches):
+        _check_range(fn, name, b, np.asarray(idx), n)
+
+
+def _check_range(fn: str, name: str, b: int, idx: np.ndarray, n: int) -> None:
+    if idx.min() < 0 or idx.max() >= n:
+        raise IndexError(
+            f"{fn}: {name}[{b}] has indices outside [0, {n}) (the pair source holds {n}): "
+            f"min={idx.min()}, max={idx.max()}"
+        )
 
 
 def virtual_batches(n: int, M: int, batch_size: int, seed: int = 0) -> list[np.ndarray]:

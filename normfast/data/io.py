@@ -110,6 +110,7 @@ _SPEC_LABELS = {
     "pair_encoder.model_fingerprint": "the pair encoder's weights",
     "pair_encoder.tokenizer_fingerprint": "the pair encoder's tokenizer",
     "model": "the model",
+    "columns": "the output's columns (a format version of other columns: schema_version)",
     "n_items": "the number of probe items",
     "n_pairs": "the size of the pair source",
 }
@@ -133,7 +134,11 @@ def _short(v: Any) -> str:
 
 def _is_hash(key: str) -> bool:
     """Whether a flattened spec key holds a content hash (named, its values not shown)."""
-    return key.startswith("input_fingerprints.") or key.endswith(("fingerprint", ".modules", ".config", ".preprocess"))
+    return (
+        key == "columns"
+        or key.startswith("input_fingerprints.")
+        or key.endswith(("fingerprint", ".modules", ".config", ".preprocess"))
+    )
 
 
 def describe_spec_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:

@@ -55,8 +55,8 @@ from normfast.core.checks import first_line
 from normfast.data.atomic import temporary_file, temporary_folder, write_file_atomically, write_text_atomically
 from normfast.data.checksum import DIGEST_SUFFIX as _DIGEST
 from normfast.data.checksum import digest_path, sha256_hex
-from normfast.data.io import describe_spec_change, fingerprint
 from normfast.data.manifest import manifest_path, remove_manifest
+from normfast.data.resume_key import WHOLE_SPEC, ResumeKey
 from normfast.data.runlock import LOCK_FILE as _LOCK_FILE
 from normfast.data.runlock import RunFolderLocked, RunLock
 from normfast.data.schema import METADATA_KEY
@@ -76,8 +76,11 @@ class ChunkedParquetWriter:
 
     Args:
         out: final Parquet path.
-        spec: the run's defining arguments (model, probes, objective, config...);
-            its fingerprint must match for a resume.
+        spec: the run's record (model, probes, objective, config...), kept in the work
+            folder's ``run.json``; a resume compares the part of it that ``key`` names.
+        key: what a resume compares in two records (:mod:`normfast.data.resume_key`): a probe
+            run's allow-list (``PROBE_RESUME_KEY``), by default the whole record. Applied to the
+            earlier run's record too, so a record with more or fewer keys outside it still matches.
         resume: reuse finished chunks of an earlier run with the same spec.
             Without it an existing work folder is an error (never silently
             overwritten or mixed).
@@ -98,13 +101,15 @@ class ChunkedParquetWriter:
         resume: bool = False,
         overwrite: bool = False,
         attach: bool = False,
+        key: ResumeKey = WHOLE_SPEC,
     ):
         self.out = Path(out)
         if self.out.suffix != ".parquet":
             raise ValueError(f"ChunkedParquetWriter: expected an output path ending in .parquet, got {str(self.out)!r}")
         self.parts = self.out.with_name(self.out.name + ".parts")
         self.spec = json.loads(json.dumps(dict(spec), default=str))
-        self.key = fingerprint(spec)
+        self.resume_key = key
+        self.key = key.fingerprint(spec)
         self.schema: pa.Schema | None = None
         self.lock: RunLock | None = None
         self.created = False  # whether this writer made the work folder (so everything in it is this run's)
@@ -205,8 +210,11 @@ class ChunkedParquetWriter:
             ) from None
         except (OSError, ValueError):
             previous = {}
-        if previous.get("key") != self.key:
-            changed = describe_spec_change(previous.get("spec") or {}, self.spec)
+        earlier = previous.get("spec") if isinstance(previous, dict) else None
+        earlier = earlier if isinstance(earlier, dict) else {}
+        # the earlier record through today's key: keys it holds outside the key (or lacks) do not matter
+        if self.resume_key.fingerprint(earlier) != self.key:
+            changed = self.resume_key.describe(earlier, self.spec)
             self.release()
             raise ValueError(
                 f"cannot resume: the unfinished run in {self.parts} was made with different arguments; "

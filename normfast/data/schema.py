@@ -11,9 +11,9 @@ Adding, removing, renaming or retyping a column or a metadata key:
 
 1. change the registry below (keep related entries together);
 2. bump :data:`SCHEMA_VERSION` and add the new version with its
-   :func:`schema_fingerprint` to :data:`RELEASED` (``python -m
-   normfast.data.schema --fingerprint`` prints it), with one line in
-   :data:`CHANGES`.
+   :func:`schema_fingerprint` to :data:`RELEASED` and its :func:`column_fingerprint`
+   to :data:`COLUMN_LAYOUTS` (``python -m normfast.data.schema --fingerprint``
+   prints both), with one line in :data:`CHANGES`.
 
 ``tests/data/test_schema.py`` fails, with these steps in its message, when any of
 this is forgotten.
@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from normfast.data.schema_versions import CHANGES, RELEASED, SCHEMA_VERSION  # noqa: F401 - re-exported
+from normfast.data.schema_versions import CHANGES, COLUMN_LAYOUTS, RELEASED, SCHEMA_VERSION  # noqa: F401 - re-exported
 
 #: the Parquet schema metadata key under which a run's metadata (:data:`METADATA_KEYS`) is stored, as JSON
 METADATA_KEY = b"normfast"
@@ -310,9 +310,12 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "input_fingerprints",
         "hashes of the probes, the pair source, the ids and given second moments "
-        "(used to name what changed when a resume is refused)",
+        "(in the resume key; a refused resume names which changed)",
     ),
-    MetadataKey("spec_fingerprint", "hash of everything that determines the rows (resume checks it)"),
+    MetadataKey(
+        "spec_fingerprint",
+        "hash of the resume key: the allow-list of what the rows depend on (below); a resume compares it",
+    ),
     MetadataKey("versions", "library versions (normfast, torch, numpy, pyarrow, python, ...)"),
     MetadataKey("device", "where the model ran"),
     MetadataKey("world_size", "number of processes of a sharded run (1: not sharded)"),
@@ -383,6 +386,13 @@ def schema_fingerprint(
     blob = json.dumps(
         {"columns": [[c.name, c.type] for c in columns], "metadata": [k.name for k in metadata_keys]}
     ).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def column_fingerprint(columns: Iterable[Column] = COLUMNS) -> str:
+    """Hash of the column names and types, in order: the layout of a run's rows (a resume compares it,
+    :mod:`normfast.data.resume_key`; a version that adds only metadata keys keeps it)."""
+    blob = json.dumps([[c.name, c.type] for c in columns]).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -466,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv != ["--fingerprint"]:
         print("usage: python -m normfast.data.schema --fingerprint", file=sys.stderr)
         return 2
-    print(schema_fingerprint())
+    print(f"RELEASED: {schema_fingerprint()}\nCOLUMN_LAYOUTS: {column_fingerprint()}")
     return 0
 
 

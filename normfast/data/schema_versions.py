@@ -1,6 +1,6 @@
 """The output format's versions: the one this normfast writes, what each version changed, and the
-registry fingerprint each was released with (:mod:`normfast.data.schema` re-exports them; a change of
-the registry raises the version, adds its line here and its fingerprint:
+registry fingerprint and column layout each was released with (:mod:`normfast.data.schema` re-exports
+them; a change of the registry raises the version, adds its line here and its fingerprints:
 ``python -m normfast.data.schema --fingerprint``)."""
 
 from __future__ import annotations
@@ -50,3 +50,9 @@ RELEASED = {
     10: "ef88da408c8bc9d4",
     11: "f271eecd6b0bfbe3",
 }
+
+
+#: schema version -> fingerprint of its column registry (names and types, in order), from version 11 on:
+#: the layout of a run's rows, which a resume compares instead of the version (:mod:`normfast.data.resume_key`),
+#: so that a version that adds only metadata keys resumes the unfinished runs of the one before
+COLUMN_LAYOUTS = {11: "d871d3dfec905172"}

@@ -1,11 +1,23 @@
-"""``ProbeConfig``: everything that defines a probe run besides the model, probes, objective and pairs."""
+"""``ProbeConfig``: everything that defines a probe run besides the model, probes, objective and pairs;
+and ``ProbePlan``: one call's config, checked once by its entry point and resolved for the stages.
+
+A config is the user's: mutable, checked by nothing until it is used. An entry point
+(:func:`normfast.probe`, :class:`~normfast.engine.prober.Prober`, the CLI, the snapshot's trajectory
+when called on its own) turns it into a plan with :meth:`ProbeConfig.resolve`, once; the stages
+receive the plan and never check the settings again. The plan holds its own copy of the settings
+(:class:`SettledConfig`, closed to changes), so a change to the user's config after the call
+began -- an in-place edit of its ``optimizer`` dict or ``batch_indices`` included -- is seen by the
+next call, which resolves it afresh, and by no stage of this one.
+"""
 
 from __future__ import annotations
 
+import copy
 import re
-import weakref
-from dataclasses import dataclass
+from dataclasses import FrozenInstanceError, dataclass, replace
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from normfast.core.checks import check_groups
 
@@ -15,10 +27,6 @@ from normfast.engine.defaults import DEFAULT_DRIFT_BATCHES, DEFAULT_GROUPS, MODE
 from normfast.engine.directions.presets import PRESETS, OptimizerPreset
 
 OUTPUTS = ("pooled", "tokens")
-
-
-#: the configs validate() has passed, by id (a weak reference each; a field's change removes the entry)
-_CHECKED: dict[int, weakref.ref] = {}
 
 
 @dataclass
@@ -129,23 +137,15 @@ class ProbeConfig:
     snapshot_max_steps: int = 20000
     snapshot_steps: int | None = None
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        # any change of a field calls for a fresh check (validate() skips a config it has checked)
-        _CHECKED.pop(id(self), None)
-        object.__setattr__(self, name, value)
-
     def validate(self) -> None:
-        """Check every field; raises ``ValueError``/``TypeError`` naming the field. A config is
-        checked once: the stages a probe call passes it through (the snapshot's trajectory, the
-        curvature heat) call this again at no cost until a field changes."""
-        ref = _CHECKED.get(id(self))
-        if ref is not None and ref() is self:
-            return
-        self._check()
-        key = id(self)
-        _CHECKED[key] = weakref.ref(self, lambda _, key=key: _CHECKED.pop(key, None))
+        """Check every field; raises ``ValueError``/``TypeError`` naming the field. The same checks as
+        :meth:`resolve`, without keeping the plan; nothing is cached, and the config is not changed."""
+        self.resolve()
 
-    def _check(self) -> None:
+    def resolve(self) -> "ProbePlan":
+        """Check every field once and resolve the settings into the :class:`ProbePlan` the stages receive
+        (raises ``ValueError``/``TypeError`` naming the field). The config itself is not changed: the plan
+        holds its own copy of the settings, with ``batch_indices`` as checked."""
         fn = "ProbeConfig"
         if self.mode not in MODES:
             raise ValueError(f"{fn}: mode must be one of {MODES}, got {self.mode!r}")
@@ -165,8 +165,7 @@ class ProbeConfig:
         self._validate_drift(fn)
         self._validate_adaptive(fn)
         self._validate_snapshot(fn)
-        if self.batch_indices is not None:
-            self._validate_batch_indices(fn)
+        batch_indices = None if self.batch_indices is None else self._validate_batch_indices(fn)
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise ValueError(f"{fn}: chunk_size must be a positive integer, got {self.chunk_size!r}")
         if self.directions_per_pass is not None and (
@@ -177,17 +176,25 @@ class ProbeConfig:
             )
         if not self.memory_budget_mb > 0:
             raise ValueError(f"{fn}: memory_budget_mb must be > 0, got {self.memory_budget_mb!r}")
-        presets = [self.optimizer] if isinstance(self.optimizer, str) else list(self.optimizer.values())
-        for p in presets:
+        names = [self.optimizer] if isinstance(self.optimizer, str) else list(self.optimizer.values())
+        for p in names:
             if p not in PRESETS:
                 raise ValueError(f"{fn}: optimizer presets must be in {PRESETS}, got {p!r}")
-        if self.momentum and "sgd" not in presets:
+        if self.momentum and "sgd" not in names:
             raise ValueError(
                 f"{fn}: momentum (heavy-ball beta) applies to the sgd preset only, got "
                 f"momentum={self.momentum!r} with optimizer={self.optimizer!r}; AdamW's first moment is "
                 f"betas[0], which leaves the long-run noise unchanged (DESIGN §1): leave momentum at 0"
             )
-        OptimizerPreset(presets[0], self.lr, self.weight_decay, self.momentum if presets[0] == "sgd" else 0.0)
+        # one OptimizerPreset per preset named (each checks lr, weight_decay and momentum), shared by every
+        # parameter of its group
+        presets = {
+            p: OptimizerPreset(
+                p, self.lr, self.weight_decay, self.momentum if p == "sgd" else 0.0, tuple(self.betas), self.eps
+            )
+            for p in dict.fromkeys(names)
+        }
+        return ProbePlan.settle(self, presets, batch_indices)
 
     def _validate_drift(self, fn: str) -> None:
         check_groups(fn, self.groups)
@@ -260,7 +267,9 @@ class ProbeConfig:
                 f"(the virtual trajectory runs one optimizer), got optimizer={self.optimizer!r}"
             )
 
-    def _validate_batch_indices(self, fn: str) -> None:
+    def _validate_batch_indices(self, fn: str) -> list[list[int]]:
+        """The explicit batches, checked (their count and sizes; their range is the pair source's, checked by
+        the Prober that binds the plan to it), as lists of ints."""
         from normfast.data.batches import check_batch_indices
 
         n = len(self.batch_indices) if hasattr(self.batch_indices, "__len__") else None
@@ -275,7 +284,7 @@ class ProbeConfig:
                 f"{self.drift_batches} batches (the first batches={self.batches} of them are also the heat's): "
                 + ", or ".join(options)
             )
-        self.batch_indices = check_batch_indices(
+        return check_batch_indices(
             fn, "batch_indices", self.batch_indices, M=self.total_batches, batch_size=self.batch_size
         )
 
@@ -298,27 +307,107 @@ class ProbeConfig:
 
         return effective_groups(self.groups, self.batches)
 
-    def presets(
-        self, names: Sequence[str], second_moments: Mapping[str, Any] | None = None
-    ) -> dict[str, OptimizerPreset]:
-        """The optimizer preset of every probed parameter in ``names`` (momentum is sgd's only)."""
-        return {
-            n: OptimizerPreset(
-                self.preset_for(n),
-                self.lr,
-                self.weight_decay,
-                self.momentum if self.preset_for(n) == "sgd" else 0.0,
-                self.betas,
-                self.eps,
-                second_moments,
-            )
-            for n in names
-        }
 
-    def preset_for(self, name: str) -> str:
-        if isinstance(self.optimizer, str):
-            return self.optimizer
-        for pattern, preset in self.optimizer.items():
-            if re.search(pattern, name):
-                return preset
-        raise ValueError(f"ProbeConfig: parameter {name!r} matches none of the optimizer groups {list(self.optimizer)}")
+class SettledConfig(ProbeConfig):
+    """The settings a :class:`ProbePlan` holds: a checked copy of a :class:`ProbeConfig`, closed to
+    changes (an assignment raises ``dataclasses.FrozenInstanceError``), so that nothing reaches a stage
+    unchecked. ``dataclasses.replace`` makes another (closed) one; :meth:`ProbeConfig.resolve` on it
+    checks it again, like any config."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        object.__setattr__(self, "_settled", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_settled"):
+            raise FrozenInstanceError(
+                f"cannot assign to {name!r}: a plan's settings are fixed once checked; make a new ProbeConfig "
+                f"(dataclasses.replace(config, {name}=...)) and resolve it"
+            )
+        object.__setattr__(self, name, value)
+
+
+@dataclass(frozen=True, eq=False)
+class ProbePlan:
+    """One call's settings, checked once by its entry point and resolved into what the stages use.
+
+    Made by :meth:`ProbeConfig.resolve`; entry points also accept a plan made earlier (the CLI resolves
+    its config before it loads the model). The stages read their settings from ``config``, a copy no
+    one can change, and never check them again.
+
+    Attributes:
+        config: the settings as checked (:class:`SettledConfig`; ``batch_indices`` as lists of ints).
+        presets: one :class:`~normfast.engine.directions.presets.OptimizerPreset` per preset named in
+            ``config.optimizer`` (``"sgd"``, ``"adamw"``), shared by every parameter of its group
+            (:meth:`presets_for`).
+        batch_indices: the explicit virtual batches as checked (int64 arrays), or None: drawn from the seed.
+        heat_draws: the heat's batches to draw: M, or adaptive M's cap (``max_batches``).
+        total_batches: virtual batches in the run's draw: M_D with the mean-direction drift, else ``heat_draws``.
+        groups: K as used (``groups`` capped at M).
+        drift_from_mean: whether the drift comes from the mean direction over its own M_D batches.
+    """
+
+    config: SettledConfig
+    presets: Mapping[str, OptimizerPreset]
+    batch_indices: tuple[np.ndarray, ...] | None
+    heat_draws: int
+    total_batches: int
+    groups: int
+    drift_from_mean: bool
+
+    @classmethod
+    def settle(
+        cls, config: ProbeConfig, presets: Mapping[str, OptimizerPreset], batch_indices: list[list[int]] | None
+    ) -> "ProbePlan":
+        """The plan of a config :meth:`ProbeConfig.resolve` has checked (called by it, not by the stages)."""
+        values = {f: copy.deepcopy(getattr(config, f)) for f in config.__dataclass_fields__}
+        values["batch_indices"] = batch_indices
+        settled = SettledConfig(**values)
+        return cls(
+            settled,
+            dict(presets),
+            None if batch_indices is None else tuple(np.asarray(b, dtype=np.int64) for b in batch_indices),
+            settled.max_batches if settled.target_rse is not None else settled.batches,
+            settled.total_batches,
+            settled.effective_groups,
+            settled.drift_from_mean,
+        )
+
+    def preset_of(self, name: str) -> OptimizerPreset:
+        """The optimizer preset of the probed parameter ``name`` (the first group whose regex it matches)."""
+        optimizer = self.config.optimizer
+        if isinstance(optimizer, str):
+            return self.presets[optimizer]
+        preset = next((p for pattern, p in optimizer.items() if re.search(pattern, name)), None)
+        if preset is None:
+            raise ValueError(f"ProbeConfig: parameter {name!r} matches none of the optimizer groups {list(optimizer)}")
+        return self.presets[preset]
+
+    def presets_for(self, names: Sequence[str]) -> dict[str, OptimizerPreset]:
+        """The optimizer preset of every probed parameter in ``names`` (the plan's objects: none is built)."""
+        return {n: self.preset_of(n) for n in names}
+
+    def derived(self, **changes: Any) -> "ProbePlan":
+        """This plan with settings its checks do not depend on, chosen by an entry point or an engine stage
+        (not a way to change a user's settings, which go through :meth:`ProbeConfig.resolve`): ``params``
+        (which the stages resolve against the model, as the corpus recipe resolves ``"last"``), and for a
+        pass of the engine's own (the Prober's reference) ``output`` with ``snapshot=False``,
+        ``uncertainty=True`` and ``radial_spread=False``, which only drop constraints."""
+        relaxed = {"snapshot": False, "uncertainty": True, "radial_spread": False}
+        bad = [k for k, v in changes.items() if k not in ("params", "output") and relaxed.get(k, not v) != v]
+        if "output" in changes and changes.get("snapshot", self.config.snapshot):
+            bad.append("output (with the snapshot on)")
+        if bad:
+            raise ValueError(f"ProbePlan.derived: {bad} would need the settings checked again: resolve a ProbeConfig")
+        return replace(self, config=replace(self.config, **changes))
+
+
+def as_plan(config: ProbeConfig | ProbePlan | None) -> ProbePlan:
+    """An entry point's plan: ``config`` resolved once (the defaults for None), or a plan as it is."""
+    if isinstance(config, ProbePlan):
+        return config
+    if config is None:
+        config = ProbeConfig()
+    if not isinstance(config, ProbeConfig):
+        raise TypeError(f"probe: expected config to be a ProbeConfig, got {type(config).__name__}")
+    return config.resolve()

@@ -61,10 +61,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from normfast.core.checks import check_finite_weights
 from normfast.data.pairs import as_pair_source, check_batch_size
 from normfast.encoders import Encoder
-from normfast.engine.config import ProbeConfig
+from normfast.engine.config import ProbeConfig, ProbePlan, as_plan
 from normfast.engine.prober import Prober
 from normfast.engine.result import ProbeResult
 from normfast.engine.runner.chunks import as_probe_sequence
@@ -77,7 +76,7 @@ def probe(
     probes: Sequence[Any],
     objective: Any = "simcse",
     pairs: Any = None,
-    config: ProbeConfig | None = None,
+    config: ProbeConfig | ProbePlan | None = None,
     *,
     out: str | Path | None = None,
     resume: bool = False,
@@ -106,7 +105,9 @@ def probe(
         pairs: the virtual-batch source: a ``PairSource`` or an iterable of pairs /
             (item, label) tuples / items. SimCSE without pairs uses the probes themselves
             (then held in memory as a list; pass ``pairs`` for a huge on-demand probe set).
-        config: a :class:`ProbeConfig` (defaults otherwise).
+        config: a :class:`ProbeConfig` (defaults otherwise), checked once here into the call's
+            :class:`~normfast.engine.config.ProbePlan`, which every stage receives; or such a plan,
+            made (and checked) before by ``config.resolve()``. The config itself is not changed.
         out: Parquet path to stream rows to (one row group per chunk). The result then reads
             the file lazily: memory does not grow with the number of probe rows.
         resume: continue an interrupted run at ``out`` (same arguments required; a finished
@@ -137,8 +138,7 @@ def probe(
     from normfast.encoders import load_encoder
     from normfast.engine.directions.objectives import get_objective
 
-    config = config or ProbeConfig()
-    config.validate()
+    plan = as_plan(config)  # checked once: the stages receive the plan and never check it again
     if isinstance(objective, str):
         objective = get_objective(objective)
     probes = as_probe_sequence(probes)
@@ -147,21 +147,18 @@ def probe(
     # SimCSE without pairs draws its batches from the probes: this call's Prober is bound to them.
     # The source, and whether a batch fits in it, are said before the model is touched.
     pairs = as_pair_source(pairs, objective, probes)
-    if config.batch_indices is None:
-        check_batch_size("probe", config.batch_size, pairs)
+    if plan.batch_indices is None:
+        check_batch_size("probe", plan.config.batch_size, pairs)
     if not isinstance(encoder, Encoder):
         encoder = load_encoder(encoder)
     if model_name is None:
         model_name = encoder.spec or type(encoder).__name__
-    # a NaN or infinite weight makes every row NaN: said now, before the run's folder exists
-    check_finite_weights("probe", encoder)
-    if pair_encoder is not None:
-        check_finite_weights("probe", pair_encoder, "the pair encoder")
+    # the Prober refuses NaN or infinite weights (once), before the run's folder exists
     prober = Prober(
         encoder,
         objective,
         pairs,
-        config,
+        plan,
         pair_encoder=pair_encoder,
         second_moments=second_moments,
         model_name=str(model_name),

@@ -37,45 +37,36 @@ Decisions
   the same ``heat_rel`` alone and in any company; it differs from ``normfast.probe``'s by one
   constant per call, and every other column is equal value for value.
 
-Saved directions (:meth:`Prober.save`, :meth:`Prober.load`): :mod:`normfast.engine.runner.artifact`.
+The Prober is the session: its settings (one :class:`~normfast.engine.config.ProbePlan`, checked once),
+its directions, its identity (the fingerprints of the weights, tokenizer and pair source) and its calls.
+A call's output -- its record and resume key, the output opened or resumed, the chunks written, the
+finish (one file, in memory, sharded) and the run-level summaries -- is
+:mod:`normfast.engine.runner.output`'s; saved directions (:meth:`Prober.save`, :meth:`Prober.load`) are
+:mod:`normfast.engine.runner.artifact`'s.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from normfast.core.checks import check_finite_weights
-from normfast.data.io import fingerprint
-from normfast.data.pairs import as_pair_source
-from normfast.data.schema import METADATA_KEY
+from normfast.data.batches import check_in_source
+from normfast.data.pairs import PairSource, as_pair_source
 from normfast.encoders import Encoder
 from normfast.encoders.tokenizing import unknown_token_warning
-from normfast.engine.config import ProbeConfig
-from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
-from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, pool_se_of, with_relative_heat
+from normfast.engine.config import ProbeConfig, ProbePlan, as_plan
 from normfast.engine.directions.objectives import objective_settings
 from normfast.engine.result import ProbeResult
-from normfast.engine.runner.chunks import as_probe_sequence, run_chunks
-from normfast.engine.runner.distributed import chunks_for_rank, current_shard
-from normfast.engine.runner.files import abandoned_if_not_finite, finish_sharded, open_output
-from normfast.engine.runner.provenance import (
-    encoder_tokenizer,
-    hash_items,
-    hash_model,
-    hash_pairs,
-    hash_tokenizer,
-    run_metadata,
-)
-from normfast.engine.runner.reference import call_reference, reference_pass, saved_references
+from normfast.engine.runner.chunks import as_probe_sequence
+from normfast.engine.runner.distributed import current_shard
+from normfast.engine.runner.output import call_record, probe_call
+from normfast.engine.runner.provenance import encoder_tokenizer, hash_items, hash_model, hash_pairs, hash_tokenizer
+from normfast.engine.runner.reference import reference_pass, saved_references
 from normfast.engine.runner.state import DirectionStore, ProbeRun
 
 #: where ``heat_rel``'s reference level comes from: the pair source's items, or the call's own rows
@@ -92,7 +83,9 @@ class Prober:
         pairs: the virtual-batch source (a ``PairSource``, a ``Dataset``, or an iterable of pairs /
             (item, label) tuples / items). Required: the directions come from it and are kept for
             every later call (SimCSE: the items to draw batches from).
-        config: a :class:`ProbeConfig` (defaults otherwise); fixed for the Prober's life.
+        config: a :class:`ProbeConfig` (defaults otherwise), checked here once into the Prober's
+            :class:`~normfast.engine.config.ProbePlan` (or such a plan, made and checked before); fixed for
+            the Prober's life: ``prober.config`` is its checked copy, which cannot be changed.
         pair_encoder, second_moments, model_name, progress: as for :func:`normfast.probe`.
         relative_heat: ``heat_rel``'s reference: ``"pairs"`` (default) fixed with the directions
             (:meth:`heat_reference`), ``"run"`` each call's own median (:func:`normfast.probe`'s).
@@ -108,7 +101,7 @@ class Prober:
         encoder: Encoder | str | torch.nn.Module,
         objective: Any = "simcse",
         pairs: Any = None,
-        config: ProbeConfig | None = None,
+        config: ProbeConfig | ProbePlan | None = None,
         *,
         pair_encoder: Encoder | None = None,
         second_moments: Mapping[str, torch.Tensor] | None = None,
@@ -121,16 +114,16 @@ class Prober:
 
         if relative_heat not in RELATIVE_HEAT:
             raise ValueError(f"Prober: relative_heat must be one of {RELATIVE_HEAT}, got {relative_heat!r}")
-        config = config or ProbeConfig()
-        config.validate()
+        plan = as_plan(config)  # the settings checked once, here or by the caller that made the plan
         if not isinstance(encoder, Encoder):
             encoder = load_encoder(encoder)
         if model_name is None:
             model_name = encoder.spec or type(encoder).__name__
+        self.encoder = encoder
+        self.pair_encoder = pair_encoder
+        self._scanned: tuple | None = None
         # a NaN or infinite weight makes every row NaN: said now, before anything is computed or written
-        check_finite_weights("probe", encoder)
-        if pair_encoder is not None:
-            check_finite_weights("probe", pair_encoder, "the pair encoder")
+        self._scan_weights(self._weights_stamp())
         if isinstance(objective, str):
             objective = get_objective(objective)
         if pairs is None:
@@ -139,12 +132,15 @@ class Prober:
                 "later call, so they cannot come from each call's probe items (normfast.probe's SimCSE default); "
                 "pass the items or pairs to draw virtual batches from, e.g. Prober(encoder, 'simcse', pairs=sentences)"
             )
-        self.encoder = encoder
-        self.objective = objective
         # a loaded artifact's pair source may be its fingerprint alone (runner.artifact.SavedPairs)
-        self.pairs = pairs if getattr(pairs, "detached", False) else as_pair_source(pairs, objective, ())
-        self.config = config
-        self.pair_encoder = pair_encoder
+        if not (isinstance(pairs, PairSource) or getattr(pairs, "detached", False)):
+            pairs = as_pair_source(pairs, objective, ())
+        if plan.batch_indices is not None:  # the plan checked their count and sizes; their range is the source's
+            check_in_source("probe", "config.batch_indices", plan.batch_indices, len(pairs))
+        self.objective = objective
+        self.pairs = pairs
+        self.plan = plan
+        self.config = plan.config  # the settings as checked: a copy that cannot be changed
         self.second_moments = second_moments
         self.model_name = str(model_name)
         self.progress = progress
@@ -163,7 +159,7 @@ class Prober:
     def ready(self) -> bool:
         """Whether the directions are held (computed, or readable from a saved artifact)."""
         s = self.store
-        return s.directions is not None or s.plan is not None or s.reader is not None
+        return s.directions is not None or s.choice is not None or s.reader is not None
 
     def _weights_stamp(self) -> tuple:
         """Every parameter's and buffer's storage and in-place version: any replacement or in-place change
@@ -172,6 +168,13 @@ class Prober:
         return tuple(
             (name, t.data_ptr(), t._version) for m in modules for name, t in (*m.named_parameters(), *m.named_buffers())
         )
+
+    def _scan_weights(self, stamp: tuple) -> None:
+        """Refuse NaN or infinite weights (the model's and the pair encoder's): once per state of the weights."""
+        check_finite_weights("probe", self.encoder)
+        if self.pair_encoder is not None:
+            check_finite_weights("probe", self.pair_encoder, "the pair encoder")
+        self._scanned = stamp
 
     def _model_identity(self) -> dict[str, Any]:
         """The model's fingerprints (weights, tokenizer, settings, the pair encoder's), computed once;
@@ -185,9 +188,8 @@ class Prober:
                 f"Prober.probe: the model's weights changed since its directions were computed ({changed} "
                 f"first); the directions hold for the weights they came from: make a new Prober"
             )
-        check_finite_weights("probe", self.encoder)
-        if self.pair_encoder is not None:
-            check_finite_weights("probe", self.pair_encoder, "the pair encoder")
+        if stamp != self._scanned:  # changed before any direction was computed: scanned again
+            self._scan_weights(stamp)
         self._identity = {
             "model_fingerprint": hash_model(self.encoder),
             "tokenizer_fingerprint": hash_tokenizer(encoder_tokenizer(self.encoder)),
@@ -236,7 +238,7 @@ class Prober:
             self.encoder,
             self.objective,
             self.pairs,
-            self.config,
+            self.plan,
             self.pair_encoder,
             progress,
             self.second_moments,
@@ -251,7 +253,7 @@ class Prober:
         pass; returns the Prober. Directions that do not fit the memory budget are not kept (see the
         module's docstring); adaptive M chooses M on the first call's items, so it waits for that call."""
         if self.config.target_rse is not None:
-            if self.store.plan is None:
+            if self.store.choice is None:
                 raise ValueError(
                     "Prober.prepare: adaptive M (config.target_rse) chooses M on the first call's probe items; "
                     "call probe() first, or fix M with batches= and target_rse=None"
@@ -261,7 +263,7 @@ class Prober:
         run = self.new_run(0, self.progress, current_shard())
         if run.fits():
             run.all_directions()
-        elif self.config.drift_from_mean:
+        elif self.plan.drift_from_mean:
             run.drift_directions()
         return self
 
@@ -294,7 +296,7 @@ class Prober:
         encoder: Encoder | str | torch.nn.Module,
         objective: Any = None,
         pairs: Any = None,
-        config: ProbeConfig | None = None,
+        config: ProbeConfig | ProbePlan | None = None,
         *,
         pair_encoder: Encoder | None = None,
         second_moments: Mapping[str, torch.Tensor] | None = None,
@@ -364,112 +366,37 @@ class Prober:
                 raise ValueError(f"probe: expected one id per probe item, got {len(ids)} ids for {len(probes)} items")
         ident = self._model_identity()
         shard = current_shard() if distributed else None
-        n_items = len(probes)
-        run = self.new_run(n_items, progress and (shard is None or shard.is_root), shard)
-        metadata = run_metadata(self, run, probes, ids, ident, self._pair_fingerprint(run, bool(config.snapshot)))
-        spec = {k: metadata[k] for k in metadata if k not in ("versions", "device")}
-        # the world size is not part of the spec: a run may be resumed with any number of ranks
-        key = fingerprint(spec)
-        metadata["spec_fingerprint"] = key
-        # in words, for the summary and the page (not part of the spec: the same source may be named otherwise)
-        pairs = self.pairs
-        metadata["pair_source"] = {
-            "kind": getattr(pairs, "kind", None),
-            "n": len(pairs),
-            "what": getattr(pairs, "what", None),
-        }
-        metadata["world_size"] = 1 if shard is None else shard.world_size
-        if shard is not None:
-            shard.check_agree(key, "arguments")
-        return self._run(run, probes, ids, metadata, spec, key, shard, out, resume, overwrite)
-
-    def _run(
-        self,
-        run: ProbeRun,
-        probes: Sequence[Any],
-        ids: Sequence[str] | None,
-        metadata: dict[str, Any],
-        spec: dict[str, Any],
-        key: str,
-        shard: Any,
-        out: str | Path | None,
-        resume: bool,
-        overwrite: bool,
-    ) -> ProbeResult:
-        config = self.config
-        n_items = len(probes)
-        n_chunks = math.ceil(n_items / config.chunk_size)
-        writer = None
-        done: set[int] = set()
-        if out is not None:
-            out = Path(out)
-            finished, writer, done = open_output(out, spec, key, shard, resume, overwrite)
-            run.writer = writer
-            if finished is not None:
-                return finished
-        tables: dict[int, pa.Table] = {}
-
-        def emit(c: int, table: pa.Table) -> None:
-            if writer is not None:
-                writer.write_chunk(c, table)
-            else:
-                tables[c] = table
-
-        if config.snapshot:  # before the chunks: every chunk's rows take their slice of it
+        run = self.new_run(len(probes), progress and (shard is None or shard.is_root), shard)
+        pairs_hash = self._pair_fingerprint(run, bool(config.snapshot))
+        metadata, record, key = call_record(self, run, probes, ids, ident, pairs_hash)
+        snapshot = None
+        if config.snapshot:
             from normfast.engine.trajectory.snapshot import snapshot_prediction
 
-            with abandoned_if_not_finite(writer):
-                run.snapshot = snapshot_prediction(
+            def snapshot() -> Any:
+                return snapshot_prediction(
                     self.encoder,
                     probes,
                     self.objective,
                     self.pairs,
-                    config,
+                    self.plan,
                     second_moments=self.second_moments,
                     progress=run.progress,
                 )
-            metadata["snapshot"] = run.snapshot.info
-        todo = [c for c in range(n_chunks) if c not in done]
-        mine = todo if shard is None else chunks_for_rank(todo, shard.rank, shard.world_size)
-        t0 = time.perf_counter()
-        failure = None
-        fixed = None
-        try:
-            if todo:  # every rank takes part (directions are collective), even one with no chunks of its own
-                with abandoned_if_not_finite(writer):
-                    run_chunks(run, probes, ids, mine, emit)
-            # after the chunks: adaptive M fixes M on the call's first chunk; every rank computes the same
-            fixed = call_reference(self)
-        except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
-            if shard is None:
-                raise
-            failure = exc
-        seconds = round(time.perf_counter() - t0, 3)
-        metadata["M"] = run.M
-        metadata["heat_sampling"] = run.heat_sampling_info()
-        metadata["objective_health"] = run.objective_health()
-        if run.adaptive is not None:
-            metadata["adaptive"] = run.adaptive
-        if shard is None:
-            metadata["seconds"] = seconds
-            if writer is not None:
-                metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
-                reference = fixed
-                if reference is None:
-                    inputs = heat_inputs(writer.chunk_columns(0))
-                    reference = heat_reference(
-                        (writer.read_chunk(c, inputs) for c in range(n_chunks)), pool_se_of(metadata)
-                    )
-                metadata["heat_reference"] = reference
-                path = writer.finalize(n_chunks, metadata, lambda t: with_relative_heat(t, reference))
-                return ProbeResult.from_files([path], metadata, path)
-            table = pa.concat_tables([tables[c] for c in range(n_chunks)])
-            metadata["regime"] = run_regime([table])
-            metadata["heat_reference"] = fixed if fixed is not None else heat_reference([table], pool_se_of(metadata))
-            table = with_relative_heat(table, metadata["heat_reference"])
-            meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
-            return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
-        return finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds, fixed)
+
+        return probe_call(
+            self,
+            run,
+            probes,
+            ids,
+            metadata,
+            record,
+            key,
+            out=out,
+            resume=resume,
+            overwrite=overwrite,
+            snapshot=snapshot,
+        )
 
     def __repr__(self) -> str:
         state = "directions held" if self.ready else "directions at first use"

@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 HOW_TO = (
     "to change the output format: edit normfast/data/schema.py (COLUMNS / METADATA_KEYS), then in "
-    "normfast/data/schema_versions.py bump SCHEMA_VERSION, add the new version and `python -m "
-    "normfast.data.schema --fingerprint` to RELEASED, one line in CHANGES (the docs' Output format page "
-    "renders the registry itself)"
+    "normfast/data/schema_versions.py bump SCHEMA_VERSION, add the new version and what `python -m "
+    "normfast.data.schema --fingerprint` prints to RELEASED and COLUMN_LAYOUTS, one line in CHANGES (the "
+    "docs' Output format page renders the registry itself); a metadata key the rows depend on joins the "
+    "resume key (normfast/data/resume_key.py)"
 )
 
 

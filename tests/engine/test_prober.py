@@ -252,26 +252,26 @@ def test_streaming_and_resume_through_a_prober(bert, tmp_path, monkeypatch):
     assert written.path == out and out.is_file()
     assert_same_as_fresh(written, probe(bert, SENTENCES, "simcse", SENTENCES, _bert_config(), progress=False))
     # an interrupted run (two of its four chunks written) resumed by a Prober computes only the rest
-    import normfast.engine.prober as prober_module
+    import normfast.engine.runner.output as output  # where a call runs its chunks
 
-    real = prober_module.run_chunks
+    real = output.run_chunks
     again = tmp_path / "again.parquet"
 
     def two_chunks(run, probes, ids, todo, emit):
         real(run, probes, ids, todo[:2], emit)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(prober_module, "run_chunks", two_chunks)
+    monkeypatch.setattr(output, "run_chunks", two_chunks)
     with pytest.raises(KeyboardInterrupt):
         prober.probe(SENTENCES, again)
-    monkeypatch.setattr(prober_module, "run_chunks", real)
+    monkeypatch.setattr(output, "run_chunks", real)
     done = []
 
     def counted(run, probes, ids, todo, emit):
         done.extend(todo)
         real(run, probes, ids, todo, emit)
 
-    monkeypatch.setattr(prober_module, "run_chunks", counted)
+    monkeypatch.setattr(output, "run_chunks", counted)
     resumed = prober.probe(SENTENCES, again, resume=True)
     assert done == [2, 3]
     assert_same_rows(resumed, written)

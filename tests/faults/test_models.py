@@ -220,7 +220,7 @@ def _tiny_module_probe(tmp_path, **kw):
 
 
 def test_a_failed_resume_keeps_the_earlier_runs_folder(tmp_path, monkeypatch):
-    import normfast.engine.prober as engine_probe
+    import normfast.engine.runner.output as engine_probe  # where a call runs its chunks
     from normfast.engine.directions.objectives import InfoNCE
 
     parts = tmp_path / "run.parquet.parts"

@@ -13,6 +13,7 @@ import argparse
 import json
 import re
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -363,6 +364,7 @@ CASES = MODEL_CASES + [
     Case("words", {"--momentum": "0.5"}, r"config.momentum 0.0 -> 0.5"),
     Case("words", {"--no-decay": "bias"}, r'config.no_decay null -> "bias"'),
     Case("words", {"--seed": "1"}, r"config.seed 0 -> 1"),
+    Case("words", {"--heat-sampling": "uniform"}, r'config.heat_sampling "energy" -> "uniform"'),
     Case("words", {"--chunk-size": "3"}, r"config.chunk_size 4 -> 3"),
     Case("words", {"--directions-per-pass": "2"}, r"config.directions_per_pass null -> 2"),
     Case("words", {"--memory-budget-mb": "1"}, r"config.memory_budget_mb 2048(.0)? -> 1.0"),
@@ -573,3 +575,75 @@ def test_a_number_is_in_the_key_by_its_value(tmp_path):
             resume=True,
             progress=False,
         )
+
+
+# ---------------------------------------------------------------------------
+# the key is an allow-list: metadata outside it never blocks a resume
+
+
+def _interrupted(folder, encoder, items, pairs, monkeypatch):
+    """A run at ``folder`` stopped before its final write: its chunks and run.json in the work folder."""
+
+    def stop(self, *args):
+        raise RuntimeError("stopped")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(runwriter.ChunkedParquetWriter, "finalize", stop)
+        with pytest.raises(RuntimeError, match="stopped"):
+            _api_run(folder, encoder, items, pairs)
+    assert (folder / "run.parquet.parts" / "run.json").is_file()
+
+
+def _as_an_earlier_normfast_wrote_it(record: dict, version: int) -> dict:
+    """``record`` as a normfast of format ``version`` would have written it: without a key this normfast
+    writes (encoder_note), with one it no longer writes (colour)."""
+    record = {k: v for k, v in record.items() if k != "encoder_note"}
+    return {**record, "schema_version": version, "colour": "a key that normfast no longer writes"}
+
+
+@pytest.mark.parametrize("state", ["unfinished", "finished"])
+def test_a_run_started_before_a_metadata_addition_still_resumes(tmp_path, monkeypatch, state):
+    """A run written by a normfast whose metadata differs only outside the key (a key added, a key dropped,
+    and so a format version that only changed metadata keys) resumes, to the same table as an
+    uninterrupted run. The old key, a hash of the whole record, refused it as "different arguments"."""
+    import normfast
+    from normfast.data import schema_versions
+    from normfast.data.io import fingerprint
+
+    items, a, p = _toy()
+    encoder = normfast.load_encoder(_toy_net(), pooling="mean")
+    pairs = normfast.PairSource.from_tensors(a, p)
+    (tmp_path / "whole").mkdir()
+    whole = _api_run(tmp_path / "whole", encoder, items, pairs)
+    earlier = schema_versions.SCHEMA_VERSION - 1  # suppose it added only metadata keys: the same columns
+    monkeypatch.setitem(schema_versions.COLUMN_LAYOUTS, earlier, schema_versions.COLUMN_LAYOUTS[earlier + 1])
+    run = tmp_path / "run"
+    run.mkdir()
+    if state == "unfinished":
+        _interrupted(run, encoder, items, pairs, monkeypatch)
+        path = run / "run.parquet.parts" / "run.json"
+        spec = _as_an_earlier_normfast_wrote_it(json.loads(path.read_text())["spec"], earlier)
+        path.write_text(json.dumps({"key": fingerprint(spec), "spec": spec}))  # its own key, as it was made
+    else:
+        import pyarrow.parquet as pq
+
+        _api_run(run, encoder, items, pairs)
+        table = pq.read_table(run / "run.parquet")
+        meta = _as_an_earlier_normfast_wrote_it(normfast.read_metadata(run / "run.parquet"), earlier)
+        meta["spec_fingerprint"] = fingerprint(meta)
+        blob = {b"normfast": json.dumps(meta).encode()}
+        pq.write_table(table.replace_schema_metadata(blob), run / "run.parquet", write_page_checksum=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the finished file's older schema_version is read with a warning
+        again = _api_run(run, encoder, items, pairs, resume=True)
+    assert again.table.select(whole.table.column_names).equals(whole.table)
+    assert not (run / "run.parquet.parts").exists()
+    # a key entry that differs is still refused, and named: a format version of other columns
+    monkeypatch.delitem(schema_versions.COLUMN_LAYOUTS, earlier)
+    if state == "unfinished":
+        _interrupted(tmp_path / "other", encoder, items, pairs, monkeypatch)
+        path = tmp_path / "other" / "run.parquet.parts" / "run.json"
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "spec": {**record["spec"], "schema_version": earlier}}))
+        with pytest.raises(ValueError, match=r"cannot resume: .*changed: the output's columns \(a format version"):
+            _api_run(tmp_path / "other", encoder, items, pairs, resume=True)

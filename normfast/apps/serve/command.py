@@ -168,8 +168,7 @@ def serve_prober(args: argparse.Namespace) -> Any:
             "holding saved directions (normfast directions MODEL --pairs FILE --out FOLDER)"
         )
     pairs = read_pairs_file(Path(args.pairs), full, objective.needs)
-    config = ProbeConfig(**direction_settings(full), output=args.output)
-    config.validate()
+    config = ProbeConfig(**direction_settings(full), output=args.output).resolve()  # checked once, here
     encoder = load_model(args, args.device)
     prober = Prober(
         encoder,
@@ -195,8 +194,7 @@ def _saved_prober(args: argparse.Namespace, folder: Path) -> Any:
 
     given = given_options(args)
     fields = {k: v for k, v in direction_settings(with_defaults(args)).items() if _option_of(k) in given}
-    config = replace(saved_config(folder), output=args.output, **fields)
-    config.validate()
+    config = replace(saved_config(folder), output=args.output, **fields).resolve()  # checked once, here
     made = read_manifest(folder)["fingerprint"]["objective"]
     objective = None  # the saved one
     if given.keys() & set(objective_options()):

@@ -34,7 +34,7 @@ from normfast.engine.transmission.jvp import Tail
 
 
 @dataclass
-class AdaptivePlan:
+class AdaptiveChoice:
     """The outcome: the chosen M, its directions (None: recompute them in groups) and the drift's."""
 
     M: int
@@ -114,10 +114,10 @@ class _JvpPilot:
         return quantile_rse(stats["se_V2" + sfx], stats["V2" + sfx], self.run.config.target_quantile)
 
 
-def _plan_on_root(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
+def _choice_on_root(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptiveChoice:
     cfg = run.config
     K, target, cap = run.groups, float(cfg.target_rse), int(cfg.max_batches)
-    first = run.compute_directions(list(range(run.M)), cfg.drift_from_mean)
+    first = run.compute_directions(list(range(run.M)), run.plan.drift_from_mean)
     pilot = _HeadPilot(run, pilot_items) if run.mode == "head" else _JvpPilot(run, pilot_items)
     pilot.add(first)
     keep_limit = math.inf if run.mode == "head" else run.direction_group_for(cap)
@@ -139,64 +139,66 @@ def _plan_on_root(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
                 kept = None
         M = M_next
     directions = _concat(kept) if kept is not None else None
-    drift = first if cfg.drift_from_mean else None
-    return AdaptivePlan(M, directions, drift, rounds)
+    drift = first if run.plan.drift_from_mean else None
+    return AdaptiveChoice(M, directions, drift, rounds)
 
 
-def adaptive_plan(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
+def adaptive_choice(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptiveChoice:
     """Choose M (see the module docstring) on the probe items of the first chunk; sets ``run.M`` and
     ``run.adaptive``. A collective when sharded.
 
     A run with a direction store (a :class:`~normfast.engine.prober.Prober`'s) chooses M once, on the
     first call's first chunk, and every later call reuses that M and its directions."""
     store = run.store
-    if store is not None and store.plan is not None:
-        plan = store.plan
-        run.M = plan.M
-        if plan.directions is None and store.reader is not None and run.fits():
-            plan.directions = run.all_directions()  # a saved artifact: read whole when it fits
+    if store is not None and store.choice is not None:
+        choice = store.choice
+        run.M = choice.M
+        if choice.directions is None and store.reader is not None and run.fits():
+            choice.directions = run.all_directions()  # a saved artifact: read whole when it fits
         run.adaptive = dict(store.adaptive or {})
-        return plan
-    plan = _choose(run, pilot_items)
+        return choice
+    choice = _choose(run, pilot_items)
     if store is not None:
-        store.plan, store.adaptive = plan, run.adaptive
-    return plan
+        store.choice, store.adaptive = choice, run.adaptive
+    return choice
 
 
-def _choose(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptivePlan:
+def _choose(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptiveChoice:
     cfg = run.config
     shard = run.shard
     if shard is None:
-        plan = _plan_on_root(run, pilot_items)
+        choice = _choice_on_root(run, pilot_items)
     else:
-        plan, failure = None, None
+        choice, failure = None, None
         if shard.is_root:
             try:
-                plan = _plan_on_root(run, pilot_items)
+                choice = _choice_on_root(run, pilot_items)
             except Exception as exc:  # noqa: BLE001 - re-raised on every rank
                 failure = exc
         shard.raise_if_root_failed(failure)
         header = shard.broadcast_object(
-            None if plan is None else (plan.M, plan.rounds, plan.directions is not None, plan.drift is not None)
+            None
+            if choice is None
+            else (choice.M, choice.rounds, choice.directions is not None, choice.drift is not None)
         )
         M, rounds, has_dirs, has_drift = header
-        dirs = shard.share_directions(plan.directions if plan else None, run.device) if has_dirs else None
+        dirs = shard.share_directions(choice.directions if choice else None, run.device) if has_dirs else None
         if has_drift and dirs is None:
-            drift = shard.share_directions(plan.drift if plan else None, run.device)
+            drift = shard.share_directions(choice.drift if choice else None, run.device)
         else:
             drift = dirs if has_drift else None
-        plan = AdaptivePlan(M, dirs, drift, rounds)
+        choice = AdaptiveChoice(M, dirs, drift, rounds)
         run.adopt_heat(dirs or drift)  # rank 0's heat draw on every rank
-    run.M = plan.M
-    final = plan.rounds[-1]
+    run.M = choice.M
+    final = choice.rounds[-1]
     run.adaptive = {
         "target_rse": cfg.target_rse,
         "target_quantile": cfg.target_quantile,
         "max_batches": cfg.max_batches,
-        "M": plan.M,
+        "M": choice.M,
         "quantile_rse": final["quantile_rse"],
         "reached": bool(final["quantile_rse"] <= cfg.target_rse),
-        "rounds": plan.rounds,
+        "rounds": choice.rounds,
         "pilot_items": len(pilot_items),
     }
-    return plan
+    return choice

@@ -296,7 +296,7 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
     cfg = prober.config
     store = prober.store
     check_save_target(folder, overwrite, f"Prober.save: {folder}")  # before anything is computed
-    if cfg.target_rse is not None and store.plan is None:
+    if cfg.target_rse is not None and store.choice is None:
         raise ValueError(
             "Prober.save: adaptive M (config.target_rse) chooses M on the first call's probe items; call "
             "probe() first, or fix M with batches= and target_rse=None"
@@ -304,18 +304,18 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
     fp = prober.fingerprint()
     shard = current_shard()
     run = prober.new_run(0, prober.progress, shard)
-    plan = store.plan
-    if plan is not None:
-        run.M = plan.M
+    choice = store.choice
+    if choice is not None:
+        run.M = choice.M
     losses: list[float] = []  # filled as the heat directions are written, before the manifest is
     batch_stats: list[list[float]] = []  # (batch, objective value, gradient norm) of every batch, likewise
 
     def note_stats() -> None:
         batch_stats[:] = [[b, loss, norm] for b, (loss, norm) in sorted(run.batch_stats.items())]
 
-    if plan is not None and plan.directions is not None:
-        full = plan.directions
-    elif plan is None and run.fits():
+    if choice is not None and choice.directions is not None:
+        full = choice.directions
+    elif choice is None and run.fits():
         full = run.all_directions()
     else:
         full = None
@@ -336,8 +336,8 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
 
         heat = groups()
         drift = None
-        if cfg.drift_from_mean:
-            drift = (plan.drift if plan is not None and plan.drift is not None else run.drift_directions()).drift
+        if prober.plan.drift_from_mean:
+            drift = (choice.drift if choice is not None and choice.drift is not None else run.drift_directions()).drift
     first = full.directions[0] if full is not None and full.directions else None
     if first is None:
         first = drift.means[0] if drift is not None else None
@@ -360,7 +360,7 @@ def save_directions(prober: Any, folder: Path, *, overwrite: bool = False) -> Pa
             "losses": losses,
             "batch_stats": batch_stats,
             "heat_draw": None if run.heat_draw is None else run.heat_draw.head(run.M).to_json(),
-            "adaptive": store.adaptive if plan is not None else None,
+            "adaptive": store.adaptive if choice is not None else None,
             "mode": run.mode,
             "cut_stage": run.cut,
             "bytes_per_direction": per_direction,
@@ -393,7 +393,7 @@ def load_directions(
     from normfast.encoders import Encoder, load_encoder
     from normfast.engine.directions.gradients import decayed_parameters
     from normfast.engine.estimators.uncertainty import group_counts
-    from normfast.engine.runner.adaptive import AdaptivePlan
+    from normfast.engine.runner.adaptive import AdaptiveChoice
 
     manifest = read_manifest(folder)
     saved = manifest["fingerprint"]
@@ -421,6 +421,7 @@ def load_directions(
     )
     if detached:
         prober.pair_hashes[False] = saved["pairs"]["drawn"]
+    config = prober.config  # the settings as the Prober checked them
     differs = mismatch(saved, prober.fingerprint())
     if differs:
         raise ValueError(
@@ -439,14 +440,14 @@ def load_directions(
         folder,
         manifest,
         M=int(d["M"]) if d.get("adaptive") else run.M,
-        drift_counts=group_counts(len(run.batches), run.groups) if config.drift_from_mean else None,
+        drift_counts=group_counts(len(run.batches), run.groups) if prober.plan.drift_from_mean else None,
         shapes={n: tuple(encoder.get_parameter(n).shape) for n in run.names},
         heat_sampled=run.known_mean,
     )
     store = prober.store
     store.reader = ArtifactReader(folder, manifest, decayed_parameters(encoder, run.names, config.no_decay))
     if d.get("adaptive"):
-        store.plan = AdaptivePlan(int(d["M"]), None, None, list(d["adaptive"].get("rounds", [])))
+        store.choice = AdaptiveChoice(int(d["M"]), None, None, list(d["adaptive"].get("rounds", [])))
         store.adaptive = dict(d["adaptive"])
     prober.source = str(folder)
     prober.references.update(manifest.get("heat_reference") or {})

@@ -13,7 +13,7 @@ import torch
 
 from normfast.engine.directions.gradients import Directions
 from normfast.engine.estimators.uncertainty import jackknife_se
-from normfast.engine.runner.adaptive import adaptive_plan
+from normfast.engine.runner.adaptive import adaptive_choice
 from normfast.engine.runner.files import restore_outer_state, save_outer_state
 from normfast.engine.runner.rows import finish_table, row_metadata
 from normfast.engine.runner.state import ProbeRun
@@ -55,9 +55,9 @@ def run_chunks(
     was_training = encoder.training
     encoder.eval()
     try:
-        plan = adaptive_plan(run, chunk_items(probes, 0, cfg.chunk_size)) if cfg.target_rse is not None else None
+        choice = adaptive_choice(run, chunk_items(probes, 0, cfg.chunk_size)) if cfg.target_rse is not None else None
         if run.mode == "head":
-            dirs = plan.directions if plan is not None else run.all_directions()
+            dirs = choice.directions if choice is not None else run.all_directions()
             G = prepared_head(encoder, dirs, dtype=run.acc_dtype, groups=run.groups)  # once, for every chunk
             g = None
             bar = run.bar(todo, "probing (head mode)")
@@ -69,9 +69,9 @@ def run_chunks(
             bar.close()
             return
         group = run.direction_group()
-        if plan is not None and plan.directions is not None:
-            dirs = plan.directions
-        elif plan is None and run.fits():
+        if choice is not None and choice.directions is not None:
+            dirs = choice.directions
+        elif choice is None and run.fits():
             dirs = run.all_directions()
         else:
             dirs = None
@@ -99,7 +99,7 @@ def run_chunks(
         groups = [list(range(lo, min(lo + group, run.M))) for lo in range(0, run.M, group)]
         drift = None
         if cfg.drift_from_mean:
-            drift = plan.drift if plan is not None and plan.drift is not None else run.drift_directions()
+            drift = choice.drift if choice is not None and choice.drift is not None else run.drift_directions()
         emit_all = _jvp_directions_outer(run, probes, ids, todo, groups, drift)
         for c, table in emit_all:
             emit(c, table)

@@ -1,25 +1,21 @@
-"""A probe run's output files: opening, resuming and finishing (single process and sharded), and the
-saved state of the directions-outer loop order (resumed after a kill, a group at most lost)."""
+"""A probe run's output files: opening or resuming the work folder (a finished run returned as it is,
+an earlier run's record compared through the resume key), and the saved state of the directions-outer
+loop order (resumed after a kill, a group at most lost). Finishing a run is :mod:`.output`'s."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-import pyarrow as pa
-
-from normfast.data.manifest import manifest_path, part_path, write_manifest
+from normfast.data.manifest import manifest_path
+from normfast.data.resume_key import PROBE_RESUME_KEY
 from normfast.data.runwriter import ChunkedParquetWriter, holds_unfinished_run
-from normfast.data.schema import METADATA_KEY
 from normfast.data.torchfiles import load_plain, save_plain
-from normfast.engine.diagnostics.regime import REGIME_INPUTS, run_regime
-from normfast.engine.diagnostics.relative_heat import heat_inputs, heat_reference, pool_se_of, with_relative_heat
 from normfast.engine.directions.gradients import NonFiniteLoss
 from normfast.engine.result import ProbeResult
-from normfast.engine.runner.distributed import Shard, part_blocks
+from normfast.engine.runner.distributed import Shard
 
 
 @contextlib.contextmanager
@@ -39,6 +35,8 @@ def open_output(
 ) -> tuple[ProbeResult | None, ChunkedParquetWriter | None, set[int]]:
     """Open (or create) the run's work folder; a finished run is returned instead when resuming.
 
+    ``spec`` is the run's record (kept in ``run.json``) and ``key`` its resume key's hash
+    (:data:`~normfast.data.resume_key.PROBE_RESUME_KEY`: the allow-list of what the rows depend on).
     Sharded: rank 0 checks and creates, then shares the outcome and the finished chunks.
     """
     finished = writer = failure = None
@@ -47,7 +45,7 @@ def open_output(
         try:
             finished = _finished_run(out, key, resume, overwrite, spec)
             if finished is None:
-                writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite)
+                writer = ChunkedParquetWriter(out, spec, resume=resume, overwrite=overwrite, key=PROBE_RESUME_KEY)
                 done = writer.done()
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank
             if shard is None:
@@ -62,7 +60,7 @@ def open_output(
             finished = ProbeResult.load(_existing_output(out))
         return finished, None, set()
     if writer is None:
-        writer = ChunkedParquetWriter(out, spec, attach=True)
+        writer = ChunkedParquetWriter(out, spec, attach=True, key=PROBE_RESUME_KEY)
     return None, writer, set(state)
 
 
@@ -86,92 +84,18 @@ def _finished_run(
         if overwrite:
             return None  # unreadable here (damaged, or of a newer format): replaced
         raise
-    previous = result.metadata.get("spec_fingerprint")
-    if previous == key:
+    if "spec_fingerprint" not in result.metadata:
+        return None
+    # its metadata through today's allow-list: keys added or dropped since it was written do not matter
+    if PROBE_RESUME_KEY.fingerprint(result.metadata) == key:
         return result
-    if previous is not None and not overwrite:
-        from normfast.data.io import describe_spec_change
-
-        old = {k: v for k, v in result.metadata.items() if spec is not None and k in spec}
-        changed = describe_spec_change(old, spec or {})
+    if not overwrite:
+        changed = PROBE_RESUME_KEY.describe(result.metadata, spec or {})
         raise ValueError(
             f"cannot resume: {existing} holds a finished run made with different arguments; "
             f"changed: {changed}. Pass overwrite=True (CLI: --overwrite) to replace it"
         )
     return None
-
-
-def finish_sharded(
-    shard: Shard,
-    writer: ChunkedParquetWriter | None,
-    out: Path | None,
-    key: str,
-    metadata: dict[str, Any],
-    n_chunks: int,
-    tables: dict[int, pa.Table],
-    failure: BaseException | None,
-    seconds: float,
-    reference: dict[str, Any] | None = None,
-) -> ProbeResult:
-    """After the chunk loop of a sharded run: exchange outcomes, then assemble the result (``heat_rel``
-    against ``reference``, a Prober's fixed one, or else the run's own median)."""
-    if writer is None:
-        # in memory: every rank gets every rank's rows
-        gathered = shard.exchange(failure, (seconds, tables))
-        metadata["seconds"] = max(s for s, _ in gathered)
-        merged: dict[int, pa.Table] = {}
-        for _, part in gathered:
-            merged.update(part)
-        table = pa.concat_tables([merged[c] for c in range(n_chunks)])
-        metadata["regime"] = run_regime([table])
-        metadata["heat_reference"] = (
-            reference if reference is not None else heat_reference([table], pool_se_of(metadata))
-        )
-        table = with_relative_heat(table, metadata["heat_reference"])
-        meta_blob = {METADATA_KEY: json.dumps(metadata, default=str).encode()}
-        return ProbeResult(table.replace_schema_metadata(meta_blob), metadata)
-    metadata["seconds"] = max(shard.exchange(failure, seconds))
-    if shard.is_root:  # every chunk is written once the exchange returns
-        try:
-            metadata["regime"] = run_regime(writer.read_chunk(c, REGIME_INPUTS) for c in range(n_chunks))
-        except Exception as exc:  # noqa: BLE001 - a missing summary must not hang the other ranks
-            metadata["regime"] = {"error": f"{type(exc).__name__}: {exc}"}
-        try:
-            if reference is not None:
-                metadata["heat_reference"] = reference
-            else:
-                inputs = heat_inputs(writer.chunk_columns(0))
-                metadata["heat_reference"] = heat_reference(
-                    (writer.read_chunk(c, inputs) for c in range(n_chunks)), pool_se_of(metadata)
-                )
-        except Exception as exc:  # noqa: BLE001 - as above
-            metadata["heat_reference"] = {"error": f"{type(exc).__name__}: {exc}", "log_level": float("nan")}
-    metadata = shard.broadcast_object(metadata)  # rank 0's device string etc. on every part
-    reference = metadata["heat_reference"]
-    block = part_blocks(n_chunks, shard.world_size)[shard.rank]
-    path = part_path(out, shard.rank, shard.world_size)
-    rows, failure = 0, None
-    try:
-        if len(block):
-            rows = writer.write_part(block, path, metadata, lambda t: with_relative_heat(t, reference))
-    except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
-        failure = exc
-    written = shard.exchange(failure, rows)
-    parts = [
-        {"path": str(part_path(out, r, shard.world_size)), "rows": written[r], "chunks": [b.start, b.stop]}
-        for r, b in enumerate(part_blocks(n_chunks, shard.world_size))
-        if len(b)
-    ]
-    failure = None
-    if shard.is_root:
-        try:
-            write_manifest(manifest_path(out), parts, metadata, key, tmp_dir=writer.parts)
-            out.unlink(missing_ok=True)  # a single-file result of an earlier run would contradict the manifest
-            writer.cleanup()
-        except Exception as exc:  # noqa: BLE001 - re-raised on every rank
-            failure = exc
-    shard.raise_if_root_failed(failure)
-    return ProbeResult.from_files([p["path"] for p in parts], metadata, manifest_path(out))
 
 
 # ----------------------------------------------------------------------------

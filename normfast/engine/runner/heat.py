@@ -16,19 +16,19 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from normfast.engine.config import ProbeConfig
+from normfast.engine.config import ProbePlan
 from normfast.engine.directions.gradients import Directions, compute_directions
 from normfast.engine.directions.sampling import draw_heat
 
 
-def resolve_heat_sampling(cfg: ProbeConfig, branch: str) -> tuple[str, str | None]:
+def resolve_heat_sampling(plan: ProbePlan, branch: str) -> tuple[str, str | None]:
     """The heat's sampling that runs (``"energy"`` or ``"uniform"``) and, when it is not the one asked
     for, why (:attr:`ProbeConfig.heat_sampling`)."""
-    if cfg.heat_sampling == "uniform":
+    if plan.config.heat_sampling == "uniform":
         return "uniform", None
-    if not cfg.drift_from_mean:
+    if not plan.drift_from_mean:
         return "uniform", "drift_batches=None: no pool of drift batches to draw the heat's from"
-    if cfg.batch_indices is not None:
+    if plan.batch_indices is not None:
         return "uniform", "batch_indices given: the heat's batches are the first M of them"
     if branch == "uw":
         return "uniform", "parameter groups of both optimizer branches: the cross term C_uw needs the plain draw"
@@ -53,6 +53,7 @@ def sampled_directions(run: Any, batch_ids: Sequence[int], with_drift: bool) -> 
             keep=0,
             drift_groups=run.groups,
             check_invariance=True,
+            second_moments=run.given_v,
             warn_unused=False,
             cut=run.cut,
             pair_encoder=run.pair_encoder,
@@ -63,8 +64,7 @@ def sampled_directions(run: Any, batch_ids: Sequence[int], with_drift: bool) -> 
         if pool.second_moments:
             run.keep_second_moments(pool.second_moments)
         energy = np.array([pool.batch_stats[b][1] ** 2 for b in range(len(run.batches))])
-        draws = cfg.max_batches if cfg.target_rse is not None else cfg.batches
-        run.heat_draw = draw_heat(energy, draws, cfg.seed)
+        run.heat_draw = draw_heat(energy, run.plan.heat_draws, cfg.seed)
         drift = pool.drift
         run.pool_mean = {n: sum(c * m[n] for c, m in zip(drift.counts, drift.means)) / drift.M for n in run.names}
         if run.store is not None:
@@ -88,7 +88,7 @@ def _drawn(run: Any, draw_ids: list[int]) -> Directions:
     cfg, draw = run.config, run.heat_draw
     picks = [draw.batches[i] for i in draw_ids]
     distinct = sorted(set(picks))
-    second = run.estimated_v if "w" in run.branches else None
+    second = run.second_moments(run.estimated_v if "w" in run.branches else None)
     grads = compute_directions(
         run.encoder,
         run.objective,

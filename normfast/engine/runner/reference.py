@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -41,12 +40,12 @@ def reference_pass(prober: Any, output: str) -> dict[str, Any]:
     :func:`~normfast.engine.diagnostics.relative_heat.heat_reference` returns, with ``source: "pairs"``,
     ``items`` and ``output``."""
     items = reference_items(prober.pairs)
-    config = replace(prober.config, output=output, snapshot=False, uncertainty=True, radial_spread=False)
+    plan = prober.plan.derived(output=output, snapshot=False, uncertainty=True, radial_spread=False)
     run = ProbeRun(
         prober.encoder,
         prober.objective,
         prober.pairs,
-        config,
+        plan,
         prober.pair_encoder,
         False,
         prober.second_moments,
@@ -54,7 +53,7 @@ def reference_pass(prober: Any, output: str) -> dict[str, Any]:
         store=prober.store,
     )
     tables: dict[int, pa.Table] = {}
-    n_chunks = math.ceil(len(items) / config.chunk_size)
+    n_chunks = math.ceil(len(items) / plan.config.chunk_size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run_chunks(run, items, None, list(range(n_chunks)), tables.__setitem__)

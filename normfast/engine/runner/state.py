@@ -14,7 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from normfast.encoders import Encoder
-from normfast.engine.config import ProbeConfig
+from normfast.engine.config import ProbePlan
 from normfast.engine.diagnostics.health import objective_health
 from normfast.engine.directions.gradients import Directions, compute_directions, estimate_second_moments, unused_warning
 from normfast.engine.directions.parameters import resolve_parameters
@@ -33,7 +33,7 @@ class DirectionStore:
     They depend on the model, the objective, the pair source and the settings, never on the probe
     items, so a run finds here what an earlier run (or a saved artifact, ``reader``) computed:
     ``directions`` (the M heat directions with the drift's group means, when they fit the memory
-    budget), ``drift`` (the drift's group means alone: the directions-outer order), ``plan`` (adaptive
+    budget), ``drift`` (the drift's group means alone: the directions-outer order), ``choice`` (adaptive
     M: the M chosen on the first call's first chunk, fixed from then on), ``second_moments`` (AdamW's
     estimated ``v̂``, for the directions-outer groups) and ``reader`` (an artifact on disk that serves
     the directions, whole or group by group: :mod:`normfast.engine.runner.artifact`).
@@ -42,7 +42,7 @@ class DirectionStore:
     def __init__(self, reader: Any = None):
         self.directions: Directions | None = None
         self.drift: Directions | None = None
-        self.plan: Any = None
+        self.choice: Any = None
         self.adaptive: dict[str, Any] | None = None
         self.second_moments: dict[str, torch.Tensor] | None = None
         self.reader = reader
@@ -58,14 +58,18 @@ class DirectionStore:
 class ProbeRun:
     """State shared by the chunks of one probe run: the probed parameters and the cut, the presets,
     the mode, the virtual batches, the directions (computed once, shared across ranks) and the
-    accumulators."""
+    accumulators.
+
+    It receives its call's :class:`~normfast.engine.config.ProbePlan` (checked by the entry point; read
+    here, never checked again), its objective and pair source as resolved there, and the given AdamW
+    ``second_moments``."""
 
     def __init__(
         self,
         encoder: Encoder,
         objective: Any,
         pairs: Any,
-        config: ProbeConfig,
+        plan: ProbePlan,
         pair_encoder: Encoder | None,
         progress: bool,
         second_moments: Mapping[str, torch.Tensor] | None = None,
@@ -79,14 +83,17 @@ class ProbeRun:
         self.encoder = encoder
         self.objective = objective
         self.pairs = pairs
-        self.config = config
+        self.plan = plan
+        self.config = config = plan.config  # the settings as checked
         self.pair_encoder = pair_encoder
         self.progress = progress
         self.device = encoder.device
         self.names = resolve_parameters(encoder, config.params)
         stage_of = encoder.stage_of_parameters()
         self.cut = min(stage_of[n] for n in self.names)
-        self.presets = config.presets(self.names, second_moments)
+        self.presets = plan.presets_for(self.names)
+        #: AdamW's v̂ given by the caller (ahead of any estimate, per parameter)
+        self.given_v = second_moments
         self.branches = tuple(b for b in ("u", "w") if b in {p.branch for p in self.presets.values()})
         self.branch = "uw" if len(self.branches) == 2 else self.branches[0]
         self.mode = self._choose_mode()
@@ -96,20 +103,17 @@ class ProbeRun:
                 f"probe: output='tokens' needs a sequence model; {type(encoder).__name__} has no token positions"
             )
         rng = np.random.default_rng(config.seed)
-        from normfast.data.batches import check_batch_indices, virtual_batches  # looked up per run: patchable
+        from normfast.data.batches import virtual_batches  # looked up per run: patchable
 
         batch_seed = int(rng.integers(2**31))
-        if config.batch_indices is None:
+        if plan.batch_indices is None:
             # M_D batches with the mean-direction drift; the first M (drawn first from the same
             # generator, so the same as without it) are the heat's
-            self.batches = virtual_batches(len(pairs), config.total_batches, config.batch_size, batch_seed)
-        else:  # explicit batches replace the draw, in the same layout (checked against the source here)
-            self.batches = [
-                np.asarray(b, dtype=np.int64)
-                for b in check_batch_indices("probe", "config.batch_indices", config.batch_indices, n=len(pairs))
-            ]
+            self.batches = virtual_batches(len(pairs), plan.total_batches, config.batch_size, batch_seed)
+        else:  # explicit batches replace the draw, in the same layout (checked against the source by the Prober)
+            self.batches = list(plan.batch_indices)
         self.acc_dtype = torch.float64 if self.device.type == "cpu" else torch.float32
-        self.groups = config.effective_groups  # K: heat batch b (and drift batch b) in group b mod K
+        self.groups = plan.groups  # K: heat batch b (and drift batch b) in group b mod K
         self.M = config.batches  # the heat's M (adaptive M may raise it)
         self.adaptive: dict[str, Any] | None = None
         self.estimated_v = store.second_moments if store is not None else None
@@ -119,7 +123,7 @@ class ProbeRun:
         #: every virtual batch's (objective value, gradient norm) seen so far: the objective's health
         self.batch_stats: dict[int, tuple[float, float]] = {} if store is None else store.batch_stats
         self.unused_warned = False  # probed parameters no batch reaches: warned once per run
-        self.heat_sampling, self.heat_sampling_note = resolve_heat_sampling(config, self.branch)
+        self.heat_sampling, self.heat_sampling_note = resolve_heat_sampling(plan, self.branch)
         self.heat_draw: HeatDraw | None = store.heat_draw if store is not None else None
         self.pool_mean: dict[str, torch.Tensor] | None = store.pool_mean if store is not None else None
         self.pool: Directions | None = None  # the pool pass (the drift's group means), once per run
@@ -172,9 +176,9 @@ class ProbeRun:
         if store is not None and store.directions is not None:
             return store.directions
         if store is not None and store.reader is not None:
-            dirs = self._noted(store.reader.read(range(self.M), self.config.drift_from_mean, self.device))
+            dirs = self._noted(store.reader.read(range(self.M), self.plan.drift_from_mean, self.device))
         else:
-            dirs = self._shared(lambda: self.compute_directions(list(range(self.M)), self.config.drift_from_mean))
+            dirs = self._shared(lambda: self.compute_directions(list(range(self.M)), self.plan.drift_from_mean))
         if store is not None:
             store.directions = dirs
         return dirs
@@ -273,18 +277,17 @@ class ProbeRun:
                 keep=len(batch_ids),
                 drift_groups=self.groups,
                 check_invariance=True,
+                second_moments=self.given_v,
                 warn_unused=False,
                 **common,
             )
             if dirs.second_moments:
                 self.keep_second_moments(dirs.second_moments)
             return dirs
-        second = None
+        second = self.given_v
         if len(batch_ids) < len(self.batches) and "w" in self.branches:
-            if self.estimated_v is None:  # AdamW's v̂ must come from all batches
-                adam = [
-                    n for n in self.names if self.presets[n].name == "adamw" and self.presets[n].second_moments is None
-                ]
+            if self.estimated_v is None and self.given_v is None:  # AdamW's v̂ must come from all batches
+                adam = [n for n in self.names if self.presets[n].name == "adamw"]
                 estimated = estimate_second_moments(
                     self.encoder,
                     self.objective,
@@ -298,7 +301,7 @@ class ProbeRun:
                     check_invariance=False,
                 )
                 self.keep_second_moments(estimated)
-            second = self.estimated_v
+            second = self.second_moments(self.estimated_v)
         return compute_directions(
             self.encoder,
             self.objective,
@@ -307,11 +310,17 @@ class ProbeRun:
             self.presets,
             [self.batches[b] for b in batch_ids],
             batch_offset=batch_ids[0],
-            check_invariance=batch_ids[0] == 0 and not cfg.drift_from_mean,
+            check_invariance=batch_ids[0] == 0 and not self.plan.drift_from_mean,
             second_moments=second,
             warn_unused=False,
             **common,
         )
+
+    def second_moments(self, estimated: Mapping[str, torch.Tensor] | None) -> Mapping[str, torch.Tensor] | None:
+        """AdamW's v̂ per parameter: the given one where there is one, else ``estimated``."""
+        if not estimated:
+            return self.given_v
+        return {**estimated, **(self.given_v or {})}
 
     def keep_second_moments(self, second: dict[str, torch.Tensor]) -> None:
         self.estimated_v = second
@@ -343,7 +352,7 @@ class ProbeRun:
 
     def drift_bytes(self) -> int:
         """Memory of the drift's K group-mean directions (0 with the per-batch drift)."""
-        return self.groups * self.direction_bytes() if self.config.drift_from_mean else 0
+        return self.groups * self.direction_bytes() if self.plan.drift_from_mean else 0
 
     def k_per_pass(self, n_rows: int, dim: int) -> int:
         if self.config.directions_per_pass is not None:

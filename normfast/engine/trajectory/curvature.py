@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, jvp
 
-from normfast.engine.config import ProbeConfig
+from normfast.engine.config import ProbeConfig, ProbePlan, as_plan
 
 
 def curvature_heat(
@@ -43,7 +43,7 @@ def curvature_heat(
     probes: Sequence[Any],
     objective: Any,
     pairs: Any,
-    config: ProbeConfig,
+    config: ProbeConfig | ProbePlan,
     *,
     second_moments: Mapping[str, torch.Tensor] | None = None,
     dtype: torch.dtype = torch.float64,
@@ -57,15 +57,15 @@ def curvature_heat(
     Returns ``{"c": [n], "norm": [n], "Q_curv" or "Q_curv_w": [n]}``.
     """
     from normfast.data.batches import virtual_batches
-    from normfast.data.pairs import as_pair_source as _as_pair_source
+    from normfast.data.pairs import PairSource, as_pair_source
     from normfast.encoders import forward_ad_safe
     from normfast.engine.directions.gradients import compute_directions
     from normfast.engine.directions.objectives import get_objective
     from normfast.engine.directions.parameters import resolve_parameters
-    from normfast.engine.directions.presets import OptimizerPreset
 
     fn = "curvature_heat"
-    config.validate()
+    plan = as_plan(config)  # a plan as its caller checked it; a config checked here, once
+    config = plan.config
     if not isinstance(config.optimizer, str):
         raise ValueError(
             f"{fn}: expected one optimizer preset for all probed parameters, got optimizer={config.optimizer!r}"
@@ -77,20 +77,12 @@ def curvature_heat(
     probes = list(probes)
     if not probes:
         raise ValueError(f"{fn}: expected at least one probe item, got none")
-    pairs = _as_pair_source(pairs, objective, probes)
+    if not isinstance(pairs, PairSource):
+        pairs = as_pair_source(pairs, objective, probes)
     names = resolve_parameters(encoder, config.params)
     cut = min(encoder.stage_of_parameters()[n] for n in names)
     adam = config.optimizer == "adamw"
-    preset = OptimizerPreset(
-        config.optimizer,
-        config.lr,
-        config.weight_decay,
-        0.0 if adam else config.momentum,
-        tuple(config.betas),
-        config.eps,
-        second_moments,
-    )
-    presets = {n: preset for n in names}
+    presets = plan.presets_for(names)
     rng = np.random.default_rng(config.seed)
     batches = virtual_batches(len(pairs), config.batches, config.batch_size, int(rng.integers(2**31)))
     was_training = encoder.training
@@ -107,6 +99,7 @@ def curvature_heat(
             seed=config.seed,
             progress=False,
             check_invariance=False,
+            second_moments=second_moments,
         )
         encoder.eval()
         step = config.lr if adam else config.lr / (1.0 - config.momentum)

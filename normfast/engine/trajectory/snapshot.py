@@ -81,7 +81,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from normfast.engine.config import ProbeConfig
+from normfast.engine.config import ProbeConfig, ProbePlan, as_plan
 from normfast.engine.trajectory.virtual import BLOCK
 
 #: contiguous segments of the continuation for the intervals' delete-a-segment jackknife (fewer
@@ -178,7 +178,7 @@ def snapshot_prediction(
     probes: Sequence[Any],
     objective: Any,
     pairs: Any,
-    config: ProbeConfig,
+    config: ProbeConfig | ProbePlan,
     *,
     steps: int | None = None,
     second_moments: Mapping[str, torch.Tensor] | None = None,
@@ -190,14 +190,18 @@ def snapshot_prediction(
     momentum / betas, eps, ``no_decay``), the batch size, the trajectory's seed
     (``config.seed``) and ``T`` (``snapshot_*``; ``steps`` overrides them).
     ``second_moments``: AdamW's ``v̂`` at the snapshot (else estimated on
-    virtual batches). The encoder is not modified.
+    virtual batches). The encoder is not modified. A probe's snapshot stage passes its
+    :class:`~normfast.engine.config.ProbePlan` (checked by the probe's entry point, not again here);
+    a ``ProbeConfig`` is checked here, once.
     """
     from normfast.engine.trajectory.virtual import TrajectoryMeter, virtual_trajectory
 
+    plan = as_plan(config)
+    config = plan.config
     probes = list(probes)
     t0 = time.perf_counter()
-    # the meter validates the configuration (one optimizer preset) and reads κ at the snapshot
-    kappa0 = TrajectoryMeter(encoder, probes, config).kappa()
+    # the meter refuses more than one optimizer preset, and reads κ at the snapshot
+    kappa0 = TrajectoryMeter(encoder, probes, plan).kappa()
     explicit = steps is not None or config.snapshot_steps is not None
     steps, covered = trajectory_steps(config, kappa0, steps)
     if steps < 2 * BLOCK:
@@ -211,7 +215,7 @@ def snapshot_prediction(
         probes,
         objective,
         pairs,
-        config,
+        plan,
         steps=steps,
         curvature=True,
         segments=segments,

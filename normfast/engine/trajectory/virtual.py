@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from normfast.engine.config import ProbeConfig
+from normfast.engine.config import ProbeConfig, ProbePlan, as_plan
 
 #: samples per block of the meter's drift (the blocks' spread gives se_D and the snapshot's shrinkage)
 BLOCK = 25
@@ -95,7 +95,7 @@ class TrajectoryMeter:
         self,
         encoder: Any,
         probes: Sequence[Any],
-        config: ProbeConfig,
+        config: ProbeConfig | ProbePlan,
         *,
         curvature: bool = False,
         block: int = BLOCK,
@@ -106,7 +106,7 @@ class TrajectoryMeter:
         from normfast.engine.directions.parameters import resolve_parameters
 
         fn = "TrajectoryMeter"
-        config.validate()
+        config = as_plan(config).config  # a plan as its caller checked it; a config checked here, once
         if not isinstance(config.optimizer, str):
             raise ValueError(
                 f"{fn}: expected one optimizer preset for all probed parameters, got optimizer={config.optimizer!r}"
@@ -287,7 +287,7 @@ def virtual_trajectory(
     probes: Sequence[Any],
     objective: Any,
     pairs: Any,
-    config: ProbeConfig,
+    config: ProbeConfig | ProbePlan,
     *,
     steps: int,
     points: int = 0,
@@ -315,7 +315,8 @@ def virtual_trajectory(
     virtual batches at every point. (A callback, not a call of the probe loop here: the
     probe loop sits above this module, and its snapshot predictor uses it.)
 
-    ``config`` is the probe configuration and also sets the virtual optimizer:
+    ``config`` is the probe configuration (or its :class:`~normfast.engine.config.ProbePlan`, as a
+    probe's snapshot stage passes it: not checked again) and also sets the virtual optimizer:
     ``optimizer`` (one preset for all probed parameters), ``lr``,
     ``weight_decay``, ``momentum`` / ``betas``, ``eps``, ``no_decay``,
     ``batch_size``. The trajectory's own batches come from ``config.seed``.
@@ -323,7 +324,7 @@ def virtual_trajectory(
     import re
 
     from normfast.data.batches import virtual_batches
-    from normfast.data.pairs import as_pair_source
+    from normfast.data.pairs import PairSource, as_pair_source
     from normfast.engine.directions.gradients import batch_loss, estimate_second_moments
     from normfast.engine.directions.objectives import get_objective
     from normfast.engine.directions.parameters import adam_second_moments, resolve_parameters
@@ -339,14 +340,16 @@ def virtual_trajectory(
         raise ValueError(f"{fn}: nothing to measure: meter=False and points=0")
     if isinstance(kappa_every, bool) or not isinstance(kappa_every, int) or kappa_every < 1:
         raise ValueError(f"{fn}: expected kappa_every to be a positive integer, got {kappa_every!r}")
+    plan = as_plan(config)  # a probe's stage passes its plan (and its objective and pair source) as resolved
+    config = plan.config
     if not isinstance(config.optimizer, str):
         raise ValueError(
             f"{fn}: expected one optimizer preset for all probed parameters, got optimizer={config.optimizer!r}"
         )
-    config.validate()
     if isinstance(objective, str):
         objective = get_objective(objective)
-    pairs = as_pair_source(pairs, objective, probes)
+    if not isinstance(pairs, PairSource):
+        pairs = as_pair_source(pairs, objective, probes)
     model = copy.deepcopy(encoder)
     names = resolve_parameters(model, config.params)
     chosen = set(names)
@@ -383,7 +386,7 @@ def virtual_trajectory(
             )
         segment = BLOCK * (steps // segments // BLOCK)
     tracker = (
-        TrajectoryMeter(model, probes, config, curvature=curvature, segment=segment, n_segments=segments)
+        TrajectoryMeter(model, probes, plan, curvature=curvature, segment=segment, n_segments=segments)
         if meter
         else None
     )

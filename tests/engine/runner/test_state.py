@@ -68,10 +68,10 @@ def test_the_memory_budget_holds_the_drift_group_means():
     per = sum(p.numel() for p in enc.parameters()) * 4
     budget_mb = 2 * 20 * per / 2**20  # half of it holds 20 directions
     with_drift = ProbeRun(
-        enc, None, pairs, ProbeConfig(batches=16, drift_batches=64, memory_budget_mb=budget_mb), None, False
+        enc, None, pairs, ProbeConfig(batches=16, drift_batches=64, memory_budget_mb=budget_mb).resolve(), None, False
     )
     per_batch = ProbeRun(
-        enc, None, pairs, ProbeConfig(batches=16, drift_batches=None, memory_budget_mb=budget_mb), None, False
+        enc, None, pairs, ProbeConfig(batches=16, drift_batches=None, memory_budget_mb=budget_mb).resolve(), None, False
     )
     assert with_drift.direction_bytes() == per_batch.direction_bytes() == per
     assert per_batch.direction_group() == 16  # all 16 fit beside nothing
