@@ -222,6 +222,22 @@ class ChunkedParquetWriter:
                 f"(CLI: --overwrite) or by deleting the folder (rm -r {self.parts})"
             )
 
+    def record_outcomes(self, outcomes: Mapping[str, Any]) -> None:
+        """Keep what a run's computation decided and saw (``run.json``'s ``outcomes``, rewritten whole), so
+        that a resume that computes nothing -- its chunks all written -- still reports it."""
+        run_file = self.parts / _RUN_FILE
+        record = {"key": self.key, "spec": self.spec, "outcomes": json.loads(json.dumps(dict(outcomes), default=str))}
+        write_text_atomically(json.dumps(record, default=str, indent=1), run_file)
+
+    def recorded_outcomes(self) -> dict[str, Any]:
+        """The outcomes an earlier call recorded (:meth:`record_outcomes`); ``{}`` when none was."""
+        try:
+            record = json.loads((self.parts / _RUN_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        outcomes = record.get("outcomes") if isinstance(record, dict) else None
+        return outcomes if isinstance(outcomes, dict) else {}
+
     def _drop_unreadable_chunks(self) -> None:
         """Resume: delete the chunk files that fail their checksum or cannot be read (a truncated write, a
         disk fault, a flipped bit anywhere in the file), so that they are computed again, and say which;

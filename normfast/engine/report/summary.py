@@ -207,6 +207,8 @@ def sampling_line(info: dict[str, Any] | None) -> str | None:
     """How the heat's batches were chosen, in one line (None for a run that predates the setting)."""
     if not info:
         return None
+    if info.get("method") == "energy" and "draws" not in info:  # a run that recorded no figures of its draw
+        return "heat batches: drawn by gradient energy from the drift batches (the draw's figures are not recorded)"
     if info.get("method") == "energy":
         return (
             f"heat batches: {info['draws']} drawn by gradient energy from the {info['pool']} drift batches "

@@ -90,9 +90,14 @@ def probe_call(
             return finished
     tables: dict[int, pa.Table] = {}
 
+    recorded: list[bool] = []
+
     def emit(c: int, table: pa.Table) -> None:
         if writer is not None:
             writer.write_chunk(c, table)
+            if not recorded:  # the run's outcomes beside its chunks, for a resume that computes nothing
+                recorded.append(True)
+                writer.record_outcomes(_outcomes({}, run))
         else:
             tables[c] = table
 
@@ -116,19 +121,23 @@ def probe_call(
         failure = exc
     seconds = round(time.perf_counter() - t0, 3)
     _outcomes(metadata, run)
+    if writer is not None and run.computed_nothing():  # every chunk was written before: the earlier call's
+        metadata.update(writer.recorded_outcomes())
     if shard is None:
         metadata["seconds"] = seconds
         return _finish(writer, tables, n_chunks, metadata, fixed)
     return finish_sharded(shard, writer, out, key, metadata, n_chunks, tables, failure, seconds, fixed)
 
 
-def _outcomes(metadata: dict[str, Any], run: ProbeRun) -> None:
-    """What the chunk loop decided and saw: the M run, the heat's draw, the objective's health, adaptive M."""
+def _outcomes(metadata: dict[str, Any], run: ProbeRun) -> dict[str, Any]:
+    """What the chunk loop decided and saw: the M run, the heat's draw, the objective's health, adaptive M
+    (into ``metadata``, which is returned)."""
     metadata["M"] = run.M
     metadata["heat_sampling"] = run.heat_sampling_info()
     metadata["objective_health"] = run.objective_health()
     if run.adaptive is not None:
         metadata["adaptive"] = run.adaptive
+    return metadata
 
 
 def _summaries(metadata: dict[str, Any], chunks: Chunks, columns: Sequence[str], fixed: dict | None) -> None:

@@ -138,6 +138,10 @@ class ProbeRun:
         """The pool's own error of the heat's level (log units; 0 for the plain draw)."""
         return self.heat_draw.level_se if self.heat_draw is not None else 0.0
 
+    def computed_nothing(self) -> bool:
+        """Whether this run saw no virtual batch (a resume whose chunks were all written before)."""
+        return not self.batch_stats
+
     def heat_sampling_info(self) -> dict[str, Any]:
         """The run's metadata ``heat_sampling``: what ran, why, and the draw's figures."""
         info: dict[str, Any] = {"asked": self.config.heat_sampling, "method": self.heat_sampling}
