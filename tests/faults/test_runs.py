@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+import normfast
 import normfast.data.atomic as atomic
 import normfast.data.io as nio
 import normfast.data.manifest as manifest_io
@@ -191,6 +192,10 @@ def test_a_kill_at_every_phase_resumes_bit_identical(run, tmp_path, phase, capsy
     assert main(argv + ["--resume"]) == 0
     assert _table(out).equals(run.ref)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.parquet"]  # no parts, no temporary file
+    # the run's outcomes too, also when the resume computed nothing (every chunk written before the kill)
+    meta = normfast.read_metadata(out)
+    assert meta["heat_sampling"]["method"] == "energy" and meta["heat_sampling"]["draws"] > 0
+    assert meta["objective_health"]["batches"] > 0
 
 
 def test_a_kill_in_the_directions_outer_order_keeps_the_finished_direction_groups(run, tmp_path, monkeypatch):
