@@ -365,8 +365,10 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
         "how the heat's M batches were chosen: `asked` (the setting), `method` (`energy`: drawn from the M_D "
         "drift batches by their gradient energy and weighted; `uniform`: the first M, unweighted), `note` (why "
         "the plain draw ran when energy was asked for), and for `energy` the `proposal`, the `pool` (M_D), the "
-        "`draws` and `distinct_batches`, the weights' `effective_sample_size` and `pool_level_se` (the pool's own "
-        "error of the heat's level, log units, part of every interval)",
+        "`draws` and `distinct_batches`, the weights' `effective_sample_size` (Kish's; small when the draws mix "
+        "batches of high and low energy, which is how the draw steadies the heat, so not the estimate's error: "
+        "that is se_V2) and `pool_level_se` (the pool's own error of the heat's level, log units, part of every "
+        "interval)",
     ),
     MetadataKey(
         "pair_source",

@@ -212,9 +212,8 @@ def sampling_line(info: dict[str, Any] | None) -> str | None:
     if info.get("method") == "energy":
         return (
             f"heat batches: {info['draws']} drawn by gradient energy from the {info['pool']} drift batches "
-            f"({info['distinct_batches']} distinct; weights' effective size {info['effective_sample_size']:.1f}); "
-            f"the pool's own level error ±{math.expm1(1.96 * info['pool_level_se']):.0%} (95%) is in the common "
-            f"level and every interval"
+            f"({info['distinct_batches']} distinct), weighted back; the pool's own level error "
+            f"±{math.expm1(1.96 * info['pool_level_se']):.0%} (95%) is in the common level and every interval"
         )
     why = f" ({info['note']})" if info.get("note") else ""
     return f"heat batches: the first M of the virtual batches, unweighted (the plain draw){why}"
