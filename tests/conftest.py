@@ -167,10 +167,50 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return WorkUnitScheduling(config, log)
 
 
+# ---------------------------------------------------------------------------
+# the fast tier: `pytest -m fast -n auto`, the unit tests a contributor runs in under a minute on 2 cores
+# (docs/contributing.md); the README's command runs every test
+
+#: node-id prefixes of the fast tier: the law and its references, the estimators, the kernels in the
+#: interpreter, the stages' units, the file formats, the layout rules (no real model, browser or quick run)
+FAST_TIER = (
+    "tests/core/",
+    "tests/kernels/test_accumulate.py",
+    "tests/kernels/test_head_stack.py",
+    "tests/kernels/test_head_stats.py",
+    "tests/kernels/test_spec.py",
+    "tests/engine/estimators/",
+    "tests/engine/directions/",
+    "tests/engine/transmission/",
+    "tests/engine/diagnostics/",
+    "tests/engine/runner/test_state.py",
+    "tests/engine/runner/test_heat_sampling.py",
+    "tests/engine/runner/test_provenance.py",
+    "tests/engine/monitor/test_state.py",
+    "tests/engine/monitor/test_report.py",
+    "tests/engine/test_config.py",
+    "tests/data/test_atomic.py",
+    "tests/data/test_checksum.py",
+    "tests/data/test_pairs.py",
+    "tests/data/test_records.py",
+    "tests/data/test_resume_key.py",
+    "tests/data/test_schema.py",
+    "tests/data/test_textfiles.py",
+    "tests/encoders/test_tokenizing.py",
+    "tests/faults/test_inputs.py",
+    "tests/apps/test_solve.py",
+    "tests/test_ops.py",
+    "tests/test_layout.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that reads a quick run must be in that run's work unit, or a second worker repeats the run."""
+    """The fast tier's marker (:data:`FAST_TIER`), and: a test that reads a quick run must be in that
+    run's work unit, or a second worker repeats the run."""
     wrong = []
     for item in items:
+        if item.nodeid.startswith(FAST_TIER) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.fast)
         for fixture, unit in QUICK_RUN_UNITS.items():
             if fixture in getattr(item, "fixturenames", ()) and work_unit(item.nodeid) != unit:
                 wrong.append(f"{item.nodeid} reads {fixture}: add it to WORK_UNITS[{unit!r}] in tests/conftest.py")
