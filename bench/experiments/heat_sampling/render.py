@@ -12,6 +12,8 @@ from bench.experiments.heat_sampling.settings import PROPOSALS, TARGETS, VARIANT
 
 def tables(d: dict[str, Any]) -> dict[str, str]:
     out = {"heat-sampling-proposals": table_proposals(d), "heat-sampling-drift-screen": table_screen(d)}
+    if all("coverage" in s for s in d["sets"].values()):
+        out["heat-sampling-coverage"] = table_coverage(d)
     if "verdict" in d:
         out["heat-sampling-engine"] = table_engine(d)
     return out
@@ -140,3 +142,24 @@ def figures(result: dict[str, Any], out: Path) -> list[Path]:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return [path]
+
+
+def table_coverage(d: dict[str, Any]) -> str:
+    rows = [
+        "| set | heat batches M | proposal | the jackknife's coverage (half-width) | with the rows' pool error |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in d["sets"].items():
+        for r in s["coverage"]["rows"]:
+            rows.append(
+                f"| {name} | {r['M']} | {r['proposal']} | {r['coverage']:.3f} (±{r['half_width']:.3f}) | "
+                f"{r['coverage_with_pool']:.3f} (±{r['half_width_with_pool']:.3f}) |"
+            )
+    c = next(iter(d["sets"].values()))["coverage"]
+    rows += [
+        "",
+        f"Exploratory (stage D, added after stage B's first set was seen): {c['replicates']} replicates of a pool of "
+        f"{d['config']['pool']} from the truth pool, K = {c['groups']}, 95% intervals of the relative heat against "
+        "its truth; half-widths in log units (median).",
+    ]
+    return "\n".join(rows)

@@ -19,7 +19,10 @@ VARIANTS = ("plain", "sampled")
 #: stage C's screened designs (S, M_D')
 SCREENS = ((1024, 256), (1024, 512), (2048, 512), (2048, 1024))
 TARGETS = {"level_ratio_max": 3.0, "coverage": (0.90, 0.98), "cross_seed_min": 0.75, "wall_ratio_max": 1.15}
-STAGES = ("truth", "a", "c", "b")
+STAGES = ("truth", "a", "c", "d", "b")
+#: stage D (exploratory): the proposals and heat batches whose interval coverage it simulates
+COVERAGE_PROPOSALS = ("uniform", "energy", "mixture")
+COVERAGE_M = (16, 32, 64)
 
 
 @dataclass

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from bench.experiments.heat_sampling.settings import (
+    COVERAGE_M,
+    COVERAGE_PROPOSALS,
     JSON,
     MODEL,
     PARAMS,
@@ -128,6 +130,64 @@ def stage_c(t: dict[str, Any], cfg: Config) -> dict[str, Any]:
             }
         )
     return {"proxy_cost": f, "plain_drift_batches": drift_batches, "designs": designs}
+
+
+# ---------------------------------------------------------------------------
+# stage D (exploratory): where the relative heat's intervals lose their coverage
+
+
+def stage_d(t: dict[str, Any], cfg: Config, seed: int = 2, groups: int = 8) -> dict[str, Any]:
+    """The engine's jackknife interval of the relative heat against the truth, per proposal and M, with
+    and without the rows' relative pool error (the module docstring's amendment)."""
+    from scipy.stats import t as student
+
+    c = np.asarray(t["c"], dtype=np.float64)
+    e = np.asarray(t["energy"])
+    log_true = np.log(np.asarray(t["V2_true"]))
+    rel_true = log_true - np.median(log_true)
+    n_t, n = c.shape[0], cfg.pool
+    quantile = student.ppf(0.975, groups - 1)
+    rng = np.random.default_rng(seed)
+    replicates = max(20, cfg.replicates // 20)
+    out: dict[str, Any] = {"replicates": replicates, "groups": groups, "rows": []}
+    for m in COVERAGE_M if cfg.pool >= 1024 else (cfg.batches,):
+        for method in COVERAGE_PROPOSALS:
+            plain_hits, with_hits, widths, plain_widths = [], [], [], []
+            for _ in range(replicates):
+                pool = rng.choice(n_t, n, replace=False)
+                if method == "uniform":
+                    picks, w = rng.choice(pool, m, replace=False), np.ones(m)
+                else:
+                    q = proposal(method, e[pool])
+                    j = rng.choice(n, m, replace=True, p=q)
+                    picks, w = pool[j], 1.0 / (n * q[j])
+                terms = w[:, None] * c[picks]  # [m, rows]
+                est = terms.mean(0)
+                group = np.arange(m) % groups
+                loo = np.stack([terms[group != g].mean(0) for g in range(groups)], 1)
+                rel = np.log(est) - np.median(np.log(est))
+                rel_loo = np.log(loo) - np.median(np.log(loo), 0)[None]
+                jack = np.sqrt(((rel_loo - rel_loo.mean(1, keepdims=True)) ** 2).sum(1) * (groups - 1) / groups)
+                share = c[picks] / est[None]  # each draw's share of each row's heat
+                dev = share - np.median(share, 1, keepdims=True)  # less the share the rows have in common
+                pool_rel = np.sqrt((w[:, None] * dev**2).mean(0) / n)
+                total = np.hypot(jack, pool_rel)
+                err = np.abs(rel - rel_true)
+                plain_hits.append(np.mean(err <= quantile * jack))
+                with_hits.append(np.mean(err <= quantile * total))
+                plain_widths.append(np.median(quantile * jack))
+                widths.append(np.median(quantile * total))
+            out["rows"].append(
+                {
+                    "M": m,
+                    "proposal": method,
+                    "coverage": float(np.mean(plain_hits)),
+                    "half_width": float(np.median(plain_widths)),
+                    "coverage_with_pool": float(np.mean(with_hits)),
+                    "half_width_with_pool": float(np.median(widths)),
+                }
+            )
+    return out
 
 
 # ---------------------------------------------------------------------------
