@@ -22,6 +22,22 @@ import numpy as np
 #: measured by ``python -m bench run heat_sampling``.
 PLAIN_HEAT = {"heat_sampling": "uniform"}
 
+#: all-MiniLM-L6-v2's last layer: the parameters the demo probes (normfast.apps.demo), and with it the
+#: token experiments (e3, corpus, adaptive_m, prober, serve_load, corpus_recipe)
+MINILM_LAST_LAYER = r"encoder\.layer\.5\."
+
+
+def token_probe(params: str = MINILM_LAST_LAYER, **settings: Any) -> Any:
+    """The token experiments' probe: forward mode (jvp) through ``params``, one row per token, plain
+    SGD at η = 1e-3, λ = 1e-2 (the library's defaults today, spelled out because they are the
+    protocols' settings); ``settings``: the rest of the :class:`normfast.ProbeConfig` (M, batch size,
+    seed, chunk size, the drift's batches, ...)."""
+    import normfast
+
+    return normfast.ProbeConfig(
+        params=params, mode="jvp", output="tokens", optimizer="sgd", lr=1e-3, weight_decay=1e-2, **settings
+    )
+
 
 def offline() -> None:
     """No hub access, quiet tokenizers: every model an experiment loads ships in a Python package."""

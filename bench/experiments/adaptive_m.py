@@ -31,14 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import PLAIN_HEAT
+from bench.common import MINILM_LAST_LAYER, PLAIN_HEAT, token_probe
 from bench.harness import Context, JsonStyle
 
 RESULTS = ("adaptive_m.json",)
 FIGURES = ()
 TABLES = ("adaptive_m",)
 JSON = JsonStyle(newline=False, strict=False)
-PARAMS = r"encoder\.layer\.5\."  # the demo's probed parameters (normfast.apps.demo)
+PARAMS = MINILM_LAST_LAYER  # the demo's probed parameters (normfast.apps.demo)
 
 
 @dataclass
@@ -90,12 +90,6 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     encoder = normfast.load_encoder("all-MiniLM-L6-v2")
     words = top_words(args.words)
     base = dict(
-        params=PARAMS,
-        mode="jvp",
-        output="tokens",
-        optimizer="sgd",
-        lr=1e-3,
-        weight_decay=1e-2,
         batch_size=args.batch_size,
         seed=0,
         chunk_size=128,
@@ -118,7 +112,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
             words,
             "simcse",
             None,
-            normfast.ProbeConfig(**{**base, **extra}),
+            token_probe(PARAMS, **{**base, **extra}),
             progress=ctx.progress,
             model_name="all-MiniLM-L6-v2",
         )
