@@ -16,6 +16,7 @@ from normfast.data.pairs import PairSource
 from normfast.encoders import HFEncoder, ModuleEncoder, OpenCLIPEncoder
 from normfast.engine.directions.objectives import InfoNCE, Objective
 from normfast.engine.probe import ProbeConfig, ProbeResult, probe
+from tests._chunks import chunks_computed, interrupted_at
 from tests._models import tiny_bert, tiny_clip
 
 transformers = pytest.importorskip("transformers")
@@ -223,26 +224,14 @@ def test_open_clip_towers_token_and_pooled(tower, projection):
 # streaming, resume, determinism, loop order
 
 
-def test_resume_after_injected_failure_equals_uninterrupted(tmp_path, monkeypatch):
-    import normfast.engine.runner.chunks as engine
-
+def test_resume_after_injected_failure_equals_uninterrupted(tmp_path):
     enc = mlp(bias=True)
     items, pairs = toy_data(n_items=23)
     cfg = ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=5)
     full = probe(enc, items, InfoNCE(0.1), pairs, cfg, out=tmp_path / "full.parquet", progress=False)
 
-    real_chunk = engine._jvp_chunk
-    calls = {"n": 0}
-
-    def failing(run, items_, c, *a, **k):
-        calls["n"] += 1
-        if c == 3:
-            raise KeyboardInterrupt("injected")
-        return real_chunk(run, items_, c, *a, **k)
-
-    monkeypatch.setattr(engine, "_jvp_chunk", failing)
     out = tmp_path / "run.parquet"
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_at(3), pytest.raises(KeyboardInterrupt):
         probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, progress=False)
     assert not out.exists()  # never a truncated final file
     parts = sorted(p.name for p in (tmp_path / "run.parquet.parts").glob("chunk-*.parquet"))
@@ -262,13 +251,8 @@ def test_resume_after_injected_failure_equals_uninterrupted(tmp_path, monkeypatc
             progress=False,
         )
 
-    calls["n"] = 0
-    monkeypatch.setattr(engine, "_jvp_chunk", real_chunk)
-    seen = []
-    monkeypatch.setattr(
-        engine, "_jvp_chunk", lambda run, it, c, *a, **k: seen.append(c) or real_chunk(run, it, c, *a, **k)
-    )
-    resumed = probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, resume=True, progress=False)
+    with chunks_computed() as seen:
+        resumed = probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, resume=True, progress=False)
     assert seen == [3, 4]  # finished chunks are not recomputed
     assert resumed.table.equals(full.table)
     assert pq.ParquetFile(out).metadata.num_row_groups == 5

@@ -20,6 +20,7 @@ from normfast.encoders import ModuleEncoder
 from normfast.engine.directions.objectives import InfoNCE
 from normfast.engine.probe import ProbeConfig, probe
 from normfast.ops import drift_from_groups, head_stats, prepare_head
+from tests._chunks import interrupted_at
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -257,24 +258,13 @@ def test_drift_settings_are_validated(kwargs, pattern):
     ProbeConfig(drift_batches=None).validate()
 
 
-def test_resume_with_other_drift_batches_is_refused_naming_it(tmp_path, monkeypatch):
-    import normfast.engine.runner.chunks as engine
-
+def test_resume_with_other_drift_batches_is_refused_naming_it(tmp_path):
     enc = _mlp(torch.float32)
     items, pairs = _toy(dtype=torch.float32, n_items=9)
     cfg = ProbeConfig(batches=4, drift_batches=12, groups=2, batch_size=8, chunk_size=3)
-    real = engine._jvp_chunk
-
-    def failing(run, items_, c, *a, **k):
-        if c == 1:
-            raise KeyboardInterrupt("injected")
-        return real(run, items_, c, *a, **k)
-
-    monkeypatch.setattr(engine, "_jvp_chunk", failing)
     out = tmp_path / "run.parquet"
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_at(1), pytest.raises(KeyboardInterrupt):
         probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, progress=False)
-    monkeypatch.setattr(engine, "_jvp_chunk", real)
     other = ProbeConfig(**{**cfg.__dict__, "drift_batches": 16})
     with pytest.raises(ValueError, match=r"config\.drift_batches 12 -> 16"):
         probe(enc, items, InfoNCE(0.1), pairs, other, out=out, resume=True, progress=False)

@@ -18,6 +18,7 @@ from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS
 from normfast.engine.probe import ProbeConfig, probe
 from normfast.engine.transmission.head.products import head_products
 from normfast.ops import GroupedAccumulator, head_stats, prepare_head
+from tests._chunks import interrupted_at
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -289,9 +290,7 @@ def _head_dirs(enc, items, pairs, cfg):
 # adaptive M
 
 
-def test_adaptive_M_is_deterministic_and_resumable(tmp_path, monkeypatch):
-    import normfast.engine.runner.chunks as engine
-
+def test_adaptive_M_is_deterministic_and_resumable(tmp_path):
     enc = _mlp(torch.float32)
     items, pairs = _toy(n_items=20, n_pairs=200, dtype=torch.float32)
     cfg = ProbeConfig(
@@ -323,18 +322,9 @@ def test_adaptive_M_is_deterministic_and_resumable(tmp_path, monkeypatch):
     assert head.metadata["M"] == a.metadata["M"]
     np.testing.assert_allclose(head.column("se_V2"), a.column("se_V2"), rtol=1e-4)
     # an interrupted adaptive run resumes to the same table
-    real = engine._jvp_chunk
-
-    def failing(run, items_, c, *args, **kw):
-        if c == 1:
-            raise KeyboardInterrupt("injected")
-        return real(run, items_, c, *args, **kw)
-
-    monkeypatch.setattr(engine, "_jvp_chunk", failing)
     out = tmp_path / "adaptive.parquet"
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_at(1), pytest.raises(KeyboardInterrupt):
         probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, progress=False)
-    monkeypatch.setattr(engine, "_jvp_chunk", real)
     resumed = probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, resume=True, progress=False)
     assert resumed.table.replace_schema_metadata(None).equals(a.table.replace_schema_metadata(None))
     assert resumed.metadata["M"] == a.metadata["M"]
