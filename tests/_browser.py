@@ -1,6 +1,6 @@
-"""Headless Chromium for the tests of the pages normfast writes (playwright driving the system
-browser, Debian's ``chromium``): a module fixture starts one browser with :func:`launch`, a
-:class:`Tab` opens a page from ``file://`` and records every console error and request."""
+"""Headless Chromium for the tests of the pages normfast writes or serves (playwright driving the
+system browser, Debian's ``chromium``): a module fixture starts one browser with :func:`launch`, a
+:class:`Tab` records every console error and request of its page and opens a page from ``file://``."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def launch():
 class Tab:
     """One browser tab that records console errors, page errors and every request."""
 
-    def __init__(self, browser):
-        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+    def __init__(self, browser, width: int = 1280, height: int = 900):
+        self.page = browser.new_page(viewport={"width": width, "height": height})
         self.errors: list[str] = []
         self.requests: list[str] = []
         self.page.on(
