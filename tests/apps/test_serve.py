@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.sentences import FIRST
 from normfast.encoders import HFEncoder
 from normfast.engine.config import ProbeConfig
 from normfast.engine.prober import Prober
@@ -39,16 +40,7 @@ from normfast.apps.serve.schema import ERROR_SCHEMA, RESPONSE_SCHEMA, Limits, Re
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 ROOT = Path(__file__).resolve().parents[2]
-PAIRS = [
-    "the river rose after the storm",
-    "a quantum of solace",
-    "music for the blue hour",
-    "prices fell in the morning",
-    "she sang an old song",
-    "the committee voted twice",
-    "green apples and red stones",
-    "a long walk by the sea",
-]
+PAIRS = FIRST[:8]
 TEXT = "democracy is a fragile idea"
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
 #: the module service's limits: the default number of texts, shorter texts (the tiny model reads 32 tokens)

@@ -24,6 +24,7 @@ from torch import nn
 import normfast
 import normfast.engine.runner.heat as heat_module
 import normfast.engine.runner.state as state_module
+from bench.sentences import FIRST
 from normfast.encoders import HFEncoder, ModuleEncoder
 from normfast.engine.config import ProbeConfig
 from normfast.engine.probe import probe
@@ -33,16 +34,7 @@ from tests._models import tiny_bert
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 ROOT = Path(__file__).resolve().parents[2]
-SENTENCES = [
-    "the river rose after the storm",
-    "a quantum of solace",
-    "music for the blue hour",
-    "prices fell in the morning",
-    "she sang an old song",
-    "the committee voted twice",
-    "green apples and red stones",
-    "a long walk by the sea",
-]
+SENTENCES = FIRST[:8]
 NEW = ["democracy is an idea", "the cat slept all day", "bread was warm"]
 
 
