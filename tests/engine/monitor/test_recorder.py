@@ -4,6 +4,8 @@ holds over a stationary window, a resumed run writes the same file, and ``normfa
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -39,6 +41,26 @@ TOY = E1Config(
 @pytest.fixture(scope="module")
 def toy_data():
     return make_concepts(TOY)
+
+
+def monitor_folders(root: Path) -> dict[str, Path]:
+    """Under ``root``: a finished monitor folder and an unfinished one (released: its two blocks of 4
+    recorded steps only) of E1's MLP toy, 8 recorded steps each."""
+    data = make_concepts(TOY)
+    n = data.x.shape[0]
+    out = {}
+    for name in ("finished", "unfinished"):
+        enc = build_encoder("mlp", TOY, data)
+        mon = normfast.TrainingMonitor(enc, list(range(n)), every=1, out=root / name, flush_every=4)
+        train_toy("mlp", data, 8, lambda s, before, o: mon.before_step(o) if before else mon.after_step(), encoder=enc)
+        mon.close() if name == "finished" else mon.release()
+        out[name] = root / name
+    return out
+
+
+def copy_folder(folders: dict[str, Path], name: str, tmp_path: Path) -> Path:
+    """A copy of ``folders[name]`` in ``tmp_path``, for a test to damage."""
+    return Path(shutil.copytree(folders[name], tmp_path / name))
 
 
 def train_toy(variant: str, data, steps: int, hooks, *, start: int = 0, encoder=None, optimizer=None):
