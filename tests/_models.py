@@ -1,8 +1,27 @@
-"""Tiny models shared by the test modules (random weights, built offline)."""
+"""Tiny models shared by the test modules (random weights, built offline), and E1's toy at test size."""
 
 from __future__ import annotations
 
 import torch
+
+
+def e1_toy(**settings):
+    """E1's synthetic concepts at test size (bench.experiments.e1): 8 concepts of 4 items, an 8-16-8 MLP,
+    800 pairs in batches of 16, SGD at η = 0.05, λ = 0.1; ``settings``: the rest of the E1Config."""
+    from bench.experiments.e1.data import E1Config
+
+    return E1Config(
+        concepts=8,
+        items_per_concept=4,
+        d_in=8,
+        hidden=16,
+        d_out=8,
+        n_pairs=800,
+        batch_size=16,
+        lr=0.05,
+        weight_decay=0.1,
+        **settings,
+    )
 
 
 def tiny_bert(tokenizer, seed: int = 0, eager: bool = True, layers: int = 2):

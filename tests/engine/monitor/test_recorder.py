@@ -13,29 +13,17 @@ import pytest
 import torch
 
 import normfast
-from bench.experiments.e1.data import VARIANT_SPECS, E1Config, build_encoder, make_concepts, variant_optimizer
+from bench.experiments.e1.data import VARIANT_SPECS, build_encoder, make_concepts, variant_optimizer
 from bench.experiments.e1.ledger import RealizedLedger
 from normfast.engine.directions.objectives import InfoNCE
 from normfast.engine.monitor import schema as monitor_schema
+from tests._models import e1_toy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 # E1's toy at test size (tests/experiments/test_e1.py): a relaxation time of ~50 steps; probe_every=1 makes the
 # ledger keep every recorded step's terms (its blocks)
-TOY = E1Config(
-    concepts=8,
-    items_per_concept=4,
-    d_in=8,
-    hidden=16,
-    d_out=8,
-    n_pairs=800,
-    batch_size=16,
-    lr=0.05,
-    weight_decay=0.1,
-    heavyball_lr=0.005,
-    adamw_lr=0.01,
-    probe_every=1,
-)
+TOY = e1_toy(heavyball_lr=0.005, adamw_lr=0.01, probe_every=1)
 
 
 @pytest.fixture(scope="module")
