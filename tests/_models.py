@@ -1,8 +1,31 @@
-"""Tiny models shared by the test modules (random weights, built offline), and E1's toy at test size."""
+"""Tiny models and toy data shared by the test modules (random weights, built offline), and E1's toy at
+test size."""
 
 from __future__ import annotations
 
 import torch
+
+
+def tanh_mlp(dtype=torch.float32, seed: int = 0):
+    """The engine tests' 6-12-5 tanh MLP (a ModuleEncoder: its last linear map is the head), built after
+    ``torch.manual_seed(seed)``."""
+    from torch import nn
+
+    from normfast.encoders import ModuleEncoder
+
+    torch.manual_seed(seed)
+    return ModuleEncoder([nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 5)]).to(dtype)
+
+
+def vector_data(n_items: int, n_pairs: int, dtype=torch.float32, seed: int = 1):
+    """``n_items`` random 6-vectors (the probe items) and ``n_pairs`` pairs of random 6-vectors (the pair
+    source), drawn in that order from one generator seeded ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    items = [torch.randn(6, generator=g, dtype=dtype) for _ in range(n_items)]
+    pairs = [
+        (torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype)) for _ in range(n_pairs)
+    ]
+    return items, pairs
 
 
 def e1_toy(**settings):

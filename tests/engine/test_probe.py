@@ -17,7 +17,7 @@ from normfast.encoders import HFEncoder, ModuleEncoder, OpenCLIPEncoder
 from normfast.engine.directions.objectives import InfoNCE, Objective
 from normfast.engine.probe import ProbeConfig, ProbeResult, probe
 from tests._chunks import chunks_computed, interrupted_at
-from tests._models import tiny_bert, tiny_clip
+from tests._models import tanh_mlp, tiny_bert, tiny_clip, vector_data
 
 transformers = pytest.importorskip("transformers")
 open_clip = pytest.importorskip("open_clip")
@@ -38,12 +38,7 @@ def mlp(bias: bool, dtype=torch.float32, seed: int = 0, head: bool = True) -> Mo
 
 
 def toy_data(n_items=13, n_pairs=60, dtype=torch.float32, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    items = [torch.randn(6, generator=g, dtype=dtype) for _ in range(n_items)]
-    pairs = [
-        (torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype)) for _ in range(n_pairs)
-    ]
-    return items, pairs
+    return vector_data(n_items, n_pairs, dtype, seed)
 
 
 def clip_tokenizer():
@@ -137,8 +132,7 @@ def test_kappa_is_two_for_bias_free_two_layer_relu():
 
 
 def test_head_mode_equals_jvp_mode_on_the_head():
-    torch.manual_seed(0)
-    enc = ModuleEncoder([nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 5)])
+    enc = tanh_mlp()
     items, pairs = toy_data()
     out = {}
     for mode in ("jvp", "head"):
