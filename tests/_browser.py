@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REQUIRE_DATA
+from tests.conftest import REQUIRE_DATA, ROOT
 
 
 def browser_missing() -> str | None:
@@ -76,3 +76,14 @@ def assert_not_blank(png: Path, width: int, height: int) -> None:
     pixels = np.asarray(Image.open(png).convert("L"), float)
     assert pixels.shape == (height, width)
     assert pixels.std() > 20 and (pixels < 128).mean() > 0.01
+
+
+def assert_screenshot_not_blank(page: Path, name: str, browser) -> None:
+    """``normfast view --screenshot``'s PNG of ``page`` (1280 × 900, kept as runs/view-tests/NAME.png for a
+    person to look at) is not blank."""
+    from normfast.apps.view import screenshot
+
+    png = ROOT / "runs" / "view-tests" / f"{name}.png"
+    png.unlink(missing_ok=True)
+    assert screenshot(page, png, 1280, 900, browser=browser) == png
+    assert_not_blank(png, 1280, 900)
