@@ -20,13 +20,13 @@ import pytest
 from normfast.data.corpus import CorpusWindows, split_sentences
 from normfast.data.io import read_metadata
 from normfast.encoders import HFEncoder
-from normfast.engine.config import ProbeConfig
 from normfast.engine.probe import probe
 from normfast.engine.report.aggregate import aggregate
 from normfast.engine.result import ProbeResult
 from tests._chunks import interrupted_at
 from tests._models import tiny_bert
 from tests.conftest import ROOT
+from tests.data.test_corpus import _config as corpus_config
 from tests.engine.report.test_view import DOCS, shard_run
 
 duckdb = pytest.importorskip("duckdb")
@@ -69,16 +69,7 @@ def layout(tmp_path_factory, minilm_tokenizer) -> Path:
     docs = DOCS * 2
     windows = CorpusWindows(docs, minilm_tokenizer, max_length=14, stride=7)
     enc = HFEncoder(tiny_bert(minilm_tokenizer), minilm_tokenizer, max_length=14)
-    config = ProbeConfig(
-        params=r"encoder\.layer\.1\.",
-        mode="jvp",
-        output="tokens",
-        batches=3,
-        drift_batches=None,
-        batch_size=4,
-        seed=1,
-        chunk_size=3,
-    )
+    config = corpus_config(seed=1)  # test_corpus's corpus run: one row group per chunk of 3 windows
     sents = split_sentences(docs)
     news = folder / "runs" / "news.parquet"
     probe(enc, windows, "simcse", sents, config, out=news, progress=False)
