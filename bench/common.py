@@ -27,16 +27,18 @@ PLAIN_HEAT = {"heat_sampling": "uniform"}
 MINILM_LAST_LAYER = r"encoder\.layer\.5\."
 
 
+#: The token experiments' probe settings: forward mode (jvp), one row per token, plain SGD at η = 1e-3,
+#: λ = 1e-2 (the library's defaults today, spelled out because they are the protocols' settings), in the
+#: order the experiments that record them write them
+TOKEN_PROBE = {"mode": "jvp", "output": "tokens", "optimizer": "sgd", "lr": 1e-3, "weight_decay": 1e-2}
+
+
 def token_probe(params: str = MINILM_LAST_LAYER, **settings: Any) -> Any:
-    """The token experiments' probe: forward mode (jvp) through ``params``, one row per token, plain
-    SGD at η = 1e-3, λ = 1e-2 (the library's defaults today, spelled out because they are the
-    protocols' settings); ``settings``: the rest of the :class:`normfast.ProbeConfig` (M, batch size,
-    seed, chunk size, the drift's batches, ...)."""
+    """The :class:`normfast.ProbeConfig` of :data:`TOKEN_PROBE` through ``params``; ``settings``: the rest
+    (M, batch size, seed, chunk size, the drift's batches, ...)."""
     import normfast
 
-    return normfast.ProbeConfig(
-        params=params, mode="jvp", output="tokens", optimizer="sgd", lr=1e-3, weight_decay=1e-2, **settings
-    )
+    return normfast.ProbeConfig(params=params, **TOKEN_PROBE, **settings)
 
 
 def offline() -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import MINILM_LAST_LAYER, PLAIN_HEAT, token_probe
+from bench.common import MINILM_LAST_LAYER, PLAIN_HEAT, TOKEN_PROBE
 from bench.harness import Context, JsonStyle
 
 RESULTS = ("adaptive_m.json",)
@@ -89,7 +89,9 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     encoder = normfast.load_encoder("all-MiniLM-L6-v2")
     words = top_words(args.words)
-    base = dict(
+    base = dict(  # the probe's settings, as the result records them
+        params=PARAMS,
+        **TOKEN_PROBE,
         batch_size=args.batch_size,
         seed=0,
         chunk_size=128,
@@ -112,7 +114,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
             words,
             "simcse",
             None,
-            token_probe(PARAMS, **{**base, **extra}),
+            normfast.ProbeConfig(**{**base, **extra}),
             progress=ctx.progress,
             model_name="all-MiniLM-L6-v2",
         )
