@@ -22,6 +22,24 @@ import numpy as np
 #: measured by ``python -m bench run heat_sampling``.
 PLAIN_HEAT = {"heat_sampling": "uniform"}
 
+#: all-MiniLM-L6-v2's last layer: the parameters the demo probes (normfast.apps.demo), and with it the
+#: token experiments (e3, corpus, adaptive_m, prober, serve_load, corpus_recipe)
+MINILM_LAST_LAYER = r"encoder\.layer\.5\."
+
+
+#: The token experiments' probe settings: forward mode (jvp), one row per token, plain SGD at η = 1e-3,
+#: λ = 1e-2 (the library's defaults today, spelled out because they are the protocols' settings), in the
+#: order the experiments that record them write them
+TOKEN_PROBE = {"mode": "jvp", "output": "tokens", "optimizer": "sgd", "lr": 1e-3, "weight_decay": 1e-2}
+
+
+def token_probe(params: str = MINILM_LAST_LAYER, **settings: Any) -> Any:
+    """The :class:`normfast.ProbeConfig` of :data:`TOKEN_PROBE` through ``params``; ``settings``: the rest
+    (M, batch size, seed, chunk size, the drift's batches, ...)."""
+    import normfast
+
+    return normfast.ProbeConfig(params=params, **TOKEN_PROBE, **settings)
+
 
 def offline() -> None:
     """No hub access, quiet tokenizers: every model an experiment loads ships in a Python package."""

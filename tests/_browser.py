@@ -1,6 +1,6 @@
-"""Headless Chromium for the tests of the pages normfast writes (playwright driving the system
-browser, Debian's ``chromium``): a module fixture starts one browser with :func:`launch`, a
-:class:`Tab` opens a page from ``file://`` and records every console error and request."""
+"""Headless Chromium for the tests of the pages normfast writes or serves (playwright driving the
+system browser, Debian's ``chromium``): a module fixture starts one browser with :func:`launch`, a
+:class:`Tab` records every console error and request of its page and opens a page from ``file://``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REQUIRE_DATA
+from tests.conftest import REQUIRE_DATA, ROOT
 
 
 def browser_missing() -> str | None:
@@ -46,8 +46,8 @@ def launch():
 class Tab:
     """One browser tab that records console errors, page errors and every request."""
 
-    def __init__(self, browser):
-        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+    def __init__(self, browser, width: int = 1280, height: int = 900):
+        self.page = browser.new_page(viewport={"width": width, "height": height})
         self.errors: list[str] = []
         self.requests: list[str] = []
         self.page.on(
@@ -76,3 +76,14 @@ def assert_not_blank(png: Path, width: int, height: int) -> None:
     pixels = np.asarray(Image.open(png).convert("L"), float)
     assert pixels.shape == (height, width)
     assert pixels.std() > 20 and (pixels < 128).mean() > 0.01
+
+
+def assert_screenshot_not_blank(page: Path, name: str, browser) -> None:
+    """``normfast view --screenshot``'s PNG of ``page`` (1280 × 900, kept as runs/view-tests/NAME.png for a
+    person to look at) is not blank."""
+    from normfast.apps.view import screenshot
+
+    png = ROOT / "runs" / "view-tests" / f"{name}.png"
+    png.unlink(missing_ok=True)
+    assert screenshot(page, png, 1280, 900, browser=browser) == png
+    assert_not_blank(png, 1280, 900)

@@ -1,8 +1,50 @@
-"""Tiny models shared by the test modules (random weights, built offline)."""
+"""Tiny models and toy data shared by the test modules (random weights, built offline), and E1's toy at
+test size."""
 
 from __future__ import annotations
 
 import torch
+
+
+def tanh_mlp(dtype=torch.float32, seed: int = 0):
+    """The engine tests' 6-12-5 tanh MLP (a ModuleEncoder: its last linear map is the head), built after
+    ``torch.manual_seed(seed)``."""
+    from torch import nn
+
+    from normfast.encoders import ModuleEncoder
+
+    torch.manual_seed(seed)
+    return ModuleEncoder([nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 5)]).to(dtype)
+
+
+def vector_data(n_items: int, n_pairs: int, dtype=torch.float32, seed: int = 1):
+    """``n_items`` random 6-vectors (the probe items) and ``n_pairs`` pairs of random 6-vectors (the pair
+    source), drawn in that order from one generator seeded ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    items = [torch.randn(6, generator=g, dtype=dtype) for _ in range(n_items)]
+    pairs = [
+        (torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype)) for _ in range(n_pairs)
+    ]
+    return items, pairs
+
+
+def e1_toy(**settings):
+    """E1's synthetic concepts at test size (bench.experiments.e1): 8 concepts of 4 items, an 8-16-8 MLP,
+    800 pairs in batches of 16, SGD at η = 0.05, λ = 0.1; ``settings``: the rest of the E1Config."""
+    from bench.experiments.e1.data import E1Config
+
+    return E1Config(
+        concepts=8,
+        items_per_concept=4,
+        d_in=8,
+        hidden=16,
+        d_out=8,
+        n_pairs=800,
+        batch_size=16,
+        lr=0.05,
+        weight_decay=0.1,
+        **settings,
+    )
 
 
 def tiny_bert(tokenizer, seed: int = 0, eager: bool = True, layers: int = 2):

@@ -31,14 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import PLAIN_HEAT
+from bench.common import MINILM_LAST_LAYER, PLAIN_HEAT, TOKEN_PROBE
 from bench.harness import Context, JsonStyle
 
 RESULTS = ("adaptive_m.json",)
 FIGURES = ()
 TABLES = ("adaptive_m",)
 JSON = JsonStyle(newline=False, strict=False)
-PARAMS = r"encoder\.layer\.5\."  # the demo's probed parameters (normfast.apps.demo)
+PARAMS = MINILM_LAST_LAYER  # the demo's probed parameters (normfast.apps.demo)
 
 
 @dataclass
@@ -89,13 +89,9 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     encoder = normfast.load_encoder("all-MiniLM-L6-v2")
     words = top_words(args.words)
-    base = dict(
+    base = dict(  # the probe's settings, as the result records them
         params=PARAMS,
-        mode="jvp",
-        output="tokens",
-        optimizer="sgd",
-        lr=1e-3,
-        weight_decay=1e-2,
+        **TOKEN_PROBE,
         batch_size=args.batch_size,
         seed=0,
         chunk_size=128,

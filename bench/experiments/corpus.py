@@ -61,7 +61,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.common import missing_extra, names_in, offline, pyplot, save, value_ci
+from bench.common import missing_extra, names_in, offline, pyplot, save, token_probe, value_ci
 from bench.harness import Context
 
 RESULTS = ("corpus_job.json",)
@@ -167,7 +167,7 @@ def extremes(table: Any, by: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def run_model(name: str, args: Config, docs: list[str], probe_dir: Path, progress: bool) -> dict[str, Any]:
-    from normfast import ProbeConfig, load_encoder, probe
+    from normfast import load_encoder, probe
     from normfast.data.corpus import CorpusWindows, split_sentences
     from normfast.engine.report import aggregate
 
@@ -179,19 +179,7 @@ def run_model(name: str, args: Config, docs: list[str], probe_dir: Path, progres
     windows = CorpusWindows.from_encoder(docs, encoder)
     items = windows[:]
     sentences = split_sentences(docs)
-    config = ProbeConfig(
-        params=params,
-        mode="jvp",
-        output="tokens",
-        optimizer="sgd",
-        lr=1e-3,
-        weight_decay=1e-2,
-        batches=M,
-        drift_batches=None,
-        batch_size=32,
-        seed=args.seed,
-        chunk_size=CHUNK,
-    )
+    config = token_probe(params, batches=M, drift_batches=None, batch_size=32, seed=args.seed, chunk_size=CHUNK)
     out_path = probe_dir / f"{spec}.parquet"
     resumable = out_path.with_name(out_path.name + ".parts").exists() or out_path.exists()
     before = forward_seconds(encoder, items)

@@ -354,51 +354,52 @@ def level(values: list[float], observed: list[float]) -> float:
     return float(np.nanmedian(np.asarray(values, dtype=float) / np.asarray(observed, dtype=float)))
 
 
-def table_level(runs: list[tuple[str, dict[str, Any]]]) -> str:
-    """The read-out added after the first full run (not in protocol v1): each answer's level, the median
-    of answer / observed, and the coverage of its 95% interval."""
-    Ts = " | ".join(f"T = {t:g}" for t in T_RELAXATIONS)
-    rows = [
-        f"| seed | E1 variant | change | answer: median answer / observed (interval coverage) | present norm | {Ts} |",
-        "|---" * (5 + len(T_RELAXATIONS)) + "|",
-    ]
+def _head(*columns: str) -> list[str]:
+    """A table's head: ``columns``, then one column per continuation length T."""
+    names = [*columns, *(f"T = {t:g}" for t in T_RELAXATIONS)]
+    return ["| " + " | ".join(names) + " |", "|---" * len(names) + "|"]
+
+
+def _changes(runs: list[tuple[str, dict[str, Any]]]):
+    """``(seed, variant's result, change)`` for every change of every variant of every run."""
     for seed, d in runs:
         for r in d["results"]:
             for c in r["changes"]:
-                if "answers" not in c:
-                    continue
-                pres = fmt(level(r["present_norm_values"], c["observed"]))
-                for key in ("r_eq_snapshot", "norm_continued"):
-                    cells = " | ".join(
-                        f"{fmt(level(a[key + '_values'], c['observed']))} ({fmt(a['coverage'][key]['coverage'], 2)})"
-                        for a in c["answers"]
-                    )
-                    rows.append(f"| {seed} | {e1_name(r)} | {c['change']} | `{key}` | {pres} | {cells} |")
+                yield seed, r, c
+
+
+def table_level(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """The read-out added after the first full run (not in protocol v1): each answer's level, the median
+    of answer / observed, and the coverage of its 95% interval."""
+    rows = _head("seed", "E1 variant", "change", "answer: median answer / observed (interval coverage)", "present norm")
+    for seed, r, c in _changes(runs):
+        if "answers" not in c:
+            continue
+        pres = fmt(level(r["present_norm_values"], c["observed"]))
+        for key in ("r_eq_snapshot", "norm_continued"):
+            cells = " | ".join(
+                f"{fmt(level(a[key + '_values'], c['observed']))} ({fmt(a['coverage'][key]['coverage'], 2)})"
+                for a in c["answers"]
+            )
+            rows.append(f"| {seed} | {e1_name(r)} | {c['change']} | `{key}` | {pres} | {cells} |")
     return "\n".join(rows)
 
 
 def table_counterfactual(runs: list[tuple[str, dict[str, Any]]]) -> str:
-    Ts = " | ".join(f"T = {t:g}" for t in T_RELAXATIONS)
-    rows = [
-        f"| seed | E1 variant | change | observed / present (median) | answer (slope / r) | present norm | {Ts} |",
-        "|---" * (6 + len(T_RELAXATIONS)) + "|",
-    ]
-    for seed, d in runs:
-        for r in d["results"]:
-            for c in r["changes"]:
-                if "answers" not in c:
-                    rows.append(
-                        f"| {seed} | {e1_name(r)} | {c['change']} | skipped: {c['skipped']} |"
-                        + " |" * (3 + len(T_RELAXATIONS))
-                    )
-                    continue
-                for key in ("r_eq_snapshot", "norm_continued"):
-                    cells = " | ".join(f"{fmt(a[key]['slope'])} / {fmt(a[key]['pearson_r'])}" for a in c["answers"])
-                    pres = f"{fmt(c['present_norm']['slope'])} / {fmt(c['present_norm']['pearson_r'])}"
-                    rows.append(
-                        f"| {seed} | {e1_name(r)} | {c['change']} | {fmt(c['observed_over_present_median'])} | "
-                        f"`{key}` | {pres} | {cells} |"
-                    )
+    rows = _head("seed", "E1 variant", "change", "observed / present (median)", "answer (slope / r)", "present norm")
+    for seed, r, c in _changes(runs):
+        if "answers" not in c:
+            rows.append(
+                f"| {seed} | {e1_name(r)} | {c['change']} | skipped: {c['skipped']} |" + " |" * (3 + len(T_RELAXATIONS))
+            )
+            continue
+        for key in ("r_eq_snapshot", "norm_continued"):
+            cells = " | ".join(f"{fmt(a[key]['slope'])} / {fmt(a[key]['pearson_r'])}" for a in c["answers"])
+            pres = f"{fmt(c['present_norm']['slope'])} / {fmt(c['present_norm']['pearson_r'])}"
+            rows.append(
+                f"| {seed} | {e1_name(r)} | {c['change']} | {fmt(c['observed_over_present_median'])} | "
+                f"`{key}` | {pres} | {cells} |"
+            )
     rows.append("")
     rows.append(
         "T in relaxation times of R² at the new settings (at least 50 virtual steps: for the fast changes "

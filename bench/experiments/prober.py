@@ -39,8 +39,6 @@ import json
 import math
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,37 +51,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import PLAIN_HEAT
+from bench.demo_prober import DemoProbe, free_port, start_service, stop_service
 from bench.harness import Context
+from bench.sentences import FIRST, SECOND
 
 RESULTS = ("prober.json",)
 FIGURES = ("prober_serve.png",)
 TABLES = ("prober", "prober-sizes", "prober-answer")
 #: the repository root: the new process and the service run from there
 REPO = Path(__file__).resolve().parents[2]
-FIRST = [
-    "the river rose after the storm",
-    "a quantum of solace",
-    "music for the blue hour",
-    "prices fell in the morning",
-    "she sang an old song",
-    "the committee voted twice",
-    "green apples and red stones",
-    "a long walk by the sea",
-    "the old man and the boat",
-    "rain fell on the town",
-]
-SECOND = [
-    "democracy is a fragile idea",
-    "the cat slept all day long",
-    "bread was warm in the oven",
-    "stars burn for billions of years",
-    "the market opened late on monday",
-    "children played in the park",
-    "a letter arrived from paris",
-    "the engine failed twice",
-    "we planted trees along the road",
-    "the violin sounded sad",
-]
 SERVED = [
     "a storm is coming",
     "the violin sounded sad",
@@ -102,38 +78,13 @@ EXAMPLE = "the violin sounded sad"
 
 
 @dataclass
-class Config:
-    model: str = field(default="all-MiniLM-L6-v2", metadata={"help": "the model (a packaged name or a folder)"})
-    params: str = field(default=r"encoder\.layer\.5\.", metadata={"help": "the probed parameters (a regex)"})
-    batches: int = field(default=16, metadata={"help": "M heat batches"})
-    groups: int = field(default=8, metadata={"help": "K batch groups"})
-    drift_batches: int = field(default=256, metadata={"help": "M_D drift batches"})
-    batch_size: int = 32
-    n_pairs: int = field(default=512, metadata={"help": "the pair source: this many most common English words"})
+class Config(DemoProbe):
     requests: int = field(default=10, metadata={"help": "one-sentence requests timed against the service"})
     page: bool = field(default=True, metadata={"help": "screenshot the service's page in headless Chromium"})
 
     @classmethod
     def quick(cls) -> "Config":
         return cls(batches=4, groups=2, drift_batches=8, batch_size=8, n_pairs=64, requests=3, page=False)
-
-
-def probe_config(config: Config, **kw: Any):
-    import normfast
-
-    return normfast.ProbeConfig(
-        params=config.params,
-        mode="jvp",
-        output="tokens",
-        batches=config.batches,
-        groups=config.groups,
-        drift_batches=config.drift_batches,
-        batch_size=config.batch_size,
-        chunk_size=128,
-        seed=0,
-        **PLAIN_HEAT,  # its committed result predates the heat drawn by energy (bench.common.PLAIN_HEAT)
-        **kw,
-    )
 
 
 #: columns against a reference level: a Prober's is fixed (the pair source's items), a fresh probe's is the
@@ -182,12 +133,6 @@ def parameter_counts(params: str) -> dict[str, int]:
     return counts
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def post(url: str, body: dict) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
@@ -221,15 +166,8 @@ def serve(config: Config, folder: Path, png: Path | None) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "normfast", "serve", config.model, "--directions", str(folder), "--port", str(port)]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, _ = start_service(argv)
     try:
-        lines = []
-        while proc.poll() is None:
-            lines.append(proc.stdout.readline())
-            if "serving http://" in lines[-1]:
-                break
-        if "serving http://" not in lines[-1]:
-            raise RuntimeError("normfast serve did not start:\n" + "".join(lines))
         while True:
             try:
                 info = json.loads(urllib.request.urlopen(url + "/api/info", timeout=10).read())
@@ -250,12 +188,7 @@ def serve(config: Config, folder: Path, png: Path | None) -> dict[str, Any]:
                 example = abridged(answer, "violin")
         page = screenshot(url, png) if png is not None else None
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_service(proc)
     return {
         "command": " ".join(["normfast", "serve", config.model, "--directions", "FOLDER", "--port", "PORT"]),
         "directions": info["directions"] != "computed",
@@ -314,7 +247,8 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     load_before = os.getloadavg()
     encoder = normfast.load_encoder(config.model)
     pairs = top_words(config.n_pairs)
-    cfg = probe_config(config)
+    # its committed result predates the heat drawn by energy (bench.common.PLAIN_HEAT)
+    cfg = config.probe_config(chunk_size=128, **PLAIN_HEAT)
     prober = normfast.Prober(encoder, "simcse", pairs=pairs, config=cfg, progress=False, model_name=config.model)
     t = time.perf_counter()
     prober.probe(FIRST)
@@ -364,18 +298,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
         },
     }
     return {
-        "settings": {
-            "model": config.model,
-            "params": config.params,
-            "objective": "simcse",
-            "output": "tokens",
-            "M": config.batches,
-            "K": config.groups,
-            "M_D": config.drift_batches,
-            "batch_size": config.batch_size,
-            "pairs": f"the {config.n_pairs} most common English words",
-            "items": {"first": len(FIRST), "second": len(SECOND)},
-        },
+        "settings": {**config.settings(), "items": {"first": len(FIRST), "second": len(SECOND)}},
         "timing": {
             "first_call_s": first_s,
             "second_call_s": second_s,

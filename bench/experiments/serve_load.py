@@ -35,10 +35,7 @@ import json
 import math
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,12 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.demo_prober import DemoProbe, free_port, start_service, stop_service
 from bench.harness import Context
 
 RESULTS = ("serve_load.json",)
 FIGURES = ("serve_load.png",)
 TABLES = ("serve-load",)
-REPO = Path(__file__).resolve().parents[2]
 #: the issue's target for the one-sentence p90 with a maximal request in flight (seconds)
 TARGET_P90_S = 5.0
 SUBJECTS = ("the river", "a letter", "my sister", "the old dog", "the market", "a storm", "the violin", "our team")
@@ -62,14 +59,7 @@ ENDINGS = ("after the rain", "in the morning", "at last", "all day", "by the sea
 
 
 @dataclass
-class Config:
-    model: str = field(default="all-MiniLM-L6-v2", metadata={"help": "the model (a packaged name or a folder)"})
-    params: str = field(default=r"encoder\.layer\.5\.", metadata={"help": "the probed parameters (a regex)"})
-    batches: int = field(default=16, metadata={"help": "M heat batches"})
-    groups: int = field(default=8, metadata={"help": "K batch groups"})
-    drift_batches: int = field(default=256, metadata={"help": "M_D drift batches"})
-    batch_size: int = 32
-    n_pairs: int = field(default=512, metadata={"help": "the pair source: this many most common English words"})
+class Config(DemoProbe):
     texts: int = field(default=32, metadata={"help": "texts of the maximal request (the service's --max-texts)"})
     chars: int = field(default=2000, metadata={"help": "characters of each (the service's --max-chars)"})
     clients: int = field(default=4, metadata={"help": "one-sentence clients while the maximal request runs"})
@@ -101,12 +91,6 @@ def maximal_texts(n: int, chars: int, words: list[str], seed: int = 0) -> list[s
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def post(url: str, texts: list[str], timeout: float = 900) -> tuple[dict, float]:
     """One ``POST /api/probe``: the answer and its wall time (client side, HTTP included)."""
     body = json.dumps({"texts": texts}).encode()
@@ -135,7 +119,7 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def start_service(config: Config, folder: Path) -> tuple[subprocess.Popen, str, float, list[str]]:
+def serve(config: Config, folder: Path) -> tuple[Any, str, float, list[str]]:
     """``normfast serve`` over the saved directions: the process, its URL, the seconds until "serving"."""
     port = free_port()
     argv = [sys.executable, "-m", "normfast", "serve", config.model, "--directions", str(folder)]
@@ -143,25 +127,8 @@ def start_service(config: Config, folder: Path) -> tuple[subprocess.Popen, str, 
     argv += ["--log-level", "warning", "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": str(config.threads), "MKL_NUM_THREADS": str(config.threads)}
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines: list[str] = []
-    while proc.poll() is None:
-        lines.append(proc.stdout.readline())
-        if "serving http://" in lines[-1]:
-            break
-    if not lines or "serving http://" not in lines[-1]:
-        raise RuntimeError("normfast serve did not start:\n" + "".join(lines))
-    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    proc, lines = start_service(argv, env)
     return proc, f"http://127.0.0.1:{port}", time.perf_counter() - t0, lines
-
-
-def stop_service(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 def under_load(url: str, big: list[str], clients: int) -> dict[str, Any]:
@@ -226,16 +193,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
 
     load_before = os.getloadavg()
     encoder = normfast.load_encoder(config.model)
-    cfg = normfast.ProbeConfig(
-        params=config.params,
-        mode="jvp",
-        output="tokens",
-        batches=config.batches,
-        groups=config.groups,
-        drift_batches=config.drift_batches,
-        batch_size=config.batch_size,
-        seed=0,
-    )
+    cfg = config.probe_config()
     prober = normfast.Prober(encoder, "simcse", pairs=top_words(config.n_pairs), config=cfg, progress=ctx.progress)
     big = maximal_texts(config.texts, config.chars, top_words(2000))
     with tempfile.TemporaryDirectory(prefix="nf-serve-load-") as tmp:
@@ -243,7 +201,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
         folder = prober.save(Path(tmp) / "directions")
         directions_s = time.perf_counter() - t
         del prober, encoder
-        proc, url, ready_s, log = start_service(config, folder)
+        proc, url, ready_s, log = serve(config, folder)
         try:
             idle = memory(proc.pid)
             alone = [post(url, [sentence(10_000 + i)])[1] for i in range(config.alone)]
@@ -257,15 +215,7 @@ def run(config: Config, ctx: Context) -> dict[str, Any]:
     p90 = percentile(latencies, 0.9)
     return {
         "settings": {
-            "model": config.model,
-            "params": config.params,
-            "objective": "simcse",
-            "output": "tokens",
-            "M": config.batches,
-            "K": config.groups,
-            "M_D": config.drift_batches,
-            "batch_size": config.batch_size,
-            "pairs": f"the {config.n_pairs} most common English words",
+            **config.settings(),
             "maximal_request": {"texts": config.texts, "chars": config.chars},
             "clients": config.clients,
             "service_torch_threads": config.threads,

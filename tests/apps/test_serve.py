@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.sentences import FIRST
 from normfast.encoders import HFEncoder
 from normfast.engine.config import ProbeConfig
 from normfast.engine.prober import Prober
-from tests._browser import launch
+from tests._browser import Tab, launch
 from tests._models import tiny_bert
 
 pytest.importorskip("fastapi")
@@ -39,16 +40,7 @@ from normfast.apps.serve.schema import ERROR_SCHEMA, RESPONSE_SCHEMA, Limits, Re
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 ROOT = Path(__file__).resolve().parents[2]
-PAIRS = [
-    "the river rose after the storm",
-    "a quantum of solace",
-    "music for the blue hour",
-    "prices fell in the morning",
-    "she sang an old song",
-    "the committee voted twice",
-    "green apples and red stones",
-    "a long walk by the sea",
-]
+PAIRS = FIRST[:8]
 TEXT = "democracy is a fragile idea"
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
 #: the module service's limits: the default number of texts, shorter texts (the tiny model reads 32 tokens)
@@ -73,22 +65,6 @@ def service(minilm_tokenizer):
     return ProbeService(prober.prepare(), limits=LIMITS)
 
 
-@pytest.fixture(scope="module")
-def url(service, tmp_path_factory):
-    """The service on a free loopback port, served from a thread; stopped after the module's tests."""
-    server = make_server(create_app(service, example=TEXT), "127.0.0.1", free_port())
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the service did not start within 30 s"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{server.config.port}"
-    server.should_exit = True
-    thread.join(timeout=10)
-    assert not thread.is_alive(), "the service did not stop within 10 s"
-
-
 def serving(app, host: str = "127.0.0.1"):
     """``app`` served from a thread on a free port of ``host``: (its URL, a function that stops it)."""
     server = make_server(app, host, free_port())
@@ -105,6 +81,14 @@ def serving(app, host: str = "127.0.0.1"):
         assert not thread.is_alive(), "the service did not stop within 10 s"
 
     return f"http://{host}:{server.config.port}", stop
+
+
+@pytest.fixture(scope="module")
+def url(service):
+    """The service on a free loopback port, served from a thread; stopped after the module's tests."""
+    url, stop = serving(create_app(service, example=TEXT))
+    yield url
+    stop()
 
 
 @pytest.fixture(scope="module")
@@ -577,12 +561,9 @@ def browser():
 
 
 def test_the_page_colors_typed_text_and_shows_numbers_on_hover(url, browser, tmp_path):
-    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    tab = Tab(browser, height=1000)
+    page = tab.page
     page.set_default_timeout(30_000)
-    errors, requests = [], []
-    page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("request", lambda r: requests.append(r.url))
     try:
         page.goto(url + "/")
         page.wait_for_selector("body[data-ready='idle']")
@@ -615,8 +596,8 @@ def test_the_page_colors_typed_text_and_shows_numbers_on_hover(url, browser, tmp
         shot = tmp_path / "serve.png"
         page.screenshot(path=str(shot))
         assert shot.stat().st_size > 20_000  # not a blank page
-        assert errors == [], errors
-        assert all(u.startswith(url) or u.startswith("about:") for u in requests), requests
+        assert tab.errors == [], tab.errors
+        assert all(u.startswith(url) or u.startswith("about:") for u in tab.requests), tab.requests
     finally:
         page.close()
 
@@ -703,17 +684,16 @@ def test_a_frontend_on_another_port_calls_the_api_when_cors_origin_names_it(serv
 
 def test_the_openapi_page_works_offline(url, browser):
     """/docs: FastAPI's Swagger UI, its script and style served by the service itself (no CDN)."""
-    page = browser.new_page()
+    tab = Tab(browser)
+    page = tab.page
     page.set_default_timeout(30_000)
-    requests, errors = [], []
-    page.on("request", lambda r: requests.append(r.url))
-    page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         page.goto(url + "/docs")
         page.wait_for_selector(".opblock")
         paths = page.locator(".opblock-summary-path").all_inner_texts()
         assert {"/api/probe", "/api/view", "/api/info", "/api/health"} <= {p.replace("\u200b", "") for p in paths}
-        assert errors == [] and all(u.startswith(url) or u.startswith("data:") for u in requests), requests
+        assert tab.errors == [], tab.errors
+        assert all(u.startswith(url) or u.startswith("data:") for u in tab.requests), tab.requests
     finally:
         page.close()
 

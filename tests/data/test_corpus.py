@@ -15,6 +15,7 @@ from normfast.data.gensim_data import gensim_test_data, lee_pairs, lee_similarit
 from normfast.encoders import HFEncoder
 from normfast.engine.config import ProbeConfig
 from normfast.engine.probe import probe
+from tests._chunks import chunks_computed, interrupted_at
 from tests._models import tiny_bert
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -199,9 +200,7 @@ def test_windows_probe_like_the_same_text_tokenized(encoder, tokenizer):
     assert got.metadata["corpus"]["windows"] == len(cw)
 
 
-def test_corpus_run_streams_and_resumes(encoder, tokenizer, tmp_path, monkeypatch):
-    import normfast.engine.runner.chunks as engine
-
+def test_corpus_run_streams_and_resumes(encoder, tokenizer, tmp_path):
     cw = CorpusWindows(DOCS, tokenizer, max_length=14, stride=7)
     sents = split_sentences(DOCS)
     full = probe(encoder, cw, "simcse", sents, _config(), out=tmp_path / "full.parquet", progress=False)
@@ -209,32 +208,23 @@ def test_corpus_run_streams_and_resumes(encoder, tokenizer, tmp_path, monkeypatc
 
     assert not schema.check_table(pq.read_schema(full.path)) + schema.check_metadata(full.metadata)
     assert {"doc_id", "word", "primary"} <= set(full.table.column_names)
-    real = engine._jvp_chunk
-
-    def failing(run, items, c, *a, **k):
-        if c == 2:
-            raise KeyboardInterrupt("injected")
-        return real(run, items, c, *a, **k)
-
-    monkeypatch.setattr(engine, "_jvp_chunk", failing)
     out = tmp_path / "run.parquet"
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_at(2), pytest.raises(KeyboardInterrupt):
         probe(encoder, cw, "simcse", sents, _config(), out=out, progress=False)
     assert not out.exists()
-    seen = []
-    monkeypatch.setattr(engine, "_jvp_chunk", lambda run, it, c, *a, **k: seen.append(c) or real(run, it, c, *a, **k))
-    with pytest.raises(ValueError, match="different arguments"):  # other windows: another run
-        probe(
-            encoder,
-            CorpusWindows(DOCS, tokenizer, max_length=14),
-            "simcse",
-            sents,
-            _config(),
-            out=out,
-            resume=True,
-            progress=False,
-        )
-    resumed = probe(encoder, cw, "simcse", sents, _config(), out=out, resume=True, progress=False)
+    with chunks_computed() as seen:
+        with pytest.raises(ValueError, match="different arguments"):  # other windows: another run
+            probe(
+                encoder,
+                CorpusWindows(DOCS, tokenizer, max_length=14),
+                "simcse",
+                sents,
+                _config(),
+                out=out,
+                resume=True,
+                progress=False,
+            )
+        resumed = probe(encoder, cw, "simcse", sents, _config(), out=out, resume=True, progress=False)
     assert seen == list(range(2, -(-len(cw) // 3)))
     assert resumed.table.equals(full.table)
     assert pq.ParquetFile(out).metadata.num_row_groups == -(-len(cw) // 3)

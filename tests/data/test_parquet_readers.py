@@ -20,12 +20,13 @@ import pytest
 from normfast.data.corpus import CorpusWindows, split_sentences
 from normfast.data.io import read_metadata
 from normfast.encoders import HFEncoder
-from normfast.engine.config import ProbeConfig
 from normfast.engine.probe import probe
 from normfast.engine.report.aggregate import aggregate
 from normfast.engine.result import ProbeResult
+from tests._chunks import interrupted_at
 from tests._models import tiny_bert
 from tests.conftest import ROOT
+from tests.data.test_corpus import _config as corpus_config
 from tests.engine.report.test_view import DOCS, shard_run
 
 duckdb = pytest.importorskip("duckdb")
@@ -60,50 +61,23 @@ def block(marker: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def layout(tmp_path_factory, minilm_tokenizer, monkeypatch_module) -> Path:
+def layout(tmp_path_factory, minilm_tokenizer) -> Path:
     """``runs/news.parquet`` (a corpus run, one row group per chunk of 3 windows), ``runs/big.*``
     (the same run in chunks of one window sharded over 12 parts) and ``runs/live.parquet.parts``
     (the same run interrupted after 2 chunks) in a fresh folder."""
-    import normfast.engine.runner.chunks as engine
-
     folder = tmp_path_factory.mktemp("readers")
     docs = DOCS * 2
     windows = CorpusWindows(docs, minilm_tokenizer, max_length=14, stride=7)
     enc = HFEncoder(tiny_bert(minilm_tokenizer), minilm_tokenizer, max_length=14)
-    config = ProbeConfig(
-        params=r"encoder\.layer\.1\.",
-        mode="jvp",
-        output="tokens",
-        batches=3,
-        drift_batches=None,
-        batch_size=4,
-        seed=1,
-        chunk_size=3,
-    )
+    config = corpus_config(seed=1)  # test_corpus's corpus run: one row group per chunk of 3 windows
     sents = split_sentences(docs)
     news = folder / "runs" / "news.parquet"
     probe(enc, windows, "simcse", sents, config, out=news, progress=False)
     assert len(windows) > N_PARTS
     shard_run(news, folder / "runs" / "big.parquet", N_PARTS, chunk_items=1)
-    real = engine._jvp_chunk
-
-    def interrupted(run, items, c, *a, **k):
-        if c == 2:
-            raise KeyboardInterrupt("injected")
-        return real(run, items, c, *a, **k)
-
-    monkeypatch_module.setattr(engine, "_jvp_chunk", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_at(2), pytest.raises(KeyboardInterrupt):
         probe(enc, windows, "simcse", sents, config, out=folder / "runs" / "live.parquet", progress=False)
-    monkeypatch_module.undo()
     return folder
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
 
 
 @pytest.fixture

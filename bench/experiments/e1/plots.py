@@ -105,23 +105,11 @@ def plot_ledger(results: list[dict[str, Any]], path: Path) -> None:
             ax.legend(fontsize=7)
         ax = axes[1][k]
         real_t1 = np.asarray(res["realized"]["task1"])
-        ax.plot(
-            np.asarray(res["estimated_checkpoint_average"]["task1"]),
-            real_t1,
-            ".",
-            ms=3,
-            color="tab:blue",
-            label="checkpoint mean",
-        )
-        ax.plot(
-            np.asarray(res["estimated_last_checkpoint"]["task1"]),
-            real_t1,
-            ".",
-            ms=3,
-            color="tab:orange",
-            alpha=0.5,
-            label="last checkpoint",
-        )
+        for key, color, alpha, label in (
+            ("estimated_checkpoint_average", "tab:blue", None, "checkpoint mean"),
+            ("estimated_last_checkpoint", "tab:orange", 0.5, "last checkpoint"),
+        ):
+            ax.plot(np.asarray(res[key]["task1"]), real_t1, ".", ms=3, color=color, alpha=alpha, label=label)
         lim = np.nanmax(np.abs(real_t1)) * 1.2
         ax.plot([-lim, lim], [-lim, lim], "k--", lw=0.8)
         ax.set_xlabel("engine's first-order task term")

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.experiments.e1 import SNAPSHOT_CANDIDATES as CANDIDATES
 from bench.experiments.e1.data import E1Config, SyntheticConcepts, probe_config
 from bench.experiments.e1.laws import law_norms
 from bench.experiments.e1.training import TrainingRun, load_checkpoint
@@ -60,15 +61,6 @@ continuation's sampling error only, not the law's bias nor the observed norms' o
 coverage below 0.95 measures how much of the error is not sampling error.
 """
 
-CANDIDATES = (
-    "heat_only",
-    "heat_only_curvature",
-    "snapshot_full",
-    "trajectory",
-    "trajectory_curvature",
-    "trajectory_shrunk",
-    "trajectory_shrunk_regression",
-)
 CHOICE_VARIANTS = ("mlp", "mlp_bias", "table", "mlp_adamw")
 
 

@@ -57,7 +57,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.common import binned, bootstrap_rank_corrs, offline
+from bench.common import MINILM_LAST_LAYER, binned, bootstrap_rank_corrs, offline, token_probe
 from bench.harness import Context
 from normfast.core.stats import quantiles
 
@@ -68,7 +68,7 @@ TABLES = ("e3",)
 #: the drift of single words is small against its noise, so its rank correlations and their bootstrap
 #: intervals move by up to 2e-2 (relative) when the values move in their last bits
 QUICK_TOLERANCE: dict[str, float | None] = {"/correlations/*/D/*": 5e-2}
-PARAMS = r"encoder\.layer\.5\."
+PARAMS = MINILM_LAST_LAYER
 QUANTITIES = ("norm", "V2", "D", "r_eq", "r_eq_heat", "pooled_norm")
 #: plotted and binned on a log10 scale (positive, spanning decades)
 LOG_QUANTITIES = ("V2", "r_eq", "r_eq_heat")
@@ -166,7 +166,7 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
     import torch
     from tqdm.auto import tqdm
 
-    from normfast import ProbeConfig, load_encoder, probe
+    from normfast import load_encoder, probe
     from normfast.core.stats import loglog_fit
     from normfast.data.word_frequencies import top_words, zipf_frequency
     from normfast.data.wordnet import load_wordnet
@@ -187,18 +187,8 @@ def run(args: Config, ctx: Context) -> dict[str, Any]:
     wn = load_wordnet()
     depth, depth_attested, depth_synsets, synsets = noun_depths(words, wn)
 
-    config = ProbeConfig(
-        params=PARAMS,
-        mode="jvp",
-        output="tokens",
-        optimizer="sgd",
-        lr=1e-3,
-        weight_decay=1e-2,
-        batches=M,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        chunk_size=128,
-        drift_batches=None,
+    config = token_probe(
+        PARAMS, batches=M, batch_size=args.batch_size, seed=args.seed, chunk_size=128, drift_batches=None
     )  # the protocol predates the mean-direction drift
     t0 = time.perf_counter()
     result = probe(

@@ -10,16 +10,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch import nn
 from torch.func import functional_call, jvp
 
 from normfast.core.reference import brute_force_drift, brute_force_stats
 from normfast.data.batches import virtual_batches
 from normfast.data.pairs import PairSource
-from normfast.encoders import ModuleEncoder
 from normfast.engine.directions.objectives import InfoNCE
 from normfast.engine.probe import ProbeConfig, probe
 from normfast.ops import drift_from_groups, head_stats, prepare_head
+from tests._chunks import interrupted_at
+from tests._models import tanh_mlp, vector_data
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -129,17 +129,11 @@ def test_head_drift_argument_errors(gen):
 
 
 def _mlp(dtype=torch.float64, seed=0):
-    torch.manual_seed(seed)
-    return ModuleEncoder([nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 5)]).to(dtype)
+    return tanh_mlp(dtype, seed)
 
 
 def _toy(n_items=11, n_pairs=50, dtype=torch.float64, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    items = [torch.randn(6, generator=g, dtype=dtype) for _ in range(n_items)]
-    pairs = [
-        (torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype)) for _ in range(n_pairs)
-    ]
-    return items, pairs
+    return vector_data(n_items, n_pairs, dtype, seed)
 
 
 def _materialize(enc, items, pairs, cfg, obj, adamw_eps=None):
@@ -257,24 +251,13 @@ def test_drift_settings_are_validated(kwargs, pattern):
     ProbeConfig(drift_batches=None).validate()
 
 
-def test_resume_with_other_drift_batches_is_refused_naming_it(tmp_path, monkeypatch):
-    import normfast.engine.runner.chunks as engine
-
+def test_resume_with_other_drift_batches_is_refused_naming_it(tmp_path):
     enc = _mlp(torch.float32)
     items, pairs = _toy(dtype=torch.float32, n_items=9)
     cfg = ProbeConfig(batches=4, drift_batches=12, groups=2, batch_size=8, chunk_size=3)
-    real = engine._jvp_chunk
-
-    def failing(run, items_, c, *a, **k):
-        if c == 1:
-            raise KeyboardInterrupt("injected")
-        return real(run, items_, c, *a, **k)
-
-    monkeypatch.setattr(engine, "_jvp_chunk", failing)
     out = tmp_path / "run.parquet"
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_at(1), pytest.raises(KeyboardInterrupt):
         probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, progress=False)
-    monkeypatch.setattr(engine, "_jvp_chunk", real)
     other = ProbeConfig(**{**cfg.__dict__, "drift_batches": 16})
     with pytest.raises(ValueError, match=r"config\.drift_batches 12 -> 16"):
         probe(enc, items, InfoNCE(0.1), pairs, other, out=out, resume=True, progress=False)

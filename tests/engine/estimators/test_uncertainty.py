@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import t as student_t
-from torch import nn
 
 from normfast.core.equilibrium import equilibrium_norm
 from normfast.core.reference import brute_force_grouped, head_stack_reference
-from normfast.encoders import ModuleEncoder
 from normfast.engine.directions.objectives import InfoNCE
 from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS
 from normfast.engine.probe import ProbeConfig, probe
 from normfast.engine.transmission.head.products import head_products
 from normfast.ops import GroupedAccumulator, head_stats, prepare_head
+from tests._chunks import interrupted_at
+from tests._models import tanh_mlp, vector_data
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -183,17 +183,11 @@ def test_grouped_accumulator_errors(gen):
 
 
 def _mlp(dtype=torch.float64):
-    torch.manual_seed(0)
-    return ModuleEncoder([nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 5)]).to(dtype)
+    return tanh_mlp(dtype)
 
 
 def _toy(n_items=12, n_pairs=60, dtype=torch.float64, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    items = [torch.randn(6, generator=g, dtype=dtype) for _ in range(n_items)]
-    pairs = [
-        (torch.randn(6, generator=g, dtype=dtype), torch.randn(6, generator=g, dtype=dtype)) for _ in range(n_pairs)
-    ]
-    return items, pairs
+    return vector_data(n_items, n_pairs, dtype, seed)
 
 
 @pytest.mark.parametrize("drift_batches", [None, 30])
@@ -289,9 +283,7 @@ def _head_dirs(enc, items, pairs, cfg):
 # adaptive M
 
 
-def test_adaptive_M_is_deterministic_and_resumable(tmp_path, monkeypatch):
-    import normfast.engine.runner.chunks as engine
-
+def test_adaptive_M_is_deterministic_and_resumable(tmp_path):
     enc = _mlp(torch.float32)
     items, pairs = _toy(n_items=20, n_pairs=200, dtype=torch.float32)
     cfg = ProbeConfig(
@@ -323,18 +315,9 @@ def test_adaptive_M_is_deterministic_and_resumable(tmp_path, monkeypatch):
     assert head.metadata["M"] == a.metadata["M"]
     np.testing.assert_allclose(head.column("se_V2"), a.column("se_V2"), rtol=1e-4)
     # an interrupted adaptive run resumes to the same table
-    real = engine._jvp_chunk
-
-    def failing(run, items_, c, *args, **kw):
-        if c == 1:
-            raise KeyboardInterrupt("injected")
-        return real(run, items_, c, *args, **kw)
-
-    monkeypatch.setattr(engine, "_jvp_chunk", failing)
     out = tmp_path / "adaptive.parquet"
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_at(1), pytest.raises(KeyboardInterrupt):
         probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, progress=False)
-    monkeypatch.setattr(engine, "_jvp_chunk", real)
     resumed = probe(enc, items, InfoNCE(0.1), pairs, cfg, out=out, resume=True, progress=False)
     assert resumed.table.replace_schema_metadata(None).equals(a.table.replace_schema_metadata(None))
     assert resumed.metadata["M"] == a.metadata["M"]

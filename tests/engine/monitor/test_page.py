@@ -18,8 +18,7 @@ import normfast
 from normfast.cli import main
 from normfast.engine.monitor.analysis import analyze
 from normfast.engine.monitor.page import block_se, monitor_page_data, write_monitor_page
-from tests._browser import Tab, assert_not_blank, launch
-from tests.conftest import ROOT
+from tests._browser import Tab, assert_screenshot_not_blank, launch
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -202,9 +201,4 @@ def test_the_page_loads_and_shows_the_folders_numbers(browser, page, folders):
 
 
 def test_the_screenshot_is_not_blank(browser, page):
-    from normfast.apps.view import screenshot
-
-    png = ROOT / "runs" / "view-tests" / "monitor.png"
-    png.unlink(missing_ok=True)
-    assert screenshot(page, png, 1280, 900, browser=browser) == png
-    assert_not_blank(png, 1280, 900)
+    assert_screenshot_not_blank(page, "monitor", browser)

@@ -4,6 +4,8 @@ holds over a stationary window, a resumed run writes the same file, and ``normfa
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -11,34 +13,42 @@ import pytest
 import torch
 
 import normfast
-from bench.experiments.e1.data import VARIANT_SPECS, E1Config, build_encoder, make_concepts, variant_optimizer
+from bench.experiments.e1.data import VARIANT_SPECS, build_encoder, make_concepts, variant_optimizer
 from bench.experiments.e1.ledger import RealizedLedger
 from normfast.engine.directions.objectives import InfoNCE
 from normfast.engine.monitor import schema as monitor_schema
+from tests._models import e1_toy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 # E1's toy at test size (tests/experiments/test_e1.py): a relaxation time of ~50 steps; probe_every=1 makes the
 # ledger keep every recorded step's terms (its blocks)
-TOY = E1Config(
-    concepts=8,
-    items_per_concept=4,
-    d_in=8,
-    hidden=16,
-    d_out=8,
-    n_pairs=800,
-    batch_size=16,
-    lr=0.05,
-    weight_decay=0.1,
-    heavyball_lr=0.005,
-    adamw_lr=0.01,
-    probe_every=1,
-)
+TOY = e1_toy(heavyball_lr=0.005, adamw_lr=0.01, probe_every=1)
 
 
 @pytest.fixture(scope="module")
 def toy_data():
     return make_concepts(TOY)
+
+
+def monitor_folders(root: Path) -> dict[str, Path]:
+    """Under ``root``: a finished monitor folder and an unfinished one (released: its two blocks of 4
+    recorded steps only) of E1's MLP toy, 8 recorded steps each."""
+    data = make_concepts(TOY)
+    n = data.x.shape[0]
+    out = {}
+    for name in ("finished", "unfinished"):
+        enc = build_encoder("mlp", TOY, data)
+        mon = normfast.TrainingMonitor(enc, list(range(n)), every=1, out=root / name, flush_every=4)
+        train_toy("mlp", data, 8, lambda s, before, o: mon.before_step(o) if before else mon.after_step(), encoder=enc)
+        mon.close() if name == "finished" else mon.release()
+        out[name] = root / name
+    return out
+
+
+def copy_folder(folders: dict[str, Path], name: str, tmp_path: Path) -> Path:
+    """A copy of ``folders[name]`` in ``tmp_path``, for a test to damage."""
+    return Path(shutil.copytree(folders[name], tmp_path / name))
 
 
 def train_toy(variant: str, data, steps: int, hooks, *, start: int = 0, encoder=None, optimizer=None):

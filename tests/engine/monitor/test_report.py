@@ -6,18 +6,15 @@ which says that the timing is unreadable."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-import normfast
-from bench.experiments.e1.data import build_encoder, make_concepts
 from normfast.cli import main
 from normfast.data.schema import METADATA_KEY
 from normfast.engine.monitor.schema import MONITOR_VERSION
-from tests.engine.monitor.test_recorder import TOY, train_toy
+from tests.engine.monitor.test_recorder import copy_folder, monitor_folders
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -30,22 +27,7 @@ def _one_error_line(err: str) -> str:
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
-    """A finished monitor folder and an unfinished one (its blocks only), 8 recorded steps each."""
-    data = make_concepts(TOY)
-    n = data.x.shape[0]
-    root = tmp_path_factory.mktemp("monitor-report")
-    out = {}
-    for name in ("finished", "unfinished"):
-        enc = build_encoder("mlp", TOY, data)
-        mon = normfast.TrainingMonitor(enc, list(range(n)), every=1, out=root / name, flush_every=4)
-        train_toy("mlp", data, 8, lambda s, before, o: mon.before_step(o) if before else mon.after_step(), encoder=enc)
-        mon.close() if name == "finished" else mon.release()
-        out[name] = root / name
-    return out
-
-
-def _copy(folders, name: str, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(folders[name], tmp_path / name))
+    return monitor_folders(tmp_path_factory.mktemp("monitor-report"))
 
 
 def _set_metadata(path: Path, blob: bytes) -> None:
@@ -62,12 +44,12 @@ def _changed(path: Path, **changes) -> bytes:
 
 def test_the_folders_report_as_they_are(folders, tmp_path, capsys):
     for name in folders:
-        assert main(["report", str(_copy(folders, name, tmp_path)), "--no-plots"]) == 0
+        assert main(["report", str(copy_folder(folders, name, tmp_path)), "--no-plots"]) == 0
         assert "recorded steps" in capsys.readouterr().out
 
 
 def test_a_monitor_of_a_newer_format_is_refused(folders, tmp_path, capsys):
-    folder = _copy(folders, "finished", tmp_path)
+    folder = copy_folder(folders, "finished", tmp_path)
     final = folder / "monitor.parquet"
     _set_metadata(final, _changed(final, monitor_version=99))
     assert main(["report", str(folder), "--no-plots"]) == 2
@@ -75,7 +57,7 @@ def test_a_monitor_of_a_newer_format_is_refused(folders, tmp_path, capsys):
     assert f"{final}: monitor format version 99, written by a newer normfast" in err, err
     assert f"reads versions up to {MONITOR_VERSION}: upgrade normfast" in err, err
     # an unfinished folder: the version its work folder records
-    folder = _copy(folders, "unfinished", tmp_path)
+    folder = copy_folder(folders, "unfinished", tmp_path)
     run = folder / "monitor.parquet.parts" / "run.json"
     blob = json.loads(run.read_text())
     blob["spec"]["monitor_version"] = 99
@@ -96,7 +78,7 @@ def test_a_monitor_of_a_newer_format_is_refused(folders, tmp_path, capsys):
     ids=["version-x", "no-version", "list", "not-json"],
 )
 def test_damaged_monitor_metadata_is_one_line_naming_the_file(folders, tmp_path, change, said, capsys):
-    folder = _copy(folders, "finished", tmp_path)
+    folder = copy_folder(folders, "finished", tmp_path)
     final = folder / "monitor.parquet"
     _set_metadata(final, change if isinstance(change, bytes) else _changed(final, **change))
     assert main(["report", str(folder), "--no-plots"]) == 2
@@ -104,7 +86,7 @@ def test_damaged_monitor_metadata_is_one_line_naming_the_file(folders, tmp_path,
 
 
 def test_a_damaged_run_json_of_an_unfinished_folder_is_one_line(folders, tmp_path, capsys):
-    folder = _copy(folders, "unfinished", tmp_path)
+    folder = copy_folder(folders, "unfinished", tmp_path)
     run = folder / "monitor.parquet.parts" / "run.json"
     run.write_text("{half")
     assert main(["report", str(folder), "--no-plots"]) == 2
@@ -115,7 +97,7 @@ def test_a_damaged_run_json_of_an_unfinished_folder_is_one_line(folders, tmp_pat
     "summary", ["{not json", "[1, 2]", json.dumps({"steps": 8, "overhead_terms": "fast"})], ids=["text", "list", "type"]
 )
 def test_an_unreadable_timing_still_gives_the_report(folders, tmp_path, summary, capsys):
-    folder = _copy(folders, "finished", tmp_path)
+    folder = copy_folder(folders, "finished", tmp_path)
     (folder / "summary.json").write_text(summary)
     assert main(["report", str(folder), "--no-plots"]) == 0
     printed = capsys.readouterr().out
@@ -132,7 +114,7 @@ def test_the_report_files_hold_what_is_registered(folders, tmp_path):
 
     from normfast.engine.monitor.report_schema import ITEM_COLUMNS, REPORT_KEYS, check_items, check_report
 
-    folder = _copy(folders, "finished", tmp_path)
+    folder = copy_folder(folders, "finished", tmp_path)
     assert main(["report", str(folder), "--no-plots"]) == 0
     report = json.loads((folder / "report.json").read_text())
     assert check_report(report) == []

@@ -27,9 +27,8 @@ from normfast.engine.probe import probe
 from normfast.engine.report.aggregate import aggregate
 from normfast.engine.report.compare import benjamini_hochberg, comparison_info
 from normfast.engine.result import ProbeResult
-from tests._browser import Tab, assert_not_blank, launch
+from tests._browser import Tab, assert_screenshot_not_blank, launch
 from tests._models import tiny_bert
-from tests.conftest import ROOT
 from tests.data.test_corpus import DOCS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -242,9 +241,4 @@ def test_the_page_loads_and_shows_the_tables_numbers(browser, page):
 
 
 def test_the_screenshot_is_not_blank(browser, page):
-    from normfast.apps.view import screenshot
-
-    png = ROOT / "runs" / "view-tests" / "compare.png"
-    png.unlink(missing_ok=True)
-    assert screenshot(page, png, 1280, 900, browser=browser) == png
-    assert_not_blank(png, 1280, 900)
+    assert_screenshot_not_blank(page, "compare", browser)

@@ -29,9 +29,8 @@ from normfast.engine.report.aggregate import aggregate
 from normfast.engine.report.page import page_data
 from normfast.engine.result import ProbeResult
 from normfast.engine.runner.distributed import part_blocks
-from tests._browser import Tab, assert_not_blank, launch
+from tests._browser import Tab, assert_screenshot_not_blank, launch
 from tests._models import tiny_bert
-from tests.conftest import ROOT
 from tests.data.test_corpus import DOCS  # a few sentences: words of several pieces, punctuation, an apostrophe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -394,12 +393,7 @@ def test_switching_the_statistic_recolors_the_text(tab, pages):
 
 def test_the_screenshot_is_not_blank(browser, pages):
     """The top of the page as a PNG under runs/ (what `normfast view --screenshot` saves), with content."""
-    from normfast.apps.view import screenshot
-
-    png = ROOT / "runs" / "view-tests" / "corpus.png"
-    png.unlink(missing_ok=True)
-    assert screenshot(pages["corpus"], png, 1280, 900, browser=browser) == png
-    assert_not_blank(png, 1280, 900)  # text, colors and figures, not a blank page
+    assert_screenshot_not_blank(pages["corpus"], "corpus", browser)
 
 
 def test_the_screenshot_option_is_wired(runs, tmp_path, monkeypatch, capsys):

@@ -21,6 +21,7 @@ from torch import nn
 from normfast.encoders import ModuleEncoder
 from normfast.engine.directions.objectives import InfoNCE
 from normfast.engine.probe import ProbeConfig, ProbeResult, probe
+from tests._chunks import interrupted_at
 
 WORLD = 2
 N_ITEMS, T = 23, 5  # 23 items of 5 positions: 6 chunks of 4 items, the last one short
@@ -163,31 +164,20 @@ def _sharded_runs(rank: int, folder: str) -> None:
     stats = merge_across_ranks(acc).finalize()
     torch.save({k: v for k, v in stats.items() if k != "M"} | {"M": acc.M}, folder / f"merged-rank{rank}.pt")
     # a chunk that raises on one rank makes every rank raise (nobody waits forever)
-    import normfast.engine.runner.chunks as engine
-
-    real_chunk = engine._jvp_chunk
-
-    def failing(run, items_, c, *a, **k):
-        if c == 3:
-            raise ValueError("injected failure in chunk 3")
-        return real_chunk(run, items_, c, *a, **k)
-
-    engine._jvp_chunk = failing
     try:
-        probe(
-            enc,
-            items,
-            InfoNCE(0.1),
-            pairs,
-            ProbeConfig(**CONFIGS["jvp_tokens"]),
-            out=folder / "fails.parquet",
-            progress=False,
-        )
+        with interrupted_at(3, ValueError("injected failure in chunk 3")):
+            probe(
+                enc,
+                items,
+                InfoNCE(0.1),
+                pairs,
+                ProbeConfig(**CONFIGS["jvp_tokens"]),
+                out=folder / "fails.parquet",
+                progress=False,
+            )
         message = "no error"
     except ValueError as exc:
         message = str(exc)
-    finally:
-        engine._jvp_chunk = real_chunk
     (folder / f"fails-rank{rank}.txt").write_text(message)
 
 

@@ -7,30 +7,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch import nn
 from torch.func import functional_call, jvp
 
 from normfast.core.reference import brute_force_stats, weighted_heat_reference
 from normfast.data.batches import virtual_batches
 from normfast.data.pairs import PairSource
-from normfast.encoders import ModuleEncoder
 from normfast.engine.directions.objectives import InfoNCE
 from normfast.engine.directions.sampling import draw_heat
 from normfast.engine.probe import ProbeConfig, probe
+from tests._models import tanh_mlp, vector_data
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _setup():
-    torch.manual_seed(0)
-    enc = ModuleEncoder([nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 5)]).to(torch.float64)
-    g = torch.Generator().manual_seed(1)
-    items = [torch.randn(6, generator=g, dtype=torch.float64) for _ in range(11)]
+    enc = tanh_mlp(torch.float64)
+    items, pairs = vector_data(11, 50, torch.float64)
     # a few pairs far apart: rare batches with far more gradient energy than the rest
-    pairs = [
-        (torch.randn(6, generator=g, dtype=torch.float64), torch.randn(6, generator=g, dtype=torch.float64))
-        for _ in range(50)
-    ]
     for k in range(3):
         pairs[k] = (pairs[k][0] * 6, -pairs[k][1] * 6)
     return enc, items, pairs

@@ -76,24 +76,11 @@ def test_snapshot_settings_are_validated(kw, match):
 
 @pytest.fixture(scope="module")
 def trained():
-    from bench.experiments.e1.data import VARIANT_SPECS, E1Config, make_concepts
+    from bench.experiments.e1.data import VARIANT_SPECS, make_concepts
     from bench.experiments.e1.training import train
+    from tests._models import e1_toy
 
-    cfg = E1Config(
-        concepts=8,
-        items_per_concept=4,
-        d_in=8,
-        hidden=16,
-        d_out=8,
-        n_pairs=800,
-        batch_size=16,
-        lr=0.05,
-        weight_decay=0.1,
-        steps=1500,
-        window=0.4,
-        record_every=10,
-        probe_every=250,
-    )
+    cfg = e1_toy(steps=1500, window=0.4, record_every=10, probe_every=250)
     data = make_concepts(cfg)
     torch.manual_seed(0)
     return cfg, data, train(VARIANT_SPECS["mlp"], cfg, data, progress=False)
