@@ -169,7 +169,7 @@ def _rows_payload(
     out: dict[str, Any] = {"n": n, "doc": _ints(doc_of_row)}
     out["tok"] = [t[:MAX_LABEL] for t in layout[0]] if not pooled else []
     out["gap"] = list(layout[1]) if not pooled else []
-    out["special"] = _ints(collect._special(rows))
+    out["special"] = _ints(collect.special_rows(rows))
     out["valid"] = _ints(rows.column("valid").to_numpy(zero_copy_only=False))
     out["pos"] = _ints(rows.column("position").to_numpy(zero_copy_only=False))
     out["item"] = _ints(rows.column("item").to_numpy(zero_copy_only=False))
