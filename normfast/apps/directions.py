@@ -100,9 +100,9 @@ def directions_main(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError) as exc:
         print(f"normfast directions: error: {exc}", file=sys.stderr)
         return 2
-    from normfast.engine.runner.artifact import read_manifest
+    from normfast.engine.runner.artifact import read_artifact_manifest
 
-    manifest = read_manifest(folder)
+    manifest = read_artifact_manifest(folder)
     d = manifest["directions"]
     n_drift = len(d["drift_counts"] or [])
     print(

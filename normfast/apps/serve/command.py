@@ -190,12 +190,12 @@ def _saved_prober(args: argparse.Namespace, folder: Path) -> Any:
 
     from normfast.engine.directions.objectives import get_objective, objective_class
     from normfast.engine.prober import Prober
-    from normfast.engine.runner.artifact import read_manifest, saved_config
+    from normfast.engine.runner.artifact import read_artifact_manifest, saved_config
 
     given = given_options(args)
     fields = {k: v for k, v in direction_settings(with_defaults(args)).items() if _option_of(k) in given}
     config = replace(saved_config(folder), output=args.output, **fields).resolve()  # checked once, here
-    made = read_manifest(folder)["fingerprint"]["objective"]
+    made = read_artifact_manifest(folder)["fingerprint"]["objective"]
     objective = None  # the saved one
     if given.keys() & set(objective_options()):
         # the saved objective's name and settings where an option was left out, the given ones over them

@@ -93,8 +93,9 @@ def is_artifact(folder: str | Path) -> bool:
     return (Path(folder) / MANIFEST).is_file()
 
 
-def read_manifest(folder: str | Path, fn: str = "Prober.load") -> dict[str, Any]:
-    """The manifest of the directions in ``folder``; a clear error for anything else."""
+def read_artifact_manifest(folder: str | Path, fn: str = "Prober.load") -> dict[str, Any]:
+    """The manifest of the saved directions in ``folder`` (this artifact's; a sharded run's manifest is
+    :func:`normfast.data.manifest.read_manifest`'s); a clear error for anything else."""
     folder = Path(folder)
     path = folder / MANIFEST
     if not path.is_file():
@@ -130,7 +131,7 @@ def saved_config(folder: str | Path) -> Any:
     """The :class:`~normfast.engine.config.ProbeConfig` the directions in ``folder`` were saved with."""
     from normfast.engine.config import ProbeConfig
 
-    fields = dict(read_manifest(folder)["config"])
+    fields = dict(read_artifact_manifest(folder)["config"])
     fields["betas"] = tuple(fields["betas"])
     return ProbeConfig(**fields)
 
@@ -395,7 +396,7 @@ def load_directions(
     from normfast.engine.estimators.uncertainty import group_counts
     from normfast.engine.runner.adaptive import AdaptiveChoice
 
-    manifest = read_manifest(folder)
+    manifest = read_artifact_manifest(folder)
     saved = manifest["fingerprint"]
     if config is None:
         config = saved_config(folder)
