@@ -212,13 +212,13 @@ class Phases:
 
 
 def head_normfast(problem: HeadProblem, phases: Phases, **form: Any) -> dict[str, torch.Tensor]:
-    """normfast head mode: backward per batch, then ``head_stats`` with its defaults (the grouped form
+    """normfast head mode: backward per batch, then ``head_mode_stats`` with its defaults (the grouped form
     with error bars; ``form`` selects another: see :data:`HEAD_FORMS`), preparation included."""
-    from normfast.ops import head_stats
+    from normfast.ops import head_mode_stats
 
     W, b, A, Z, anchors, positives = problem
     G, g = phases.directions(head_directions_backward, W, b, anchors, positives)
-    return phases.statistics(head_stats, A, Z, G, g, **form)
+    return phases.statistics(head_mode_stats, A, Z, G, g, **form)
 
 
 def _per_sample_pipeline(directions: Callable) -> Callable[[HeadProblem, Phases], dict]:

@@ -26,7 +26,7 @@ class GroupedAccumulator:
     -- ``{"D", "m2", "V2", "Q", "C_uw"}`` (suffixed by branch) → ``[N, K]``
     values over all directions outside each group -- and ``groups`` (K). A
     leave-one-out set of fewer than two directions gives NaN there. The
-    grouped head-mode estimators of :func:`normfast.ops.head_stats` are
+    grouped head-mode estimators of :func:`normfast.ops.head_mode_stats` are
     the same numbers in closed form. ``known_mean``: the heat's importance-sampled
     draws (:class:`ProbeAccumulator`); draw ``i`` is in group ``i mod K``.
     Memory: K times one accumulator.

@@ -28,7 +28,7 @@ import torch
 
 from normfast.engine.directions.gradients import Directions
 from normfast.engine.runner.state import ProbeRun
-from normfast.engine.transmission.head.dispatch import head_stats
+from normfast.engine.transmission.head.dispatch import head_mode_stats
 from normfast.engine.transmission.head.inputs import head_inputs, prepared_head
 from normfast.engine.transmission.jvp import Tail
 
@@ -91,7 +91,7 @@ class _HeadPilot:
     def rse(self) -> float:
         run = self.run
         dirs = prepared_head(run.encoder, _concat(self.parts), dtype=run.acc_dtype, groups=run.groups)
-        stats = head_stats(self.a, self.z, dirs, branch=run.branch)
+        stats = head_mode_stats(self.a, self.z, dirs, branch=run.branch)
         sfx = "" if run.branch == "u" else "_w"
         return quantile_rse(stats["se_V2" + sfx], stats["V2" + sfx], run.config.target_quantile)
 
