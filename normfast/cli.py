@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "demo": ("normfast.apps.demo", "offline demo: token-level probe of the real all-MiniLM-L6-v2 on common words"),
     "throughput": ("normfast.apps.throughput", "throughput suite: head/jvp modes against per-sample-gradient tools"),
-    "report": ("normfast.apps.report", "summarize a probe run (.parquet) and draw its figures"),
+    "report": ("normfast.apps.report_command", "summarize a probe run (.parquet) and draw its figures"),
     "aggregate": (
         "normfast.apps.aggregate",
         "per-type statistics of a token-level run: by vocabulary entry or by whole word",

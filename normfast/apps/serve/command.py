@@ -33,7 +33,7 @@ from normfast.apps.options import (
     read_pairs_file,
     resolve_device,
 )
-from normfast.apps.serve.schema import MAX_CHARS, MAX_TEXTS
+from normfast.apps.serve.protocol import MAX_CHARS, MAX_TEXTS
 
 serve_description = """\
 Serve a model on this machine: a JSON API that probes texts (POST /api/probe:
@@ -309,7 +309,7 @@ def serve_main(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from normfast.apps.serve.app import create_app
     from normfast.apps.serve.guard import allowed_hosts
-    from normfast.apps.serve.schema import Limits
+    from normfast.apps.serve.protocol import Limits
     from normfast.core.checks import check_device
 
     try:

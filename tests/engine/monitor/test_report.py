@@ -16,7 +16,7 @@ import normfast
 from bench.experiments.e1.data import build_encoder, make_concepts
 from normfast.cli import main
 from normfast.data.schema import METADATA_KEY
-from normfast.engine.monitor.schema import MONITOR_VERSION
+from normfast.engine.monitor.layout import MONITOR_VERSION
 from tests.engine.monitor.test_recorder import TOY, train_toy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -126,11 +126,11 @@ def test_an_unreadable_timing_still_gives_the_report(folders, tmp_path, summary,
 
 def test_the_report_files_hold_what_is_registered(folders, tmp_path):
     """report.json and report_items.csv hold exactly the keys and columns of
-    normfast.engine.monitor.report_schema (the docs render them from there), in its order; a key the
+    normfast.engine.monitor.readout (the docs render them from there), in its order; a key the
     registry does not know is named."""
     import csv
 
-    from normfast.engine.monitor.report_schema import ITEM_COLUMNS, REPORT_KEYS, check_items, check_report
+    from normfast.engine.monitor.readout import ITEM_COLUMNS, REPORT_KEYS, check_items, check_report
 
     folder = _copy(folders, "finished", tmp_path)
     assert main(["report", str(folder), "--no-plots"]) == 0
