@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "solve": ("normfast.apps.solve", "solve the equilibrium quartic for rows of coefficients (.npy/.csv)"),
     "probe": ("normfast.apps.probe_command", "probe a model: drift, heat, damping and R_eq per input or token"),
     "directions": (
-        "normfast.apps.directions",
+        "normfast.apps.directions_command",
         "compute a probe's directions once and save them, for probes that then take seconds",
     ),
     "serve": (

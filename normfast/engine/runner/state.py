@@ -182,7 +182,7 @@ class ProbeRun:
         if store is not None and store.reader is not None:
             dirs = self._noted(store.reader.read(range(self.M), self.plan.drift_from_mean, self.device))
         else:
-            dirs = self._shared(lambda: self.compute_directions(list(range(self.M)), self.plan.drift_from_mean))
+            dirs = self._shared(lambda: self.fresh_directions(list(range(self.M)), self.plan.drift_from_mean))
         if store is not None:
             store.directions = dirs
         return dirs
@@ -195,7 +195,7 @@ class ProbeRun:
         if store is not None and store.reader is not None:
             dirs = self._noted(store.reader.read([], True, self.device))
         else:
-            dirs = self._shared(lambda: self.compute_directions([], True))
+            dirs = self._shared(lambda: self.fresh_directions([], True))
         if store is not None:
             store.drift = dirs  # K directions: kept, like the second moments
         return dirs
@@ -206,7 +206,7 @@ class ProbeRun:
         store = self.store
         if store is not None and store.reader is not None:
             return self._noted(store.reader.read(batch_ids, False, self.device))
-        return self._shared(lambda: self.compute_directions(batch_ids, False))
+        return self._shared(lambda: self.fresh_directions(batch_ids, False))
 
     def fits(self) -> bool:
         """Whether the M directions fit the memory budget together (the chunks-outer order)."""
@@ -261,7 +261,10 @@ class ProbeRun:
     def bar(self, todo: Sequence[int], desc: str) -> "ChunkBar":
         return ChunkBar(self, todo, desc)
 
-    def compute_directions(self, batch_ids: Sequence[int], with_drift: bool) -> Directions:
+    def fresh_directions(self, batch_ids: Sequence[int], with_drift: bool) -> Directions:
+        """The directions of the given heat batches computed now (never read from the store or a saved
+        artifact; :meth:`directions` and :meth:`all_directions` choose), with the drift's group means when
+        ``with_drift`` (:func:`~normfast.engine.directions.gradients.compute_directions` over this run)."""
         if self.known_mean:
             return sampled_directions(self, batch_ids, with_drift)
         cfg = self.config

@@ -18,14 +18,9 @@ from normfast.core.checks import (
 )
 from normfast.engine.estimators.statkeys import BACKENDS, STAT_KEYS, row_codes
 from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS
-from normfast.engine.transmission.head.directions import (
-    HeadDirections,
-    attach_drift,
-    center_directions,
-    check_directions,
-)
 from normfast.engine.transmission.head.epilogues import finish, grouped_epilogue, per_batch_epilogue, s_epilogue
 from normfast.engine.transmission.head.flops import head_flops
+from normfast.engine.transmission.head.prepare import HeadDirections, attach_drift, center_directions, check_directions
 from normfast.engine.transmission.head.products import head_products
 
 FORMS = ("auto", "grouped", "S", "per_batch")
