@@ -385,12 +385,11 @@ def load_directions(
     pairs: Any,
     config: Any,
     *,
-    pair_encoder: Any = None,
-    second_moments: Mapping[str, torch.Tensor] | None = None,
     model_name: str | None = None,
-    progress: bool = True,
+    **inputs: Any,
 ) -> Any:
-    """``Prober.load``: a Prober of class ``cls`` over the directions in ``folder``, its inputs checked."""
+    """``Prober.load``: a Prober of class ``cls`` over the directions in ``folder``, its inputs checked
+    (``inputs``: the Prober's other keyword arguments, passed to it as they are)."""
     from normfast.encoders import Encoder, load_encoder
     from normfast.engine.directions.gradients import decayed_parameters
     from normfast.engine.estimators.uncertainty import group_counts
@@ -410,16 +409,7 @@ def load_directions(
     detached = pairs is None
     if detached:
         pairs = SavedPairs(saved["pairs"]["n"], saved["pairs"]["drawn"])
-    prober = cls(
-        encoder,
-        objective,
-        pairs,
-        config,
-        pair_encoder=pair_encoder,
-        second_moments=second_moments,
-        model_name=model_name,
-        progress=progress,
-    )
+    prober = cls(encoder, objective, pairs, config, model_name=model_name, **inputs)
     if detached:
         prober.pair_hashes[False] = saved["pairs"]["drawn"]
     config = prober.config  # the settings as the Prober checked them
