@@ -268,25 +268,15 @@ class ProbeRun:
         if self.known_mean:
             return sampled_directions(self, batch_ids, with_drift)
         cfg = self.config
-        common = dict(
-            cut=self.cut, pair_encoder=self.pair_encoder, no_decay=cfg.no_decay, seed=cfg.seed, progress=self.progress
-        )
         if with_drift:
             # one pass over all M_D batches: the first len(batch_ids) kept, all summed per group;
             # AdamW's v̂ (when not given) is the mean of ĝ² over all of them
-            dirs = compute_directions(
-                self.encoder,
-                self.objective,
-                self.pairs,
-                self.names,
-                self.presets,
+            dirs = self.directions_pass(
                 self.batches,
                 keep=len(batch_ids),
                 drift_groups=self.groups,
                 check_invariance=True,
                 second_moments=self.given_v,
-                warn_unused=False,
-                **common,
             )
             if dirs.second_moments:
                 self.keep_second_moments(dirs.second_moments)
@@ -309,18 +299,33 @@ class ProbeRun:
                 )
                 self.keep_second_moments(estimated)
             second = self.second_moments(self.estimated_v)
+        return self.directions_pass(
+            [self.batches[b] for b in batch_ids],
+            batch_offset=batch_ids[0],
+            check_invariance=batch_ids[0] == 0 and not self.plan.drift_from_mean,
+            second_moments=second,
+        )
+
+    def directions_pass(self, batches: Sequence[Any], **options: Any) -> Directions:
+        """One pass of :func:`~normfast.engine.directions.gradients.compute_directions` over ``batches``
+        with this run's model, objective, pair source, parameters and presets, its frozen front, pair
+        encoder, decay exemptions, seed and progress bars (unreached parameters are said once, by the run);
+        ``options``: the pass's own (kept batches, drift groups, batch ids, invariance check, v̂)."""
+        cfg = self.config
         return compute_directions(
             self.encoder,
             self.objective,
             self.pairs,
             self.names,
             self.presets,
-            [self.batches[b] for b in batch_ids],
-            batch_offset=batch_ids[0],
-            check_invariance=batch_ids[0] == 0 and not self.plan.drift_from_mean,
-            second_moments=second,
+            batches,
             warn_unused=False,
-            **common,
+            cut=self.cut,
+            pair_encoder=self.pair_encoder,
+            no_decay=cfg.no_decay,
+            seed=cfg.seed,
+            progress=self.progress,
+            **options,
         )
 
     def second_moments(self, estimated: Mapping[str, torch.Tensor] | None) -> Mapping[str, torch.Tensor] | None:
