@@ -27,14 +27,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from normfast.data.formats import format_version
-from normfast.data.schema import Column, MetadataKey, column_rows, key_rows, registry_problems, unregistered_keys
+from normfast.data.schema import (
+    Column,
+    MetadataKey,
+    column_rows,
+    fingerprint_main,
+    key_rows,
+    registry_problems,
+    unregistered_keys,
+)
 
 #: the ``format`` metadata value of a monitor folder's Parquet file
 MONITOR_FORMAT = "normfast-monitor"
@@ -284,12 +291,7 @@ def render_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv != ["--fingerprint"]:
-        print("usage: python -m normfast.engine.monitor.layout --fingerprint", file=sys.stderr)
-        return 2
-    print(monitor_fingerprint())
-    return 0
+    return fingerprint_main("normfast.engine.monitor.layout", monitor_fingerprint, argv)
 
 
 if __name__ == "__main__":
