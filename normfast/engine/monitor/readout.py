@@ -282,11 +282,9 @@ def format_report(result: dict[str, Any], *, top: int = 8) -> str:
 def plot(result: dict[str, Any], path: str | Path, *, lines: int = 6) -> Path:
     """Norms over training for a few items (spread over the range of norms) with the law's window
     prediction, and every item's window-mean norm against the predictions."""
-    import matplotlib
+    from normfast.engine.report.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     items, traj, w = result["items"], result["trajectory"], result["window"]
     steps, norms = traj["steps"], traj["norms"]
     observed = items["observed"]
@@ -343,12 +341,7 @@ def plot(result: dict[str, Any], path: str | Path, *, lines: int = 6) -> Path:
     ax.set_xlabel("law's prediction R_eq (window means)")
     ax.set_ylabel("observed window-mean norm")
     ax.set_title("every item: the law against the norm it kept", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def json_result(result: dict[str, Any]) -> dict[str, Any]:
