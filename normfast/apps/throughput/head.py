@@ -6,33 +6,15 @@ import importlib.metadata
 import time
 import warnings
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    pass
 from .floor import HEAD_FORMS, gemm_floor
 from .measure import accuracy_check, environment, percentiles, rel_diff, threads, throughput, time_rounds
 from .settings import HEAD_KEYS, TAU, HeadSettings
-
-__all__ = [
-    "HEAD_METHODS",
-    "HeadProblem",
-    "Phases",
-    "apply_per_batch",
-    "head_directions_backpack",
-    "head_directions_backward",
-    "head_directions_opacus",
-    "head_directions_torch_func",
-    "head_flop_counts",
-    "head_normfast",
-    "info_nce_rows",
-    "make_head_problem",
-    "run_head",
-]
 
 # ============================================================================
 # Section "head": head mode vs per-sample-gradient tools
