@@ -7,9 +7,9 @@ A page asks for generated content with a marker on a line of its own:
                               (cli:main: `normfast --help`; cli:commands: every command, one section each)
     <!-- schema:output -->    the Parquet columns and metadata keys (normfast.data.schema)
     <!-- schema:resume-key --> what a resume compares: the allow-list of a run's metadata (normfast.data.resume_key)
-    <!-- schema:monitor -->   a training monitor folder's columns and keys (normfast.engine.monitor.schema)
-    <!-- schema:monitor-report --> the files `normfast report` writes there (normfast.engine.monitor.report_schema)
-    <!-- schema:serve -->     `normfast serve`'s JSON API: its rows and JSON Schemas (normfast.apps.serve.schema)
+    <!-- schema:monitor -->   a training monitor folder's columns and keys (normfast.engine.monitor.layout)
+    <!-- schema:monitor-report --> the files `normfast report` writes there (normfast.engine.monitor.readout)
+    <!-- schema:serve -->     `normfast serve`'s JSON API: its rows and JSON Schemas (normfast.apps.serve.protocol)
     <!-- objectives:table --> every registered objective with what it declares: its batches, settings and
                               flags, chance level, saturation rule, pair encoder
                               (normfast.engine.directions.objectives)
@@ -98,12 +98,11 @@ def cli_help(command: str) -> str:
 
 
 def schema_tables(which: str = "output") -> str:
-    from normfast.apps.serve import schema as serve_schema
+    from normfast.apps.serve import protocol
     from normfast.data import resume_key, schema
-    from normfast.engine.monitor import report_schema
-    from normfast.engine.monitor import schema as monitor_schema
+    from normfast.engine.monitor import layout, readout
 
-    modules = {"monitor": monitor_schema, "monitor-report": report_schema, "serve": serve_schema}
+    modules = {"monitor": layout, "monitor-report": readout, "serve": protocol}
     return {**modules, "resume-key": resume_key}.get(which, schema).render_markdown()
 
 

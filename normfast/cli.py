@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "solve": ("normfast.apps.solve", "solve the equilibrium quartic for rows of coefficients (.npy/.csv)"),
     "probe": ("normfast.apps.probe_command", "probe a model: drift, heat, damping and R_eq per input or token"),
     "directions": (
-        "normfast.apps.directions",
+        "normfast.apps.directions_command",
         "compute a probe's directions once and save them, for probes that then take seconds",
     ),
     "serve": (
@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "demo": ("normfast.apps.demo", "offline demo: token-level probe of the real all-MiniLM-L6-v2 on common words"),
     "throughput": ("normfast.apps.throughput", "throughput suite: head/jvp modes against per-sample-gradient tools"),
-    "report": ("normfast.apps.report", "summarize a probe run (.parquet) and draw its figures"),
+    "report": ("normfast.apps.report_command", "summarize a probe run (.parquet) and draw its figures"),
     "aggregate": (
         "normfast.apps.aggregate",
         "per-type statistics of a token-level run: by vocabulary entry or by whole word",

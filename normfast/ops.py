@@ -11,11 +11,13 @@ float64 and otherwise in float32 with fp32 accumulation.
 * :class:`GroupedAccumulator` -- the same over K groups of directions, with
   the error bars (group ``se_D``, jackknife ``se_V2``/``se_Q``, leave-one-
   group-out values for the jackknife of ``R_eq``).
-* :func:`head_stats` -- closed form for a linear head ``z = W a + b`` ("head"
-  mode), from the per-batch head directions ``G_B`` (and bias ``g_B``);
+* :func:`head_mode_stats` -- closed form for a linear head ``z = W a + b``
+  ("head" mode), from the per-batch head directions ``G_B`` (and bias ``g_B``);
   grouped error bars by default (:mod:`normfast.engine.transmission.head`).
+  ``head_stats`` is its former name, kept as an alias (the name now belongs to
+  the S-form kernel's launcher, :func:`normfast.kernels.head_stats`).
 * :func:`prepare_head` -- center and group the head directions once, for
-  streaming many probe chunks through :func:`head_stats`.
+  streaming many probe chunks through :func:`head_mode_stats`.
 * :func:`head_flops` -- the FLOP count of the head-mode forms.
 * :func:`drift_from_groups` -- the drift statistics from K group-mean
   displacements (the drift from the mean direction over its own M_D batches).
@@ -38,7 +40,10 @@ from normfast.engine.estimators.accumulator import ProbeAccumulator
 from normfast.engine.estimators.drift import drift_from_groups
 from normfast.engine.estimators.grouped import GroupedAccumulator
 from normfast.engine.estimators.statkeys import REASONS, STAT_KEYS, UNCERTAINTY_KEYS, stat_names
-from normfast.engine.transmission.head import HeadDirections, head_flops, head_stats, prepare_head
+from normfast.engine.transmission.head import HeadDirections, head_flops, head_mode_stats, prepare_head
+
+#: the former name of :func:`head_mode_stats`, kept for code written against 0.1.0
+head_stats = head_mode_stats
 
 __all__ = [
     "REASONS",
@@ -48,6 +53,7 @@ __all__ = [
     "GroupedAccumulator",
     "HeadDirections",
     "prepare_head",
+    "head_mode_stats",
     "head_stats",
     "head_flops",
     "drift_from_groups",

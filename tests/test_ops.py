@@ -202,7 +202,7 @@ HEAD_INPUT_CASES = [  # (mutation of (A, Z, G, g), error, message)
     (
         lambda A, Z, G, g: (A[0], Z, G, g),
         ValueError,
-        r"head_stats: expected A to be 2-D \[N, d_in\], got A.shape=\(4,\)",
+        r"head_mode_stats: expected A to be 2-D \[N, d_in\], got A.shape=\(4,\)",
     ),
     (lambda A, Z, G, g: (A, Z[None], G, g), ValueError, r"expected Z to be 2-D \[N, d_out\], got Z.shape=\(1, 6, 3\)"),
     (lambda A, Z, G, g: (A, Z, G[0], g), ValueError, r"expected G to be 3-D \[M, d_out, d_in\], got G.shape=\(3, 4\)"),
@@ -260,7 +260,7 @@ def test_head_input_errors(mutate, exc, pattern):
 @pytest.mark.parametrize(
     "kwargs,exc,pattern",
     [
-        (dict(branch="uw"), ValueError, r"head_stats: expected branch 'u' or 'w' .* got branch='uw'"),
+        (dict(branch="uw"), ValueError, r"head_mode_stats: expected branch 'u' or 'w' .* got branch='uw'"),
         (dict(branch="x"), ValueError, r"got branch='x'"),
         (
             dict(form="ghost"),

@@ -61,15 +61,14 @@ def aggregate_main(args: argparse.Namespace) -> int:
     import json
 
     from normfast.core.paths import check_outputs
-    from normfast.data.manifest import run_inputs
+    from normfast.data.manifest import run_inputs, run_stem
     from normfast.data.schema import METADATA_KEY
     from normfast.engine.report.aggregate import aggregate, write_table
     from normfast.engine.report.figures import plot_type_heat
 
     run = Path(args.run)
     try:
-        stem = run.name[: -len(".manifest.json")] if run.name.endswith(".manifest.json") else run.stem
-        out = Path(args.out) if args.out else run.with_name(f"{stem}.by-{args.by}.parquet")
+        out = Path(args.out) if args.out else run.with_name(f"{run_stem(run)}.by-{args.by}.parquet")
         png = out.with_suffix(".png") if args.plot else None
         check_outputs(inputs=run_inputs(run), files={"--out": out, "the figure": png})
         table = aggregate(

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from normfast.apps.view import screenshot_arguments, write_screenshot
+from normfast.data.manifest import run_stem
 from normfast.engine.report.compare import DEFAULT_Q
 from normfast.engine.report.page.compare import DEFAULT_MAX_TYPES
 
@@ -71,11 +72,6 @@ def compare_arguments(p: argparse.ArgumentParser) -> None:
     screenshot_arguments(p)
 
 
-def _stem(run: Path) -> str:
-    name = run.name
-    return name[: -len(".manifest.json")] if name.endswith(".manifest.json") else Path(name).stem
-
-
 def compare_main(args: argparse.Namespace) -> int:
     from normfast.core.paths import check_outputs, same_file
     from normfast.data.io import DamagedFile
@@ -88,7 +84,7 @@ def compare_main(args: argparse.Namespace) -> int:
     try:
         a_path, b_path = resolve_run(args.run_a), resolve_run(args.run_b)
         runs = {"run A": run_inputs(a_path), "run B": run_inputs(b_path)}
-        default = b_path.with_name(f"{_stem(b_path)}-vs-{_stem(a_path)}.html")
+        default = b_path.with_name(f"{run_stem(b_path)}-vs-{run_stem(a_path)}.html")
         out = Path(args.out) if args.out else default
         table_path = Path(args.table) if args.table else out.with_name(out.stem + ".compare.parquet")
         if out.suffix.lower() not in (".html", ".htm"):

@@ -12,6 +12,7 @@ meaning -- is said here only. Nothing here imports torch: ``normfast probe --hel
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from normfast.apps.probe_inputs import read_pairs_file
@@ -204,6 +205,46 @@ def pair_encoder_for(encoder: Any, objective: Any) -> Any:
     if objective.needs_pair_encoder and hasattr(encoder, "with_tower"):
         return encoder.with_tower("text" if encoder.modality == "image" else "image")
     return None
+
+
+def command_prober(
+    args: argparse.Namespace,
+    encoder: Any,
+    objective: Any,
+    pairs: Any,
+    config: Any,
+    *,
+    saved: Path | None = None,
+    kind: Any = None,
+) -> Any:
+    """The Prober a command runs: over the directions saved in ``saved`` (``Prober.load``, which checks them
+    against these inputs), or over directions computed from ``pairs``; with the pair encoder the objective
+    needs (``kind``: the objective to ask when ``objective`` is None, the saved one), the model's name and
+    the progress bars as the command line says."""
+    from normfast.engine.prober import Prober
+
+    inputs = dict(
+        pair_encoder=pair_encoder_for(encoder, objective if kind is None else kind),
+        model_name=args.model,
+        progress=not args.no_progress,
+    )
+    if saved is not None:
+        return Prober.load(saved, encoder, objective, pairs, config, **inputs)
+    return Prober(encoder, objective, pairs, config, **inputs)
+
+
+def computed_prober(args: argparse.Namespace, settings: argparse.Namespace, **config_fields: Any) -> Any:
+    """The Prober over directions computed now from ``--pairs`` (``normfast directions``, ``normfast serve``
+    without saved ones): the objective, the pair source and the direction settings, read from ``settings``
+    (``args``, or ``args`` with the defaults filled in) plus ``config_fields``, checked once before the model
+    loads."""
+    from normfast.engine.config import ProbeConfig
+
+    objective = make_objective(settings)
+    pairs = read_pairs_file(Path(args.pairs), settings, objective.needs)
+    config = ProbeConfig(**direction_settings(settings), **config_fields).resolve()  # checked once, here
+    encoder = load_model(args, args.device)
+    return command_prober(args, encoder, objective, pairs, config)
 
 
 # ---------------------------------------------------------------------------------------------

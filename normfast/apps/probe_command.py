@@ -14,6 +14,7 @@ from normfast.apps.corpus import (
     objectives_of_items,
 )
 from normfast.apps.options import (
+    command_prober,
     direction_arguments,
     direction_settings,
     encoder_arguments,
@@ -346,32 +347,30 @@ def _probe_items(args, objective, pairs, config, load_options: dict, run: dict):
         if pairs is not None:
             # the file holds image paths; when the other tower encodes the positives (clip) they are captions
             pairs = image_pairs(pairs, positives_are_images=not objective.needs_pair_encoder)
-    pair_encoder = pair_encoder_for(encoder, objective)
     if args.directions is not None:
-        return _with_directions(args, encoder, items, ids, objective, pairs, plan, pair_encoder, run)
+        return _with_directions(args, encoder, items, ids, objective, pairs, plan, run)
+    pair_encoder = pair_encoder_for(encoder, objective)
     return probe(
         encoder, items, objective, pairs, plan, pair_encoder=pair_encoder, ids=ids, model_name=args.model, **run
     )
 
 
-def _with_directions(args, encoder, items, ids, objective, pairs, config, pair_encoder, run: dict):
+def _with_directions(args, encoder, items, ids, objective, pairs, config, run: dict):
     """``--directions FOLDER``: reuse the directions saved there, or compute, save and use them."""
     import sys
 
-    from normfast.engine.prober import Prober
     from normfast.engine.runner.integrity import check_directions_folder
 
     folder = Path(args.directions)
-    common = dict(pair_encoder=pair_encoder, progress=run["progress"], model_name=args.model)
     if check_directions_folder(folder, "--directions"):
         # every file checked here, before the output is opened: a refusal leaves no RUN.parquet.parts
-        prober = Prober.load(folder, encoder, objective, pairs, config, **common)
+        prober = command_prober(args, encoder, objective, pairs, config, saved=folder)
         saved = True
         if run["progress"]:
             print(f"normfast probe: reusing the directions in {folder}", file=sys.stderr)
     else:
         # an objective of items without --pairs draws from the probes: the saved directions are bound to them
-        prober = Prober(encoder, objective, pairs if pairs is not None else items, config, **common)
+        prober = command_prober(args, encoder, objective, pairs if pairs is not None else items, config)
         # before the probe, so that an interrupted run keeps them; adaptive M chooses M on this run's
         # first chunk, so its directions are saved after the probe
         saved = prober.config.target_rse is None

@@ -10,6 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from normfast.data.manifest import run_stem
 from normfast.engine.monitor.page import DEFAULT_SERIES, DEFAULT_STEPS
 from normfast.engine.report.page.collect import DEFAULT_DOCS, DEFAULT_MAX_ROWS, DEFAULT_MAX_TYPES
 
@@ -113,9 +114,7 @@ def view_arguments(p: argparse.ArgumentParser) -> None:
 
 def default_output(run: Path) -> Path:
     """``x.parquet`` -> ``x.html``; ``x.manifest.json`` -> ``x.html``; a folder -> ``folder/<run>.html``."""
-    name = run.name
-    stem = name[: -len(".manifest.json")] if name.endswith(".manifest.json") else Path(name).stem
-    return run.with_name(stem + ".html")
+    return run.with_name(run_stem(run) + ".html")
 
 
 def chromium_executable() -> str | None:

@@ -48,6 +48,13 @@ def manifest_path(out: str | os.PathLike) -> Path:
     return out.with_name(out.stem + ".manifest.json")
 
 
+def run_stem(path: str | os.PathLike) -> str:
+    """A run's name from its file: ``runs/x.parquet`` or ``runs/x.manifest.json`` -> ``x`` (the inverse of
+    :func:`manifest_path`), for the files a command writes beside it."""
+    name = Path(path).name
+    return name[: -len(".manifest.json")] if name.endswith(".manifest.json") else Path(name).stem
+
+
 def part_path(out: str | os.PathLike, index: int, n_parts: int) -> Path:
     """``runs/x.parquet`` -> ``runs/x.rank{index}-of-{n_parts}.parquet``."""
     out = Path(out)

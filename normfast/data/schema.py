@@ -26,7 +26,7 @@ import json
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -473,13 +473,22 @@ def render_markdown() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def fingerprint_main(module: str, fingerprints: Callable[[], str], argv: list[str] | None = None) -> int:
+    """``python -m MODULE --fingerprint`` of a format's registry: print ``fingerprints()`` (what to add to
+    its released versions when it changes)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv != ["--fingerprint"]:
-        print("usage: python -m normfast.data.schema --fingerprint", file=sys.stderr)
+        print(f"usage: python -m {module} --fingerprint", file=sys.stderr)
         return 2
-    print(f"RELEASED: {schema_fingerprint()}\nCOLUMN_LAYOUTS: {column_fingerprint()}")
+    print(fingerprints())
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    def fingerprints() -> str:
+        return f"RELEASED: {schema_fingerprint()}\nCOLUMN_LAYOUTS: {column_fingerprint()}"
+
+    return fingerprint_main("normfast.data.schema", fingerprints, argv)
 
 
 if __name__ == "__main__":

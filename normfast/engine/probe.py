@@ -26,7 +26,7 @@ Loop structure
    With the mean-direction drift, one pass over all ``M_D`` batches keeps the
    first ``M`` directions and sums the rest per group.
 3. Probe items in chunks. Per chunk the frozen front runs once (``no_grad``),
-   then either head mode (closed form, ``normfast.ops.head_stats``) or jvp
+   then either head mode (closed form, ``normfast.ops.head_mode_stats``) or jvp
    mode (``normfast.engine.transmission.jvp.Tail``, K directions per pass) feeds
    ``normfast.ops.ProbeAccumulator``; κ by one JVP along the decayed
    parameters; the equilibrium quartic is solved by the C++ extension.

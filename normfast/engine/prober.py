@@ -149,7 +149,8 @@ class Prober:
         self.relative_heat = relative_heat
         #: output kind -> the fixed reference of heat_rel (:meth:`heat_reference`); saved with the directions
         self.references: dict[str, dict[str, Any]] = {}
-        self._reference_warned = False
+        #: whether the missing heat reference of loaded directions was said once (runner.reference)
+        self.reference_warned = False
         self._identity: dict[str, Any] | None = None
         self._stamp: tuple | None = None
         self.pair_hashes: dict[bool, str] = {}

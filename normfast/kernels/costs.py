@@ -12,7 +12,7 @@ read once per launch, are amortized away unless ``n`` is given). FLOPs count
 * ``executed_flops``: the products the tensor or FMA units execute,
   including the padding of the last tiles (``useful_flops`` without it).
 
-The torch-path counts follow :func:`normfast.ops.head_stats` and
+The torch-path counts follow :func:`normfast.ops.head_mode_stats` and
 ``ProbeAccumulator``'s torch update on the same device: fp32 compute, every
 intermediate written to and read back from memory.
 

@@ -35,7 +35,7 @@ pytest.importorskip("fastapi_offline")
 pytest.importorskip("uvicorn")
 from normfast.apps.serve.app import ProbeService, create_app  # noqa: E402
 from normfast.apps.serve.command import make_server  # noqa: E402
-from normfast.apps.serve.schema import ERROR_SCHEMA, RESPONSE_SCHEMA, Limits, RequestError, request_schema  # noqa: E402
+from normfast.apps.serve.protocol import ERROR_SCHEMA, RESPONSE_SCHEMA, Limits, RequestError, request_schema  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -257,7 +257,7 @@ def test_monitor_quick(tmp_path):
     """The training monitor's end-to-end example at toy size: SentenceTransformerTrainer fine-tunes a head on
     the real MiniLM with normfast.MonitorCallback on; the report's fits, the monitor's own clock and the
     control run's are in the JSON, the report's figure beside it."""
-    from normfast.engine.monitor.report_schema import check_report
+    from normfast.engine.monitor.readout import check_report
 
     for extra in ("sentence_transformers", "datasets", "accelerate"):
         pytest.importorskip(extra, reason="the monitor experiment needs normfast[train]")

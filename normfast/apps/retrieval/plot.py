@@ -16,11 +16,9 @@ def plot_sweep(result: Any, path: str | os.PathLike, metric: str = "ndcg@10") ->
     The length control is drawn dashed in the same colour; a dotted line marks
     the best alpha. Returns the PNG's path.
     """
-    import matplotlib
+    from normfast.engine.report.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     x = np.asarray(result.alphas)
     groups: list[tuple[str, str | None]] = [("all", None)]
@@ -56,8 +54,4 @@ def plot_sweep(result: Any, path: str | os.PathLike, metric: str = "ndcg@10") ->
     split, chosen = ("test split", "dev split") if result.select_on == "dev" else ("all queries", "all queries")
     ax.set_title(f"{metric} vs alpha ({split}); dotted: best alpha {best:+.2f} (chosen on {chosen})", fontsize=10)
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)

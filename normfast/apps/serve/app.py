@@ -2,12 +2,12 @@
 limits, the answers) and :func:`create_app`, its FastAPI application.
 
 Routes: ``GET /`` the interactive page; ``POST /api/probe`` texts -> rows (JSON,
-:mod:`normfast.apps.serve.schema`); ``POST /api/view`` texts -> the ``normfast view`` page of their
+:mod:`normfast.apps.serve.protocol`); ``POST /api/view`` texts -> the ``normfast view`` page of their
 rows (HTML); ``GET /api/health`` ready or not; ``GET /api/info`` the version, the model, the
 objective, the settings, the directions' identity, the heat reference and the limits; ``GET
 /api/schema`` the JSON Schemas; ``GET /openapi.json`` the OpenAPI document (every limit in it) and
 ``GET /docs`` its interactive page (Swagger UI served from this machine: ``fastapi-offline``'s
-copy). Every refusal is JSON ``{"error": "..."}`` in one line (statuses: :mod:`.schema`); a 405
+copy). Every refusal is JSON ``{"error": "..."}`` in one line (statuses: :mod:`.protocol`); a 405
 says which methods the route has (``Allow``). A request names texts only: nothing in it reaches the
 file system (the probe runs in memory). Who may call: :mod:`.guard`; how requests share the model:
 :mod:`.scheduler`.
@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from normfast.apps.serve.guard import LOOPBACK_NAMES, Guard
-from normfast.apps.serve.scheduler import MAX_PENDING, FairScheduler, work_units
-from normfast.apps.serve.schema import (
+from normfast.apps.serve.protocol import (
     ERROR_SCHEMA,
     RESPONSE_SCHEMA,
     Limits,
@@ -33,6 +32,7 @@ from normfast.apps.serve.schema import (
     request_schema,
     response_body,
 )
+from normfast.apps.serve.scheduler import MAX_PENDING, FairScheduler, work_units
 
 log = logging.getLogger("normfast.serve")
 
@@ -74,7 +74,7 @@ class ProbeService:
         max_pending: int = MAX_PENDING,
         unit_tokens: int | None = None,
     ):
-        from normfast.apps.serve.schema import MAX_CHARS, MAX_TEXTS
+        from normfast.apps.serve.protocol import MAX_CHARS, MAX_TEXTS
         from normfast.data.io import fingerprint
 
         if limits is None:
@@ -176,7 +176,7 @@ class ProbeService:
 
     # -- the answers ---------------------------------------------------------------------
     def answer(self, got: Answer | bytes) -> dict[str, Any]:
-        """``POST /api/probe``: the rows of the texts (:data:`~normfast.apps.serve.schema.RESPONSE_SCHEMA`)."""
+        """``POST /api/probe``: the rows of the texts (:data:`~normfast.apps.serve.protocol.RESPONSE_SCHEMA`)."""
         got = self.probe(got) if isinstance(got, bytes) else got
         return response_body(
             got.result,
@@ -191,7 +191,7 @@ class ProbeService:
     def view(self, got: Answer | bytes) -> str:
         """``POST /api/view``: the page ``normfast view`` writes, for the rows of the texts (what was cut
         or unknown said in its notes)."""
-        from normfast.apps.serve.schema import text_warnings
+        from normfast.apps.serve.protocol import text_warnings
         from normfast.engine.report.page import page_html
 
         got = self.probe(got) if isinstance(got, bytes) else got

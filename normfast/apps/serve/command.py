@@ -18,6 +18,8 @@ from normfast.apps.options import (
     CONFIG_FIELD,
     DIRECTION_OPTIONS,
     PER_ITEM_OPTIONS,
+    command_prober,
+    computed_prober,
     direction_arguments,
     direction_settings,
     encoder_arguments,
@@ -27,13 +29,12 @@ from normfast.apps.options import (
     objective_arguments,
     objective_options,
     output_arguments,
-    pair_encoder_for,
     pairs_arguments,
     per_item_arguments,
     read_pairs_file,
     resolve_device,
 )
-from normfast.apps.serve.schema import MAX_CHARS, MAX_TEXTS
+from normfast.apps.serve.protocol import MAX_CHARS, MAX_TEXTS
 
 serve_description = """\
 Serve a model on this machine: a JSON API that probes texts (POST /api/probe:
@@ -152,33 +153,18 @@ def serve_prober(args: argparse.Namespace) -> Any:
     """The Prober the service runs: over saved directions (their settings, with the per-item options given
     applied and the others refused when they differ, as ``normfast probe --directions`` does), or over
     directions computed (and saved) now."""
-    from normfast.engine.config import ProbeConfig
-    from normfast.engine.prober import Prober
     from normfast.engine.runner.integrity import check_directions_folder
 
     folder = Path(args.directions) if args.directions else None
     # a folder that cannot be used is said before the model is loaded or anything computed
     if folder is not None and check_directions_folder(folder, "--directions"):
         return _saved_prober(args, folder)
-    full = with_defaults(args)
-    objective = make_objective(full)
     if not args.pairs:
         raise ValueError(
             "needs --pairs (the virtual-batch source to compute the directions from) or --directions FOLDER "
             "holding saved directions (normfast directions MODEL --pairs FILE --out FOLDER)"
         )
-    pairs = read_pairs_file(Path(args.pairs), full, objective.needs)
-    config = ProbeConfig(**direction_settings(full), output=args.output).resolve()  # checked once, here
-    encoder = load_model(args, args.device)
-    prober = Prober(
-        encoder,
-        objective,
-        pairs,
-        config,
-        pair_encoder=pair_encoder_for(encoder, objective),
-        model_name=args.model,
-        progress=not args.no_progress,
-    )
+    prober = computed_prober(args, with_defaults(args), output=args.output)
     if folder is not None:
         prober.save(folder)
     return prober
@@ -189,13 +175,12 @@ def _saved_prober(args: argparse.Namespace, folder: Path) -> Any:
     from dataclasses import replace
 
     from normfast.engine.directions.objectives import get_objective, objective_class
-    from normfast.engine.prober import Prober
-    from normfast.engine.runner.artifact import read_manifest, saved_config
+    from normfast.engine.runner.artifact import read_artifact_manifest, saved_config
 
     given = given_options(args)
     fields = {k: v for k, v in direction_settings(with_defaults(args)).items() if _option_of(k) in given}
     config = replace(saved_config(folder), output=args.output, **fields).resolve()  # checked once, here
-    made = read_manifest(folder)["fingerprint"]["objective"]
+    made = read_artifact_manifest(folder)["fingerprint"]["objective"]
     objective = None  # the saved one
     if given.keys() & set(objective_options()):
         # the saved objective's name and settings where an option was left out, the given ones over them
@@ -208,16 +193,7 @@ def _saved_prober(args: argparse.Namespace, folder: Path) -> Any:
     kind = objective if objective is not None else get_objective(made["name"])
     pairs = read_pairs_file(Path(args.pairs), with_defaults(args), kind.needs) if args.pairs else None
     encoder = load_model(args, args.device)
-    return Prober.load(
-        folder,
-        encoder,
-        objective,
-        pairs,
-        config,
-        pair_encoder=pair_encoder_for(encoder, kind),
-        model_name=args.model,
-        progress=not args.no_progress,
-    )
+    return command_prober(args, encoder, objective, pairs, config, saved=folder, kind=kind)
 
 
 def _option_of(field: str) -> str:
@@ -309,7 +285,7 @@ def serve_main(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from normfast.apps.serve.app import create_app
     from normfast.apps.serve.guard import allowed_hosts
-    from normfast.apps.serve.schema import Limits
+    from normfast.apps.serve.protocol import Limits
     from normfast.core.checks import check_device
 
     try:

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from normfast.apps.serve.schema import RequestError
+from normfast.apps.serve.protocol import RequestError
 
 #: requests that may wait at once (the next is refused with 503)
 MAX_PENDING = 64

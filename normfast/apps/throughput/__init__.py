@@ -13,7 +13,7 @@ this machine only.
 ``head``
     Heat and drift statistics of a linear head ``z = W a + b`` over ``N``
     probes from ``M`` virtual InfoNCE batches. normfast: one ordinary backward
-    per batch gives ``G_B``, then :func:`normfast.ops.head_stats` in the S
+    per batch gives ``G_B``, then :func:`normfast.ops.head_mode_stats` in the S
     form. Against the pipelines a researcher would otherwise assemble from
     per-sample-gradient tools -- ``torch.func`` (``vmap(grad)`` over the
     per-row loss terms), BackPACK (``BatchGrad``) and Opacus

@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    pass
+from normfast.engine.report.figures import pyplot, save_figure
 
 # ============================================================================
 # Figures
 # ============================================================================
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _bar(ax, seconds: dict[str, dict], title: str, ratio_base: str) -> None:
@@ -43,18 +32,15 @@ def _bar(ax, seconds: dict[str, dict], title: str, ratio_base: str) -> None:
 
 
 def plot_head(section: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     c = section["config"]
     _bar(ax, section["seconds"], f"head mode vs per-sample gradients\nN={c['n']}, d={c['dim']}, M={c['m']}", "normfast")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_jvp(jacrev: dict | None, minilm: dict | None, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     panels = [p for p in (jacrev, minilm) if p is not None]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
     for ax, sec in zip(axes[0], panels):
@@ -69,14 +55,11 @@ def plot_jvp(jacrev: dict | None, minilm: dict | None, path: Path) -> Path:
                 f"MiniLM last layer, token level\n{c['comparison_tokens']} tokens, M={c['m']}, K={c['k']}",
                 "batched",
             )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_scaling(section: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     runs = section["runs"]
     n = np.array([r["tokens"] for r in runs], dtype=float)
     fit = section["linear_fit"]
@@ -107,7 +90,4 @@ def plot_scaling(section: dict, path: Path) -> Path:
     a3.set_ylim(bottom=0)
     a3.legend(fontsize=8)
     a3.set_title("resident memory (a fresh process per N)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

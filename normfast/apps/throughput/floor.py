@@ -10,7 +10,7 @@ import torch
 __all__ = ["HEAD_FORMS", "form_gemms", "gemm_floor"]
 
 
-#: form -> the keyword arguments of head_stats that select it (the first is the default)
+#: form -> the keyword arguments of head_mode_stats that select it (the first is the default)
 HEAD_FORMS = {"grouped": {}, "S": {"uncertainty": False, "form": "S"}, "per_batch": {"radial_spread": True}}
 
 

@@ -6,33 +6,15 @@ import importlib.metadata
 import time
 import warnings
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    pass
 from .floor import HEAD_FORMS, gemm_floor
 from .measure import accuracy_check, environment, percentiles, rel_diff, threads, throughput, time_rounds
 from .settings import HEAD_KEYS, TAU, HeadSettings
-
-__all__ = [
-    "HEAD_METHODS",
-    "HeadProblem",
-    "Phases",
-    "apply_per_batch",
-    "head_directions_backpack",
-    "head_directions_backward",
-    "head_directions_opacus",
-    "head_directions_torch_func",
-    "head_flop_counts",
-    "head_normfast",
-    "info_nce_rows",
-    "make_head_problem",
-    "run_head",
-]
 
 # ============================================================================
 # Section "head": head mode vs per-sample-gradient tools
@@ -212,13 +194,13 @@ class Phases:
 
 
 def head_normfast(problem: HeadProblem, phases: Phases, **form: Any) -> dict[str, torch.Tensor]:
-    """normfast head mode: backward per batch, then ``head_stats`` with its defaults (the grouped form
+    """normfast head mode: backward per batch, then ``head_mode_stats`` with its defaults (the grouped form
     with error bars; ``form`` selects another: see :data:`HEAD_FORMS`), preparation included."""
-    from normfast.ops import head_stats
+    from normfast.ops import head_mode_stats
 
     W, b, A, Z, anchors, positives = problem
     G, g = phases.directions(head_directions_backward, W, b, anchors, positives)
-    return phases.statistics(head_stats, A, Z, G, g, **form)
+    return phases.statistics(head_mode_stats, A, Z, G, g, **form)
 
 
 def _per_sample_pipeline(directions: Callable) -> Callable[[HeadProblem, Phases], dict]:

@@ -125,6 +125,11 @@ class ProbeAccumulator:
         """Number of directions (virtual batches) accumulated so far."""
         return self._n
 
+    def running_drift(self, branch: int = 0) -> torch.Tensor:
+        """The drift so far, per probe: the running mean radial dot of branch ``branch`` (0 for the first
+        of ``"u"``/``"w"``/``"uw"``, 1 for ``"uw"``'s ``w``), invalid rows included (a view, not a copy)."""
+        return self._moments[branch, 1]
+
     def __repr__(self) -> str:
         return (
             f"ProbeAccumulator(n_probes={self.n_probes}, dim={self.dim}, "

@@ -26,7 +26,7 @@ class GroupedAccumulator:
     -- ``{"D", "m2", "V2", "Q", "C_uw"}`` (suffixed by branch) → ``[N, K]``
     values over all directions outside each group -- and ``groups`` (K). A
     leave-one-out set of fewer than two directions gives NaN there. The
-    grouped head-mode estimators of :func:`normfast.ops.head_stats` are
+    grouped head-mode estimators of :func:`normfast.ops.head_mode_stats` are
     the same numbers in closed form. ``known_mean``: the heat's importance-sampled
     draws (:class:`ProbeAccumulator`); draw ``i`` is in group ``i mod K``.
     Memory: K times one accumulator.
@@ -144,7 +144,7 @@ class GroupedAccumulator:
                 loo_parts.setdefault("C_uw", []).append(part["C_uw"])
         loo = {k: torch.where(valid[:, None], torch.stack(v, 1), nan) for k, v in loo_parts.items()}
         for b, sfx in enumerate(suffixes):
-            group_drift = torch.stack([acc._moments[b, 1] for acc in self.groups], 1)  # D_g
+            group_drift = torch.stack([acc.running_drift(b) for acc in self.groups], 1)  # D_g
             se, agree = group_spread(out["D" + sfx], group_drift, counts)
             out["se_D" + sfx] = torch.where(valid, se, nan)
             out["sign_stability" + sfx] = torch.where(valid, agree, nan)

@@ -1,6 +1,7 @@
 """What every estimator's statistic dict holds: the statistic names per branch, the per-row
 failure codes, and the branch and backend choices (:class:`~normfast.engine.estimators.accumulator.ProbeAccumulator`,
-:class:`~normfast.engine.estimators.grouped.GroupedAccumulator`, :func:`~normfast.engine.transmission.head.head_stats`,
+:class:`~normfast.engine.estimators.grouped.GroupedAccumulator`,
+:func:`~normfast.engine.transmission.head.head_mode_stats`,
 :func:`~normfast.engine.estimators.drift.drift_from_groups`)."""
 
 from __future__ import annotations

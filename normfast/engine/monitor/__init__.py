@@ -6,10 +6,10 @@
 * :mod:`.parts` -- its settings checked, the optimizer it is given (unwrapped, its settings, its
   law), eval mode, the virtual probe at a recorded state, the clock;
 * :mod:`.state` -- its fingerprint and resume state;
-* :mod:`.schema` -- the monitor folder's contract (columns, metadata, versions);
+* :mod:`.layout` -- the monitor folder's contract (columns, metadata, versions);
 * :mod:`.analysis` -- what a monitor folder says: the law's window-averaged prediction per item;
-* :mod:`.report` -- ``normfast report FOLDER`` on a monitor folder: text, figure and files;
-* :mod:`.report_schema` -- every key and column of the report's files;
+* :mod:`.readout` -- ``normfast report FOLDER`` on a monitor folder: text, figure and files, and
+  every key and column of those files;
 * :mod:`.page` -- ``normfast view FOLDER``: the folder's self-contained HTML page;
 * :mod:`.callbacks` -- :class:`MonitorCallback`, a ``transformers.TrainerCallback``;
 * :mod:`.lightning` -- :class:`LightningMonitor`, a Lightning callback (optional extra).
@@ -19,6 +19,7 @@ The two adapters import their trainer libraries: they are loaded on first use.
 
 from normfast.engine.monitor.analysis import analyze, analyze_table, is_monitor, load_monitor, stationarity
 from normfast.engine.monitor.page import write_monitor_page
+from normfast.engine.monitor.readout import FIGURE_FILE, ITEMS_FILE, REPORT_FILE, monitor_report
 from normfast.engine.monitor.realized import (
     TERMS,
     DecaySplit,
@@ -32,8 +33,6 @@ from normfast.engine.monitor.realized import (
     with_sums,
 )
 from normfast.engine.monitor.recorder import TrainingMonitor
-from normfast.engine.monitor.report import monitor_report
-from normfast.engine.monitor.report_schema import FIGURE_FILE, ITEMS_FILE, REPORT_FILE
 
 #: the trainer adapters, imported on first use (each imports its trainer library)
 _ADAPTERS = {

@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from normfast.core.checks import first_line
 from normfast.core.stats import loglog_fit
-from normfast.engine.monitor.schema import MONITOR_FILE, MONITOR_FORMAT, SUMMARY_FILE, monitor_metadata
+from normfast.engine.monitor.layout import MONITOR_FILE, MONITOR_FORMAT, SUMMARY_FILE, monitor_metadata
 
 WINDOW_TERMS = ("task1", "task2", "decay", "remainder", "delta_r2")
 
@@ -94,7 +94,7 @@ def load_monitor(path: str | Path) -> tuple[pa.Table, dict[str, Any], dict[str, 
 
     An unfinished folder (training still running, or stopped) is read from its finished blocks;
     its metadata is then the settings of its work folder only. Either way the format is checked
-    here (:func:`normfast.engine.monitor.schema.monitor_metadata`), and the rows are read with their
+    here (:func:`normfast.engine.monitor.layout.monitor_metadata`), and the rows are read with their
     checksums verified -- ``monitor.parquet``'s page checksums, each block's SHA-256 -- so a damaged
     file is one ``ValueError`` line naming it: every reader comes through.
     """

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from normfast.engine.monitor.analysis import analyze
-from normfast.engine.monitor.report import FIT_LABELS, format_report
+from normfast.engine.monitor.readout import FIT_LABELS, format_report
 from normfast.engine.report.page.frame import data_size, html_path, render_page, rounded, write_html
 
 ASSETS = Path(__file__).parent  # monitor.html.j2, monitor.js (package data)

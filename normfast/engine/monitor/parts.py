@@ -13,8 +13,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
+from normfast.engine.monitor.layout import TIMING_KEYS
 from normfast.engine.monitor.realized import DecaySplit, StepRule
-from normfast.engine.monitor.schema import TIMING_KEYS
 
 
 def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -121,7 +121,7 @@ def folder_metadata(
     cut_stage: int | None,
     steps: tuple[int | None, int | None, int],
 ) -> dict[str, Any]:
-    """The metadata of ``monitor.parquet`` (:data:`normfast.engine.monitor.schema.METADATA_KEYS`): the
+    """The metadata of ``monitor.parquet`` (:data:`normfast.engine.monitor.layout.METADATA_KEYS`): the
     monitor's settings ``spec``, the optimizer's ``info`` and ``steps`` = (first, last, number) recorded."""
     from normfast.data.io import fingerprint
     from normfast.engine.runner.provenance import library_versions
@@ -353,7 +353,7 @@ class MonitorClock:
         self._t_last, self._own_at_last = now, own
 
     def summary(self, *, steps: int, recorded: int) -> dict[str, Any]:
-        """What ``summary.json`` holds (:data:`normfast.engine.monitor.schema.SUMMARY_KEYS`)."""
+        """What ``summary.json`` holds (:data:`normfast.engine.monitor.layout.SUMMARY_KEYS`)."""
         return clock_summary(self.timing, steps=steps, recorded=recorded)
 
 

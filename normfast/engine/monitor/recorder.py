@@ -36,6 +36,7 @@ import pyarrow as pa
 import torch
 
 from normfast.engine.monitor import state as monitor_state
+from normfast.engine.monitor.layout import MONITOR_FILE, SUMMARY_FILE, row_schema, rows_table, step_row
 from normfast.engine.monitor.parts import (
     MonitorClock,
     as_encoder,
@@ -51,7 +52,6 @@ from normfast.engine.monitor.parts import (
     virtual_probe,
 )
 from normfast.engine.monitor.realized import DecaySplit, StepRule, StepSums, parameters_as, step_rules, step_terms
-from normfast.engine.monitor.schema import MONITOR_FILE, SUMMARY_FILE, row_schema, rows_table, step_row
 
 
 class TrainingMonitor:

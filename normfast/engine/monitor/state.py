@@ -23,8 +23,8 @@ import torch
 from normfast.core.checks import first_line
 from normfast.data.formats import format_version
 from normfast.data.runwriter import chunk_file, verify_chunk
-from normfast.engine.monitor.schema import CHANGES as MONITOR_CHANGES
-from normfast.engine.monitor.schema import MONITOR_FORMAT, MONITOR_VERSION, TIMING_KEYS
+from normfast.engine.monitor.layout import CHANGES as MONITOR_CHANGES
+from normfast.engine.monitor.layout import MONITOR_FORMAT, MONITOR_VERSION, TIMING_KEYS
 
 __all__ = [
     "STATE_VERSION",

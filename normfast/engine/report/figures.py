@@ -27,6 +27,27 @@ RC = {
 }
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend: every figure here is written to a file, never shown."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | os.PathLike) -> Path:
+    """Lay ``fig`` out, write it to ``path`` as a 120-dpi PNG (its folder made when missing) and close it;
+    returns the path. Every figure normfast writes goes through here."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+    return path
+
+
 def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
     """Write the standard figures; returns their paths.
 
@@ -36,12 +57,7 @@ def make_plots(result, outdir: str | Path, prefix: str = "probe") -> list[Path]:
       when the run has no error bars), and the distribution of D;
     * ``{prefix}_tokens.png`` (token runs): the hottest and coldest tokens.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with plt.rc_context(RC):
+    with pyplot().rc_context(RC):
         return _make_plots(result, Path(outdir), prefix)
 
 
@@ -109,11 +125,7 @@ def _make_plots(result, outdir: Path, prefix: str) -> list[Path]:
         f"settings",
         fontsize=TITLE_SIZE,
     )
-    fig.tight_layout()
-    p = outdir / f"{prefix}_norm_vs_req.png"
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(save_figure(fig, outdir / f"{prefix}_norm_vs_req.png"))
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     h_all = result.column(heat)[valid]
@@ -153,11 +165,7 @@ def _make_plots(result, outdir: Path, prefix: str) -> list[Path]:
         axes[1].hist(d, bins=60, color="tab:blue", alpha=0.8)
     axes[1].axvline(0, color="k", lw=0.8)
     axes[1].set_xlabel(f"{drift} (radial drift)")
-    fig.tight_layout()
-    p = outdir / f"{prefix}_heat.png"
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(save_figure(fig, outdir / f"{prefix}_heat.png"))
 
     if "token" in result.column_names and result.column("position").max() >= 0:
         p = _plot_tokens(result, outdir / f"{prefix}_tokens.png")
@@ -204,10 +212,7 @@ def _plot_tokens(result, path: Path) -> Path | None:
 
     note = "\n".join(textwrap.wrap(ranking.note(), 70))
     ax.set_title(f"coldest (blue) and hottest (red) tokens; ×n: occurrences\n{note}", fontsize=TICK_SIZE)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_type_heat(
@@ -225,11 +230,7 @@ def plot_type_heat(
     log-log axes, plus the median of the type means per frequency bin (powers of two).
     With ``ax`` draws into it and returns None; otherwise writes ``path``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     count = table.column("count").to_numpy().astype(float)
     mean = table.column(f"{quantity}_mean").to_numpy(zero_copy_only=False).astype(float)
     se = table.column(f"{quantity}_se").to_numpy(zero_copy_only=False).astype(float)
@@ -273,9 +274,4 @@ def plot_type_heat(
     ax.legend(fontsize=TICK_SIZE - 1)
     if not own:
         return None
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

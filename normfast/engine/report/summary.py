@@ -229,12 +229,10 @@ def run_line(meta: dict[str, Any]) -> str:
     )
 
 
-def format_summary(result, top: int = 8) -> str:
-    s = summarize(result)
-    meta = result.metadata
-    heat, drift = result.heat_column, result.drift_column
+def opening_lines(meta: dict[str, Any], regime: dict[str, Any] | None) -> list[str]:
+    """The lines that open a run's summary and its page: the run, the regime check's headline (indented
+    as the text shows it), the virtual objective's health and the encoder's note."""
     lines = [run_line(meta)]
-    regime = s["regime"]
     if regime is None or "regime" not in regime:
         lines.append("regime: not checked (the run lacks the columns the check needs)")
     else:
@@ -244,6 +242,15 @@ def format_summary(result, top: int = 8) -> str:
         lines.append(health)
     if meta.get("encoder_note"):
         lines.append(f"encoder: {meta['encoder_note']}")
+    return lines
+
+
+def format_summary(result, top: int = 8) -> str:
+    s = summarize(result)
+    meta = result.metadata
+    heat, drift = result.heat_column, result.drift_column
+    regime = s["regime"]
+    lines = opening_lines(meta, regime)
     lines.append(
         f"rows: {s['rows']} ({s['valid']} with valid statistics"
         + "".join(f"; {k}: {v}" for k, v in s["reasons"].items() if k != "ok")

@@ -28,7 +28,7 @@ import torch
 
 from normfast.engine.directions.gradients import Directions
 from normfast.engine.runner.state import ProbeRun
-from normfast.engine.transmission.head.dispatch import head_stats
+from normfast.engine.transmission.head.dispatch import head_mode_stats
 from normfast.engine.transmission.head.inputs import head_inputs, prepared_head
 from normfast.engine.transmission.jvp import Tail
 
@@ -91,7 +91,7 @@ class _HeadPilot:
     def rse(self) -> float:
         run = self.run
         dirs = prepared_head(run.encoder, _concat(self.parts), dtype=run.acc_dtype, groups=run.groups)
-        stats = head_stats(self.a, self.z, dirs, branch=run.branch)
+        stats = head_mode_stats(self.a, self.z, dirs, branch=run.branch)
         sfx = "" if run.branch == "u" else "_w"
         return quantile_rse(stats["se_V2" + sfx], stats["V2" + sfx], run.config.target_quantile)
 
@@ -117,7 +117,7 @@ class _JvpPilot:
 def _choice_on_root(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptiveChoice:
     cfg = run.config
     K, target, cap = run.groups, float(cfg.target_rse), int(cfg.max_batches)
-    first = run.compute_directions(list(range(run.M)), run.plan.drift_from_mean)
+    first = run.fresh_directions(list(range(run.M)), run.plan.drift_from_mean)
     pilot = _HeadPilot(run, pilot_items) if run.mode == "head" else _JvpPilot(run, pilot_items)
     pilot.add(first)
     keep_limit = math.inf if run.mode == "head" else run.direction_group_for(cap)
@@ -131,7 +131,7 @@ def _choice_on_root(run: ProbeRun, pilot_items: Sequence[Any]) -> AdaptiveChoice
         M_next = next_M(M, q, target, K, cap)
         step = int(min(M_next - M, keep_limit))
         for lo in range(M, M_next, step):
-            part = run.compute_directions(list(range(lo, min(lo + step, M_next))), False)
+            part = run.fresh_directions(list(range(lo, min(lo + step, M_next))), False)
             pilot.add(part)
             if kept is not None and M_next <= keep_limit:
                 kept.append(part)

@@ -93,8 +93,9 @@ def is_artifact(folder: str | Path) -> bool:
     return (Path(folder) / MANIFEST).is_file()
 
 
-def read_manifest(folder: str | Path, fn: str = "Prober.load") -> dict[str, Any]:
-    """The manifest of the directions in ``folder``; a clear error for anything else."""
+def read_artifact_manifest(folder: str | Path, fn: str = "Prober.load") -> dict[str, Any]:
+    """The manifest of the saved directions in ``folder`` (this artifact's; a sharded run's manifest is
+    :func:`normfast.data.manifest.read_manifest`'s); a clear error for anything else."""
     folder = Path(folder)
     path = folder / MANIFEST
     if not path.is_file():
@@ -130,7 +131,7 @@ def saved_config(folder: str | Path) -> Any:
     """The :class:`~normfast.engine.config.ProbeConfig` the directions in ``folder`` were saved with."""
     from normfast.engine.config import ProbeConfig
 
-    fields = dict(read_manifest(folder)["config"])
+    fields = dict(read_artifact_manifest(folder)["config"])
     fields["betas"] = tuple(fields["betas"])
     return ProbeConfig(**fields)
 
@@ -384,18 +385,17 @@ def load_directions(
     pairs: Any,
     config: Any,
     *,
-    pair_encoder: Any = None,
-    second_moments: Mapping[str, torch.Tensor] | None = None,
     model_name: str | None = None,
-    progress: bool = True,
+    **inputs: Any,
 ) -> Any:
-    """``Prober.load``: a Prober of class ``cls`` over the directions in ``folder``, its inputs checked."""
+    """``Prober.load``: a Prober of class ``cls`` over the directions in ``folder``, its inputs checked
+    (``inputs``: the Prober's other keyword arguments, passed to it as they are)."""
     from normfast.encoders import Encoder, load_encoder
     from normfast.engine.directions.gradients import decayed_parameters
     from normfast.engine.estimators.uncertainty import group_counts
     from normfast.engine.runner.adaptive import AdaptiveChoice
 
-    manifest = read_manifest(folder)
+    manifest = read_artifact_manifest(folder)
     saved = manifest["fingerprint"]
     if config is None:
         config = saved_config(folder)
@@ -409,16 +409,7 @@ def load_directions(
     detached = pairs is None
     if detached:
         pairs = SavedPairs(saved["pairs"]["n"], saved["pairs"]["drawn"])
-    prober = cls(
-        encoder,
-        objective,
-        pairs,
-        config,
-        pair_encoder=pair_encoder,
-        second_moments=second_moments,
-        model_name=model_name,
-        progress=progress,
-    )
+    prober = cls(encoder, objective, pairs, config, model_name=model_name, **inputs)
     if detached:
         prober.pair_hashes[False] = saved["pairs"]["drawn"]
     config = prober.config  # the settings as the Prober checked them

@@ -17,7 +17,7 @@ from normfast.engine.runner.adaptive import adaptive_choice
 from normfast.engine.runner.files import restore_outer_state, save_outer_state
 from normfast.engine.runner.rows import finish_table, row_metadata
 from normfast.engine.runner.state import ProbeRun
-from normfast.engine.transmission.head.dispatch import head_stats
+from normfast.engine.transmission.head.dispatch import head_mode_stats
 from normfast.engine.transmission.head.inputs import head_inputs, head_kappa, head_kappa_exempt, prepared_head
 from normfast.engine.transmission.jvp import Tail, kappa_from_jvp
 
@@ -236,7 +236,7 @@ def _head_chunk(
 ) -> pa.Table:
     state, front, rows = run.front(items)
     a, z = head_inputs(run.encoder, front, run.cut, rows)
-    stats = head_stats(
+    stats = head_mode_stats(
         a, z, G, g, branch=run.branch, uncertainty=run.config.uncertainty, radial_spread=run.config.radial_spread
     )
     kappa = head_kappa(run.encoder, a, z, dirs.decayed)

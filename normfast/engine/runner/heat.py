@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from normfast.engine.config import ProbePlan
-from normfast.engine.directions.gradients import Directions, compute_directions
+from normfast.engine.directions.gradients import Directions
 from normfast.engine.directions.sampling import draw_heat
 
 
@@ -43,23 +43,8 @@ def sampled_directions(run: Any, batch_ids: Sequence[int], with_drift: bool) -> 
     cfg = run.config
     pool = run.pool if with_drift else None
     if (with_drift and pool is None) or run.heat_draw is None or run.pool_mean is None:
-        pool = run.pool = compute_directions(
-            run.encoder,
-            run.objective,
-            run.pairs,
-            run.names,
-            run.presets,
-            run.batches,
-            keep=0,
-            drift_groups=run.groups,
-            check_invariance=True,
-            second_moments=run.given_v,
-            warn_unused=False,
-            cut=run.cut,
-            pair_encoder=run.pair_encoder,
-            no_decay=cfg.no_decay,
-            seed=cfg.seed,
-            progress=run.progress,
+        pool = run.pool = run.directions_pass(
+            run.batches, keep=0, drift_groups=run.groups, check_invariance=True, second_moments=run.given_v
         )
         if pool.second_moments:
             run.keep_second_moments(pool.second_moments)
@@ -85,26 +70,12 @@ def sampled_directions(run: Any, batch_ids: Sequence[int], with_drift: bool) -> 
 
 def _drawn(run: Any, draw_ids: list[int]) -> Directions:
     """The folded directions of draws ``draw_ids`` (each drawn batch's gradient computed once)."""
-    cfg, draw = run.config, run.heat_draw
+    draw = run.heat_draw
     picks = [draw.batches[i] for i in draw_ids]
     distinct = sorted(set(picks))
     second = run.second_moments(run.estimated_v if "w" in run.branches else None)
-    grads = compute_directions(
-        run.encoder,
-        run.objective,
-        run.pairs,
-        run.names,
-        run.presets,
-        [run.batches[b] for b in distinct],
-        global_ids=distinct,
-        check_invariance=False,
-        second_moments=second,
-        warn_unused=False,
-        cut=run.cut,
-        pair_encoder=run.pair_encoder,
-        no_decay=cfg.no_decay,
-        seed=cfg.seed,
-        progress=run.progress,
+    grads = run.directions_pass(
+        [run.batches[b] for b in distinct], global_ids=distinct, check_invariance=False, second_moments=second
     )
     at = {b: j for j, b in enumerate(distinct)}
     folded = []

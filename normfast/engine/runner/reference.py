@@ -78,8 +78,8 @@ def call_reference(prober: Any) -> dict[str, Any] | None:
     if prober.relative_heat == "run":
         return None
     reference = prober.heat_reference()
-    if reference is None and not prober._reference_warned:
-        prober._reference_warned = True
+    if reference is None and not prober.reference_warned:
+        prober.reference_warned = True
         warnings.warn(
             f"Prober: the directions in {prober.source} hold no heat reference for output="
             f"{prober.config.output!r} and were loaded without their pair source, so heat_rel is relative "

@@ -182,7 +182,7 @@ class ProbeRun:
         if store is not None and store.reader is not None:
             dirs = self._noted(store.reader.read(range(self.M), self.plan.drift_from_mean, self.device))
         else:
-            dirs = self._shared(lambda: self.compute_directions(list(range(self.M)), self.plan.drift_from_mean))
+            dirs = self._shared(lambda: self.fresh_directions(list(range(self.M)), self.plan.drift_from_mean))
         if store is not None:
             store.directions = dirs
         return dirs
@@ -195,7 +195,7 @@ class ProbeRun:
         if store is not None and store.reader is not None:
             dirs = self._noted(store.reader.read([], True, self.device))
         else:
-            dirs = self._shared(lambda: self.compute_directions([], True))
+            dirs = self._shared(lambda: self.fresh_directions([], True))
         if store is not None:
             store.drift = dirs  # K directions: kept, like the second moments
         return dirs
@@ -206,7 +206,7 @@ class ProbeRun:
         store = self.store
         if store is not None and store.reader is not None:
             return self._noted(store.reader.read(batch_ids, False, self.device))
-        return self._shared(lambda: self.compute_directions(batch_ids, False))
+        return self._shared(lambda: self.fresh_directions(batch_ids, False))
 
     def fits(self) -> bool:
         """Whether the M directions fit the memory budget together (the chunks-outer order)."""
@@ -261,29 +261,22 @@ class ProbeRun:
     def bar(self, todo: Sequence[int], desc: str) -> "ChunkBar":
         return ChunkBar(self, todo, desc)
 
-    def compute_directions(self, batch_ids: Sequence[int], with_drift: bool) -> Directions:
+    def fresh_directions(self, batch_ids: Sequence[int], with_drift: bool) -> Directions:
+        """The directions of the given heat batches computed now (never read from the store or a saved
+        artifact; :meth:`directions` and :meth:`all_directions` choose), with the drift's group means when
+        ``with_drift`` (:func:`~normfast.engine.directions.gradients.compute_directions` over this run)."""
         if self.known_mean:
             return sampled_directions(self, batch_ids, with_drift)
         cfg = self.config
-        common = dict(
-            cut=self.cut, pair_encoder=self.pair_encoder, no_decay=cfg.no_decay, seed=cfg.seed, progress=self.progress
-        )
         if with_drift:
             # one pass over all M_D batches: the first len(batch_ids) kept, all summed per group;
             # AdamW's v̂ (when not given) is the mean of ĝ² over all of them
-            dirs = compute_directions(
-                self.encoder,
-                self.objective,
-                self.pairs,
-                self.names,
-                self.presets,
+            dirs = self.directions_pass(
                 self.batches,
                 keep=len(batch_ids),
                 drift_groups=self.groups,
                 check_invariance=True,
                 second_moments=self.given_v,
-                warn_unused=False,
-                **common,
             )
             if dirs.second_moments:
                 self.keep_second_moments(dirs.second_moments)
@@ -306,18 +299,33 @@ class ProbeRun:
                 )
                 self.keep_second_moments(estimated)
             second = self.second_moments(self.estimated_v)
+        return self.directions_pass(
+            [self.batches[b] for b in batch_ids],
+            batch_offset=batch_ids[0],
+            check_invariance=batch_ids[0] == 0 and not self.plan.drift_from_mean,
+            second_moments=second,
+        )
+
+    def directions_pass(self, batches: Sequence[Any], **options: Any) -> Directions:
+        """One pass of :func:`~normfast.engine.directions.gradients.compute_directions` over ``batches``
+        with this run's model, objective, pair source, parameters and presets, its frozen front, pair
+        encoder, decay exemptions, seed and progress bars (unreached parameters are said once, by the run);
+        ``options``: the pass's own (kept batches, drift groups, batch ids, invariance check, v̂)."""
+        cfg = self.config
         return compute_directions(
             self.encoder,
             self.objective,
             self.pairs,
             self.names,
             self.presets,
-            [self.batches[b] for b in batch_ids],
-            batch_offset=batch_ids[0],
-            check_invariance=batch_ids[0] == 0 and not self.plan.drift_from_mean,
-            second_moments=second,
+            batches,
             warn_unused=False,
-            **common,
+            cut=self.cut,
+            pair_encoder=self.pair_encoder,
+            no_decay=cfg.no_decay,
+            seed=cfg.seed,
+            progress=self.progress,
+            **options,
         )
 
     def second_moments(self, estimated: Mapping[str, torch.Tensor] | None) -> Mapping[str, torch.Tensor] | None:

@@ -12,7 +12,7 @@ Per probe item ``i`` the first-order displacement per unit learning rate is
 * **head mode** -- when ``P`` is exactly one final linear map ``z = W a + b``,
   ``t_i^B = −(G_B a_i + g_B)`` in closed form and the statistics follow from
   the probe activations and the stacked directions, without any JVP
-  (``normfast.ops.head_stats``).
+  (``normfast.ops.head_mode_stats``).
 
 κ, the effective radial damping, is one more JVP along the decayed parameters
 themselves: ``κ_i = ẑ_i · (J_i θ_decayed) / R_i``; ``kappa_exempt`` is the same
@@ -23,7 +23,7 @@ Modules: :mod:`.jvp` (the probed tail and its jvp, κ from a jvp) and :mod:`.hea
 of a linear head: its inputs, directions, stacked products and statistics).
 """
 
-from normfast.engine.transmission.head import HeadDirections, head_flops, head_stats, prepare_head
+from normfast.engine.transmission.head import HeadDirections, head_flops, head_mode_stats, prepare_head
 from normfast.engine.transmission.jvp import Tail, kappa_from_jvp
 
-__all__ = ["HeadDirections", "Tail", "head_flops", "head_stats", "kappa_from_jvp", "prepare_head"]
+__all__ = ["HeadDirections", "Tail", "head_flops", "head_mode_stats", "kappa_from_jvp", "prepare_head"]

@@ -16,7 +16,7 @@ import normfast
 from bench.experiments.e1.data import VARIANT_SPECS, build_encoder, make_concepts, variant_optimizer
 from bench.experiments.e1.ledger import RealizedLedger
 from normfast.engine.directions.objectives import InfoNCE
-from normfast.engine.monitor import schema as monitor_schema
+from normfast.engine.monitor import layout as monitor_layout
 from tests._models import e1_toy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -110,9 +110,9 @@ def test_realized_terms_are_the_ledgers(toy_data, tmp_path, variant):
     for average, mon in zip((False, True), holder["mons"]):
         path = mon.close()
         table = pq.read_table(path).sort_by([("step", "ascending"), ("item", "ascending")])
-        assert monitor_schema.check_table(table.schema) == []
+        assert monitor_layout.check_table(table.schema) == []
         meta = normfast.read_metadata(path)
-        assert monitor_schema.check_metadata(meta) == []
+        assert monitor_layout.check_metadata(meta) == []
         assert meta["recorded_steps"] == S and meta["average"] is average
         assert meta["decay_buffer"] == ("exact" if variant == "mlp_heavyball" else None)
         assert meta["law"] == ("adamw" if variant == "mlp_adamw" else "sgd")
@@ -325,11 +325,11 @@ def test_settings_are_validated(toy_data):
 
 
 def test_the_monitor_registry_is_released():
-    assert monitor_schema.RELEASED[monitor_schema.MONITOR_VERSION] == monitor_schema.monitor_fingerprint(), (
+    assert monitor_layout.RELEASED[monitor_layout.MONITOR_VERSION] == monitor_layout.monitor_fingerprint(), (
         "the monitor registry changed: bump MONITOR_VERSION and add the fingerprint "
-        "(python -m normfast.engine.monitor.schema --fingerprint) to RELEASED, with a line in CHANGES"
+        "(python -m normfast.engine.monitor.layout --fingerprint) to RELEASED, with a line in CHANGES"
     )
-    assert set(monitor_schema.CHANGES) == set(monitor_schema.RELEASED)
+    assert set(monitor_layout.CHANGES) == set(monitor_layout.RELEASED)
 
 
 @pytest.mark.parametrize("variant", ["mlp_heavyball", "mlp_adamw"])
@@ -355,7 +355,7 @@ def test_the_clocks_clean_steps_leave_the_rows_unchanged(toy_data, tmp_path, mon
         mon.append(normfast.TrainingMonitor(enc, list(range(len(toy_data.x))), every=5, out=folder))
         train_toy(variant, toy_data, 60, hooks, encoder=enc, optimizer=opt)
         mon[0].close()
-        return pq.read_table(folder / monitor_schema.MONITOR_FILE), json.loads((folder / "summary.json").read_text())
+        return pq.read_table(folder / monitor_layout.MONITOR_FILE), json.loads((folder / "summary.json").read_text())
 
     torch.manual_seed(0)
     deferring, summary = monitored(tmp_path / "a", 7)

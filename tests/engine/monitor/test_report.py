@@ -13,7 +13,7 @@ import pytest
 
 from normfast.cli import main
 from normfast.data.schema import METADATA_KEY
-from normfast.engine.monitor.schema import MONITOR_VERSION
+from normfast.engine.monitor.layout import MONITOR_VERSION
 from tests.engine.monitor.test_recorder import copy_folder, monitor_folders
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -108,11 +108,11 @@ def test_an_unreadable_timing_still_gives_the_report(folders, tmp_path, summary,
 
 def test_the_report_files_hold_what_is_registered(folders, tmp_path):
     """report.json and report_items.csv hold exactly the keys and columns of
-    normfast.engine.monitor.report_schema (the docs render them from there), in its order; a key the
+    normfast.engine.monitor.readout (the docs render them from there), in its order; a key the
     registry does not know is named."""
     import csv
 
-    from normfast.engine.monitor.report_schema import ITEM_COLUMNS, REPORT_KEYS, check_items, check_report
+    from normfast.engine.monitor.readout import ITEM_COLUMNS, REPORT_KEYS, check_items, check_report
 
     folder = copy_folder(folders, "finished", tmp_path)
     assert main(["report", str(folder), "--no-plots"]) == 0

@@ -14,7 +14,7 @@ import torch
 
 import normfast
 from bench.experiments.e1.data import VARIANT_SPECS, build_encoder, make_concepts, variant_optimizer
-from normfast.engine.monitor.schema import MONITOR_VERSION
+from normfast.engine.monitor.layout import MONITOR_VERSION
 from normfast.engine.monitor.state import STATE_VERSION
 from tests.engine.monitor.test_recorder import TOY, train_toy
 

@@ -75,9 +75,9 @@ def _stat_specs(result, stats: Sequence[str]) -> list[dict[str, Any]]:
 def _header(
     result, scanned: dict[str, Any], shown_docs: int, all_docs: bool, cut: bool, seed: int, notes: str | None
 ) -> dict[str, Any]:
-    from normfast.engine.diagnostics.health import health_line, loss_text
-    from normfast.engine.diagnostics.regime import fit_context, headline
-    from normfast.engine.report.summary import result_regime, run_line
+    from normfast.engine.diagnostics.health import loss_text
+    from normfast.engine.diagnostics.regime import fit_context
+    from normfast.engine.report.summary import opening_lines, result_regime
 
     meta = result.metadata
     regime = (
@@ -85,16 +85,7 @@ def _header(
         if isinstance(meta.get("regime"), dict) and "regime" in meta["regime"]
         else result_regime(result)
     )
-    lines = [run_line(meta)]
-    if regime is None or "regime" not in regime:
-        lines.append("regime: not checked (the run lacks the columns the check needs)")
-    else:
-        lines += [ln.strip() for ln in headline(regime)]
-    health = health_line(meta.get("objective_health"))
-    if health is not None:
-        lines.append(health)
-    if meta.get("encoder_note"):
-        lines.append(f"encoder: {meta['encoder_note']}")
+    lines = [ln.strip() for ln in opening_lines(meta, regime)]  # the page does not indent
     lines.append(
         f"rows: {scanned['rows']:,} ({scanned['valid']:,} with valid statistics"
         + (
@@ -169,7 +160,7 @@ def _rows_payload(
     out: dict[str, Any] = {"n": n, "doc": _ints(doc_of_row)}
     out["tok"] = [t[:MAX_LABEL] for t in layout[0]] if not pooled else []
     out["gap"] = list(layout[1]) if not pooled else []
-    out["special"] = _ints(collect._special(rows))
+    out["special"] = _ints(collect.special_rows(rows))
     out["valid"] = _ints(rows.column("valid").to_numpy(zero_copy_only=False))
     out["pos"] = _ints(rows.column("position").to_numpy(zero_copy_only=False))
     out["item"] = _ints(rows.column("item").to_numpy(zero_copy_only=False))

@@ -77,7 +77,8 @@ def _key_column(result) -> str:
     return "doc_id" if "doc_id" in result.column_names else "item"
 
 
-def _special(t: pa.Table) -> np.ndarray:
+def special_rows(t: pa.Table) -> np.ndarray:
+    """Rows of tokens the tokenizer added: the ``is_special`` column, or by token text for older runs."""
     if "is_special" in t.column_names:
         return t.column("is_special").to_numpy(zero_copy_only=False).astype(bool)
     from normfast.engine.report.summary import SPECIAL_TOKENS
@@ -101,7 +102,7 @@ def scan(result) -> dict[str, Any]:
         vc = pc.value_counts(t.column(key).combine_chunks())
         for k, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()):
             counts[k] = counts.get(k, 0) + n
-        special = _special(t)
+        special = special_rows(t)
         valid = t.column("valid").to_numpy(zero_copy_only=False).astype(bool)
         out["rows"] += t.num_rows
         out["valid"] += int(valid.sum())
@@ -249,7 +250,7 @@ def token_layout(rows: pa.Table, corpus: bool) -> tuple[list[str], list[int], li
     the text view (corpus runs: each document token once, in document order, no special tokens)."""
     n = rows.num_rows
     token = rows.column("token").to_pylist() if "token" in rows.column_names else [""] * n
-    special = _special(rows)
+    special = special_rows(rows)
     shown, gap, visible = [], [], []
     words = rows.column("word").to_pylist() if corpus else None
     wids = rows.column("word_id").to_numpy(zero_copy_only=False) if corpus else None

@@ -42,15 +42,15 @@ through a :class:`~normfast.engine.estimators.accumulator.ProbeAccumulator` (a
 ``GroupedAccumulator`` for the grouped estimators), which the tests check
 against a float64 brute force.
 
-Modules: :mod:`.directions` (the M directions, centered and grouped once: :func:`prepare_head`),
+Modules: :mod:`.prepare` (the M directions, centered and grouped once: :func:`prepare_head`),
 :mod:`.products` (the three stacked products), :mod:`.epilogues` (the statistics from them),
-:mod:`.flops` (the FLOP model of the forms) and :mod:`.dispatch` (:func:`head_stats`: checks,
+:mod:`.flops` (the FLOP model of the forms) and :mod:`.dispatch` (:func:`head_mode_stats`: checks,
 the form and the backend).
 """
 
-from normfast.engine.transmission.head.directions import HeadDirections, prepare_head
-from normfast.engine.transmission.head.dispatch import FORMS, head_stats
+from normfast.engine.transmission.head.dispatch import FORMS, head_mode_stats
 from normfast.engine.transmission.head.flops import head_flops
+from normfast.engine.transmission.head.prepare import HeadDirections, prepare_head
 from normfast.engine.transmission.head.products import fold_quadratic, head_products, stack_plan
 
 __all__ = [
@@ -59,7 +59,7 @@ __all__ = [
     "fold_quadratic",
     "head_flops",
     "head_products",
-    "head_stats",
+    "head_mode_stats",
     "prepare_head",
     "stack_plan",
 ]

@@ -1,4 +1,4 @@
-"""Probe statistics of a linear head in closed form, with their error bars (:func:`head_stats`):
+"""Probe statistics of a linear head in closed form, with their error bars (:func:`head_mode_stats`):
 the argument checks, the choice of form and backend, and the dispatch."""
 
 from __future__ import annotations
@@ -18,20 +18,15 @@ from normfast.core.checks import (
 )
 from normfast.engine.estimators.statkeys import BACKENDS, STAT_KEYS, row_codes
 from normfast.engine.estimators.uncertainty import DEFAULT_GROUPS
-from normfast.engine.transmission.head.directions import (
-    HeadDirections,
-    attach_drift,
-    center_directions,
-    check_directions,
-)
 from normfast.engine.transmission.head.epilogues import finish, grouped_epilogue, per_batch_epilogue, s_epilogue
 from normfast.engine.transmission.head.flops import head_flops
+from normfast.engine.transmission.head.prepare import HeadDirections, attach_drift, center_directions, check_directions
 from normfast.engine.transmission.head.products import head_products
 
 FORMS = ("auto", "grouped", "S", "per_batch")
 
 
-def head_stats(
+def head_mode_stats(
     A: Any,
     Z: Any,
     G: Any,
@@ -87,7 +82,7 @@ def head_stats(
     ``allow_tf32`` lets the CUDA kernel use TF32 products (~1e-3 relative).
     Invalid rows hold NaN with a code in ``reason``; no row is dropped.
     """
-    fn = "head_stats"
+    fn = "head_mode_stats"
     if branch not in ("u", "w"):
         raise ValueError(
             f"{fn}: expected branch 'u' or 'w' (a head has one update direction "
@@ -195,14 +190,14 @@ def _stack_backend(use_triton: bool, explicit: bool) -> str:
         return "triton"
     if explicit:
         raise ValueError(
-            "head_stats: backend='triton' for the grouped form needs normfast.kernels.head_stack, "
+            "head_mode_stats: backend='triton' for the grouped form needs normfast.kernels.head_stack, "
             "which this installation does not have; use backend='torch' or form='S'/'per_batch'"
         )
     return "torch"
 
 
 def _legacy_triton(A, Z, dirs: HeadDirections, branch: str, use_s: bool, allow_tf32: bool):
-    """The S and per-batch forms on their own fused kernels (``head_stats``, ``project``)."""
+    """The S and per-batch forms on their own fused kernels (:func:`normfast.kernels.head_stats`, ``project``)."""
     from normfast.kernels import KERNEL_INPUT_DTYPES
     from normfast.kernels import head_stats as head_kernel
     from normfast.kernels import project as project_kernel

@@ -9,7 +9,7 @@ import torch
 
 from normfast.engine.estimators.statkeys import STAT_KEYS, UNCERTAINTY_KEYS
 from normfast.engine.estimators.uncertainty import group_spread, jackknife_se
-from normfast.engine.transmission.head.directions import HeadDirections
+from normfast.engine.transmission.head.prepare import HeadDirections
 
 
 def _scale(prod: dict[str, torch.Tensor], branch: str) -> torch.Tensor:

@@ -42,7 +42,7 @@ def head_drift_operands(encoder: Encoder, directions: Any) -> tuple[torch.Tensor
 
 def prepared_head(encoder: Encoder, directions: Any, *, dtype: torch.dtype, groups: int) -> Any:
     """The run's head directions (and the drift's group means) centered and grouped once, for every chunk."""
-    from normfast.engine.transmission.head.directions import prepare_head
+    from normfast.engine.transmission.head.prepare import prepare_head
 
     G, g = head_operands(encoder, directions, list(range(directions.M)))
     drift = {}

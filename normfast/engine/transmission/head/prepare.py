@@ -28,8 +28,8 @@ class HeadDirections:
     ``groups`` K: heat batch ``b`` belongs to group ``b mod K`` (K is capped
     at M). ``drift_means`` ``[K, d_out, da]`` / ``drift_counts`` ``[K]``: the
     drift's own group mean directions (None: the drift comes from the heat
-    batches). The stacks of :func:`head_stats` are formed on first use and
-    cached. Build with :func:`prepare_head`.
+    batches). The stacks of :func:`~normfast.engine.transmission.head.dispatch.head_mode_stats` are
+    formed on first use and cached. Build with :func:`prepare_head`.
 
     ``known_mean``: the directions are the heat's importance-sampled draws, already centered about
     the drift's mean direction and weighted (:mod:`normfast.engine.directions.sampling`):

@@ -9,17 +9,13 @@ import time
 from pathlib import Path
 
 from normfast.apps.options import (
+    computed_prober,
     direction_arguments,
-    direction_settings,
     encoder_arguments,
-    load_model,
-    make_objective,
     model_arguments,
     objective_arguments,
-    pair_encoder_for,
     pairs_arguments,
     per_item_arguments,
-    read_pairs_file,
     resolve_device,
 )
 
@@ -66,8 +62,6 @@ def directions_arguments(p: argparse.ArgumentParser) -> None:
 
 def directions_main(args: argparse.Namespace) -> int:
     from normfast.core.checks import check_device
-    from normfast.engine.config import ProbeConfig
-    from normfast.engine.prober import Prober
     from normfast.engine.runner.integrity import check_save_target
 
     try:
@@ -81,28 +75,16 @@ def directions_main(args: argparse.Namespace) -> int:
         out = Path(args.out)
         # before the model is loaded: --out must be new, empty, or (--overwrite) saved directions only
         check_save_target(out, args.overwrite, f"--out {out}")
-        encoder = load_model(args, args.device)
-        objective = make_objective(args)
-        pairs = read_pairs_file(Path(args.pairs), args, objective.needs)
-        config = ProbeConfig(**direction_settings(args))
-        prober = Prober(
-            encoder,
-            objective,
-            pairs,
-            config,
-            pair_encoder=pair_encoder_for(encoder, objective),
-            model_name=args.model,
-            progress=not args.no_progress,
-        )
+        prober = computed_prober(args, args)
         t0 = time.perf_counter()
         folder = prober.save(out, overwrite=args.overwrite)
         seconds = time.perf_counter() - t0
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError) as exc:
         print(f"normfast directions: error: {exc}", file=sys.stderr)
         return 2
-    from normfast.engine.runner.artifact import read_manifest
+    from normfast.engine.runner.artifact import read_artifact_manifest
 
-    manifest = read_manifest(folder)
+    manifest = read_artifact_manifest(folder)
     d = manifest["directions"]
     n_drift = len(d["drift_counts"] or [])
     print(

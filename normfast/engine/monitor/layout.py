@@ -20,21 +20,28 @@ The docs' Training monitor page renders these tables from here
 tests check that the monitor writes exactly what is registered. Changing a column or
 a metadata key: change the registry, bump :data:`MONITOR_VERSION`, and add the new
 version with its :func:`monitor_fingerprint` to :data:`RELEASED` and one line to
-:data:`CHANGES` (``python -m normfast.engine.monitor.schema --fingerprint``).
+:data:`CHANGES` (``python -m normfast.engine.monitor.layout --fingerprint``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from normfast.data.formats import format_version
-from normfast.data.schema import Column, MetadataKey, column_rows, key_rows, registry_problems, unregistered_keys
+from normfast.data.schema import (
+    Column,
+    MetadataKey,
+    column_rows,
+    fingerprint_main,
+    key_rows,
+    registry_problems,
+    unregistered_keys,
+)
 
 #: the ``format`` metadata value of a monitor folder's Parquet file
 MONITOR_FORMAT = "normfast-monitor"
@@ -233,12 +240,12 @@ def monitor_fingerprint() -> str:
 
 def check_table(schema: Any) -> list[str]:
     """Problems with a monitor table's columns against the registry (empty: it conforms)."""
-    return registry_problems(schema, COLUMNS, "normfast/engine/monitor/schema.py COLUMNS")
+    return registry_problems(schema, COLUMNS, "normfast/engine/monitor/layout.py COLUMNS")
 
 
 def check_metadata(metadata: dict[str, Any]) -> list[str]:
     """Problems with a monitor's metadata keys against the registry (empty: it conforms)."""
-    return unregistered_keys(metadata, METADATA_KEYS, "normfast/engine/monitor/schema.py METADATA_KEYS")
+    return unregistered_keys(metadata, METADATA_KEYS, "normfast/engine/monitor/layout.py METADATA_KEYS")
 
 
 def monitor_metadata(blob: Any, source: Any) -> dict[str, Any]:
@@ -259,7 +266,7 @@ def monitor_metadata(blob: Any, source: Any) -> dict[str, Any]:
         key="monitor_version",
         current=MONITOR_VERSION,
         what="monitor format",
-        older="what later versions added is absent (normfast.engine.monitor.schema.CHANGES lists it)",
+        older="what later versions added is absent (normfast.engine.monitor.layout.CHANGES lists it)",
         stacklevel=2,
     )
     return blob
@@ -268,7 +275,7 @@ def monitor_metadata(blob: Any, source: Any) -> dict[str, Any]:
 def render_markdown() -> str:
     """The monitor folder's tables (columns, metadata keys, summary keys), as the docs show them."""
     lines = [
-        f"Monitor format version {MONITOR_VERSION} (`normfast.engine.monitor.schema.MONITOR_VERSION`).",
+        f"Monitor format version {MONITOR_VERSION} (`normfast.engine.monitor.layout.MONITOR_VERSION`).",
         "",
         f"`{MONITOR_FILE}`: one row per probe item per recorded step.",
         "",
@@ -284,12 +291,7 @@ def render_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv != ["--fingerprint"]:
-        print("usage: python -m normfast.engine.monitor.schema --fingerprint", file=sys.stderr)
-        return 2
-    print(monitor_fingerprint())
-    return 0
+    return fingerprint_main("normfast.engine.monitor.layout", monitor_fingerprint, argv)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """``normfast report``: print a probe run's summary and draw its figures (or a training monitor folder's:
-:mod:`normfast.engine.monitor.report`)."""
+:mod:`normfast.engine.monitor.readout`)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def report_main(args: argparse.Namespace) -> int:
 def _monitor_main(path: Path, args: argparse.Namespace) -> int:
     import sys
 
-    from normfast.engine.monitor.report import monitor_report
+    from normfast.engine.monitor.readout import monitor_report
 
     try:
         text, written = monitor_report(path, out=args.out, window=args.window, top=args.top, plots=not args.no_plots)
