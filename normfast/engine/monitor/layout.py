@@ -197,7 +197,7 @@ SUMMARY_KEYS: tuple[MetadataKey, ...] = (
         "clean_steps",
         "training steps timed clean, their training following no monitor work: the steps after one the monitor "
         "did not measure, and after its third step and every 50th after, whose work it defers to the next "
-        "`before_step`",
+        "`after_step`, once the next step has trained",
     ),
     MetadataKey("clean_step_seconds", "the mean clean training step (NaN without one)"),
     MetadataKey(

@@ -306,7 +306,7 @@ class MonitorClock:
     MLP by half). So the clock also times *clean* steps, whose training follows no monitor work:
     the steps after one the monitor did not measure (with ``average=False``, most of them), and,
     at its third step and every :data:`CLOCK_EVERY` steps after, the step after one whose work the
-    monitor defers to the next ``before_step`` (the numbers do not change); ``clean_seconds`` over
+    monitor defers to the next ``after_step`` (the numbers do not change); ``clean_seconds`` over
     ``clean_steps``. The overhead is the wall
     time the clock saw against that many clean steps; without a clean step (a run of two steps) it
     falls back on the hooks' time against the training's (a lower bound).
@@ -324,7 +324,7 @@ class MonitorClock:
 
     def defer(self, steps_seen: int) -> bool:
         """Whether the monitor's ``steps_seen``-th step is a clock step (its work deferred to the next
-        ``before_step``); the next step is then clean."""
+        ``after_step``, once the next step has trained); the next step is then clean."""
         due = steps_seen >= CLOCK_FIRST and (steps_seen - CLOCK_FIRST) % CLOCK_EVERY == 0
         self._clean_next = due
         return due

@@ -175,7 +175,7 @@ class TrainingMonitor:
         self._names: list[str] | None = None  # monitored parameters (set up at the first step)
         self._resumed: list[list[Any]] | None = None  # [name, shape, dtype] of a loaded state's parameters
         self._current: tuple[int, dict | None, dict, dict | None] | None = None
-        #: a clock step's work, deferred to the next before_step (MonitorClock: its next step is clean)
+        #: a clock step's work, deferred to the next after_step (MonitorClock: its next step is clean)
         self._deferred: tuple | None = None
         self._writer: Any = None
         self._closed = False
@@ -235,7 +235,6 @@ class TrainingMonitor:
         opt = self._bind(optimizer)
         if self._names is None:
             self._setup(opt)
-        self._run_deferred()
         s = self.next_step if step is None else int(step)
         rules = step_rules(opt, self._param_names)
         record = s % self.every == 0
@@ -265,10 +264,11 @@ class TrainingMonitor:
         s, theta, rules, virtual, record = self._current
         self._current = None
         clean = self._clock.clean_now()
+        self._run_deferred()  # the clock step before this one: this step has trained without the monitor's work
         if theta is None:  # nothing measured at this step: the next one trains as without the monitor
             self._clock.untouched(self.steps_seen)
         elif self._clock.defer(self.steps_seen):
-            # a clock step: its work waits for the next before_step (the state it needs is copied now)
+            # a clock step: its work waits for the next after_step (the state it needs is copied now)
             self._deferred = (s, theta, self._params(), self._decay.decay(theta, rules), rules, virtual, record)
         else:
             self._record(s, theta, rules, virtual, record)
@@ -279,7 +279,7 @@ class TrainingMonitor:
         self._clock.step_done(now, clean=clean)
 
     def _run_deferred(self) -> None:
-        """The deferred clock step's work (at the next before_step, or before a state or the end)."""
+        """The deferred clock step's work (at the next after_step, or before a state or the end)."""
         if self._deferred is not None:
             s, theta, new, decay, rules, virtual, record = self._deferred
             self._deferred = None
