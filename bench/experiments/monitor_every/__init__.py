@@ -79,7 +79,7 @@ from bench.harness import Context, drop_partial, resumable
 
 RESULTS = ("monitor_every.json",)
 FIGURES = ("monitor_every.png",)
-TABLES = ("monitor-every", "monitor-every-cost")
+TABLES = ("monitor-every", "monitor-every-cost", "monitor-every-decision")
 __all__ = ["Config", "decide", "figures", "run", "tables"]
 
 

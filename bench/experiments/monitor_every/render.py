@@ -166,5 +166,35 @@ def _signed(x: float) -> str:
     return f"{100 * x:+.0f}%"
 
 
+def table_decision(d: dict[str, Any]) -> str:
+    """The chosen candidate's law per model, window and seed: where it meets E1's target and where not."""
+    dec = d["decision"]
+    label = _candidate_label(dec["every"], dec["average"])
+    windows = sorted({r["window_steps"] for res in d["results"] for r in res["rows"]})
+    head = " | ".join(f"{w} steps: slope / r" for w in windows)
+    rows = [f"| model | seed | {head} |", "|---" * (2 + len(windows)) + "|"]
+    for res in sorted(d["results"], key=lambda r: (r["model"], r["seed"])):
+        cells = []
+        for w in windows:
+            r = next(
+                x
+                for x in res["rows"]
+                if x["every"] == dec["every"] and x["average"] == dec["average"] and x["window_steps"] == w
+            )
+            mark = "" if r["meets_target"] else " ✗"
+            cells.append(f"{r['slope']:.2f} / {r['pearson_r']:.3f}{mark}")
+        rows.append(f"| {res['model']} | {res['seed']} | {' | '.join(cells)} |")
+    rows += [
+        "",
+        f"The decision's candidate (every = {label}); ✗: misses E1's target (slope in [{SLOPE[0]}, {SLOPE[1]}], "
+        f"r ≥ {R_MIN}).",
+    ]
+    return "\n".join(rows)
+
+
 def tables(d: dict[str, Any]) -> dict[str, str]:
-    return {"monitor-every": table_every(d), "monitor-every-cost": table_cost(d)}
+    return {
+        "monitor-every": table_every(d),
+        "monitor-every-cost": table_cost(d),
+        "monitor-every-decision": table_decision(d),
+    }
