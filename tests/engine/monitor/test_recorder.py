@@ -368,3 +368,16 @@ def test_the_clocks_clean_steps_leave_the_rows_unchanged(toy_data, tmp_path, mon
     base = summary["clean_step_seconds"] * (summary["steps"] - 1)
     assert summary["overhead"] == pytest.approx(summary["wall_seconds"] / base - 1)
     assert summary["overhead_interference"] == pytest.approx(summary["train_seconds"] / base - 1)
+
+
+def test_the_default_interval_is_the_committed_studys_decision():
+    """``TrainingMonitor``'s default ``every``/``average`` are the decision of the committed study
+    ``bench/results/monitor_every`` (its rule, protocol step 7): a new study result that decides
+    otherwise fails here until the default follows it."""
+    import inspect
+
+    path = Path(__file__).resolve().parents[3] / "bench" / "results" / "monitor_every" / "monitor_every.json"
+    decision = json.loads(path.read_text())["decision"]
+    defaults = inspect.signature(normfast.TrainingMonitor).parameters
+    assert defaults["every"].default == decision["every"]
+    assert defaults["average"].default is decision["average"]
