@@ -75,10 +75,7 @@ class TrainingMonitor:
             :func:`~normfast.encoders.load_encoder` (an ``nn.Module`` mapping a batch of probe
             items to embeddings; a ``sentence_transformers.SentenceTransformer``).
         probes: the probe items (texts, tensors, ids: whatever the encoder's ``prepare`` takes).
-        every: store a row at steps ``0, every, 2·every, ...``. The default, 50 with ``average``, is
-            the decision of the study "How often the monitor records" (``docs/monitor.md``): with
-            every step's terms averaged into the rows, every interval from 2 to 50 gives the law of
-            recording every step, and 50 writes the fewest rows.
+        every: store a row at steps ``0, every, 2·every, ...`` (default: the study in ``docs/monitor.md``).
         average: the realized terms of a stored row are their mean over every step since the
             previous stored row, the stored step included (the column ``n_steps`` says how many):
             the terms are computed at every step, so the window means use every step and the
