@@ -702,6 +702,18 @@ def test_the_openapi_page_works_offline(url, browser):
 # the command
 
 
+def test_a_ctrl_c_the_server_shut_down_on_is_an_interrupt():
+    """uvicorn shuts down on SIGINT and then re-raises it, which asyncio's runner does not always turn into
+    KeyboardInterrupt (a rare exit 0 without "interrupted" under load): the server records the Ctrl+C, and
+    ``serve`` raises it after the shutdown (exit 130); SIGTERM stops it without being an interrupt."""
+    app = create_app(None)
+    for sig, interrupted in ((signal.SIGTERM, False), (signal.SIGINT, True)):
+        server = make_server(app, "127.0.0.1", free_port())
+        assert not server.interrupted and not server.should_exit
+        server.handle_exit(sig, None)
+        assert server.should_exit and server.interrupted is interrupted
+
+
 def test_the_command_serves_and_stops(tiny_bert_folder, tmp_path):
     """``normfast serve`` as a process: the port bound before the model loads (health says "starting"
     meanwhile), "serving" printed once it serves (the next request is answered at once), an access line

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import ipaddress
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -230,11 +231,19 @@ def address_text(host: str) -> str:
 
 
 def make_server(app: Any, host: str, port: int, log_level: str = "warning") -> Any:
-    """A uvicorn server for ``app`` (``server.run()`` serves until ``server.should_exit`` is set)."""
+    """A uvicorn server for ``app`` (``server.run()`` serves until ``server.should_exit`` is set); its
+    ``interrupted`` says whether a Ctrl+C (SIGINT) stopped it."""
     import uvicorn
 
+    class Server(uvicorn.Server):
+        interrupted = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self.interrupted = self.interrupted or sig == signal.SIGINT
+            super().handle_exit(sig, frame)
+
     level = "debug" if log_level == "debug" else "warning"  # the access lines are the service's own
-    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=level, access_log=False))
+    return Server(uvicorn.Config(app, host=host, port=port, log_level=level, access_log=False))
 
 
 class _Stderr(logging.StreamHandler):
@@ -328,6 +337,8 @@ def _serve(args: argparse.Namespace) -> int:
         service = app.state.service
         if service is not None:
             service.close()
+    if server.interrupted:  # uvicorn re-raises the Ctrl+C it shut down on, but not always past asyncio's runner
+        raise KeyboardInterrupt
     return int(outcome["rc"])
 
 
