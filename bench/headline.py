@@ -39,7 +39,8 @@ def table_headline() -> str | None:
             "streaming/streaming.json",
         )
     )
-    if None in (*e1, a, b, e4, hj, cal, be, st):
+    heat = _load("heat_sampling/heat_sampling.json")
+    if None in (*e1, a, b, e4, hj, cal, be, st, heat):
         return None
 
     def span(xs: list[float], fmt: str = ".3f") -> str:
@@ -113,12 +114,13 @@ def table_headline() -> str | None:
     cov = {q: [m[k][q]["coverage"] for m in cal["results"].values()] for q in parts}
     names = {"D": "D", "V2": "V2", "heat_rel": "relative heat"}
     rows.append(
-        f"| Error bars, coverage of the 95% intervals at K = {k} | "
+        f"| Error bars, coverage of the 95% intervals at K = {k} (the plain heat draw) | "
         + ", ".join(f"{names[q]} {span(cov[q])}" for q in parts)
         + " | "
         f"[{cal['band'][0]:.2f}, {cal['band'][1]:.2f}] | "
         f"{'met (point estimates)' if cal['decision']['met'] else 'not met'} |"
     )
+    rows.append(heat_row(heat))
     r = be["ratios"]
     head = [v for key, v in r.items() if key.startswith("head/")]
     rows.append(
@@ -132,3 +134,26 @@ def table_headline() -> str | None:
         f"{'met' if ok else 'not met'} |"
     )
     return "\n".join(rows)
+
+
+def heat_row(d: dict) -> str:
+    """The heat-sampling study's headline: the default draw's level across seeds and its intervals."""
+    from bench.experiments.heat_sampling.settings import TARGETS
+
+    e = {name: s["engine"] for name, s in d["sets"].items()}
+    sampled = {name: v["sampled"] for name, v in e.items()}
+
+    def per_set(key: str, fmt: str) -> str:
+        return " / ".join(f"{v[key]:{fmt}}" for v in sampled.values())
+
+    lo, hi = TARGETS["coverage"]
+    plain = " / ".join(f"{v['plain']['level_ratio']:.0f}" for v in e.values())
+    return (
+        f"| The heat at the defaults (batches drawn by energy), held-out {' / '.join(sampled)} words, 8 seeds | "
+        f"median V2 max/min {per_set('level_ratio', '.2f')} (plain draw: "
+        f"{plain}); coverage: V2 "
+        f"{per_set('V2_coverage', '.2f')}, relative heat {per_set('heat_rel_coverage', '.2f')}; cross-seed r_eq "
+        f"{per_set('cross_seed_r_eq', '.2f')} | max/min ≤ {TARGETS['level_ratio_max']:g}, coverage in "
+        f"[{lo:.2f}, {hi:.2f}], cross-seed ≥ {TARGETS['cross_seed_min']} | "
+        f"{'met' if d['verdict']['met'] else 'not met'} |"
+    )
