@@ -195,9 +195,10 @@ SUMMARY_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("wall_seconds", "train_seconds + monitor_seconds: the wall time the clock saw"),
     MetadataKey(
         "clean_steps",
-        "training steps timed clean, their training following no monitor work: the steps after one the monitor "
-        "did not measure, and after its third step and every 50th after, whose work it defers to the next "
-        "`after_step`, once the next step has trained",
+        "training steps timed clean, their training following three `after_step` calls without monitor work "
+        "(one where the monitored parameters are over 64 MiB): the steps that far from the last one the monitor "
+        "measured, and the step after a stretch of that many steps, from its third step and every 50 steps "
+        "after, whose work it defers to that step's `after_step`",
     ),
     MetadataKey("clean_step_seconds", "the mean clean training step (NaN without one)"),
     MetadataKey(

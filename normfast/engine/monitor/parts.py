@@ -302,42 +302,51 @@ class MonitorClock:
     the wall time between consecutive ``after_step`` calls with the monitor's own time taken out.
 
     That training time is not the training's time without the monitor: interleaved with the
-    monitor's work, the training's own steps run slower (cold caches, a busy allocator; on E1's small
-    MLP by half). So the clock also times *clean* steps, whose training follows no monitor work:
-    the steps after one the monitor did not measure (with ``average=False``, most of them), and,
-    at its third step and every :data:`CLOCK_EVERY` steps after, the step after one whose work the
-    monitor defers to the next ``after_step`` (the numbers do not change); ``clean_seconds`` over
-    ``clean_steps``. The overhead is the wall
-    time the clock saw against that many clean steps; without a clean step (a run of two steps) it
-    falls back on the hooks' time against the training's (a lower bound).
+    monitor's work, the training's own steps run slower (cold caches, a busy allocator), and not only
+    the step right after the work: on E1's small MLP the first step after it took 1.7 times a step
+    far from it, the second 1.2 times. So the clock also times *clean* steps, whose training follows
+    at least :data:`CLOCK_DEPTH` ``after_step`` calls without the monitor's work: steps far enough
+    from the last measured one (with ``average=False``, most of them), and, from the monitor's third
+    step and every :data:`CLOCK_EVERY` steps after, the step after a *stretch* of ``depth`` steps whose
+    work the monitor defers to that step's ``after_step`` (the numbers do not change; ``depth`` is 1
+    where the monitored parameters are large, as each deferred step holds copies of them);
+    ``clean_seconds`` over ``clean_steps``. The overhead is the wall time the clock saw against that
+    many clean steps; without a clean step (a short run) it falls back on the hooks' time against the
+    training's (a lower bound).
     """
 
     def __init__(self) -> None:
         self.timing: dict[str, float] = {k: 0.0 for k in TIMING_KEYS}
         self._t_last: float | None = None
         self._own_at_last = 0.0
-        self._clean_next = False  # the step being trained follows no monitor work
+        self._quiet = 0  # after_step calls in a row without the monitor's work
+        self.depth = CLOCK_DEPTH  # the steps a clock stretch defers
 
     def add(self, key: str, seconds: float) -> None:
         """``seconds`` of the monitor's own time (``terms_seconds`` or ``virtual_seconds``)."""
         self.timing[key] += seconds
 
+    def fit(self, encoder: Any, names: Sequence[str], dtype: torch.dtype) -> None:
+        """A stretch of one step where the monitored parameters (``names``, in ``dtype``) are over
+        :data:`CLOCK_DEPTH_BYTES`: each deferred step holds copies of them."""
+        named = dict(encoder.named_parameters())
+        size = sum(named[n].numel() for n in names) * torch.finfo(dtype).bits // 8
+        self.depth = 1 if size > CLOCK_DEPTH_BYTES else CLOCK_DEPTH
+
     def defer(self, steps_seen: int) -> bool:
-        """Whether the monitor's ``steps_seen``-th step is a clock step (its work deferred to the next
-        ``after_step``, once the next step has trained); the next step is then clean."""
-        due = steps_seen >= CLOCK_FIRST and (steps_seen - CLOCK_FIRST) % CLOCK_EVERY == 0
-        self._clean_next = due
-        return due
+        """Whether the monitor's ``steps_seen``-th step is in a clock stretch: its work waits for the
+        ``after_step`` of the step after the stretch, which is then clean."""
+        k = steps_seen - CLOCK_FIRST
+        return k >= 0 and k % CLOCK_EVERY < self.depth
 
-    def untouched(self, steps_seen: int) -> None:
-        """The monitor measured nothing at its ``steps_seen``-th step: the next step is clean (past the
-        first steps, which warm up)."""
-        self._clean_next = steps_seen >= CLOCK_FIRST
+    def clean_now(self, steps_seen: int) -> bool:
+        """Whether the step that has just trained (the monitor's ``steps_seen``-th) was clean: it
+        followed ``depth`` quiet ``after_step`` calls, past the first steps (which warm up)."""
+        return self._quiet >= self.depth and steps_seen >= CLOCK_FIRST + self.depth
 
-    def clean_now(self) -> bool:
-        """Whether the step that has just trained was clean (and forget it)."""
-        clean, self._clean_next = self._clean_next, False
-        return clean
+    def worked(self, did: bool) -> None:
+        """At the end of an ``after_step``: whether the monitor did its work there (else a quiet one)."""
+        self._quiet = 0 if did else self._quiet + 1
 
     def step_done(self, now: float, *, clean: bool = False) -> None:
         """At the end of an ``after_step``: the wall time since the previous one, less the monitor's own,
@@ -357,8 +366,11 @@ class MonitorClock:
         return clock_summary(self.timing, steps=steps, recorded=recorded)
 
 
-#: a clean step is timed at the monitor's third step and every this many steps after
+#: a clock stretch starts at the monitor's third step and every this many steps after
 CLOCK_FIRST, CLOCK_EVERY = 2, 50
+#: the steps a clock stretch defers (and the quiet steps before a clean one), and the size of the
+#: monitored parameters (bytes, in the monitor's precision) above which a stretch defers one step
+CLOCK_DEPTH, CLOCK_DEPTH_BYTES = 3, 2**26
 
 
 def clock_summary(timing: Mapping[str, float], *, steps: int, recorded: int) -> dict[str, Any]:

@@ -175,8 +175,8 @@ class TrainingMonitor:
         self._names: list[str] | None = None  # monitored parameters (set up at the first step)
         self._resumed: list[list[Any]] | None = None  # [name, shape, dtype] of a loaded state's parameters
         self._current: tuple[int, dict | None, dict, dict | None] | None = None
-        #: a clock step's work, deferred to the next after_step (MonitorClock: its next step is clean)
-        self._deferred: tuple | None = None
+        #: a clock stretch's work, deferred to the step after it (MonitorClock: that step is clean)
+        self._deferred: list[tuple] = []
         self._writer: Any = None
         self._closed = False
 
@@ -198,6 +198,7 @@ class TrainingMonitor:
             self.release()
             raise ValueError(f"TrainingMonitor.before_step: {mismatch}; resume with the optimizer it was made with")
         self._names = names
+        self._clock.fit(self.encoder, names, self.dtype)
         self._cut, self._frozen, self._front = frozen_tail(self.encoder, names, self.probes, self.dtype)
         if self.out is not None and self._writer is None:
             self._open_writer(resume=False)
@@ -263,27 +264,29 @@ class TrainingMonitor:
             self._bind(optimizer)
         s, theta, rules, virtual, record = self._current
         self._current = None
-        clean = self._clock.clean_now()
-        self._run_deferred()  # the clock step before this one: this step has trained without the monitor's work
-        if theta is None:  # nothing measured at this step: the next one trains as without the monitor
-            self._clock.untouched(self.steps_seen)
-        elif self._clock.defer(self.steps_seen):
-            # a clock step: its work waits for the next after_step (the state it needs is copied now)
-            self._deferred = (s, theta, self._params(), self._decay.decay(theta, rules), rules, virtual, record)
+        clean = self._clock.clean_now(self.steps_seen)
+        if theta is not None and self._clock.defer(self.steps_seen):
+            # a clock stretch: its work waits for the step after it (the state it needs is copied now)
+            self._deferred.append((s, theta, self._params(), self._decay.decay(theta, rules), rules, virtual, record))
+            worked = False
         else:
-            self._record(s, theta, rules, virtual, record)
+            worked = self._run_deferred() or theta is not None
+            if theta is not None:
+                self._record(s, theta, rules, virtual, record)
+        self._clock.worked(worked)
         self.next_step = s + 1
         self.steps_seen += 1
         now = time.perf_counter()
         self._clock.add("terms_seconds", now - t0)
         self._clock.step_done(now, clean=clean)
 
-    def _run_deferred(self) -> None:
-        """The deferred clock step's work (at the next after_step, or before a state or the end)."""
-        if self._deferred is not None:
-            s, theta, new, decay, rules, virtual, record = self._deferred
-            self._deferred = None
+    def _run_deferred(self) -> bool:
+        """The clock stretch's deferred work, in step order (at the step after it, or before a state or
+        the end); whether there was any."""
+        deferred, self._deferred = self._deferred, []
+        for s, theta, new, decay, rules, virtual, record in deferred:
             self._record(s, theta, rules, virtual, record, new=new, decay=decay)
+        return bool(deferred)
 
     def step(self, optimizer: Any, closure: Any = None) -> Any:
         """``before_step``, ``optimizer.step(closure)``, ``after_step``; returns what the step returns."""
@@ -438,9 +441,9 @@ class TrainingMonitor:
         if self._current is not None:
             raise RuntimeError("TrainingMonitor.state_dict: called between before_step() and after_step()")
         t0 = time.perf_counter()
+        self._clock.worked(True)  # the checkpoint's own work comes before the next step
         self._run_deferred()  # a checkpoint holds every step's work
         self._clock.add("terms_seconds", time.perf_counter() - t0)
-        self._clock.clean_now()  # the checkpoint's own work comes before the next step
         named = dict(self.encoder.named_parameters())
         return {
             **monitor_state.state_header(),

@@ -334,13 +334,14 @@ def test_the_monitor_registry_is_released():
 
 @pytest.mark.parametrize("variant", ["mlp_heavyball", "mlp_adamw"])
 def test_the_clocks_clean_steps_leave_the_rows_unchanged(toy_data, tmp_path, monkeypatch, variant):
-    """The clock defers a step's work now and then to time the next step without the monitor: the rows
-    are those of a monitor that never defers, and the summary's overhead is the wall time it saw against
-    that many clean steps."""
+    """The clock defers a few steps' work now and then to time the step after them without the
+    monitor: the rows are those of a monitor that never defers, and the summary's overhead is the wall
+    time it saw against that many clean steps."""
     from normfast.engine.monitor import parts
 
-    def monitored(folder, clock_every):
+    def monitored(folder, clock_every, depth_bytes=parts.CLOCK_DEPTH_BYTES):
         monkeypatch.setattr(parts, "CLOCK_EVERY", clock_every)
+        monkeypatch.setattr(parts, "CLOCK_DEPTH_BYTES", depth_bytes)
         mon = []
 
         def hooks(step, before, opt):
@@ -364,7 +365,11 @@ def test_the_clocks_clean_steps_leave_the_rows_unchanged(toy_data, tmp_path, mon
     assert deferring.num_rows == never.num_rows == 12 * len(toy_data.x)
     for name in ("norm", "task1", "task2", "decay", "remainder", "delta_r2", "n_steps"):
         np.testing.assert_array_equal(deferring.column(name).to_numpy(), never.column(name).to_numpy(), err_msg=name)
-    assert summary["clean_steps"] == 9  # steps 3, 10, ..., 59: after the deferred steps 2, 9, ..., 58
+    # stretches of CLOCK_DEPTH = 3 steps deferred from step 2, every 7: steps 5, 12, ..., 54 are clean
+    assert summary["clean_steps"] == 8
+    torch.manual_seed(0)
+    single, one = monitored(tmp_path / "c", 7, depth_bytes=0)  # parameters "too large": stretches of one step
+    assert single.equals(never) and one["clean_steps"] == 9  # steps 3, 10, ..., 59
     base = summary["clean_step_seconds"] * (summary["steps"] - 1)
     assert summary["overhead"] == pytest.approx(summary["wall_seconds"] / base - 1)
     assert summary["overhead_interference"] == pytest.approx(summary["train_seconds"] / base - 1)
