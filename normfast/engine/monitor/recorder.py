@@ -263,8 +263,7 @@ class TrainingMonitor:
         if optimizer is not None:
             self._bind(optimizer)
         s, theta, rules, virtual, record = self._current
-        self._current = None
-        clean = self._clock.clean_now(self.steps_seen)
+        self._current, clean = None, self._clock.clean_now(self.steps_seen)
         if theta is not None and self._clock.defer(self.steps_seen):
             # a clock stretch: its work waits for the step after it (the state it needs is copied now)
             self._deferred.append((s, theta, self._params(), self._decay.decay(theta, rules), rules, virtual, record))
@@ -274,15 +273,13 @@ class TrainingMonitor:
             if theta is not None:
                 self._record(s, theta, rules, virtual, record)
         self._clock.worked(worked)
-        self.next_step = s + 1
-        self.steps_seen += 1
+        self.next_step, self.steps_seen = s + 1, self.steps_seen + 1
         now = time.perf_counter()
         self._clock.add("terms_seconds", now - t0)
         self._clock.step_done(now, clean=clean)
 
     def _run_deferred(self) -> bool:
-        """The clock stretch's deferred work, in step order (at the step after it, or before a state or
-        the end); whether there was any."""
+        """The clock stretch's deferred work in step order (at the step after it, a state, the end): any?"""
         deferred, self._deferred = self._deferred, []
         for s, theta, new, decay, rules, virtual, record in deferred:
             self._record(s, theta, rules, virtual, record, new=new, decay=decay)
