@@ -121,10 +121,9 @@ class _MiniLMLoop:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if monitor is not None:
-                monitor.before_step(opt)
-            opt.step()
-            if monitor is not None:
-                monitor.after_step()
+                monitor.step(opt)  # before_step, opt.step(), after_step
+            else:
+                opt.step()
         if monitor is not None:
             monitor.close()
         enc.eval()

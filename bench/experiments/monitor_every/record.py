@@ -36,10 +36,9 @@ def train_loop(name: str, cfg: Any, data: Any, steps: int, hook: Any) -> None:
         loss.backward()
         monitor = hook(step, opt, enc) or monitor
         if monitor is not None:
-            monitor.before_step(opt)
-        opt.step()
-        if monitor is not None:
-            monitor.after_step()
+            monitor.step(opt)  # before_step, opt.step(), after_step
+        else:
+            opt.step()
     if monitor is not None:
         monitor.close()
 
