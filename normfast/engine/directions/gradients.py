@@ -298,7 +298,7 @@ def compute_directions(
                 f"compute_directions: expected at least one batch per drift group, got "
                 f"{len(batches)} batches for drift_groups={drift_groups}"
             )
-    adam = [n for n in names if presets[n].name == "adamw"]
+    adam = [n for n in names if presets[n].preconditioned]
     need_v = [
         n
         for n in adam

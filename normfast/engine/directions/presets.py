@@ -54,3 +54,9 @@ class OptimizerPreset:
     @property
     def branch(self) -> str:
         return BRANCH_OF_PRESET[self.name]
+
+    @property
+    def preconditioned(self) -> bool:
+        """Whether its directions divide by AdamW's second moments ``v̂`` (given, or estimated from all
+        batches)."""
+        return self.branch == "w"

@@ -284,7 +284,7 @@ class ProbeRun:
         second = self.given_v
         if len(batch_ids) < len(self.batches) and "w" in self.branches:
             if self.estimated_v is None and self.given_v is None:  # AdamW's v̂ must come from all batches
-                adam = [n for n in self.names if self.presets[n].name == "adamw"]
+                adam = [n for n in self.names if self.presets[n].preconditioned]
                 estimated = estimate_second_moments(
                     self.encoder,
                     self.objective,
